@@ -1,1 +1,65 @@
+"""Pure RL math for mmrl: advantages, policy/value losses, loss aggregation, KL, IS, group filters.
 
+Every function takes and returns torch tensors, is vectorised over samples and tokens, and is
+NaN-free on edge cases (empty masks, groups of one, all-equal groups). Algorithms are looked up by
+name in the registries below; an unknown name raises ``UnknownNameError`` listing the choices.
+"""
+from .registry import (
+    ADVANTAGE_ESTIMATORS,
+    AGGREGATIONS,
+    KL_ESTIMATORS,
+    POLICY_LOSSES,
+    DuplicateNameError,
+    Registry,
+    UnknownNameError,
+)
+from .masked import AlgoInputError, masked_mean, masked_sum, masked_var, masked_whiten
+from .filtering import group_moments, group_stats, nonzero_variance_groups, success_rate_band
+from .advantages import OUTCOME_ESTIMATORS, broadcast_to_tokens, drgrpo, gae, grpo, reinforce_pp, rloo
+from .losses import PolicyLossOutput, gspo, ppo_clip, value_loss
+from .aggregation import AGGREGATION_MODES, aggregate, token_weights
+from .kl import kl_estimate
+from .importance import importance_stats, truncated_is_weights
+
+__all__ = [
+    # registries and errors
+    "Registry",
+    "UnknownNameError",
+    "DuplicateNameError",
+    "AlgoInputError",
+    "ADVANTAGE_ESTIMATORS",
+    "POLICY_LOSSES",
+    "AGGREGATIONS",
+    "KL_ESTIMATORS",
+    # masked reductions
+    "masked_sum",
+    "masked_mean",
+    "masked_var",
+    "masked_whiten",
+    # advantages
+    "OUTCOME_ESTIMATORS",
+    "grpo",
+    "drgrpo",
+    "rloo",
+    "reinforce_pp",
+    "gae",
+    "broadcast_to_tokens",
+    # losses
+    "PolicyLossOutput",
+    "ppo_clip",
+    "gspo",
+    "value_loss",
+    # aggregation
+    "AGGREGATION_MODES",
+    "token_weights",
+    "aggregate",
+    # kl / importance sampling
+    "kl_estimate",
+    "truncated_is_weights",
+    "importance_stats",
+    # filtering
+    "group_moments",
+    "group_stats",
+    "nonzero_variance_groups",
+    "success_rate_band",
+]

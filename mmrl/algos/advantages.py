@@ -1,0 +1,209 @@
+"""Advantage estimators.
+
+Outcome estimators (one scalar reward per sample, G samples per prompt share a group id)
+all have the signature ``fn(rewards[B], group_ids[B], valid[B] | None, *, eps, ...) -> A[B]``.
+Invalid samples get A = 0 and are left out of every statistic. With K the number of valid
+members of sample i's group g, mean_g / std_g their mean and unbiased std:
+
+- ``grpo``:          A_i = (r_i - mean_g) / (std_g + eps)   (scale="group", GRPO / DeepSeekMath)
+                     A_i = (r_i - mean_g) / (std_B + eps)   (scale="batch", std over all valid rewards)
+                     A_i =  r_i - mean_g                    (scale="none", Dr.GRPO)
+                     K = 1 gives A = 0 in every case.
+- ``drgrpo``:        A_i = r_i - mean_g                               (Liu et al. 2025, "Dr. GRPO")
+- ``rloo``:          A_i = r_i - (sum_g - r_i) / (K - 1);  K = 1 gives 0   (Ahmadian et al. 2024)
+- ``reinforce_pp``:  A'_i = r_i - b_i with b_i = mean_g (baseline="group") or 0 (baseline="none"),
+                     then A_i = (A'_i - mean_B(A')) / (std_B(A') + eps) over all valid samples (Hu 2025).
+
+Token-level estimator:
+
+- ``gae`` (Schulman et al. 2016), over the valid positions t of a row, in order:
+  delta_t = r_t + gamma * V_next - V_t,  A_t = delta_t + gamma * lam * A_next, returns_t = A_t + V_t,
+  where "next" is the next *valid* position (V_next = A_next = 0 after the last one). Masked
+  positions are skipped: they neither read their reward/value nor break the recursion, and
+  their outputs are 0.
+
+``OUTCOME_ESTIMATORS`` names the estimators with the outcome signature; ``gae`` is registered
+in the same registry but takes token-level inputs.
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from .filtering import GroupMoments, group_moments
+from .masked import AlgoInputError, as_bool_mask, as_float, masked_mean, masked_var
+from .registry import ADVANTAGE_ESTIMATORS
+
+__all__ = [
+    "OUTCOME_ESTIMATORS",
+    "grpo",
+    "drgrpo",
+    "rloo",
+    "reinforce_pp",
+    "gae",
+    "broadcast_to_tokens",
+]
+
+OUTCOME_ESTIMATORS: Tuple[str, ...] = ("grpo", "drgrpo", "rloo", "reinforce_pp")
+
+_GRPO_SCALES = ("group", "batch", "none")
+_RPP_BASELINES = ("none", "group")
+
+
+def _check_eps(eps: float, where: str) -> None:
+    if not eps >= 0:
+        raise AlgoInputError(f"{where}: eps must be >= 0, got {eps}")
+
+
+def _zero_invalid(adv: Tensor, gm: GroupMoments) -> Tensor:
+    return torch.where(gm.valid, adv, torch.zeros((), dtype=adv.dtype, device=adv.device))
+
+
+def _centred(gm: GroupMoments) -> Tensor:
+    """r_i - mean_g for valid samples, 0 for invalid ones."""
+    return _zero_invalid(gm.rewards - gm.mean[gm.inverse], gm)
+
+
+@ADVANTAGE_ESTIMATORS.register("grpo")
+def grpo(
+    rewards: Tensor,
+    group_ids: Tensor,
+    valid: Optional[Tensor] = None,
+    *,
+    eps: float = 1e-6,
+    scale: str = "group",
+) -> Tensor:
+    """GRPO group-relative advantage ``(r - mean_g) / (std_g + eps)``; see the module docstring for ``scale``."""
+    _check_eps(eps, "grpo")
+    if scale not in _GRPO_SCALES:
+        raise AlgoInputError(f"grpo: unknown scale {scale!r}; valid choices: {', '.join(_GRPO_SCALES)}")
+    gm = group_moments(rewards, group_ids, valid, where="grpo")
+    centred = _centred(gm)
+    if scale == "group":
+        adv = centred / (gm.std[gm.inverse] + eps)
+    elif scale == "batch":
+        batch_std = masked_var(gm.rewards, gm.valid, unbiased=True).sqrt()
+        adv = centred / (batch_std + eps)
+    else:
+        adv = centred
+    # A single valid member is its own mean: exactly 0 already; enforce it against eps = 0.
+    adv = torch.where(gm.count[gm.inverse] > 1, adv, torch.zeros_like(adv))
+    return _zero_invalid(adv, gm)
+
+
+@ADVANTAGE_ESTIMATORS.register("drgrpo")
+def drgrpo(
+    rewards: Tensor,
+    group_ids: Tensor,
+    valid: Optional[Tensor] = None,
+    *,
+    eps: float = 1e-6,
+) -> Tensor:
+    """Dr.GRPO advantage ``r - mean_g`` (no std division). ``eps`` is accepted for a uniform signature."""
+    return grpo(rewards, group_ids, valid, eps=eps, scale="none")
+
+
+@ADVANTAGE_ESTIMATORS.register("rloo")
+def rloo(
+    rewards: Tensor,
+    group_ids: Tensor,
+    valid: Optional[Tensor] = None,
+    *,
+    eps: float = 1e-6,
+) -> Tensor:
+    """RLOO leave-one-out advantage ``r_i - (sum_g - r_i) / (K - 1)``; 0 for K = 1. ``eps`` is unused."""
+    _check_eps(eps, "rloo")
+    gm = group_moments(rewards, group_ids, valid, where="rloo")
+    k = gm.count[gm.inverse]
+    group_sum = (gm.mean * gm.count)[gm.inverse]
+    loo_mean = (group_sum - gm.rewards) / (k - 1.0).clamp_min(1.0)
+    adv = torch.where(k > 1, gm.rewards - loo_mean, torch.zeros_like(loo_mean))
+    return _zero_invalid(adv, gm)
+
+
+@ADVANTAGE_ESTIMATORS.register("reinforce_pp")
+def reinforce_pp(
+    rewards: Tensor,
+    group_ids: Tensor,
+    valid: Optional[Tensor] = None,
+    *,
+    eps: float = 1e-6,
+    baseline: str = "none",
+) -> Tensor:
+    """REINFORCE++: ``r - b`` (b = group mean or 0), whitened over all valid samples of the batch.
+
+    Whitening uses the unbiased batch std: ``(A - mean_B) / (std_B + eps)``; with fewer than two
+    valid samples the result is 0.
+    """
+    _check_eps(eps, "reinforce_pp")
+    if baseline not in _RPP_BASELINES:
+        raise AlgoInputError(
+            f"reinforce_pp: unknown baseline {baseline!r}; valid choices: {', '.join(_RPP_BASELINES)}"
+        )
+    gm = group_moments(rewards, group_ids, valid, where="reinforce_pp")
+    raw = _centred(gm) if baseline == "group" else gm.rewards
+    batch_mean = masked_mean(raw, gm.valid)
+    batch_std = masked_var(raw, gm.valid, unbiased=True).sqrt()
+    adv = (raw - batch_mean) / (batch_std + eps)
+    enough = gm.valid.sum() > 1
+    adv = torch.where(enough, adv, torch.zeros_like(adv))
+    return _zero_invalid(adv, gm)
+
+
+@ADVANTAGE_ESTIMATORS.register("gae")
+def gae(
+    token_rewards: Tensor,
+    values: Tensor,
+    mask: Tensor,
+    *,
+    gamma: float = 1.0,
+    lam: float = 1.0,
+) -> Tuple[Tensor, Tensor]:
+    """Generalised advantage estimation over [B, T]; returns ``(advantages, returns)``, 0 at masked positions.
+
+    The recursion runs backwards over T (the only loop) and skips masked positions: it carries
+    the next valid value and the running advantage across holes. Values are treated as constants
+    (computed without gradient).
+    """
+    if not (0.0 <= gamma <= 1.0 and 0.0 <= lam <= 1.0):
+        raise AlgoInputError(f"gae: gamma and lam must lie in [0, 1], got gamma={gamma}, lam={lam}")
+    token_rewards = as_float(token_rewards, "gae: token_rewards")
+    values = as_float(values, "gae: values").detach()
+    if token_rewards.dim() != 2:
+        raise AlgoInputError(f"gae: token_rewards must be [B, T], got shape {tuple(token_rewards.shape)}")
+    if values.shape != token_rewards.shape:
+        raise AlgoInputError(
+            f"gae: values shape {tuple(values.shape)} != token_rewards shape {tuple(token_rewards.shape)}"
+        )
+    m = as_bool_mask(mask, token_rewards, "gae: mask")
+    dtype = torch.promote_types(token_rewards.dtype, values.dtype)
+    zero = torch.zeros((), dtype=dtype, device=token_rewards.device)
+    rewards = torch.where(m, token_rewards.detach().to(dtype), zero)
+    values = torch.where(m, values.to(dtype), zero)
+
+    batch, length = rewards.shape
+    next_value = torch.zeros(batch, dtype=dtype, device=rewards.device)
+    running = torch.zeros_like(next_value)
+    adv = torch.zeros_like(rewards)
+    for t in range(length - 1, -1, -1):
+        valid_t = m[:, t]
+        delta = rewards[:, t] + gamma * next_value - values[:, t]
+        candidate = delta + gamma * lam * running
+        running = torch.where(valid_t, candidate, running)
+        next_value = torch.where(valid_t, values[:, t], next_value)
+        adv[:, t] = torch.where(valid_t, candidate, zero)
+    returns = torch.where(m, adv + values, zero)
+    return adv, returns
+
+
+def broadcast_to_tokens(adv: Tensor, mask: Tensor) -> Tensor:
+    """Per-sample advantages [B] copied onto every valid token: ``adv[:, None] * mask`` -> [B, T]."""
+    adv = as_float(adv, "broadcast_to_tokens: adv")
+    if adv.dim() != 1 or mask.dim() != 2 or mask.shape[0] != adv.shape[0]:
+        raise AlgoInputError(
+            f"broadcast_to_tokens: need adv [B] and mask [B, T], got {tuple(adv.shape)} and {tuple(mask.shape)}"
+        )
+    m = mask if mask.dtype == torch.bool else mask != 0
+    return torch.where(m, adv[:, None], torch.zeros((), dtype=adv.dtype, device=adv.device))

@@ -1,0 +1,96 @@
+"""Truncated importance sampling between a rollout engine and the trainer.
+
+A separate rollout engine (e.g. vLLM) samples with log-probs ``rollout_logp`` that differ from the
+trainer's ``trainer_logp`` for the same tokens (kernels, precision, or stale weights). The
+correction weight, detached and capped (truncated IS, cap C):
+
+- level "token":    w_t = min(exp(trainer_t - rollout_t), C)
+- level "sequence": w_i = min(exp(sum_t over valid tokens of (trainer_t - rollout_t)), C),
+                    broadcast onto the row's valid tokens
+
+computed as exp(min(log-ratio, log C)) so it never overflows; masked positions get 0.
+
+``importance_stats`` reports the token-level mismatch over valid tokens: ratio mean/min/max,
+mean |trainer - rollout|, and the fraction of tokens whose ratio exceeds C. A ratio far from 1
+(e.g. ~1e-7) means the engine and the trainer hold different weights (broken weight sync).
+"""
+from __future__ import annotations
+
+import math
+from typing import Dict
+
+import torch
+from torch import Tensor
+
+from .masked import AlgoInputError, as_bool_mask, as_float, masked_mean, masked_sum
+
+__all__ = ["truncated_is_weights", "importance_stats", "IS_LEVELS"]
+
+IS_LEVELS = ("token", "sequence")
+_LOG_RATIO_CLAMP = 20.0
+
+
+def _log_ratio(trainer_logp: Tensor, rollout_logp: Tensor, mask: Tensor, where: str):
+    trainer_logp = as_float(trainer_logp, f"{where}: trainer_logp").detach()
+    rollout_logp = as_float(rollout_logp, f"{where}: rollout_logp").detach()
+    if trainer_logp.dim() != 2 or rollout_logp.shape != trainer_logp.shape:
+        raise AlgoInputError(
+            f"{where}: need trainer_logp and rollout_logp of the same shape [B, T], got "
+            f"{tuple(trainer_logp.shape)} and {tuple(rollout_logp.shape)}"
+        )
+    m = as_bool_mask(mask, trainer_logp, f"{where}: mask")
+    zero = torch.zeros((), dtype=trainer_logp.dtype, device=trainer_logp.device)
+    return torch.where(m, trainer_logp - rollout_logp, zero), m
+
+
+def _check_cap(cap: float, where: str) -> None:
+    if isinstance(cap, bool) or not isinstance(cap, (int, float)) or not cap > 0:
+        raise AlgoInputError(f"{where}: cap must be a positive number, got {cap!r}")
+
+
+def truncated_is_weights(
+    trainer_logp: Tensor,
+    rollout_logp: Tensor,
+    mask: Tensor,
+    *,
+    cap: float = 2.0,
+    level: str = "token",
+) -> Tensor:
+    """Detached truncated IS weights [B, T]: min(ratio, cap) per token or per sequence; 0 where masked."""
+    _check_cap(cap, "truncated_is_weights")
+    if level not in IS_LEVELS:
+        raise AlgoInputError(
+            f"truncated_is_weights: unknown level {level!r}; valid choices: {', '.join(IS_LEVELS)}"
+        )
+    log_ratio, m = _log_ratio(trainer_logp, rollout_logp, mask, "truncated_is_weights")
+    if level == "sequence":
+        log_ratio = masked_sum(log_ratio, m, dim=1)[:, None].expand_as(log_ratio)
+    upper = min(math.log(cap), _LOG_RATIO_CLAMP)
+    weights = torch.exp(log_ratio.clamp(-_LOG_RATIO_CLAMP, upper))
+    return torch.where(m, weights, torch.zeros_like(weights))
+
+
+def importance_stats(
+    trainer_logp: Tensor,
+    rollout_logp: Tensor,
+    mask: Tensor,
+    *,
+    cap: float = 2.0,
+) -> Dict[str, float]:
+    """Token-level mismatch statistics over valid tokens (all 0.0 for an empty mask).
+
+    Keys: ratio_mean, ratio_min, ratio_max, logp_abs_diff_mean, frac_above_cap.
+    """
+    _check_cap(cap, "importance_stats")
+    log_ratio, m = _log_ratio(trainer_logp, rollout_logp, mask, "importance_stats")
+    if not bool(m.any()):
+        return {k: 0.0 for k in ("ratio_mean", "ratio_min", "ratio_max", "logp_abs_diff_mean", "frac_above_cap")}
+    ratio = torch.exp(log_ratio.clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP))
+    valid_ratio = ratio[m]
+    return {
+        "ratio_mean": float(valid_ratio.mean()),
+        "ratio_min": float(valid_ratio.min()),
+        "ratio_max": float(valid_ratio.max()),
+        "logp_abs_diff_mean": float(masked_mean(log_ratio.abs(), m)),
+        "frac_above_cap": float((valid_ratio > cap).to(ratio.dtype).mean()),
+    }

@@ -1,0 +1,141 @@
+"""`mmrl` command line: train, eval, tasks.
+
+    mmrl train task=vqa_grounding algo=dapo trainer.max_steps=50
+    mmrl eval task=vqa_grounding checkpoint=runs/<name>
+    mmrl tasks
+    mmrl train --help
+
+Overrides are Hydra-style ``key=value``; a bad key, value or option exits with code 2 and a message
+that names it and the valid choices.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+
+USAGE = """usage: mmrl <command> [key=value ...]
+
+commands:
+  train   run RL training (e.g. `mmrl train task=vqa_grounding trainer.max_steps=50`)
+  eval    evaluate a checkpoint (`mmrl eval task=X checkpoint=PATH`)
+  tasks   list the tasks with one-line descriptions
+
+`mmrl <command> --help` lists every config group option and field.
+"""
+
+
+def _help(command: str) -> str:
+    from mmrl.config import AlgoConfig, TrainerConfig, describe_fields, group_options
+    from mmrl.models.registry import model_config_class, model_types
+    from mmrl.tasks import get_task_class, task_names
+
+    lines = [f"usage: mmrl {command} [group=option ...] [group.field=value ...]", "", "config groups:"]
+    for g in ("task", "model", "algo", "trainer"):
+        lines.append(f"  {g}=  one of: {', '.join(group_options(g))}")
+    lines += ["", "top-level:", "  checkpoint=PATH  checkpoint (or run dir) to evaluate / initialise from", ""]
+    lines.append("algo fields:")
+    lines += describe_fields(AlgoConfig, "algo")
+    lines += ["", "trainer fields:"]
+    lines += describe_fields(TrainerConfig, "trainer")
+    for t in model_types():
+        lines += ["", f"model fields (model.type={t}):"]
+        lines += describe_fields(model_config_class(t), "model")
+    for n in task_names():
+        lines += ["", f"task fields (task={n}):"]
+        lines += describe_fields(get_task_class(n).config_cls, "task")
+    return "\n".join(lines)
+
+
+def _setup_logging() -> None:
+    logging.basicConfig(level=os.environ.get("MMRL_LOG_LEVEL", "INFO"), format="%(levelname)s %(name)s: %(message)s")
+    for noisy in ("httpx", "urllib3", "PIL", "matplotlib"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
+    except ImportError:
+        pass
+
+
+def cmd_tasks() -> int:
+    from mmrl.tasks import list_tasks
+
+    rows = list_tasks()
+    width = max(len(n) for n, _ in rows)
+    for name, desc in rows:
+        print(f"{name.ljust(width)}  {desc}")
+    return 0
+
+
+def cmd_train(overrides: list[str]) -> int:
+    from mmrl.config import load_config
+    from mmrl.trainer import Trainer
+
+    cfg = load_config(overrides)
+    trainer = Trainer(cfg)
+    run_dir = trainer.setup_run_dir()
+    final = trainer.fit()
+    if trainer.is_main:
+        shown = {k: round(v, 4) for k, v in final.items() if k.startswith(("eval/", "reward/mean")) and isinstance(v, float)}
+        print(f"run directory: {run_dir}")
+        print(json.dumps(shown, indent=1))
+    return 0
+
+
+def cmd_eval(overrides: list[str]) -> int:
+    from mmrl.config import load_config
+    from mmrl.trainer import Trainer
+
+    cfg = load_config(overrides)
+    if not cfg.checkpoint:
+        from mmrl.config import ConfigError
+
+        raise ConfigError("mmrl eval needs checkpoint=PATH (a checkpoint folder or a run directory)")
+    trainer = Trainer(cfg)
+    metrics = trainer.evaluate()
+    print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in metrics.items()}, indent=1))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(USAGE)
+        return 0
+    command, rest = argv[0], argv[1:]
+    commands = {"train": cmd_train, "eval": cmd_eval, "tasks": None}
+    if command not in commands:
+        print(f"mmrl: unknown command '{command}'; valid commands: {', '.join(commands)}", file=sys.stderr)
+        return 2
+    _setup_logging()
+    from mmrl.config import ConfigError
+
+    try:
+        if command == "tasks":
+            return cmd_tasks()
+        if "--help" in rest or "-h" in rest:
+            print(_help(command))
+            return 0
+        return commands[command](rest)
+    except ConfigError as e:
+        print(f"mmrl {command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("mmrl: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # known, user-facing failure modes get one line, not a traceback
+        from mmrl.rewards.manager import RewardError
+        from mmrl.trainer import TrainingAborted
+
+        if isinstance(e, (TrainingAborted, RewardError)):
+            print(f"mmrl {command}: aborted: {e}", file=sys.stderr)
+            return 1
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

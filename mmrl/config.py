@@ -1,0 +1,439 @@
+"""Typed run configuration, composed with Hydra from the packaged ``configs/`` folder.
+
+The YAML groups (``task/``, ``model/``, ``algo/``, ``trainer/``) are composed by Hydra, then validated
+into the dataclasses below; every field carries a docstring (shown by ``mmrl train --help``). An
+unknown key or group option raises :class:`ConfigError` naming the bad key and the valid choices.
+"""
+from __future__ import annotations
+
+import ast
+import dataclasses
+import difflib
+import functools
+import inspect
+import textwrap
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+CONFIG_GROUPS = ("task", "model", "algo", "trainer")
+
+
+class ConfigError(ValueError):
+    """A configuration problem the user can fix (bad key, bad value, unknown option)."""
+
+
+@dataclass
+class AlgoConfig:
+    """The RL algorithm: advantage estimator, policy loss, KL, filtering, update schedule."""
+
+    name: str = "grpo"
+    """Label of the preset this config came from (informational)."""
+    advantage: str = "grpo"
+    """Advantage estimator: grpo, drgrpo, rloo, reinforce_pp (outcome rewards) or gae (critic)."""
+    adv_scale: str = "group"
+    """For grpo: divide by the group std ("group"), the batch std ("batch") or not at all ("none")."""
+    adv_eps: float = 1e-6
+    """Epsilon added to the std when normalising advantages."""
+    adv_clip: float | None = None
+    """Clip advantages to [-adv_clip, adv_clip] (Flow-GRPO uses 5); None disables."""
+    reinforce_baseline: str = "none"
+    """For reinforce_pp: subtract the group mean ("group") before batch whitening, or not ("none")."""
+    group_size: int = 8
+    """Samples per prompt (G)."""
+    policy_loss: str = "ppo_clip"
+    """Policy loss: ppo_clip (token ratio) or gspo (sequence ratio)."""
+    clip_low: float = 0.2
+    """Lower clip range: ratios below 1 - clip_low are clipped."""
+    clip_high: float = 0.2
+    """Upper clip range: ratios above 1 + clip_high are clipped (DAPO clip-higher: 0.28)."""
+    dual_clip: float | None = None
+    """Dual-clip constant c > 1 bounding the loss of negative-advantage tokens (e.g. 3); None disables."""
+    loss_agg: str = "token_mean"
+    """Loss aggregation: token_mean (DAPO), seq_mean_token_mean (GRPO), seq_mean_token_sum_norm (Dr.GRPO)."""
+    loss_max_len: int | None = None
+    """Constant length for seq_mean_token_sum_norm; None uses the batch's padded length."""
+    kl_coef: float = 0.0
+    """KL penalty coefficient beta (0 disables the reference forward entirely)."""
+    kl_estimator: str = "k3"
+    """KL estimator: k1, k2 or k3 (low variance)."""
+    kl_in_reward: bool = False
+    """Fold -beta * KL into the rewards (PPO-RLHF style) instead of adding it to the loss."""
+    entropy_coef: float = 0.0
+    """Entropy bonus coefficient (subtracted from the loss)."""
+    ppo_epochs: int = 1
+    """Passes over each rollout batch."""
+    num_minibatches: int = 1
+    """Optimizer steps per epoch (the rollout batch is split into this many minibatches)."""
+    old_logp: str = "auto"
+    """Source of the PPO 'old' log-probs: auto (detached current forward when one epoch and one
+    minibatch, else recompute), recompute (a no-grad forward before the update) or rollout (the
+    rollout engine's own log-probs)."""
+    filter_groups: bool = False
+    """DAPO dynamic sampling: drop groups whose rewards are all equal."""
+    max_resample: int = 2
+    """With filter_groups: at most this many extra rollout rounds to refill the batch."""
+    truncated_is: bool = False
+    """Truncated importance sampling between trainer and rollout-engine log-probs."""
+    is_cap: float = 2.0
+    """Cap of the truncated importance weights."""
+    gamma: float = 1.0
+    """Discount for GAE."""
+    lam: float = 0.95
+    """GAE lambda."""
+    vf_coef: float = 0.5
+    """Value-loss coefficient (critic, GAE only)."""
+    value_clip: float | None = 0.2
+    """Value clipping range for the critic; None disables."""
+
+
+@dataclass
+class TrainerConfig:
+    """The training loop: steps, batches, optimiser, logging, checkpoints, failure limits."""
+
+    max_steps: int = 100
+    """RL steps (one rollout batch each)."""
+    batch_size: int = 8
+    """Prompts per step (global, across data-parallel processes); samples = batch_size * group_size."""
+    grad_accum: int = 1
+    """Micro-batches per minibatch (gradient accumulation); exact thanks to global loss normalisers."""
+    lr: float = 1e-4
+    """Peak learning rate (AdamW)."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    adam_betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW betas."""
+    adam_eps: float = 1e-8
+    """AdamW epsilon."""
+    warmup_steps: int = 0
+    """Linear warm-up steps of the learning rate."""
+    lr_schedule: str = "constant"
+    """After warm-up: constant, linear (to 0 at max_steps) or cosine."""
+    max_grad_norm: float | None = 1.0
+    """Gradient-norm clipping; None disables."""
+    seed: int = 0
+    """Seed of everything (data order, sampling noise, init)."""
+    eval_every: int = 0
+    """Evaluate every N steps (0: only at the end when eval_at_end)."""
+    eval_at_end: bool = True
+    """Run the evaluation once after the last step."""
+    eval_size: int | None = None
+    """Evaluate on at most this many eval items (None: all)."""
+    save_every: int = 0
+    """Checkpoint every N steps (0: only at the end)."""
+    keep_last: int = 2
+    """Checkpoints to keep (older complete ones are deleted)."""
+    output_dir: str = "runs"
+    """Parent folder of run directories."""
+    run_name: str | None = None
+    """Run directory name; default '<task>-<timestamp>'."""
+    resume: str = "never"
+    """never (refuse an existing run dir), auto (newest complete checkpoint of run_name) or a checkpoint path."""
+    overwrite: bool = False
+    """Allow writing into an existing run directory without resuming (its checkpoints are deleted)."""
+    log_every: int = 1
+    """Write metrics every N steps."""
+    tensorboard: bool = True
+    """Write TensorBoard event files in the run directory."""
+    wandb: bool = False
+    """Log to Weights & Biases (needs `pip install wandb`)."""
+    wandb_project: str = "mmrl"
+    """W&B project."""
+    progress: bool = True
+    """Show a progress bar."""
+    plot: bool = True
+    """Save PNG plots of the reward curve and key metrics at the end."""
+    threads: int = 1
+    """torch intra-op threads on CPU (1 is fastest on small shared machines); 0 leaves torch's default."""
+    device: str = "auto"
+    """auto (accelerate's choice), cpu or cuda."""
+    reward_error_threshold: float = 0.5
+    """Abort when more than this fraction of a reward function's calls failed over the last window."""
+    reward_error_window: int = 256
+    """Samples over which the reward error rate is measured."""
+    data_skip_threshold: float = 0.5
+    """Abort when more than this fraction of the data items of a step had to be skipped (bad media)."""
+    max_consecutive_nonfinite: int = 5
+    """Abort after this many consecutive steps with non-finite loss or gradients (each is skipped)."""
+
+
+@dataclass
+class RunConfig:
+    """A whole run: task, model, algorithm and trainer settings."""
+
+    task: Any
+    """The task's own config dataclass (see `mmrl tasks`)."""
+    model: Any
+    """The model config dataclass (selected by its `type` field)."""
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    """Algorithm settings."""
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    """Loop settings."""
+    checkpoint: str | None = None
+    """Checkpoint to evaluate (`mmrl eval`) or to initialise the policy from."""
+
+
+# ---------------------------------------------------------------- field docs
+
+@functools.lru_cache(maxsize=None)
+def field_docs(cls: type) -> dict[str, str]:
+    """Attribute docstrings (the string literal under each field) of a dataclass and its bases."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if not dataclasses.is_dataclass(klass):
+            continue
+        try:
+            tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
+        except (OSError, TypeError, SyntaxError):
+            continue
+        body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
+        for a, b in zip(body, body[1:]):
+            if (
+                isinstance(a, ast.AnnAssign)
+                and isinstance(a.target, ast.Name)
+                and isinstance(b, ast.Expr)
+                and isinstance(b.value, ast.Constant)
+                and isinstance(b.value.value, str)
+            ):
+                docs[a.target.id] = " ".join(b.value.value.split())
+    return docs
+
+
+def describe_fields(cls: type, prefix: str) -> list[str]:
+    """Lines `prefix.field (type, default): doc` for --help."""
+    docs = field_docs(cls)
+    hints = typing.get_type_hints(cls)
+    lines = []
+    for f in dataclasses.fields(cls):
+        default = f.default if f.default is not dataclasses.MISSING else (
+            f.default_factory() if f.default_factory is not dataclasses.MISSING else "<required>"
+        )
+        if dataclasses.is_dataclass(default):
+            continue
+        tname = getattr(hints[f.name], "__name__", str(hints[f.name])).replace("typing.", "")
+        lines.append(f"  {prefix}.{f.name} ({tname}, default {default!r}): {docs.get(f.name, '')}")
+    return lines
+
+
+# ---------------------------------------------------------------- validation
+
+def _suggest(name: str, choices) -> str:
+    close = difflib.get_close_matches(name, list(choices), n=1)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+def _coerce(value: Any, tp: Any, where: str) -> Any:
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if tp is Any:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return _coerce(value, a, where)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(errors[0] if errors else f"{where}: invalid value {value!r}")
+    if origin in (tuple, list):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where}: expected a list, got {value!r}")
+        if origin is tuple and args and args[-1] is not Ellipsis:
+            if len(args) != len(value):
+                raise ConfigError(f"{where}: expected {len(args)} values, got {list(value)!r}")
+            return tuple(_coerce(v, a, f"{where}[{i}]") for i, (v, a) in enumerate(zip(value, args)))
+        inner = args[0] if args else Any
+        out = [_coerce(v, inner, f"{where}[{i}]") for i, v in enumerate(value)]
+        return tuple(out) if origin is tuple else out
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: expected a mapping, got {value!r}")
+        return dict(value)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{where}: expected true/false, got {value!r}")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise ConfigError(f"{where}: expected an integer, got {value!r}")
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise ConfigError(f"{where}: expected a number, got {value!r}")
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)
+        raise ConfigError(f"{where}: expected a string, got {value!r}")
+    if dataclasses.is_dataclass(tp):
+        return from_dict(tp, value, where)
+    return value
+
+
+def from_dict(cls: type, data: dict | None, where: str) -> Any:
+    """Build dataclass ``cls`` from a mapping, rejecting unknown keys with the valid ones named."""
+    data = dict(data or {})
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    for key in data:
+        if key not in names:
+            raise ConfigError(
+                f"unknown key '{where}.{key}'{_suggest(key, names)}; valid keys of {where}: {', '.join(names)}"
+            )
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        if f.name in data:
+            kwargs[f.name] = _coerce(data[f.name], hints[f.name], f"{where}.{f.name}")
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise ConfigError(f"missing required key '{where}.{f.name}'")
+    obj = cls(**kwargs)
+    check = getattr(obj, "validate", None)
+    if callable(check):
+        check()
+    return obj
+
+
+def to_dict(obj: Any) -> Any:
+    """A plain-YAML-friendly dict of a (nested) config dataclass."""
+    if dataclasses.is_dataclass(obj):
+        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, (list, tuple)):
+        return [to_dict(x) for x in obj]
+    if isinstance(obj, dict):
+        return {k: to_dict(v) for k, v in obj.items()}
+    return obj
+
+
+def check_choice(value: str, choices, where: str) -> None:
+    """Raise ConfigError unless ``value`` is one of ``choices``."""
+    if value not in choices:
+        raise ConfigError(f"{where}: '{value}' is not valid{_suggest(value, choices)}; choose from {', '.join(choices)}")
+
+
+def validate_algo(algo: AlgoConfig) -> None:
+    """Cross-check algorithm names against the registries."""
+    from mmrl.algos import ADVANTAGE_ESTIMATORS, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
+
+    check_choice(algo.advantage, ADVANTAGE_ESTIMATORS.names(), "algo.advantage")
+    check_choice(algo.policy_loss, POLICY_LOSSES.names(), "algo.policy_loss")
+    check_choice(algo.loss_agg, AGGREGATIONS.names(), "algo.loss_agg")
+    check_choice(algo.kl_estimator, KL_ESTIMATORS.names(), "algo.kl_estimator")
+    check_choice(algo.adv_scale, ("group", "batch", "none"), "algo.adv_scale")
+    check_choice(algo.old_logp, ("auto", "recompute", "rollout"), "algo.old_logp")
+    if algo.group_size < 1 or algo.ppo_epochs < 1 or algo.num_minibatches < 1:
+        raise ConfigError("algo.group_size, algo.ppo_epochs and algo.num_minibatches must be >= 1")
+
+
+def validate_trainer(tr: TrainerConfig) -> None:
+    check_choice(tr.lr_schedule, ("constant", "linear", "cosine"), "trainer.lr_schedule")
+    check_choice(tr.device, ("auto", "cpu", "cuda"), "trainer.device")
+    if tr.batch_size < 1 or tr.grad_accum < 1 or tr.max_steps < 0:
+        raise ConfigError("trainer.batch_size and trainer.grad_accum must be >= 1, trainer.max_steps >= 0")
+
+
+# ---------------------------------------------------------------- composition
+
+def configs_dir() -> Path:
+    """The packaged configs folder (works from any working directory)."""
+    import mmrl.configs
+
+    return Path(mmrl.configs.__file__).parent
+
+
+def group_options(group: str) -> list[str]:
+    """The YAML options available in a config group."""
+    return sorted(p.stem for p in (configs_dir() / group).glob("*.yaml"))
+
+
+def _normalise_override(ov: str) -> str:
+    """Group selections stay as they are; plain keys become Hydra force-adds (`++key=value`) so that
+    unknown keys reach our validator, which names them with the valid choices."""
+    if ov.startswith(("+", "~")) or "=" not in ov:
+        return ov
+    key = ov.split("=", 1)[0]
+    if key in CONFIG_GROUPS:
+        return ov
+    return "++" + ov
+
+
+def compose_dict(overrides: list[str] | None = None) -> dict:
+    """Compose the raw config with Hydra and return it as a plain dict."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+
+    overrides = list(overrides or [])
+    for ov in overrides:
+        if "=" not in ov:
+            raise ConfigError(f"override '{ov}' is not of the form key=value")
+        key, value = ov.split("=", 1)
+        if key in CONFIG_GROUPS:
+            options = group_options(key)
+            if value not in options:
+                raise ConfigError(f"unknown {key} '{value}'{_suggest(value, options)}; valid choices: {', '.join(options)}")
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(configs_dir()), version_base=None):
+            cfg = compose("config", overrides=[_normalise_override(o) for o in overrides])
+    except HydraException as e:
+        raise ConfigError(str(e).split("\n")[0]) from None
+    finally:
+        GlobalHydra.instance().clear()
+    return OmegaConf.to_container(cfg, resolve=True)
+
+
+def build_run_config(raw: dict) -> RunConfig:
+    """Validate a composed dict into a :class:`RunConfig`."""
+    from mmrl.models.registry import model_config_class
+    from mmrl.tasks import get_task_class
+
+    raw = dict(raw)
+    for key in raw:
+        if key not in ("task", "model", "algo", "trainer", "checkpoint"):
+            raise ConfigError(f"unknown key '{key}'; valid top-level keys: task, model, algo, trainer, checkpoint")
+    task_raw = dict(raw.get("task") or {})
+    if "name" not in task_raw:
+        raise ConfigError("task.name is missing: select a task with task=<name> (see `mmrl tasks`)")
+    task_cls = get_task_class(task_raw["name"])
+    model_raw = dict(raw.get("model") or {})
+    if "type" not in model_raw:
+        raise ConfigError("model.type is missing: select a model preset with model=<name>")
+    model_cls = model_config_class(model_raw["type"])
+    cfg = RunConfig(
+        task=from_dict(task_cls.config_cls, task_raw, "task"),
+        model=from_dict(model_cls, model_raw, "model"),
+        algo=from_dict(AlgoConfig, raw.get("algo"), "algo"),
+        trainer=from_dict(TrainerConfig, raw.get("trainer"), "trainer"),
+        checkpoint=raw.get("checkpoint"),
+    )
+    validate_algo(cfg.algo)
+    validate_trainer(cfg.trainer)
+    return cfg
+
+
+def load_config(overrides: list[str] | None = None) -> RunConfig:
+    """Compose ``configs/`` with Hydra-style ``key=value`` overrides and validate it."""
+    return build_run_config(compose_dict(overrides))
+
+
+def save_config(cfg: RunConfig, path: str | Path) -> None:
+    """Write the resolved config as YAML."""
+    import yaml
+
+    Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+
+
+def load_saved_config(path: str | Path) -> RunConfig:
+    """Read a config saved by :func:`save_config`."""
+    import yaml
+
+    return build_run_config(yaml.safe_load(Path(path).read_text()))

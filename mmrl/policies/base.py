@@ -1,0 +1,259 @@
+"""The contract between the trainer and every modality adapter.
+
+Every modality is RL over a sequence of *actions*, each with a behaviour log-prob:
+
+=========  =====================================  ==========================================
+adapter    one action                             log-prob of an action
+=========  =====================================  ==========================================
+text/VLM   a generated token                      ``log_softmax(logits / T)`` at that token
+diffusion  one SDE denoising step                 Gaussian log-density of ``x_{t-1} | x_t``
+VLA        an action token at an environment step ``log_softmax`` over the bin vocabulary
+=========  =====================================  ==========================================
+
+So the trainer only sees tensors shaped ``[B, T]`` (``B`` samples, ``T`` actions) plus per-sample
+rewards and group ids. A policy samples (:meth:`Policy.rollout`) and recomputes log-probs under the
+current parameters (:meth:`Policy.log_probs`); everything else is shared.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, ContextManager, Protocol, Sequence, runtime_checkable
+
+import torch
+from torch import Tensor
+
+
+@dataclass
+class PromptBatch:
+    """The prompts of one step, before they are repeated ``group_size`` times.
+
+    ``seeds[i]`` is a per-prompt random seed derived from (run seed, step, global prompt index).
+    Policies that draw their sampling noise from it produce the same samples whatever the batch
+    layout (data-parallel rank, micro-batching), which makes data-parallel runs equal to
+    single-process runs and gives "same initial noise per group" for free.
+    """
+
+    items: list[dict]
+    """Task records (question, media, ground truth...)."""
+    indices: list[int]
+    """Dataset index of each item."""
+    seeds: list[int]
+    """Per-prompt sampling seed."""
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def group_ids(self, group_size: int) -> Tensor:
+        """[len * group_size] group id of each sample (prompt-major). The prompt seed doubles as the
+        id: unique within a step even when a prompt appears twice or groups come from resampling."""
+        return torch.tensor(self.seeds, dtype=torch.long).repeat_interleave(group_size)
+
+
+def _pad_right(t: Tensor, length: int) -> Tensor:
+    if t.shape[1] == length:
+        return t
+    pad = t.new_zeros((t.shape[0], length - t.shape[1], *t.shape[2:]))
+    return torch.cat([t, pad], dim=1)
+
+
+def index_payload(payload: Any, idx: Tensor) -> Any:
+    """Select samples ``idx`` from a payload: dicts of batch-first tensors / per-sample lists, or an
+    object with its own ``index_select_samples(idx)`` method (and ``concat_samples`` classmethod)."""
+    if payload is None:
+        return None
+    if isinstance(payload, Tensor):
+        return payload[idx.to(payload.device)]
+    if isinstance(payload, dict):
+        return {k: index_payload(v, idx) for k, v in payload.items()}
+    if isinstance(payload, list):
+        return [payload[i] for i in idx.tolist()]
+    if hasattr(payload, "index_select_samples"):
+        return payload.index_select_samples(idx)
+    return payload  # scalars and shared objects (e.g. a prompt-length constant) pass through
+
+
+def concat_payloads(payloads: Sequence[Any]) -> Any:
+    """Concatenate payloads of several rollouts along the batch dimension.
+
+    Tensors must agree on every dimension but the first; variable-length data should be kept as
+    per-sample lists (they concatenate trivially).
+    """
+    first = payloads[0]
+    if first is None:
+        return None
+    if hasattr(type(first), "concat_samples"):
+        return type(first).concat_samples(list(payloads))
+    if isinstance(first, dict):
+        return {k: concat_payloads([p[k] for p in payloads]) for k in first}
+    if isinstance(first, Tensor):
+        shapes = {tuple(p.shape[1:]) for p in payloads}
+        if len(shapes) > 1:
+            raise ValueError(
+                f"cannot concatenate payload tensors of shapes {sorted(shapes)}; store variable-length "
+                "payload entries as per-sample lists"
+            )
+        return torch.cat(list(payloads), dim=0)
+    if isinstance(first, list):
+        return [x for p in payloads for x in p]
+    return first
+
+
+@dataclass
+class Rollout:
+    """Samples of one step, as ``[B, T]`` action tensors plus what is needed to recompute them."""
+
+    old_logp: Tensor
+    """[B, T] behaviour log-prob of each action, as reported by the rollout engine."""
+    mask: Tensor
+    """[B, T] float, 1 where the action is trained (0 on padding, prompt, deterministic steps)."""
+    group_id: Tensor
+    """[B] int64; samples from the same prompt / initial state share an id."""
+    samples: list
+    """What rewards read, one per sample: completion text, image, episode summary..."""
+    payload: Any
+    """What :meth:`Policy.log_probs` needs: token ids, latent chain, frames..."""
+    prompt_index: Tensor | None = None
+    """[B] int64 position of each sample's prompt in the step's :class:`PromptBatch`."""
+    ref_logp: Tensor | None = None
+    """[B, T] reference-policy log-probs (filled by the trainer when KL is used)."""
+    values: Tensor | None = None
+    """[B, T] critic values at rollout time (filled by the trainer for GAE)."""
+    rewards: Tensor | None = None
+    """[B] (or [B, T]) rewards, filled by the trainer."""
+    token_rewards: Tensor | None = None
+    """[B, T] per-action rewards, for policies whose environment rewards every step."""
+    valid: Tensor | None = None
+    """[B] bool; False for samples that must not train (failed episode, NaN latents...)."""
+    metrics: dict[str, float] = field(default_factory=dict)
+    """Rollout-side metrics (engine time, skips, env steps/s...), logged as they are."""
+
+    def __post_init__(self) -> None:
+        if self.old_logp.shape != self.mask.shape:
+            raise ValueError(f"old_logp {tuple(self.old_logp.shape)} and mask {tuple(self.mask.shape)} differ")
+        if self.group_id.shape[0] != self.mask.shape[0] or len(self.samples) != self.mask.shape[0]:
+            raise ValueError("group_id, samples and the [B, T] tensors must have the same batch size")
+        if self.valid is None:
+            self.valid = torch.ones(self.mask.shape[0], dtype=torch.bool)
+
+    @property
+    def batch_size(self) -> int:
+        return self.mask.shape[0]
+
+    def index(self, idx: Tensor) -> "Rollout":
+        """The sub-rollout of samples ``idx`` (a 1-D int64 tensor)."""
+        kw = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if f.name == "metrics":
+                kw[f.name] = dict(v)
+            elif f.name == "payload":
+                kw[f.name] = index_payload(v, idx)
+            elif f.name == "samples":
+                kw[f.name] = [v[i] for i in idx.tolist()]
+            elif isinstance(v, Tensor):
+                kw[f.name] = v[idx.to(v.device)]
+            else:
+                kw[f.name] = v
+        return Rollout(**kw)
+
+    @staticmethod
+    def concat(rollouts: Sequence["Rollout"]) -> "Rollout":
+        """Concatenate rollouts along the batch; ``[B, T]`` tensors are right-padded to the longest T."""
+        if len(rollouts) == 1:
+            return rollouts[0]
+        T = max(r.mask.shape[1] for r in rollouts)
+        kw: dict[str, Any] = {}
+        for f in fields(Rollout):
+            vals = [getattr(r, f.name) for r in rollouts]
+            if f.name == "metrics":
+                merged: dict[str, float] = {}
+                for m in vals:
+                    for k, x in m.items():
+                        merged[k] = merged.get(k, 0.0) + x if k.startswith("count/") else x
+                kw[f.name] = merged
+            elif f.name == "payload":
+                kw[f.name] = concat_payloads(vals)
+            elif f.name == "samples":
+                kw[f.name] = [s for v in vals for s in v]
+            elif all(v is None for v in vals):
+                kw[f.name] = None
+            elif any(v is None for v in vals):
+                raise ValueError(f"cannot concatenate rollouts where only some have '{f.name}'")
+            elif vals[0].dim() >= 2 and f.name not in ("prompt_index", "group_id", "valid"):
+                kw[f.name] = torch.cat([_pad_right(v, T) for v in vals], dim=0)
+            else:
+                kw[f.name] = torch.cat(vals, dim=0)
+        return Rollout(**kw)
+
+    def with_(self, **changes) -> "Rollout":
+        return replace(self, **changes)
+
+
+@dataclass
+class LogProbOutput:
+    """What :meth:`Policy.log_probs` returns for the selected samples."""
+
+    logp: Tensor
+    """[b, T] log-prob of each action under the current parameters (differentiable)."""
+    entropy: Tensor | None = None
+    """[b, T] entropy of the action distribution, when asked for."""
+    values: Tensor | None = None
+    """[b, T] critic values, when asked for and the policy has a value head."""
+    kl: Tensor | None = None
+    """[b, T] a policy-specific KL to the reference (e.g. latent-mean KL for diffusion), if any."""
+
+
+@runtime_checkable
+class Policy(Protocol):
+    """What a modality adapter implements. See docs/architecture.md."""
+
+    model: torch.nn.Module
+    """The trainable module (wrapped by accelerate for data parallel)."""
+
+    def rollout(self, batch: PromptBatch, group_size: int) -> Rollout:
+        """Sample ``group_size`` completions per prompt; return ``[B*G, T]`` tensors in prompt-major order."""
+
+    def log_probs(self, rollout: Rollout, *, entropy: bool = False, values: bool = False) -> LogProbOutput:
+        """Recompute the log-probs of ``rollout``'s actions under the current parameters (with grad)."""
+
+    def reference(self) -> ContextManager:
+        """A context in which :meth:`log_probs` evaluates the frozen reference policy."""
+
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        """Parameters the optimizer updates."""
+
+    def save_pretrained(self, path: str) -> None:
+        """Write the model in its ecosystem's format (HF safetensors, PEFT adapter...)."""
+
+    def load_pretrained(self, path: str) -> None:
+        """Load what :meth:`save_pretrained` wrote, exactly."""
+
+
+class FrozenCopyReference:
+    """A reference policy held as a frozen deep copy of the initial model.
+
+    Used when the policy is fully fine-tuned (no LoRA adapters to disable). ``swap`` temporarily
+    puts the frozen copy in place of the policy's model.
+    """
+
+    def __init__(self, policy: Any) -> None:
+        import copy
+
+        self._policy = policy
+        self._frozen = copy.deepcopy(_unwrap(policy.model)).eval()
+        for p in self._frozen.parameters():
+            p.requires_grad_(False)
+
+    @contextlib.contextmanager
+    def swap(self):
+        live = self._policy.model
+        self._policy.model = self._frozen
+        try:
+            yield
+        finally:
+            self._policy.model = live
+
+
+def _unwrap(module: torch.nn.Module) -> torch.nn.Module:
+    return getattr(module, "module", module)

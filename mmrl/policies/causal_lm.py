@@ -1,0 +1,186 @@
+"""Text-only token policy over any HF causal LM (the text RLVR adapter, and the toy task's policy).
+
+Rollout: each prompt is tokenised once, repeated ``G`` times and sampled in one batched, left-padded
+`generate` call with per-sample seeds (:mod:`mmrl.rollout.token_sampler`). Log-probs: one forward of
+prompt + completion with explicit position ids (left padding shifts them otherwise).
+"""
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from mmrl.policies.base import FrozenCopyReference, LogProbOutput, PromptBatch, Rollout
+from mmrl.policies.token_policy import (
+    LMWithValueHead,
+    ValueHead,
+    adapters_disabled,
+    apply_lora,
+    is_peft,
+    left_pad,
+    load_value_head,
+    right_pad,
+    save_value_head,
+    token_logp_and_entropy,
+)
+from mmrl.rollout.noise import mix_seed
+from mmrl.rollout.token_sampler import generate_completions
+
+
+def _dtype(name: str) -> torch.dtype:
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+
+
+class CausalLMPolicy:
+    """A :class:`~mmrl.policies.base.Policy` whose actions are completion tokens of a causal LM."""
+
+    def __init__(self, lm, tokenizer, cfg, *, value_head: bool = False, reference: bool = False) -> None:
+        self.cfg = cfg
+        self.tokenizer = tokenizer
+        if cfg.lora.enabled:
+            lm = apply_lora(lm, cfg.lora)
+        if cfg.gradient_checkpointing:
+            lm.gradient_checkpointing_enable()
+        head = ValueHead(lm.config.hidden_size) if value_head else None
+        self.model = LMWithValueHead(lm, head)
+        self.pad_id = tokenizer.pad_token_id
+        self.eos_ids = [tokenizer.eos_token_id]
+        self._frozen_ref = FrozenCopyReference(self) if reference and not cfg.lora.enabled else None
+
+    # ------------------------------------------------------------------ helpers
+    @property
+    def module(self) -> LMWithValueHead:
+        """The unwrapped trainable module (accelerate may wrap ``model`` for data parallel)."""
+        return getattr(self.model, "module", self.model)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.module.parameters()).device
+
+    def encode_prompts(self, prompts: list[str]) -> list[Tensor]:
+        return [torch.tensor(self.tokenizer(p, add_special_tokens=False)["input_ids"], dtype=torch.long) for p in prompts]
+
+    # ------------------------------------------------------------------ Policy API
+    def rollout(self, batch: PromptBatch, group_size: int, *, greedy: bool = False) -> Rollout:
+        prompt_ids = self.encode_prompts([it["prompt"] for it in batch.items])
+        rep_ids = [p for p in prompt_ids for _ in range(group_size)]
+        seeds = [mix_seed(s, j) for s in batch.seeds for j in range(group_size)]
+        ids, att = left_pad(rep_ids, self.pad_id)
+        lm = self.module.lm
+        was_training = lm.training
+        lm.eval()
+        comp = generate_completions(
+            lm,
+            {"input_ids": ids.to(self.device), "attention_mask": att.to(self.device)},
+            seeds=seeds,
+            max_new_tokens=self.cfg.max_new_tokens,
+            eos_ids=self.eos_ids,
+            pad_id=self.pad_id,
+            temperature=self.cfg.temperature,
+            top_p=self.cfg.top_p,
+            greedy=greedy,
+        )
+        lm.train(was_training)
+        texts = self.tokenizer.batch_decode(comp.ids.cpu(), skip_special_tokens=True)
+        lengths = comp.mask.sum(1).long().tolist()
+        samples = [
+            {"text": t, "length": n, "truncated": bool(tr)}
+            for t, n, tr in zip(texts, lengths, comp.truncated.tolist())
+        ]
+        n = len(rep_ids)
+        comp_lists = [comp.ids[i, : lengths[i]].cpu() for i in range(n)]
+        return Rollout(
+            old_logp=comp.logp.cpu(),
+            mask=comp.mask.cpu(),
+            group_id=batch.group_ids(group_size),
+            prompt_index=torch.arange(len(batch)).repeat_interleave(group_size),
+            samples=samples,
+            payload={"prompt_ids": rep_ids, "completion_ids": comp_lists},
+            metrics={"rollout/truncated_frac": float(comp.truncated.float().mean())},
+        )
+
+    def log_probs(self, rollout: Rollout, *, entropy: bool = False, values: bool = False) -> LogProbOutput:
+        prompts = rollout.payload["prompt_ids"]
+        T = rollout.mask.shape[1]
+        p_ids, p_att = left_pad(prompts, self.pad_id)
+        c_ids = right_pad(rollout.payload["completion_ids"], self.pad_id, T)
+        c_att = rollout.mask.long()
+        ids = torch.cat([p_ids, c_ids], 1).to(self.device)
+        att = torch.cat([p_att, c_att], 1).to(self.device)
+        pos = (att.cumsum(1) - 1).clamp(min=0)
+        logits, vals = self.model(input_ids=ids, attention_mask=att, position_ids=pos, want_values=values)
+        P = p_ids.shape[1]
+        # logits at position t predict token t+1: completion token j sits at P + j, predicted by P + j - 1
+        comp_logits = logits[:, P - 1 : P - 1 + T]
+        logp, ent = token_logp_and_entropy(comp_logits, c_ids.to(self.device), temperature=self.cfg.temperature, entropy=entropy)
+        v = vals[:, P - 1 : P - 1 + T] if vals is not None else None
+        return LogProbOutput(logp=logp, entropy=ent, values=v)
+
+    def reference(self):
+        lm = self.module.lm
+        if is_peft(lm):
+            return adapters_disabled(lm)
+        if self._frozen_ref is not None:
+            return self._frozen_ref.swap()
+        raise RuntimeError("no reference policy: build the policy with reference=True or enable LoRA")
+
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        return [p for p in self.module.parameters() if p.requires_grad]
+
+    def save_pretrained(self, path: str | Path) -> None:
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        self.module.lm.save_pretrained(path)
+        self.tokenizer.save_pretrained(path)
+        save_value_head(self.module, path)
+
+    def load_pretrained(self, path: str | Path) -> None:
+        path = Path(path)
+        lm = self.module.lm
+        if is_peft(lm):
+            from peft import set_peft_model_state_dict
+            from safetensors.torch import load_file
+
+            set_peft_model_state_dict(lm, load_file(str(path / "adapter_model.safetensors")))
+        else:
+            from safetensors.torch import load_file
+
+            state = load_file(str(path / "model.safetensors"))
+            missing, unexpected = lm.load_state_dict(state, strict=False)
+            missing = [m for m in missing if not (lm.config.tie_word_embeddings and m.endswith("lm_head.weight"))]
+            if missing or unexpected:
+                raise RuntimeError(f"checkpoint {path} does not match the model: missing {missing}, unexpected {unexpected}")
+        load_value_head(self.module, path)
+
+
+def load_causal_lm(path: str, dtype: str = "float32"):
+    """Load an HF causal LM and its tokenizer (offline when ``path`` is a folder)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    local = Path(path).exists()
+    tok = AutoTokenizer.from_pretrained(path, local_files_only=local, padding_side="left")
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    lm = AutoModelForCausalLM.from_pretrained(path, dtype=_dtype(dtype), local_files_only=local)
+    return lm, tok
+
+
+def build_causal_lm_policy(run_cfg, task) -> CausalLMPolicy:
+    """Policy builder registered for ``model.type=causal_lm``."""
+    cfg = run_cfg.model
+    path = cfg.path
+    if path == "tiny":
+        from mmrl.models.tiny_lm import build_tiny_causal_lm
+
+        chars = getattr(task, "vocabulary", None)
+        if not chars:
+            raise ValueError(f"model.path=tiny needs a task with a character vocabulary; task {task.name} has none")
+        path = str(build_tiny_causal_lm(chars, hidden=cfg.tiny_hidden, layers=cfg.tiny_layers, heads=cfg.tiny_heads,
+                                        seed=run_cfg.trainer.seed))
+    lm, tok = load_causal_lm(path, cfg.dtype)
+    needs_ref = run_cfg.algo.kl_coef > 0
+    return CausalLMPolicy(lm, tok, cfg, value_head=run_cfg.algo.advantage == "gae", reference=needs_ref)

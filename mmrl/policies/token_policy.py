@@ -1,0 +1,126 @@
+"""Shared machinery of token policies (text LMs, VLMs, VLAs): log-probs, entropy, value head, LoRA.
+
+A token policy's actions are completion tokens. Given logits over the completion positions,
+``logp = log_softmax(logits / T)[token]`` and ``entropy = -sum p log p`` of the same tempered
+distribution (the sampling temperature is part of the policy).
+"""
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+
+def token_logp_and_entropy(
+    logits: Tensor, tokens: Tensor, *, temperature: float = 1.0, entropy: bool = False
+) -> tuple[Tensor, Tensor | None]:
+    """Log-prob of ``tokens`` [B, T] under ``log_softmax(logits / T)`` [B, T, V]; optional entropy."""
+    logits = logits.float()
+    if temperature > 0 and temperature != 1.0:
+        logits = logits / temperature
+    logp_all = logits.log_softmax(-1)
+    logp = logp_all.gather(-1, tokens[..., None]).squeeze(-1)
+    ent = None
+    if entropy:
+        ent = -(logp_all.exp() * logp_all).sum(-1)
+    return logp, ent
+
+
+def left_pad(seqs: list[Tensor], pad_id: int) -> tuple[Tensor, Tensor]:
+    """Stack 1-D id tensors left-padded; returns ids [B, L] and attention mask [B, L]."""
+    L = max((s.numel() for s in seqs), default=0)
+    ids = torch.full((len(seqs), L), pad_id, dtype=torch.long)
+    att = torch.zeros((len(seqs), L), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        if s.numel():
+            ids[i, L - s.numel():] = s
+            att[i, L - s.numel():] = 1
+    return ids, att
+
+
+def right_pad(seqs: list[Tensor], pad_id: int, length: int | None = None) -> Tensor:
+    """Stack 1-D id tensors right-padded to ``length`` (default: the longest)."""
+    L = length if length is not None else max((s.numel() for s in seqs), default=0)
+    ids = torch.full((len(seqs), L), pad_id, dtype=torch.long)
+    for i, s in enumerate(seqs):
+        n = min(s.numel(), L)
+        ids[i, :n] = s[:n]
+    return ids
+
+
+class ValueHead(nn.Module):
+    """A scalar value per position from the last hidden state (PPO critic)."""
+
+    def __init__(self, hidden_size: int) -> None:
+        super().__init__()
+        self.proj = nn.Linear(hidden_size, 1)
+        nn.init.zeros_(self.proj.weight)
+        nn.init.zeros_(self.proj.bias)
+
+    def forward(self, hidden: Tensor) -> Tensor:
+        return self.proj(hidden.float()).squeeze(-1)
+
+
+class LMWithValueHead(nn.Module):
+    """The trainable module of a token policy: the HF model plus an optional value head.
+
+    Keeping both in one module lets accelerate wrap them together for data parallel.
+    """
+
+    def __init__(self, lm: nn.Module, value_head: ValueHead | None = None) -> None:
+        super().__init__()
+        self.lm = lm
+        self.value_head = value_head
+
+    def forward(self, *, want_values: bool = False, **inputs):
+        out = self.lm(**inputs, output_hidden_states=want_values, use_cache=False)
+        values = self.value_head(out.hidden_states[-1]) if want_values and self.value_head is not None else None
+        return out.logits, values
+
+
+def apply_lora(lm: nn.Module, lora_cfg, *, exclude_prefixes: tuple[str, ...] = ()) -> nn.Module:
+    """Wrap ``lm`` with PEFT LoRA adapters on ``lora_cfg.target_modules``, skipping modules whose
+    qualified name starts with one of ``exclude_prefixes`` (e.g. a vision tower)."""
+    from peft import LoraConfig, get_peft_model
+
+    targets = sorted(
+        {
+            name
+            for name, mod in lm.named_modules()
+            if isinstance(mod, nn.Linear)
+            and name.split(".")[-1] in set(lora_cfg.target_modules)
+            and not any(name.startswith(p) or f".{p}" in name for p in exclude_prefixes)
+        }
+    )
+    if not targets:
+        raise ValueError(f"LoRA found no modules named {lora_cfg.target_modules} outside {exclude_prefixes}")
+    cfg = LoraConfig(r=lora_cfg.r, lora_alpha=lora_cfg.alpha, lora_dropout=lora_cfg.dropout, target_modules=targets)
+    return get_peft_model(lm, cfg)
+
+
+def is_peft(lm: nn.Module) -> bool:
+    return hasattr(lm, "disable_adapter") and hasattr(lm, "peft_config")
+
+
+@contextlib.contextmanager
+def adapters_disabled(lm: nn.Module):
+    """The LoRA-disabled base model as the frozen reference (same weights, no second copy)."""
+    with lm.disable_adapter():
+        yield
+
+
+def save_value_head(module: LMWithValueHead, path: Path) -> None:
+    if module.value_head is not None:
+        from safetensors.torch import save_file
+
+        save_file({k: v.detach().contiguous() for k, v in module.value_head.state_dict().items()}, str(path / "value_head.safetensors"))
+
+
+def load_value_head(module: LMWithValueHead, path: Path) -> None:
+    f = path / "value_head.safetensors"
+    if module.value_head is not None and f.exists():
+        from safetensors.torch import load_file
+
+        module.value_head.load_state_dict(load_file(str(f)))

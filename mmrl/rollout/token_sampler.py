@@ -1,0 +1,139 @@
+"""Token sampling for HF `generate` with per-sample seeds and behaviour log-probs.
+
+:class:`SeededTokenSampler` is a logits processor used with greedy decoding: at every step it
+applies temperature, top-p and token suppression, adds Gumbel noise drawn from each row's own seed
+(Gumbel-max trick: ``argmax(logits/T + G)`` is a sample of ``softmax(logits/T)``), and records the
+behaviour log-prob ``log_softmax(logits/T)`` of the token it picks — the same formula the trainer
+uses, so the rollout-vs-trainer gap measures numerics only. No per-step logits are kept, so memory
+does not grow with vocabulary x length.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from mmrl.rollout.noise import counter_gumbel
+
+
+def top_p_mask(logits: Tensor, top_p: float) -> Tensor:
+    """Boolean mask [N, V] of the tokens outside the nucleus (smallest set with mass >= top_p)."""
+    if top_p >= 1.0:
+        return torch.zeros_like(logits, dtype=torch.bool)
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    probs = sorted_logits.softmax(-1)
+    mass_before = probs.cumsum(-1) - probs
+    drop_sorted = mass_before >= top_p
+    drop = torch.zeros_like(drop_sorted)
+    drop.scatter_(-1, order, drop_sorted)
+    return drop
+
+
+class SeededTokenSampler:
+    """Logits processor that samples with per-row seeds; pair it with ``do_sample=False``."""
+
+    def __init__(
+        self,
+        seeds: list[int] | Tensor,
+        *,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        suppress_ids: list[int] | None = None,
+        greedy: bool = False,
+    ) -> None:
+        self.seeds = torch.as_tensor(seeds, dtype=torch.int64)
+        self.temperature = float(temperature)
+        self.top_p = float(top_p)
+        self.suppress_ids = list(suppress_ids or [])
+        self.greedy = greedy or self.temperature <= 0
+        self.step = 0
+        self.logps: list[Tensor] = []
+
+    def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
+        logits = scores.float()
+        temp = self.temperature if self.temperature > 0 else 1.0
+        scaled = logits / temp
+        logp_all = scaled.log_softmax(-1)
+        masked = scaled.clone()
+        if self.suppress_ids:
+            masked[:, self.suppress_ids] = float("-inf")
+        if not self.greedy:
+            masked = masked.masked_fill(top_p_mask(masked, self.top_p), float("-inf"))
+            masked = masked + counter_gumbel(self.seeds, self.step, masked.shape[-1], device=masked.device)
+        choice = masked.argmax(-1)
+        self.logps.append(logp_all.gather(-1, choice[:, None])[:, 0])
+        self.step += 1
+        out = torch.full_like(scores, float("-inf"))
+        out.scatter_(-1, choice[:, None], 0.0)
+        return out
+
+    def behaviour_logp(self, length: int) -> Tensor:
+        """[N, length] log-probs of the chosen tokens (steps beyond those run are 0)."""
+        if not self.logps:
+            return torch.zeros(len(self.seeds), length)
+        lp = torch.stack(self.logps, dim=1)[:, :length]
+        if lp.shape[1] < length:
+            lp = torch.cat([lp, lp.new_zeros(lp.shape[0], length - lp.shape[1])], dim=1)
+        return lp
+
+
+@dataclass
+class Completions:
+    """Generated completions, right-padded."""
+
+    ids: Tensor
+    """[N, L] token ids (pad after the end)."""
+    mask: Tensor
+    """[N, L] float, 1 on generated tokens up to and including the first EOS."""
+    logp: Tensor
+    """[N, L] behaviour log-probs (0 on padding)."""
+    truncated: Tensor
+    """[N] bool, True where no EOS was produced within the limit."""
+
+
+def completion_mask(ids: Tensor, eos_ids: list[int]) -> tuple[Tensor, Tensor]:
+    """Mask of tokens up to and including the first EOS, and whether each row hit no EOS."""
+    is_eos = torch.zeros_like(ids, dtype=torch.bool)
+    for e in eos_ids:
+        is_eos |= ids == e
+    before = is_eos.int().cumsum(1) - is_eos.int()  # EOS seen strictly before this position
+    mask = (before == 0).float()
+    truncated = ~is_eos.any(1)
+    return mask, truncated
+
+
+def generate_completions(
+    model,
+    inputs: dict,
+    *,
+    seeds: list[int],
+    max_new_tokens: int,
+    eos_ids: list[int],
+    pad_id: int,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    suppress_ids: list[int] | None = None,
+    greedy: bool = False,
+) -> Completions:
+    """Batched HF `generate` (KV cache, left-padded prompts) with seeded sampling."""
+    from transformers import GenerationConfig, LogitsProcessorList
+
+    sampler = SeededTokenSampler(
+        seeds, temperature=temperature, top_p=top_p, suppress_ids=suppress_ids, greedy=greedy
+    )
+    gen_cfg = GenerationConfig(
+        do_sample=False,
+        max_new_tokens=max_new_tokens,
+        eos_token_id=list(eos_ids),
+        pad_token_id=pad_id,
+        num_beams=1,
+    )
+    prompt_len = inputs["input_ids"].shape[1]
+    with torch.no_grad():
+        out = model.generate(**inputs, generation_config=gen_cfg, logits_processor=LogitsProcessorList([sampler]))
+    ids = out[:, prompt_len:]
+    mask, truncated = completion_mask(ids, eos_ids)
+    logp = sampler.behaviour_logp(ids.shape[1]) * mask
+    ids = torch.where(mask.bool(), ids, torch.full_like(ids, pad_id))
+    return Completions(ids=ids, mask=mask, logp=logp, truncated=truncated)

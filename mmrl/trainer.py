@@ -1,0 +1,620 @@
+"""The modality-agnostic RL loop.
+
+One step::
+
+    prompts (sampler) -> policy.rollout (G per prompt) -> rewards (weighted, failures masked)
+      -> group filter (+ bounded resampling) -> [reference / old log-probs / values]
+      -> advantages -> ppo_epochs x minibatches x micro-batches of policy.log_probs -> loss
+      -> clip -> optimizer step
+
+The trainer only sees ``[B, T]`` tensors; it knows nothing about tokens, images or robots. Loss
+aggregation uses per-token weights computed from whole-minibatch totals (all-reduced across
+data-parallel ranks), so gradient accumulation and data parallel give the same update as one big
+batch.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import signal
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from torch import Tensor
+
+from mmrl import algos
+from mmrl.algos import ADVANTAGE_ESTIMATORS, OUTCOME_ESTIMATORS, POLICY_LOSSES
+from mmrl.checkpoint import latest_checkpoint, load_training_state, resolve_checkpoint, save_checkpoint
+from mmrl.config import ConfigError, RunConfig, load_config, save_config, to_dict
+from mmrl.data.sampler import PromptSampler, shard
+from mmrl.policies.base import PromptBatch, Rollout
+from mmrl.rewards.manager import RewardManager
+from mmrl.rollout.noise import mix_seed
+from mmrl.tasks.base import SkipItem
+from mmrl.tracking import Tracker, plot_metrics
+
+log = logging.getLogger(__name__)
+
+
+class TrainingAborted(RuntimeError):
+    """The run stopped on purpose (too many failures); the message says why and what to change."""
+
+
+@dataclass
+class _StepStats:
+    """Weighted sums of per-token quantities over the micro-batches of an update."""
+
+    sums: dict[str, float] = field(default_factory=dict)
+
+    def add(self, key: str, value: float) -> None:
+        self.sums[key] = self.sums.get(key, 0.0) + value
+
+
+def _lr_lambda(schedule: str, warmup: int, total: int) -> Callable[[int], float]:
+    def f(step: int) -> float:
+        if warmup > 0 and step < warmup:
+            return (step + 1) / warmup
+        if schedule == "constant" or total <= warmup:
+            return 1.0
+        progress = min(1.0, (step - warmup) / max(1, total - warmup))
+        if schedule == "linear":
+            return 1.0 - progress
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    return f
+
+
+def _call_estimator(name: str, rewards: Tensor, group_id: Tensor, valid: Tensor, algo) -> Tensor:
+    fn = ADVANTAGE_ESTIMATORS.get(name)
+    kwargs: dict[str, Any] = {"eps": algo.adv_eps}
+    if name == "grpo":
+        kwargs["scale"] = algo.adv_scale
+    if name == "reinforce_pp":
+        kwargs["baseline"] = algo.reinforce_baseline
+    if name in ("drgrpo", "rloo"):
+        kwargs = {}
+    return fn(rewards, group_id, valid, **kwargs)
+
+
+class Trainer:
+    """GRPO/PPO-family trainer over any :class:`~mmrl.policies.base.Policy`.
+
+    ``Trainer.from_config(cfg).fit()`` is exactly what ``mmrl train`` runs.
+    """
+
+    def __init__(self, cfg: RunConfig, *, task=None, policy=None, accelerator=None) -> None:
+        self.cfg = cfg
+        tr = cfg.trainer
+        if tr.threads > 0:
+            torch.set_num_threads(tr.threads)
+        from accelerate import Accelerator
+
+        self.accelerator = accelerator or Accelerator(cpu=(tr.device == "cpu"))
+        self.rank = self.accelerator.process_index
+        self.world = self.accelerator.num_processes
+        self.is_main = self.accelerator.is_main_process
+        torch.manual_seed(tr.seed)
+
+        if task is None:
+            from mmrl.tasks import get_task_class
+
+            task = get_task_class(cfg.task.name)(cfg.task, cfg)
+        self.task = task
+        if policy is None:
+            from mmrl.models.registry import policy_builder
+
+            policy = policy_builder(cfg.model.type)(cfg, task)
+        self.policy = policy
+        if cfg.checkpoint:
+            self.policy.load_pretrained(Path(resolve_checkpoint(cfg.checkpoint)) / "pretrained_model")
+        if hasattr(self.policy, "module") and self.accelerator.device.type != "cpu":
+            self.policy.model.to(self.accelerator.device)
+
+        self.train_items = list(task.train_items())
+        self.rewards = RewardManager(task.reward_specs(), error_threshold=tr.reward_error_threshold,
+                                     window=tr.reward_error_window)
+        if tr.batch_size % self.world:
+            raise ConfigError(f"trainer.batch_size={tr.batch_size} must be divisible by the {self.world} processes")
+        self.sampler = PromptSampler(len(self.train_items), tr.batch_size, tr.seed)
+        params = self.policy.trainable_parameters()
+        if not params:
+            raise ConfigError("the policy has no trainable parameters")
+        self.optimizer = torch.optim.AdamW(params, lr=tr.lr, betas=tuple(tr.adam_betas), eps=tr.adam_eps,
+                                           weight_decay=tr.weight_decay)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, _lr_lambda(tr.lr_schedule, tr.warmup_steps, tr.max_steps))
+        if self.world > 1:
+            self.policy.model = self.accelerator.prepare_model(self.policy.model)
+
+        self.step = 0
+        self.skipped_total = 0
+        self.seen_total = 0
+        self.nonfinite_streak = 0
+        self._stop_signal: int | None = None
+        self.run_dir: Path | None = None
+        self.tracker: Tracker | None = None
+        self.callbacks: list[Callable[["Trainer", dict], None]] = []
+        self.last_eval: dict[str, float] = {}
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_config(cls, cfg: RunConfig | list[str] | None = None, **kw) -> "Trainer":
+        """Build from a :class:`RunConfig` or a list of ``key=value`` overrides."""
+        if cfg is None or isinstance(cfg, list):
+            cfg = load_config(cfg or [])
+        return cls(cfg, **kw)
+
+    # ------------------------------------------------------------------ run directory
+    def setup_run_dir(self) -> Path:
+        """Create (or resume) the run directory; refuse to overwrite an existing run."""
+        tr = self.cfg.trainer
+        name = tr.run_name or f"{self.cfg.task.name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+        run_dir = Path(tr.output_dir) / name
+        resume_from: Path | None = None
+        if tr.resume not in ("never", "auto"):
+            resume_from = resolve_checkpoint(tr.resume)
+            run_dir = resume_from.parent.parent
+        elif run_dir.exists() and any(run_dir.iterdir()):
+            if tr.resume == "auto":
+                resume_from = latest_checkpoint(run_dir)
+            elif not tr.overwrite:
+                raise ConfigError(
+                    f"run directory {run_dir} exists; pass trainer.resume=auto to continue it, "
+                    "trainer.overwrite=true to start over, or another trainer.run_name"
+                )
+            else:
+                import shutil
+
+                if self.is_main:
+                    shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
+                    (run_dir / "metrics.jsonl").unlink(missing_ok=True)
+        self.accelerator.wait_for_everyone()
+        if self.is_main:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            save_config(self.cfg, run_dir / "config.yaml")
+        self.run_dir = run_dir
+        wandb_id = None
+        if resume_from is not None:
+            state = self.load_checkpoint(resume_from)
+            wandb_id = state.get("wandb_id")
+        self.tracker = Tracker(run_dir, enabled=self.is_main, tensorboard=tr.tensorboard, wandb=tr.wandb,
+                               wandb_project=tr.wandb_project, run_name=name, config=to_dict(self.cfg),
+                               resume_step=self.step if resume_from is not None else None, wandb_id=wandb_id)
+        return run_dir
+
+    # ------------------------------------------------------------------ checkpoints
+    def trainer_state(self) -> dict:
+        return {
+            "sampler": self.sampler.state_dict(),
+            "skipped_total": self.skipped_total,
+            "seen_total": self.seen_total,
+            "wandb_id": self.tracker.wandb_id if self.tracker else None,
+        }
+
+    def save_checkpoint(self) -> Path | None:
+        if self.run_dir is None:
+            raise RuntimeError("call setup_run_dir() (or fit()) before saving")
+        path = None
+        if self.is_main:
+            path = save_checkpoint(self.run_dir, self.step, policy=self.policy, optimizer=self.optimizer,
+                                   scheduler=self.scheduler, state=self.trainer_state(),
+                                   keep_last=self.cfg.trainer.keep_last)
+        self.accelerator.wait_for_everyone()
+        return path
+
+    def load_checkpoint(self, path: Path) -> dict:
+        path = Path(path)
+        self.policy.load_pretrained(path / "pretrained_model")
+        state = load_training_state(path, optimizer=self.optimizer, scheduler=self.scheduler)
+        self.step = state["step"]
+        self.sampler.load_state_dict(state["sampler"])
+        self.skipped_total = state.get("skipped_total", 0)
+        self.seen_total = state.get("seen_total", 0)
+        log.info("resumed from %s at step %d", path, self.step)
+        return state
+
+    # ------------------------------------------------------------------ data
+    def _prepare(self, indices: list[int], seeds: list[int], items_source) -> tuple[PromptBatch, int]:
+        items, idx, sd = [], [], []
+        skipped = 0
+        for i, s in zip(indices, seeds):
+            try:
+                items.append(self.task.prepare_item(items_source[i]))
+                idx.append(i)
+                sd.append(s)
+            except SkipItem as e:
+                skipped += 1
+                log.warning("skipping item %d: %s", i, e)
+        return PromptBatch(items=items, indices=idx, seeds=sd), skipped
+
+    def _next_prompts(self) -> tuple[PromptBatch, int]:
+        indices, seeds = self.sampler.next_batch()
+        return self._prepare(shard(indices, self.rank, self.world), shard(seeds, self.rank, self.world),
+                             self.train_items)
+
+    # ------------------------------------------------------------------ rollout + rewards
+    def _score(self, batch: PromptBatch, ro: Rollout) -> None:
+        G = ro.batch_size // max(1, len(batch))
+        rep = [batch.items[i] for i in ro.prompt_index.tolist()] if ro.prompt_index is not None else \
+            [it for it in batch.items for _ in range(G)]
+        res = self.rewards([it.get("prompt", "") for it in rep], ro.samples, self.task.reward_columns(rep))
+        ro.rewards = res.total
+        ro.valid = ro.valid & res.valid
+        ro.metrics.update(res.metrics)
+
+    def collect(self) -> tuple[Rollout | None, dict]:
+        """Roll out, score and filter one step's batch (with bounded resampling)."""
+        algo = self.cfg.algo
+        metrics: dict[str, float] = {}
+        kept: list[Rollout] = []
+        n_groups_kept = 0
+        target_groups = self.cfg.trainer.batch_size // self.world
+        skipped = seen = 0
+        rounds = 0
+        t0 = time.perf_counter()
+        for rounds in range(1, 2 + (algo.max_resample if algo.filter_groups else 0)):
+            batch, sk = self._next_prompts()
+            skipped += sk
+            seen += sk + len(batch)
+            if not len(batch):
+                continue
+            ro = self.policy.rollout(batch, algo.group_size)
+            self._score(batch, ro)
+            if rounds == 1:
+                metrics.update(ro.metrics)
+            if algo.filter_groups:
+                keep = algos.nonzero_variance_groups(ro.rewards, ro.group_id, ro.valid)
+                ro = ro.index(torch.nonzero(keep).flatten())
+            n_groups_kept += int(torch.unique(ro.group_id).numel()) if ro.batch_size else 0
+            if ro.batch_size:
+                kept.append(ro)
+            if not algo.filter_groups or n_groups_kept >= target_groups:
+                break
+        metrics["time/rollout"] = time.perf_counter() - t0
+        self.skipped_total += skipped
+        self.seen_total += seen
+        metrics["data/skipped"] = float(skipped)
+        metrics["data/skipped_total"] = float(self.skipped_total)
+        if self.seen_total >= 2 * self.cfg.trainer.batch_size and \
+                self.skipped_total / self.seen_total > self.cfg.trainer.data_skip_threshold:
+            raise TrainingAborted(
+                f"{self.skipped_total} of {self.seen_total} data items were skipped (> "
+                f"{self.cfg.trainer.data_skip_threshold:.0%}, trainer.data_skip_threshold); see the warnings above "
+                "for the files and reasons")
+        if algo.filter_groups:
+            metrics["filter/rounds"] = float(rounds)
+            metrics["filter/kept_groups"] = float(n_groups_kept)
+        if not kept:
+            return None, metrics
+        ro = Rollout.concat(kept)
+        if algo.filter_groups and n_groups_kept > target_groups:
+            groups = list(dict.fromkeys(ro.group_id.tolist()))[:target_groups]
+            sel = torch.isin(ro.group_id, torch.tensor(groups))
+            ro = ro.index(torch.nonzero(sel).flatten())
+        return ro, metrics
+
+    # ------------------------------------------------------------------ helpers for the update
+    def _micro_batches(self, idx: Tensor) -> list[Tensor]:
+        k = self.cfg.trainer.grad_accum
+        return [c for c in torch.tensor_split(idx, k)]
+
+    def _all_reduce_sum(self, x: float) -> float:
+        if self.world == 1:
+            return x
+        t = torch.tensor([x], dtype=torch.float64, device=self.accelerator.device)
+        return float(self.accelerator.reduce(t, reduction="sum").item())
+
+    def _no_grad_pass(self, ro: Rollout, *, values: bool, reference: bool = False) -> tuple[Tensor, Tensor | None]:
+        """Log-probs (and values) of every sample without gradient, in micro-batches."""
+        logps, vals = [], []
+        ctx = self.policy.reference() if reference else torch.no_grad()
+        with torch.no_grad(), ctx:
+            for mb in self._micro_batches(torch.arange(ro.batch_size)):
+                if mb.numel() == 0:
+                    continue
+                out = self.policy.log_probs(ro.index(mb), values=values)
+                logps.append(out.logp.detach().float().cpu())
+                if values:
+                    vals.append(out.values.detach().float().cpu())
+        T = ro.mask.shape[1]
+        logp = torch.cat([torch.nn.functional.pad(x, (0, T - x.shape[1])) for x in logps])
+        v = torch.cat([torch.nn.functional.pad(x, (0, T - x.shape[1])) for x in vals]) if values else None
+        return logp, v
+
+    def _advantages(self, ro: Rollout, kl_tok: Tensor | None) -> tuple[Tensor, Tensor | None]:
+        """Token-level advantages [B, T] (and returns for the critic)."""
+        algo = self.cfg.algo
+        mask = ro.mask * ro.valid[:, None].float()
+        rewards = ro.rewards.float()
+        if algo.advantage in OUTCOME_ESTIMATORS:
+            if algo.kl_in_reward and kl_tok is not None:
+                rewards = rewards - algo.kl_coef * (kl_tok * mask).sum(1)
+            if algo.advantage == "reinforce_pp" and self.world > 1:
+                raise ConfigError("algo.advantage=reinforce_pp whitens over the batch; use it with one process")
+            adv = _call_estimator(algo.advantage, rewards, ro.group_id, ro.valid, algo)
+            if algo.adv_clip is not None:
+                adv = adv.clamp(-algo.adv_clip, algo.adv_clip)
+            return algos.broadcast_to_tokens(adv, mask), None
+        # GAE: outcome reward on the last valid action, plus per-action rewards when the policy has them
+        T = mask.shape[1]
+        tok_r = torch.zeros_like(mask)
+        last = (mask * torch.arange(1, T + 1)).argmax(1)
+        has = mask.sum(1) > 0
+        tok_r[has, last[has]] = rewards[has]
+        if ro.token_rewards is not None:
+            tok_r = tok_r + ro.token_rewards * mask
+        if algo.kl_in_reward and kl_tok is not None:
+            tok_r = tok_r - algo.kl_coef * kl_tok * mask
+        adv, returns = algos.gae(tok_r, ro.values, mask, gamma=algo.gamma, lam=algo.lam)
+        adv = algos.masked_whiten(adv, mask) * mask
+        if algo.adv_clip is not None:
+            adv = adv.clamp(-algo.adv_clip, algo.adv_clip)
+        return adv, returns
+
+    # ------------------------------------------------------------------ one RL step
+    def train_step(self) -> dict[str, float]:
+        """One rollout + update. Returns the step's metrics."""
+        algo = self.cfg.algo
+        t_step = time.perf_counter()
+        ro, metrics = self.collect()
+        if ro is None:
+            metrics["data/empty_steps"] = 1.0
+            self.scheduler.step()
+            return metrics
+        use_gae = algo.advantage == "gae"
+        mode = algo.old_logp
+        if mode == "auto":
+            mode = "current" if algo.ppo_epochs == 1 and algo.num_minibatches == 1 else "recompute"
+        t0 = time.perf_counter()
+        old_logp = None
+        if mode == "recompute" or use_gae:
+            recomputed, values = self._no_grad_pass(ro, values=use_gae)
+            if mode == "recompute":
+                old_logp = recomputed
+            if use_gae:
+                ro.values = values
+        elif mode == "rollout":
+            old_logp = ro.old_logp
+        kl_tok = None
+        if algo.kl_coef > 0:
+            ro.ref_logp, _ = self._no_grad_pass(ro, values=False, reference=True)
+            if algo.kl_in_reward:
+                kl_tok = algos.kl_estimate(ro.old_logp if old_logp is None else old_logp, ro.ref_logp, algo.kl_estimator)
+        metrics["time/prepare"] = time.perf_counter() - t0
+        adv, returns = self._advantages(ro, kl_tok)
+        mask = ro.mask * ro.valid[:, None].float()
+        metrics["policy/adv_abs_mean"] = float((adv.abs() * mask).sum() / mask.sum().clamp(min=1))
+        metrics["response/length"] = float(ro.mask.sum(1).mean())
+
+        t0 = time.perf_counter()
+        stats = self._update(ro, mask, adv, returns, old_logp, current_old=(mode == "current"))
+        metrics.update(stats)
+        metrics["time/update"] = time.perf_counter() - t0
+        self.scheduler.step()
+        metrics["optim/lr"] = self.scheduler.get_last_lr()[0]
+        metrics["time/step"] = time.perf_counter() - t_step
+        return metrics
+
+    def _update(self, ro: Rollout, mask: Tensor, adv: Tensor, returns: Tensor | None, old_logp: Tensor | None,
+                *, current_old: bool) -> dict[str, float]:
+        algo = self.cfg.algo
+        tr = self.cfg.trainer
+        use_gae = algo.advantage == "gae"
+        loss_fn = POLICY_LOSSES.get(algo.policy_loss)
+        need_entropy = True  # cheap relative to the forward; logged every step
+        st = _StepStats()
+        n_opt_steps = 0
+        skipped_steps = 0
+        B = ro.batch_size
+        for epoch in range(algo.ppo_epochs):
+            if algo.num_minibatches > 1:
+                g = torch.Generator().manual_seed(mix_seed(tr.seed, self.step, epoch, 0xE90C))
+                order = torch.randperm(B, generator=g)
+            else:
+                order = torch.arange(B)
+            for mb in torch.tensor_split(order, algo.num_minibatches):
+                num_tokens = self._all_reduce_sum(float(mask[mb].sum()))
+                num_seqs = self._all_reduce_sum(float((mask[mb].sum(1) > 0).sum()))
+                self.optimizer.zero_grad(set_to_none=True)
+                micro = self._micro_batches(mb)
+                for k, mi in enumerate(micro):
+                    dummy = mi.numel() == 0
+                    if dummy:  # keep collective calls in step across ranks: a zero-weight sample
+                        mi = mb[:1] if mb.numel() else torch.zeros(1, dtype=torch.long)
+                    sub = ro.index(mi)
+                    m = mask[mi].to(self.accelerator.device)
+                    sync = k == len(micro) - 1
+                    ctx = self.accelerator.no_sync(self.policy.model) if (self.world > 1 and not sync) else _nullctx()
+                    with ctx:
+                        out = self.policy.log_probs(sub, entropy=need_entropy, values=use_gae)
+                        logp = out.logp.float()
+                        dev = logp.device
+                        a = adv[mi].to(dev)
+                        old = logp.detach() if current_old else old_logp[mi].to(dev)
+                        w = algos.token_weights(m, algo.loss_agg, num_tokens=max(num_tokens, 1.0),
+                                                num_seqs=max(num_seqs, 1.0), max_len=algo.loss_max_len)
+                        if dummy:
+                            w = w * 0.0
+                        pl = loss_fn(logp, old, a, m, clip_low=algo.clip_low, clip_high=algo.clip_high,
+                                     dual_clip=algo.dual_clip)
+                        tok_loss = pl.loss
+                        if algo.truncated_is:
+                            beh = ro.old_logp[mi].to(dev)
+                            tok_loss = tok_loss * algos.truncated_is_weights(old, beh, m, cap=algo.is_cap)
+                        loss = (tok_loss * w).sum()
+                        st.add("loss/policy", float(loss.detach()))
+                        if algo.kl_coef > 0 and not algo.kl_in_reward:
+                            kl = out.kl if out.kl is not None else algos.kl_estimate(
+                                logp, ro.ref_logp[mi].to(dev), algo.kl_estimator)
+                            kl_term = (kl * w).sum()
+                            loss = loss + algo.kl_coef * kl_term
+                            st.add("policy/kl", float(kl_term.detach()))
+                        if out.entropy is not None:
+                            ent = (out.entropy.float() * w).sum()
+                            st.add("policy/entropy", float(ent.detach()))
+                            if algo.entropy_coef:
+                                loss = loss - algo.entropy_coef * ent
+                        if use_gae:
+                            vl = algos.value_loss(out.values.float(), ro.values[mi].to(dev), returns[mi].to(dev), m,
+                                                  clip=algo.value_clip)
+                            v_term = (vl * w).sum()
+                            loss = loss + algo.vf_coef * v_term
+                            st.add("loss/value", float(v_term.detach()))
+                        st.add("loss/clipfrac", float((pl.clipped.float() * w).sum()))
+                        st.add("policy/ratio_mean", float((pl.ratio.detach() * w).sum()))
+                        if epoch == 0 and n_opt_steps == 0:
+                            beh = ro.old_logp[mi].to(dev)
+                            gap = ((logp.detach() - beh).abs() * m).sum()
+                            st.add("rollout/logp_abs_diff_sum", float(gap))
+                            st.add("rollout/tokens", float(m.sum()))
+                            if not dummy:
+                                ist = algos.importance_stats(logp.detach(), beh, m, cap=algo.is_cap)
+                                st.sums["rollout/is_ratio_max"] = max(st.sums.get("rollout/is_ratio_max", 0.0), ist["ratio_max"])
+                                st.sums["rollout/is_ratio_min"] = min(st.sums.get("rollout/is_ratio_min", math.inf), ist["ratio_min"])
+                        loss = loss * self.world  # DDP averages gradients over ranks
+                        self.accelerator.backward(loss)
+                finite = self._grads_finite()
+                if tr.max_grad_norm is not None and finite:
+                    gn = torch.nn.utils.clip_grad_norm_(self.policy.trainable_parameters(), tr.max_grad_norm)
+                    st.add("optim/grad_norm", float(gn))
+                    finite = math.isfinite(float(gn))
+                if finite:
+                    self.optimizer.step()
+                    n_opt_steps += 1
+                else:
+                    skipped_steps += 1
+                self.optimizer.zero_grad(set_to_none=True)
+        n_updates = algo.ppo_epochs * algo.num_minibatches
+        out = {k: v / n_updates for k, v in st.sums.items() if not k.startswith("rollout/")}
+        toks = st.sums.get("rollout/tokens", 0.0)
+        out["rollout/logp_abs_diff"] = st.sums.get("rollout/logp_abs_diff_sum", 0.0) / max(toks, 1.0)
+        for k in ("rollout/is_ratio_max", "rollout/is_ratio_min"):
+            if k in st.sums and math.isfinite(st.sums[k]):
+                out[k] = st.sums[k]
+        out["train/nonfinite_skipped"] = float(skipped_steps)
+        if skipped_steps:
+            self.nonfinite_streak += 1
+            log.warning("step %d: non-finite loss or gradient; %d optimizer step(s) skipped", self.step, skipped_steps)
+            if self.nonfinite_streak >= tr.max_consecutive_nonfinite:
+                raise TrainingAborted(
+                    f"{self.nonfinite_streak} consecutive steps had non-finite losses or gradients "
+                    f"(trainer.max_consecutive_nonfinite={tr.max_consecutive_nonfinite}); lower trainer.lr or check the rewards")
+        else:
+            self.nonfinite_streak = 0
+        return out
+
+    def _grads_finite(self) -> bool:
+        for p in self.policy.trainable_parameters():
+            if p.grad is not None and not torch.isfinite(p.grad).all():
+                return False
+        return True
+
+    # ------------------------------------------------------------------ evaluation
+    def evaluate(self, items=None, *, limit: int | None = None) -> dict[str, float]:
+        """Greedy rollouts over the eval set; task metrics plus reward means under ``eval/``."""
+        items = list(items if items is not None else self.task.eval_items())
+        limit = limit if limit is not None else self.cfg.trainer.eval_size
+        if limit is not None:
+            items = items[:limit]
+        bs = max(1, self.cfg.trainer.batch_size)
+        all_items, all_samples, per_fn, rewards, skipped = [], [], {}, [], 0
+        for lo in range(0, len(items), bs):
+            idx = list(range(lo, min(len(items), lo + bs)))
+            seeds = [mix_seed(self.cfg.trainer.seed, 0xE7A1, i) for i in idx]
+            batch, sk = self._prepare(idx, seeds, items)
+            skipped += sk
+            if not len(batch):
+                continue
+            with torch.no_grad():
+                ro = self.policy.rollout(batch, 1, greedy=True)
+            res = self.rewards([it.get("prompt", "") for it in batch.items], ro.samples,
+                               self.task.reward_columns(batch.items))
+            all_items += batch.items
+            all_samples += ro.samples
+            rewards.append(res.total)
+            for k, v in res.per_fn.items():
+                per_fn.setdefault(k, []).append(v)
+        out: dict[str, float] = {"eval/skipped": float(skipped), "eval/n": float(len(all_items))}
+        if all_items:
+            per_fn_t = {k: torch.cat(v) for k, v in per_fn.items()}
+            out["eval/reward"] = float(torch.cat(rewards).mean())
+            for k, v in per_fn_t.items():
+                ok = torch.isfinite(v)
+                out[f"eval/reward/{k}"] = float(v[ok].mean()) if ok.any() else math.nan
+            out.update(self.task.eval_metrics(all_items, all_samples, per_fn_t))
+        self.last_eval = out
+        return out
+
+    # ------------------------------------------------------------------ the loop
+    def _on_signal(self, signum, frame) -> None:
+        if self._stop_signal is not None:  # second signal: stop now
+            raise KeyboardInterrupt
+        self._stop_signal = signum
+        log.warning("received signal %d: finishing the current step, saving a checkpoint and exiting", signum)
+
+    def fit(self) -> dict[str, float]:
+        """Train for ``trainer.max_steps`` steps; returns the final metrics (with the last eval)."""
+        tr = self.cfg.trainer
+        if self.run_dir is None:
+            self.setup_run_dir()
+        previous = {}
+        import threading
+
+        in_main_thread = threading.current_thread() is threading.main_thread()
+        if in_main_thread:
+            for s in (signal.SIGINT, signal.SIGTERM):
+                previous[s] = signal.signal(s, self._on_signal)
+        bar = None
+        if tr.progress and self.is_main:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=tr.max_steps, initial=self.step, desc=self.cfg.task.name, dynamic_ncols=True)
+        last: dict[str, float] = {}
+        try:
+            while self.step < tr.max_steps and self._stop_signal is None:
+                metrics = self.train_step()
+                self.step += 1
+                if tr.eval_every and self.step % tr.eval_every == 0:
+                    metrics.update(self.evaluate())
+                elif self.step == tr.max_steps and tr.eval_at_end:
+                    metrics.update(self.evaluate())
+                if self.step % tr.log_every == 0 or self.step == tr.max_steps:
+                    self.tracker.log(metrics, self.step)
+                for cb in self.callbacks:
+                    cb(self, metrics)
+                last = metrics
+                if bar is not None:
+                    bar.update(1)
+                    post = {"reward": f"{metrics.get('reward/mean', float('nan')):.3f}",
+                            "s/step": f"{metrics.get('time/step', 0):.2f}"}
+                    if "eval/score" in metrics:
+                        post["eval"] = f"{metrics['eval/score']:.3f}"
+                    bar.set_postfix(post)
+                if tr.save_every and self.step % tr.save_every == 0 and self.step < tr.max_steps:
+                    self.save_checkpoint()
+            self.save_checkpoint()
+        finally:
+            if bar is not None:
+                bar.close()
+            for s, h in previous.items():
+                signal.signal(s, h)
+            if self.tracker is not None:
+                self.tracker.close()
+        if self._stop_signal is not None:
+            log.warning("stopped by signal %d at step %d; checkpoint saved in %s", self._stop_signal, self.step,
+                        self.run_dir)
+        if tr.plot and self.is_main:
+            plot_metrics(self.run_dir / "metrics.jsonl", self.run_dir / "curves.png", title=self.cfg.task.name)
+        return {**last, **self.last_eval}
+
+
+class _nullctx:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *a):
+        return False

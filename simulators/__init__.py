@@ -1,0 +1,20 @@
+"""Simulators with a gymnasium API for the VLA adapter.
+
+- ``tabletop``: light plain-MuJoCo scene (reach / push / lift) with fast 64x64 rendering.
+- ``robosuite_env``: robosuite 1.5 Lift / Door / Stack with language instructions.
+- ``registry``: ``make_env("tabletop/reach_red")``, ``list_envs()``, ``register_env``.
+
+mujoco and robosuite are imported only when an environment is built.
+"""
+from .registry import DuplicateEnvError, UnknownEnvError, list_envs, make_env, register_env, unregister_env
+from .rendering import RenderBackendError
+
+__all__ = [
+    "DuplicateEnvError",
+    "RenderBackendError",
+    "UnknownEnvError",
+    "list_envs",
+    "make_env",
+    "register_env",
+    "unregister_env",
+]

@@ -1,0 +1,35 @@
+"""Tasks: one module per task (dataset + prompt + rewards + eval metric + default config).
+
+Tasks are registered here by name for ``task=<name>``; modules are imported lazily, and a task
+module keeps heavy imports inside functions so that `mmrl tasks` stays fast.
+"""
+from __future__ import annotations
+
+import importlib
+
+from mmrl.config import ConfigError
+
+TASKS: dict[str, str] = {
+    "toy_arithmetic": "mmrl.tasks.toy_arithmetic:ToyArithmeticTask",
+}
+
+
+def task_names() -> list[str]:
+    return sorted(TASKS)
+
+
+def get_task_class(name: str):
+    """The task class registered as ``name``; ConfigError naming the valid tasks otherwise."""
+    if name not in TASKS:
+        import difflib
+
+        close = difflib.get_close_matches(name, TASKS, n=1)
+        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        raise ConfigError(f"unknown task '{name}'{hint}; valid tasks: {', '.join(task_names())}")
+    module, cls = TASKS[name].split(":")
+    return getattr(importlib.import_module(module), cls)
+
+
+def list_tasks() -> list[tuple[str, str]]:
+    """(name, one-line description) of every task."""
+    return [(n, get_task_class(n).description) for n in task_names()]

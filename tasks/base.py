@@ -1,0 +1,50 @@
+"""The task interface: what a task gives the trainer."""
+from __future__ import annotations
+
+from typing import Any, ClassVar, Sequence
+
+from mmrl.rewards.manager import RewardSpec
+
+
+class SkipItem(Exception):
+    """Raised by :meth:`Task.prepare_item` for an item that cannot be used (corrupt media...).
+
+    The trainer skips it, logs the reason and counts it in ``data/skipped``.
+    """
+
+
+class Task:
+    """Dataset + prompt template + reward composition + eval metric of one job."""
+
+    name: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+    config_cls: ClassVar[type] = object
+
+    def __init__(self, cfg: Any, run_cfg: Any) -> None:
+        self.cfg = cfg
+        self.run_cfg = run_cfg
+
+    def train_items(self) -> Sequence[dict]:
+        """Training records; each has at least ``prompt`` (what the policy reads)."""
+        raise NotImplementedError
+
+    def eval_items(self) -> Sequence[dict]:
+        """Evaluation records (same schema)."""
+        raise NotImplementedError
+
+    def reward_specs(self) -> list[RewardSpec]:
+        """Reward functions with weights."""
+        raise NotImplementedError
+
+    def prepare_item(self, item: dict) -> dict:
+        """Load what the item needs (media...) right before rollout; raise SkipItem for bad items."""
+        return item
+
+    def reward_columns(self, items: Sequence[dict]) -> dict[str, list]:
+        """Per-item fields passed to reward functions (default: every key but the prompt)."""
+        keys = [k for k in items[0] if k != "prompt"] if items else []
+        return {k: [it.get(k) for it in items] for k in keys}
+
+    def eval_metrics(self, items: Sequence[dict], samples: list, per_fn: dict) -> dict[str, float]:
+        """Task metrics on greedy eval samples; ``eval/score`` is the headline number."""
+        return {}
