@@ -157,6 +157,12 @@ class TrainerConfig:
     """Abort when more than this fraction of the data items of a step had to be skipped (bad media)."""
     max_consecutive_nonfinite: int = 5
     """Abort after this many consecutive steps with non-finite loss or gradients (each is skipped)."""
+    sft_steps: int = 0
+    """Supervised warm-start steps on the task's reference answers before RL (SFT -> RL); 0 disables."""
+    sft_lr: float | None = None
+    """Learning rate of the warm start (default: trainer.lr)."""
+    sft_batch_size: int | None = None
+    """Prompts per warm-start step (default: trainer.batch_size)."""
 
 
 @dataclass

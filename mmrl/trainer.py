@@ -245,6 +245,7 @@ class Trainer:
         ro.rewards = res.total
         ro.valid = ro.valid & res.valid
         ro.metrics.update(res.metrics)
+        ro.metrics.update(self.task.rollout_metrics(rep, ro.samples))
 
     def collect(self) -> tuple[Rollout | None, dict]:
         """Roll out, score and filter one step's batch (with bounded resampling)."""
@@ -556,6 +557,22 @@ class Trainer:
         self._stop_signal = signum
         log.warning("received signal %d: finishing the current step, saving a checkpoint and exiting", signum)
 
+    def _warm_start(self) -> None:
+        """Supervised warm start before RL, with evaluations before and after (logged at step 0)."""
+        from mmrl.sft import run_sft
+
+        tr = self.cfg.trainer
+        before = self.evaluate() if tr.eval_at_end or tr.eval_every else {}
+        t0 = time.perf_counter()
+        sft = run_sft(self, tr.sft_steps)
+        after = self.evaluate() if tr.eval_at_end or tr.eval_every else {}
+        row = {**sft, "time/sft": time.perf_counter() - t0, **after}
+        if "eval/score" in before:
+            row["sft/eval_score_before"] = before["eval/score"]
+        self.tracker.log(row, 0)
+        log.info("warm start: %d SFT steps, eval score %s -> %s", tr.sft_steps, before.get("eval/score"),
+                 after.get("eval/score"))
+
     def fit(self) -> dict[str, float]:
         """Train for ``trainer.max_steps`` steps; returns the final metrics (with the last eval)."""
         tr = self.cfg.trainer
@@ -575,6 +592,8 @@ class Trainer:
             bar = tqdm(total=tr.max_steps, initial=self.step, desc=self.cfg.task.name, dynamic_ncols=True)
         last: dict[str, float] = {}
         try:
+            if tr.sft_steps > 0 and self.step == 0 and not (self.run_dir / "sft_metrics.jsonl").exists():
+                self._warm_start()
             while self.step < tr.max_steps and self._stop_signal is None:
                 metrics = self.train_step()
                 self.step += 1

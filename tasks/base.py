@@ -45,6 +45,18 @@ class Task:
         keys = [k for k in items[0] if k != "prompt"] if items else []
         return {k: [it.get(k) for it in items] for k in keys}
 
+    def sft_target(self, item: dict, meta: dict) -> str | None:
+        """The reference completion for the supervised warm start (``trainer.sft_steps``), or None.
+
+        ``meta`` is what the policy knows about the item after preprocessing (e.g. the model-input
+        image size and box frame for VLMs; empty for text policies).
+        """
+        return None
+
+    def rollout_metrics(self, items: Sequence[dict], samples: list) -> dict[str, float]:
+        """Extra per-step monitors computed from the samples (e.g. reward-hacking monitors)."""
+        return {}
+
     def eval_metrics(self, items: Sequence[dict], samples: list, per_fn: dict) -> dict[str, float]:
         """Task metrics on greedy eval samples; ``eval/score`` is the headline number."""
         return {}

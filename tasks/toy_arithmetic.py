@@ -84,6 +84,9 @@ class ToyArithmeticTask(Task):
             RewardSpec("format", format_reward, self.cfg.format_weight),
         ]
 
+    def sft_target(self, item, meta):
+        return item["answer"]
+
     def eval_metrics(self, items, samples, per_fn):
         acc = sum(c["text"].strip() == it["answer"] for c, it in zip(samples, items)) / max(1, len(items))
         return {"eval/accuracy": acc, "eval/score": acc}

@@ -200,7 +200,8 @@ def test_bad_actions_are_clipped_and_counted():
 
 
 @pytest.mark.parametrize("field, value", [("qvel", 1e30), ("qvel", np.nan), ("qpos", np.nan)])
-def test_blow_up_ends_episode_as_sim_error(field, value):
+def test_blow_up_ends_episode_as_sim_error(field, value, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # MuJoCo appends its warning to ./MUJOCO_LOG.TXT
     env = TabletopEnv("reach_red", render=False)
     env.reset(options={"init_state": 0})
     getattr(env.data, field)[:] = value  # test hook: corrupt the simulator state directly

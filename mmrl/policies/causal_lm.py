@@ -118,6 +118,21 @@ class CausalLMPolicy:
         v = vals[:, P - 1 : P - 1 + T] if vals is not None else None
         return LogProbOutput(logp=logp, entropy=ent, values=v)
 
+    def sft_loss(self, batch: PromptBatch, targets: list[str]) -> torch.Tensor:
+        """Mean token cross-entropy of ``targets`` (+ EOS) given the prompts (supervised warm start)."""
+        prompts = self.encode_prompts([it["prompt"] for it in batch.items])
+        comps = [torch.tensor(self.tokenizer(t, add_special_tokens=False)["input_ids"] + self.eos_ids[:1])
+                 for t in targets]
+        T = max(c.numel() for c in comps)
+        mask = torch.zeros(len(comps), T)
+        for i, c in enumerate(comps):
+            mask[i, : c.numel()] = 1.0
+        ro = Rollout(old_logp=torch.zeros_like(mask), mask=mask, group_id=torch.arange(len(comps)),
+                     samples=[None] * len(comps), payload={"prompt_ids": prompts, "completion_ids": comps})
+        logp = self.log_probs(ro).logp
+        m = mask.to(logp.device)
+        return -(logp * m).sum() / m.sum()
+
     def reference(self):
         lm = self.module.lm
         if is_peft(lm):

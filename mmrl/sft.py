@@ -1,0 +1,68 @@
+"""Supervised warm start (SFT -> RL), a documented stage of a run rather than a hidden trick.
+
+With ``trainer.sft_steps=N`` the trainer first fits the policy to the task's reference answers
+(``Task.sft_target``) for N steps with token cross-entropy (``Policy.sft_loss``), evaluates, and
+then starts RL from that model. Real recipes do the same (cold-start SFT, then GRPO).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+
+import torch
+
+from mmrl.config import ConfigError
+from mmrl.data.sampler import PromptSampler
+from mmrl.policies.base import PromptBatch
+from mmrl.tasks.base import SkipItem
+
+log = logging.getLogger(__name__)
+
+
+def sft_targets(task, policy, items: list[dict]) -> list[str | None]:
+    """Reference completions for ``items``, given what the policy knows about them."""
+    meta_fn = getattr(policy, "sample_meta", None)
+    metas = meta_fn(items) if meta_fn is not None else [{} for _ in items]
+    return [task.sft_target(it, m) for it, m in zip(items, metas)]
+
+
+def run_sft(trainer, steps: int) -> dict[str, float]:
+    """Run ``steps`` supervised steps on the trainer's policy; returns the last metrics."""
+    cfg = trainer.cfg.trainer
+    policy, task = trainer.policy, trainer.task
+    if not hasattr(policy, "sft_loss"):
+        raise ConfigError(f"trainer.sft_steps>0 but the {type(policy).__name__} policy has no sft_loss")
+    bs = cfg.sft_batch_size or cfg.batch_size
+    sampler = PromptSampler(len(trainer.train_items), bs, cfg.seed + 7919)
+    opt = torch.optim.AdamW(policy.trainable_parameters(), lr=cfg.sft_lr or cfg.lr, weight_decay=cfg.weight_decay)
+    out_path = Path(trainer.run_dir) / "sft_metrics.jsonl" if trainer.run_dir else None
+    last: dict[str, float] = {}
+    for k in range(steps):
+        t0 = time.perf_counter()
+        indices, seeds = sampler.next_batch()
+        items, sd = [], []
+        for i, s in zip(indices, seeds):
+            try:
+                items.append(task.prepare_item(trainer.train_items[i]))
+                sd.append(s)
+            except SkipItem as e:
+                log.warning("SFT: skipping item %d: %s", i, e)
+        targets = sft_targets(task, policy, items)
+        keep = [j for j, t in enumerate(targets) if t is not None]
+        if not keep:
+            raise ConfigError(f"task {task.name} gives no SFT targets (Task.sft_target returned None)")
+        batch = PromptBatch(items=[items[j] for j in keep], indices=keep, seeds=[sd[j] for j in keep])
+        loss = policy.sft_loss(batch, [targets[j] for j in keep])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        gn = torch.nn.utils.clip_grad_norm_(policy.trainable_parameters(), cfg.max_grad_norm or 1e9)
+        if torch.isfinite(loss) and torch.isfinite(gn):
+            opt.step()
+        last = {"sft/step": k + 1, "sft/loss": float(loss.detach()), "sft/grad_norm": float(gn),
+                "time/sft_step": time.perf_counter() - t0}
+        if out_path is not None and trainer.is_main:
+            with out_path.open("a") as f:
+                f.write(json.dumps(last) + "\n")
+    return last

@@ -1,0 +1,190 @@
+"""End-to-end trainer behaviour on the toy task: updates, algorithm variants, failure handling."""
+import math
+import os
+import signal
+
+import pytest
+import torch
+
+from mmrl.checkpoint import MARKER, latest_checkpoint
+from mmrl.config import ConfigError, load_config
+from mmrl.rewards.manager import RewardError, RewardSpec
+from mmrl.tracking import read_metrics
+from mmrl.trainer import Trainer, TrainingAborted
+from tests.helpers import toy_overrides, toy_trainer
+
+
+def _params(tr):
+    return {k: v.detach().clone() for k, v in tr.policy.module.state_dict().items()}
+
+
+def test_train_step_changes_parameters_and_logs(tmp_path):
+    tr = toy_trainer(tmp_path, "trainer.plot=true", steps=3)
+    before = _params(tr)
+    final = tr.fit()
+    after = _params(tr)
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+    rows = read_metrics(tr.run_dir / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    for key in ("reward/mean", "reward/correct", "loss/policy", "loss/clipfrac", "policy/entropy",
+                "time/rollout", "time/update", "data/skipped", "rollout/logp_abs_diff"):
+        assert key in rows[-1], key
+    assert all(math.isfinite(r["loss/policy"]) for r in rows)
+    # the trainer's recomputed log-probs equal the sampler's behaviour log-probs (on-policy ratio 1)
+    assert rows[0]["rollout/logp_abs_diff"] < 1e-5
+    assert (tr.run_dir / "curves.png").stat().st_size > 1000
+    assert (latest_checkpoint(tr.run_dir) / MARKER).exists()
+    assert "eval/score" not in final  # eval disabled in the helper config
+
+
+@pytest.mark.parametrize("algo", ["ppo", "gspo", "rloo", "reinforce_pp", "drgrpo", "dapo"])
+def test_algorithm_presets_run_and_update(tmp_path, algo):
+    tr = toy_trainer(tmp_path, f"algo={algo}", steps=2)
+    before = _params(tr)
+    tr.fit()
+    after = _params(tr)
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+    row = read_metrics(tr.run_dir / "metrics.jsonl")[-1]
+    assert math.isfinite(row["loss/policy"])
+    if algo == "ppo":
+        assert math.isfinite(row["loss/value"]) and tr.policy.module.value_head is not None
+    if algo == "dapo":
+        assert 1 <= row["filter/rounds"] <= 3
+
+
+def test_kl_to_frozen_reference(tmp_path):
+    tr = toy_trainer(tmp_path, "algo.kl_coef=0.1", "algo.ppo_epochs=2", steps=2)
+    tr.fit()
+    row = read_metrics(tr.run_dir / "metrics.jsonl")[-1]
+    # second epoch sees updated parameters: the KL to the frozen initial model is positive
+    assert row["policy/kl"] > 0
+    ref_params = dict(tr.policy._frozen_ref._frozen.named_parameters())
+    assert all(not p.requires_grad for p in ref_params.values())
+
+
+def test_gradient_accumulation_is_exact(tmp_path):
+    a = toy_trainer(tmp_path, "trainer.grad_accum=1", "algo.loss_agg=token_mean", steps=1, run="a")
+    b = toy_trainer(tmp_path, "trainer.grad_accum=4", "algo.loss_agg=token_mean", steps=1, run="b")
+    a.fit()
+    b.fit()
+    pa, pb = _params(a), _params(b)
+    assert max(float((pa[k] - pb[k]).abs().max()) for k in pa) < 1e-6
+
+
+def test_refuses_to_overwrite_a_run_dir(tmp_path):
+    toy_trainer(tmp_path, steps=1).fit()
+    with pytest.raises(ConfigError, match="trainer.resume=auto"):
+        toy_trainer(tmp_path, steps=1).setup_run_dir()
+
+
+def test_resume_auto_continues_from_newest_complete_checkpoint(tmp_path):
+    toy_trainer(tmp_path, steps=2).fit()
+    ckpts = tmp_path / "run" / "checkpoints"
+    (ckpts / "step_000009").mkdir()  # incomplete (no marker): must be ignored
+    tr = toy_trainer(tmp_path, "trainer.resume=auto", steps=3)
+    tr.setup_run_dir()
+    assert tr.step == 2
+    tr.fit()
+    assert [r["step"] for r in read_metrics(tr.run_dir / "metrics.jsonl")] == [1, 2, 3]
+
+
+class _FragileTask:
+    """Wraps the toy task with a reward that fails on some samples."""
+
+
+def _with_reward(tr, fn, name="fragile", weight=1.0):
+    from mmrl.rewards.manager import RewardManager
+
+    specs = tr.task.reward_specs() + [RewardSpec(name, fn, weight)]
+    tr.rewards = RewardManager(specs, error_threshold=tr.cfg.trainer.reward_error_threshold,
+                               window=tr.cfg.trainer.reward_error_window)
+
+
+def test_failing_reward_samples_are_masked_and_counted(tmp_path):
+    tr = toy_trainer(tmp_path, steps=2)
+
+    def fragile(prompts, completions, **_):
+        if len(completions) > 1:
+            raise RuntimeError("batch failure")
+        return [None if completions[0]["text"].startswith("1") else 0.5]
+
+    _with_reward(tr, fragile)
+    tr.cfg.trainer.reward_error_threshold = 1.0
+    m = tr.train_step()
+    assert m["reward/fragile/none"] + m["reward/fragile/errors"] >= 0
+    assert m["reward/masked"] == m["reward/fragile/none"]
+    assert math.isfinite(m["loss/policy"])
+
+
+def test_reward_error_rate_aborts_with_clear_message(tmp_path):
+    tr = toy_trainer(tmp_path, "trainer.reward_error_threshold=0.2", "trainer.reward_error_window=32", steps=5)
+
+    def broken(prompts, completions, **_):
+        raise ValueError("model server down")
+
+    _with_reward(tr, broken)
+    with pytest.raises(RewardError, match="reward function 'fragile' failed on 100%"):
+        tr.fit()
+
+
+def test_nonfinite_loss_skips_step_then_aborts(tmp_path):
+    tr = toy_trainer(tmp_path, "trainer.max_consecutive_nonfinite=2", steps=5)
+    tr.setup_run_dir()
+    real = tr.policy.log_probs
+
+    def nan_logp(ro, **kw):
+        out = real(ro, **kw)
+        out.logp = out.logp * float("nan")
+        return out
+
+    before = _params(tr)
+    tr.policy.log_probs = nan_logp
+    m = tr.train_step()
+    assert m["train/nonfinite_skipped"] == 1.0
+    assert all(torch.equal(before[k], v) for k, v in _params(tr).items())  # step skipped
+    with pytest.raises(TrainingAborted, match="consecutive steps had non-finite"):
+        tr.train_step()
+
+
+def test_sigterm_writes_a_final_checkpoint(tmp_path):
+    tr = toy_trainer(tmp_path, steps=50)
+    tr.callbacks.append(lambda t, m: os.kill(os.getpid(), signal.SIGTERM) if t.step == 2 else None)
+    tr.fit()
+    assert tr.step == 2
+    ckpt = latest_checkpoint(tr.run_dir)
+    assert ckpt.name == "step_000002" and (ckpt / MARKER).exists()
+    assert signal.getsignal(signal.SIGTERM) is not tr._on_signal  # handler restored
+
+
+def test_bad_items_are_skipped_and_counted_then_abort(tmp_path):
+    from mmrl.tasks.base import SkipItem
+
+    tr = toy_trainer(tmp_path, "trainer.data_skip_threshold=0.3", steps=20)
+    tr.setup_run_dir()
+    real = tr.task.prepare_item
+    tr.task.prepare_item = lambda it: (_ for _ in ()).throw(SkipItem("corrupt")) if it["prompt"].startswith("1") else real(it)
+    m = tr.train_step()
+    assert m["data/skipped"] >= 0 and "data/skipped_total" in m
+    tr.task.prepare_item = lambda it: (_ for _ in ()).throw(SkipItem("corrupt"))
+    with pytest.raises(TrainingAborted, match="data items were skipped"):
+        for _ in range(3):
+            tr.train_step()
+
+
+def test_python_api_equals_cli(tmp_path):
+    from mmrl.cli import main
+
+    assert main(["train", *toy_overrides(tmp_path, steps=2, run="cli")]) == 0
+    api = Trainer.from_config(toy_overrides(tmp_path, steps=2, run="api"))
+    api.fit()
+    a = read_metrics(tmp_path / "cli" / "metrics.jsonl")
+    b = read_metrics(tmp_path / "api" / "metrics.jsonl")
+    assert [r["reward/mean"] for r in a] == [r["reward/mean"] for r in b]
+
+
+def test_warm_start_sft_then_rl(tmp_path):
+    tr = toy_trainer(tmp_path, "trainer.sft_steps=40", "trainer.eval_at_end=true", steps=1)
+    tr.fit()
+    first = read_metrics(tr.run_dir / "metrics.jsonl")[0]
+    assert first["step"] == 0 and first["sft/step"] == 40
+    assert first["eval/score"] > first["sft/eval_score_before"] + 0.2
