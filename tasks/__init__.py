@@ -11,6 +11,8 @@ from mmrl.config import ConfigError
 
 TASKS: dict[str, str] = {
     "toy_arithmetic": "mmrl.tasks.toy_arithmetic:ToyArithmeticTask",
+    "vqa_grounding": "mmrl.tasks.vqa_grounding:VQAGroundingTask",
+    "t2i_color": "mmrl.tasks.t2i_color:T2IColorTask",
 }
 
 

@@ -16,4 +16,5 @@ cfg = load_config([
 tr = Trainer(cfg)
 tr.fit()
 if tr.is_main:
+    (__import__("pathlib").Path(out) / "world.txt").write_text(str(tr.world))
     torch.save({k: v.detach().cpu() for k, v in tr.policy.module.state_dict().items()}, f"{out}/params.pt")

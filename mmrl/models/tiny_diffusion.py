@@ -262,6 +262,7 @@ def build_tiny_pipeline(spec: TinyDiffusionSpec | str, *, cache_root: str | Path
         from diffusers.utils import logging as dlog
 
         dlog.disable_progress_bar()
+        _quiet_transformers()
         torch.manual_seed(spec.seed)
         pipe = _BUILDERS[spec.kind](spec)
         pipe.save_pretrained(str(tmp), safe_serialization=True)
@@ -271,6 +272,12 @@ def build_tiny_pipeline(spec: TinyDiffusionSpec | str, *, cache_root: str | Path
 
 
 # ---------------------------------------------------------------- loading
+
+def _quiet_transformers() -> None:
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
 
 def resolve_diffusion_path(path_or_id: str) -> str:
     """A tiny preset name -> its built folder; a local folder or hub id -> unchanged."""
@@ -301,12 +308,13 @@ def load_diffusion_pipeline(path_or_id: str, dtype: str = "float32", *, expected
     from diffusers.utils import logging as dlog
 
     dlog.disable_progress_bar()
+    _quiet_transformers()
     torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(dtype)
     if torch_dtype is None:
         raise TinyDiffusionError(f"dtype must be float32, bfloat16 or float16, got {dtype!r}")
     path = resolve_diffusion_path(path_or_id)
     local = Path(path).exists()
-    kwargs: dict[str, Any] = {"torch_dtype": torch_dtype, "local_files_only": local}
+    kwargs: dict[str, Any] = {"dtype": torch_dtype, "local_files_only": local}
     pipe = DiffusionPipeline.from_pretrained(path, **kwargs)
     if hasattr(pipe, "set_progress_bar_config"):
         pipe.set_progress_bar_config(disable=True)

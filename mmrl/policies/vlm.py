@@ -1,0 +1,556 @@
+"""Token policy over real transformers Qwen-VL models (Qwen2-VL, Qwen2.5-VL, Qwen3-VL).
+
+Data flow of one step:
+
+1. :func:`preprocess` turns each task item (``image``/``images``, ``prompt``, optional ``system``)
+   into a :class:`PromptInputs`: chat template, ONE processor call per prompt (pixel values,
+   ``image_grid_thw``, ``mm_token_type_ids``), original and model-input image sizes. An engine
+   (vLLM) can reuse it: ``text`` and ``images`` are what it needs, with the same pixel limits.
+2. :meth:`VLMPolicy.rollout` runs the vision tower ONCE per prompt, repeats the features (not the
+   pixels) to the ``G`` samples of the prompt and passes them to HF ``generate`` as
+   ``mm_encoder_outputs`` with per-sample Gumbel seeds (:mod:`mmrl.rollout.token_sampler`).
+   With a frozen vision tower the features are kept in the payload and training never runs the
+   vision tower again.
+3. :meth:`VLMPolicy.log_probs` collates left-padded prompts + right-padded completions, extends
+   ``mm_token_type_ids`` with zeros over the completion and lets the model compute its multimodal
+   rotary positions from ``input_ids``/``image_grid_thw``/``attention_mask`` exactly as ``generate``
+   did (positions count non-padding tokens only, so any padding layout gives the same positions);
+   only the completion positions go through the LM head (``logits_to_keep``).
+
+Each sample dict carries what box rewards need to convert frames: ``orig_size`` and ``input_size``
+(W, H) of the first image, ``orig_sizes``/``input_sizes`` for all, ``family`` and ``box_frame``.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+from torch import Tensor
+
+from mmrl.data.coords import box_frame_for, input_size_from_grid
+from mmrl.data.media import ORIG_SIZE_KEY, load_image
+from mmrl.policies.base import FrozenCopyReference, LogProbOutput, PromptBatch, Rollout
+from mmrl.policies.token_policy import (
+    LMWithValueHead,
+    ValueHead,
+    adapters_disabled,
+    apply_lora,
+    is_peft,
+    left_pad,
+    load_value_head,
+    right_pad,
+    save_value_head,
+    token_logp_and_entropy,
+)
+from mmrl.rollout.noise import mix_seed
+from mmrl.rollout.token_sampler import generate_completions
+
+__all__ = [
+    "ImageFeatures",
+    "PromptInputs",
+    "PromptTooLongError",
+    "VLMInputError",
+    "VLMPolicy",
+    "apply_pixel_limits",
+    "build_messages",
+    "build_vlm_policy",
+    "preprocess",
+]
+
+VISION_EXCLUDE = ("visual",)
+"""Module-name prefixes of the vision tower (never given LoRA adapters)."""
+
+
+class VLMInputError(ValueError):
+    """A task item the VLM policy cannot read (no prompt, bad image list...)."""
+
+
+class PromptTooLongError(VLMInputError):
+    """A prompt (text + image tokens) longer than ``model.max_prompt_tokens``."""
+
+
+# ============================================================================ preprocessing
+
+
+@dataclass(eq=False)
+class ImageFeatures:
+    """Vision-encoder output of one prompt's images (what ``mm_encoder_outputs["image"]`` holds)."""
+
+    embeds: list[Tensor]
+    """Per image: [tokens, hidden] merged-patch embeddings."""
+    deepstack: list[list[Tensor]] | None
+    """Qwen3-VL: per deepstack layer, per image [tokens, hidden]; None for the other families."""
+    output_cls: type
+    """The model-output class the family's forward expects (has ``pooler_output`` [+ ``deepstack_features``])."""
+
+
+@dataclass(eq=False)
+class PromptInputs:
+    """One prompt after the chat template and ONE processor call (shared by its ``G`` samples)."""
+
+    text: str
+    """The templated chat text (what a rollout engine would be given with ``images``)."""
+    images: list
+    """The RGB PIL images, in prompt order."""
+    input_ids: Tensor
+    """[L] prompt token ids (image placeholders expanded)."""
+    mm_token_type_ids: Tensor
+    """[L] 0 text, 1 image."""
+    pixel_values: Tensor | None
+    """[patches, C * temporal * patch**2] processor pixels of all images, or None without images."""
+    image_grid_thw: Tensor | None
+    """[n_images, 3] (t, h, w) patch grid per image, or None without images."""
+    orig_sizes: list[tuple[int, int]]
+    """(W, H) of each original image (before any ``load_image(max_side=...)`` shrink)."""
+    input_sizes: list[tuple[int, int]]
+    """(W, H) of each image as the model sees it (``image_grid_thw`` x patch size)."""
+    features: ImageFeatures | None = field(default=None, repr=False)
+    """Vision features cached at rollout time when the vision tower is frozen."""
+
+    @property
+    def num_images(self) -> int:
+        return len(self.images)
+
+
+def build_messages(item: dict, num_images: int) -> list[dict]:
+    """Chat messages of one item: optional system turn, then a user turn with the images first."""
+    if not isinstance(item.get("prompt"), str):
+        raise VLMInputError(f"item has no text 'prompt' (keys: {sorted(item)})")
+    content = [{"type": "image"} for _ in range(num_images)]
+    content.append({"type": "text", "text": item["prompt"]})
+    messages = []
+    if item.get("system"):
+        messages.append({"role": "system", "content": [{"type": "text", "text": str(item["system"])}]})
+    messages.append({"role": "user", "content": content})
+    return messages
+
+
+def _item_images(item: dict) -> tuple[list, list[tuple[int, int]]]:
+    """Load an item's images (``images`` list, else ``image``); return them and their original sizes."""
+    if item.get("images") is not None:
+        srcs = item["images"]
+        if not isinstance(srcs, (list, tuple)):
+            raise VLMInputError(f"item 'images' must be a list of images or paths, got {type(srcs).__name__}")
+    elif item.get("image") is not None:
+        srcs = [item["image"]]
+    else:
+        srcs = []
+    images, sizes = [], []
+    for src in srcs:
+        known = getattr(src, "info", {}).get(ORIG_SIZE_KEY) if hasattr(src, "info") else None
+        img = load_image(src)  # raises MediaError naming the file
+        images.append(img)
+        sizes.append(tuple(int(v) for v in known) if known else img.size)
+    return images, sizes
+
+
+def apply_pixel_limits(processor: Any, min_pixels: int | None, max_pixels: int | None) -> None:
+    """Set the image processor's pixel budget (``size = {shortest_edge: min, longest_edge: max}``).
+
+    ``None`` keeps the processor's own value. Done once at load so that every consumer of the
+    processor (trainer, engine) resizes images identically.
+    """
+    if min_pixels is None and max_pixels is None:
+        return
+    ip = processor.image_processor
+    size = dict(ip.size) if not hasattr(ip.size, "items") else dict(ip.size.items())
+    lo = int(min_pixels) if min_pixels is not None else size.get("shortest_edge")
+    hi = int(max_pixels) if max_pixels is not None else size.get("longest_edge")
+    if lo is None or hi is None or lo <= 0 or hi < lo:
+        raise ValueError(f"model.min_pixels / max_pixels must satisfy 0 < min_pixels <= max_pixels, got {lo} and {hi}")
+    ip.size = {"shortest_edge": lo, "longest_edge": hi}
+
+
+def preprocess(processor: Any, items: Sequence[dict], *, max_prompt_tokens: int | None = None) -> list[PromptInputs]:
+    """Chat template + one processor call per item; see :class:`PromptInputs`."""
+    patch = int(processor.image_processor.patch_size)
+    out: list[PromptInputs] = []
+    for i, item in enumerate(items):
+        images, orig_sizes = _item_images(item)
+        text = processor.apply_chat_template(build_messages(item, len(images)), add_generation_prompt=True,
+                                             tokenize=False)
+        enc = processor(text=[text], images=images or None, return_tensors="pt")
+        ids = enc["input_ids"][0]
+        if max_prompt_tokens is not None and ids.numel() > max_prompt_tokens:
+            raise PromptTooLongError(
+                f"prompt {i} has {ids.numel()} tokens (text + image) > model.max_prompt_tokens={max_prompt_tokens}; "
+                "lower model.max_pixels or raise model.max_prompt_tokens")
+        mm = enc.get("mm_token_type_ids")
+        mm = mm[0].long() if mm is not None else torch.zeros_like(ids)
+        grid = enc.get("image_grid_thw") if images else None
+        out.append(PromptInputs(
+            text=text,
+            images=images,
+            input_ids=ids.long(),
+            mm_token_type_ids=mm,
+            pixel_values=enc.get("pixel_values") if images else None,
+            image_grid_thw=grid,
+            orig_sizes=orig_sizes,
+            input_sizes=[input_size_from_grid(row, patch) for row in grid] if grid is not None else [],
+        ))
+    return out
+
+
+# ============================================================================ vision features
+
+
+def _base_model(lm):
+    """The HF ``*ForConditionalGeneration`` under a PEFT wrapper (or ``lm`` itself)."""
+    return lm.get_base_model() if is_peft(lm) else lm
+
+
+def vision_tower(lm) -> torch.nn.Module:
+    """The vision encoder module of a Qwen-VL model (PEFT-wrapped or not)."""
+    base = _base_model(lm)
+    tower = getattr(getattr(base, "model", None), "visual", None) or getattr(base, "visual", None)
+    if tower is None:
+        raise VLMInputError(f"{type(base).__name__} has no vision tower ('model.visual')")
+    return tower
+
+
+def encode_images(lm, prompts: Sequence[PromptInputs], device) -> list[ImageFeatures | None]:
+    """Run the vision tower once over all images of ``prompts``; split the features per prompt."""
+    with_img = [p for p in prompts if p.num_images]
+    if not with_img:
+        return [None] * len(prompts)
+    pixels = torch.cat([p.pixel_values for p in with_img]).to(device)
+    grid = torch.cat([p.image_grid_thw for p in with_img]).to(device)
+    out = _base_model(lm).get_image_features(pixels, grid, return_dict=True)
+    embeds = list(out.pooler_output)
+    deep = getattr(out, "deepstack_features", None)
+    deep = [list(layer) for layer in deep] if deep else None
+    result: list[ImageFeatures | None] = []
+    k = 0
+    for p in prompts:
+        if not p.num_images:
+            result.append(None)
+            continue
+        sl = slice(k, k + p.num_images)
+        k += p.num_images
+        result.append(ImageFeatures(
+            embeds=embeds[sl], deepstack=[layer[sl] for layer in deep] if deep is not None else None,
+            output_cls=type(out)))
+    return result
+
+
+def merge_features(per_sample: Sequence[ImageFeatures | None]):
+    """The ``mm_encoder_outputs["image"]`` object for a batch: features in sample order (None if no images)."""
+    feats = [f for f in per_sample if f is not None]
+    if not feats:
+        return None
+    kw: dict[str, Any] = {"pooler_output": [e for f in feats for e in f.embeds]}
+    if feats[0].deepstack is not None:
+        n_layers = len(feats[0].deepstack)
+        kw["deepstack_features"] = [[e for f in feats for e in f.deepstack[layer]] for layer in range(n_layers)]
+    return feats[0].output_cls(**kw)
+
+
+# ============================================================================ the policy
+
+
+def _eos_ids(tokenizer, lm) -> list[int]:
+    ids: list[int] = []
+    gen = getattr(_base_model(lm), "generation_config", None)
+    cfg_eos = getattr(gen, "eos_token_id", None)
+    for e in ([cfg_eos] if isinstance(cfg_eos, int) else list(cfg_eos or [])) + [tokenizer.eos_token_id]:
+        if e is not None and int(e) not in ids:
+            ids.append(int(e))
+    return ids
+
+
+class VLMPolicy:
+    """A :class:`~mmrl.policies.base.Policy` whose actions are completion tokens of a Qwen-VL model."""
+
+    def __init__(self, lm, processor, cfg, *, value_head: bool = False, reference: bool = False) -> None:
+        from mmrl.models.tiny_vlm import model_family, vision_special_token_ids
+
+        self.cfg = cfg
+        self.processor = processor
+        self.tokenizer = processor.tokenizer
+        self.family = model_family(lm)
+        self.box_frame = box_frame_for(self.family)
+        self.patch_size = int(processor.image_processor.patch_size)
+        apply_pixel_limits(processor, cfg.min_pixels, cfg.max_pixels)
+        if cfg.lora.enabled and not cfg.freeze_vision_tower:
+            raise ValueError("model.freeze_vision_tower=false needs full fine-tuning: LoRA adapters never go on the "
+                             "vision tower and PEFT freezes everything else; set model.lora.enabled=false")
+        if cfg.freeze_vision_tower:
+            for p in vision_tower(lm).parameters():
+                p.requires_grad_(False)
+        if cfg.lora.enabled:
+            lm = apply_lora(lm, cfg.lora, exclude_prefixes=VISION_EXCLUDE)
+        if cfg.gradient_checkpointing:
+            lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        lm.eval()  # no dropout while sampling; log_probs switches to train mode for gradient passes only
+        head = None
+        if value_head:
+            text_cfg = lm.config.get_text_config() if hasattr(lm.config, "get_text_config") else lm.config
+            head = ValueHead(text_cfg.hidden_size).to(next(lm.parameters()).device)
+        self.model = LMWithValueHead(lm, head)
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
+        self.eos_ids = _eos_ids(self.tokenizer, lm)
+        self.suppress_ids = [i for i in vision_special_token_ids(processor) if i not in self.eos_ids]
+        self._frozen_ref = FrozenCopyReference(self) if reference and not cfg.lora.enabled else None
+
+    # ------------------------------------------------------------------ helpers
+    @property
+    def module(self) -> LMWithValueHead:
+        """The unwrapped trainable module (accelerate may wrap ``model`` for data parallel)."""
+        return getattr(self.model, "module", self.model)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.module.parameters()).device
+
+    @property
+    def vision_trainable(self) -> bool:
+        """True when some vision-tower parameter gets gradients (features must then be recomputed)."""
+        return any(p.requires_grad for p in vision_tower(self.module.lm).parameters())
+
+    def preprocess(self, items: Sequence[dict]) -> list[PromptInputs]:
+        """Chat template + one processor call per item (reusable by a rollout engine)."""
+        return preprocess(self.processor, items, max_prompt_tokens=self.cfg.max_prompt_tokens)
+
+    def _features(self, prompts: Sequence[PromptInputs]) -> list[ImageFeatures | None]:
+        """Per-sample features: the cached ones, else one vision forward per distinct prompt."""
+        if not self.vision_trainable and all(p.features is not None or not p.num_images for p in prompts):
+            return [p.features for p in prompts]
+        unique: dict[int, PromptInputs] = {}
+        for p in prompts:
+            unique.setdefault(id(p), p)
+        feats = encode_images(self.module.lm, list(unique.values()), self.device)
+        by_id = {k: f for k, f in zip(unique, feats)}
+        return [by_id[id(p)] for p in prompts]
+
+    def _prompt_inputs(self, prompts: Sequence[PromptInputs], feats: Sequence[ImageFeatures | None],
+                       completions: Tensor | None = None, completion_mask: Tensor | None = None) -> dict:
+        """Model inputs of left-padded prompts (+ right-padded completions when given)."""
+        ids, att = left_pad([p.input_ids for p in prompts], self.pad_id)
+        mm, _ = left_pad([p.mm_token_type_ids for p in prompts], 0)
+        if completions is not None:
+            ids = torch.cat([ids, completions], 1)
+            att = torch.cat([att, completion_mask.long()], 1)
+            mm = torch.cat([mm, torch.zeros_like(completions)], 1)
+        dev = self.device
+        inputs: dict[str, Any] = {"input_ids": ids.to(dev), "attention_mask": att.to(dev)}
+        image_out = merge_features(feats)
+        if image_out is not None:
+            inputs["mm_token_type_ids"] = mm.to(dev)
+            inputs["image_grid_thw"] = torch.cat([p.image_grid_thw for p in prompts if p.num_images]).to(dev)
+            inputs["mm_encoder_outputs"] = {"image": image_out}
+        elif completions is not None:
+            # text only: the model would fall back to 0..L-1 positions; count non-padding tokens as generate does
+            inputs["position_ids"] = (inputs["attention_mask"].cumsum(1) - 1).clamp(min=0)
+        return inputs
+
+    def _set_train_mode(self, train: bool) -> None:
+        if self.module.lm.training != train:
+            self.module.train(train)
+
+    def _completion_forward(self, prompts: Sequence[PromptInputs], completions: list[Tensor], mask: Tensor,
+                            *, want_values: bool) -> tuple[Tensor, Tensor, Tensor | None]:
+        """Logits [b, T, V] at the completion positions, the completion ids [b, T] and values [b, T]."""
+        T = mask.shape[1]
+        c_ids = right_pad(completions, self.pad_id, T)
+        inputs = self._prompt_inputs(prompts, self._features(prompts), c_ids, mask)
+        self._set_train_mode(torch.is_grad_enabled())
+        logits, vals = self.model(**inputs, logits_to_keep=T + 1, want_values=want_values)
+        P = inputs["input_ids"].shape[1] - T
+        # position t predicts token t+1: completion token j (at P + j) is predicted at P + j - 1
+        comp_logits = logits[:, -(T + 1):-1] if T > 0 else logits[:, :0]
+        v = vals[:, P - 1: P - 1 + T] if vals is not None else None
+        return comp_logits, c_ids.to(comp_logits.device), v
+
+    # ------------------------------------------------------------------ Policy API
+    def rollout(self, batch: PromptBatch, group_size: int, *, greedy: bool = False) -> Rollout:
+        prompts = self.preprocess(batch.items)
+        lm = self.module.lm
+        self._set_train_mode(False)
+        cache = not self.vision_trainable
+        with torch.no_grad():
+            feats = encode_images(lm, prompts, self.device)
+        if cache:
+            for p, f in zip(prompts, feats):
+                p.features = f
+        rep_prompts = [p for p in prompts for _ in range(group_size)]
+        rep_feats = [f for f in feats for _ in range(group_size)]
+        seeds = [mix_seed(s, j) for s in batch.seeds for j in range(group_size)]
+        comp = generate_completions(
+            lm,
+            self._prompt_inputs(rep_prompts, rep_feats),
+            seeds=seeds,
+            max_new_tokens=self.cfg.max_new_tokens,
+            eos_ids=self.eos_ids,
+            pad_id=self.pad_id,
+            temperature=self.cfg.temperature,
+            top_p=self.cfg.top_p,
+            suppress_ids=self.suppress_ids,
+            greedy=greedy,
+        )
+        ids = comp.ids.cpu()
+        texts = self.tokenizer.batch_decode(ids, skip_special_tokens=True)
+        lengths = comp.mask.sum(1).long().tolist()
+        truncated = comp.truncated.tolist()
+        samples = []
+        for i, p in enumerate(rep_prompts):
+            samples.append({
+                "text": texts[i],
+                "length": lengths[i],
+                "truncated": bool(truncated[i]),
+                "orig_size": p.orig_sizes[0] if p.orig_sizes else None,
+                "input_size": p.input_sizes[0] if p.input_sizes else None,
+                "orig_sizes": list(p.orig_sizes),
+                "input_sizes": list(p.input_sizes),
+                "family": self.family,
+                "box_frame": self.box_frame,
+            })
+        return Rollout(
+            old_logp=comp.logp.cpu(),
+            mask=comp.mask.cpu(),
+            group_id=batch.group_ids(group_size),
+            prompt_index=torch.arange(len(batch)).repeat_interleave(group_size),
+            samples=samples,
+            payload={"prompts": rep_prompts, "completion_ids": [ids[i, : lengths[i]] for i in range(len(rep_prompts))]},
+            metrics={"rollout/truncated_frac": float(comp.truncated.float().mean())},
+        )
+
+    def log_probs(self, rollout: Rollout, *, entropy: bool = False, values: bool = False) -> LogProbOutput:
+        logits, c_ids, v = self._completion_forward(rollout.payload["prompts"], rollout.payload["completion_ids"],
+                                                    rollout.mask, want_values=values)
+        logp, ent = token_logp_and_entropy(logits, c_ids, temperature=self.cfg.temperature, entropy=entropy)
+        return LogProbOutput(logp=logp, entropy=ent, values=v)
+
+    def sft_loss(self, batch: PromptBatch, targets: Sequence[str]) -> Tensor:
+        """Mean token cross-entropy of ``targets`` (+ EOS) given ``batch``'s prompts (supervised warm start)."""
+        if len(targets) != len(batch):
+            raise ValueError(f"sft_loss: {len(targets)} targets for {len(batch)} prompts")
+        prompts = self.preprocess(batch.items)
+        eos = self.tokenizer.eos_token_id
+        comps = [torch.tensor(self.tokenizer(t, add_special_tokens=False)["input_ids"] + [eos], dtype=torch.long)
+                 for t in targets]
+        lengths = torch.tensor([c.numel() for c in comps])
+        mask = (torch.arange(int(lengths.max()))[None, :] < lengths[:, None]).float()
+        logits, c_ids, _ = self._completion_forward(prompts, comps, mask, want_values=False)
+        logp, _ = token_logp_and_entropy(logits, c_ids, temperature=1.0)
+        m = mask.to(logp.device)
+        return -(logp * m).sum() / m.sum()
+
+    def reference(self):
+        lm = self.module.lm
+        if is_peft(lm):
+            return adapters_disabled(lm)
+        if self._frozen_ref is not None:
+            return self._frozen_reference()
+        raise RuntimeError("no reference policy: build the policy with reference=True or enable LoRA")
+
+    @contextlib.contextmanager
+    def _frozen_reference(self):
+        frozen = self._frozen_ref._frozen
+        if next(frozen.parameters()).device != self.device:  # the trainer moved the live model after init
+            frozen.to(self.device)
+        with self._frozen_ref.swap():
+            yield
+
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        return [p for p in self.module.parameters() if p.requires_grad]
+
+    def save_pretrained(self, path: str | Path) -> None:
+        """HF folder (or PEFT adapter) + processor + value head; loadable with ``load_vlm``/PEFT."""
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        self.module.lm.save_pretrained(path)
+        self.processor.save_pretrained(path)
+        save_value_head(self.module, path)
+
+    def load_pretrained(self, path: str | Path) -> None:
+        """Load exactly what :meth:`save_pretrained` wrote into the live model."""
+        path = Path(path)
+        lm = self.module.lm
+        if is_peft(lm):
+            from peft import set_peft_model_state_dict
+            from safetensors.torch import load_file
+
+            set_peft_model_state_dict(lm, load_file(str(path / "adapter_model.safetensors")))
+        else:
+            load_hf_weights(lm, path)
+        load_value_head(self.module, path)
+
+
+# ============================================================================ weights
+
+
+def _safetensors_files(path: Path) -> list[Path]:
+    index = path / "model.safetensors.index.json"
+    if index.exists():
+        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        return [path / n for n in names]
+    single = path / "model.safetensors"
+    if single.exists():
+        return [single]
+    raise FileNotFoundError(f"{path} holds no model.safetensors (or index): not a saved model folder")
+
+
+def load_hf_weights(lm, path: str | Path) -> None:
+    """Copy the weights of an HF folder written by ``lm.save_pretrained`` into ``lm`` in place.
+
+    ``save_pretrained`` writes the checkpoint's original key names (e.g. Qwen2-VL's
+    ``model.layers.*`` for the live ``model.language_model.layers.*``); the key map is obtained by
+    applying transformers' own save-time renaming to the live state dict. Every live tensor must
+    be covered (tied weights count once).
+    """
+    from safetensors import safe_open
+    from transformers.core_model_loading import revert_weight_conversion
+
+    live = lm.state_dict()
+    saved_names = revert_weight_conversion(lm, dict(live))
+    by_id: dict[int, str] = {}
+    for k, t in live.items():
+        by_id.setdefault(id(t), k)
+    key_map = {sk: by_id[id(t)] for sk, t in saved_names.items() if id(t) in by_id}
+    covered: set[int] = set()
+    unexpected = []
+    with torch.no_grad():
+        for f in _safetensors_files(Path(path)):
+            with safe_open(str(f), framework="pt") as fh:
+                for sk in fh.keys():
+                    lk = key_map.get(sk, sk if sk in live else None)
+                    if lk is None:
+                        unexpected.append(sk)
+                        continue
+                    target = live[lk]
+                    src = fh.get_tensor(sk)
+                    if src.shape != target.shape:
+                        raise RuntimeError(f"checkpoint {path}: {sk} has shape {tuple(src.shape)}, model {lk} has "
+                                           f"{tuple(target.shape)}")
+                    target.copy_(src)
+                    covered.add(id(target))
+    missing = [k for k, t in live.items() if id(t) not in covered]
+    if missing or unexpected:
+        raise RuntimeError(f"checkpoint {path} does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
+
+
+# ============================================================================ builder
+
+
+def _target_device(run_cfg) -> str:
+    want = getattr(run_cfg.trainer, "device", "auto")
+    if want == "cpu" or not torch.cuda.is_available():
+        return "cpu"
+    return f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
+
+
+def build_vlm_policy(run_cfg, task) -> VLMPolicy:
+    """Policy builder registered for ``model.type=vlm``."""
+    from mmrl.models.presets import resolve_vlm
+    from mmrl.models.tiny_vlm import load_vlm
+
+    cfg = run_cfg.model
+    lm, processor = load_vlm(resolve_vlm(cfg.path), dtype=cfg.dtype, device=_target_device(run_cfg),
+                             attn_implementation=cfg.attn_implementation)
+    return VLMPolicy(lm, processor, cfg, value_head=run_cfg.algo.advantage == "gae",
+                     reference=run_cfg.algo.kl_coef > 0)
