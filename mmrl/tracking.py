@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import logging
 import math
+import queue
+import threading
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -39,6 +41,10 @@ class Tracker:
                 self._tb = SummaryWriter(log_dir=str(Path(run_dir) / "tensorboard"), purge_step=resume_step + 1 if resume_step is not None else None)
             except ImportError:  # pragma: no cover - tensorboard is a core dependency
                 log.warning("tensorboard is not installed; metrics go to metrics.jsonl only")
+        if self._tb is not None:  # summaries are built off the training thread
+            self._queue: queue.Queue = queue.Queue()
+            self._thread = threading.Thread(target=self._tb_worker, name="mmrl-tensorboard", daemon=True)
+            self._thread.start()
         if wandb:
             try:
                 import wandb as wb
@@ -55,14 +61,23 @@ class Tracker:
         with self.path.open("a") as f:
             f.write(json.dumps(row) + "\n")
         if self._tb is not None:
-            for k, v in metrics.items():
-                if _finite(v):
-                    self._tb.add_scalar(k, v, step)
+            self._queue.put(({k: v for k, v in metrics.items() if _finite(v)}, step))
         if self._wandb is not None:
             self._wandb.log({k: v for k, v in metrics.items() if _finite(v)}, step=step)
 
+    def _tb_worker(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            metrics, step = item
+            for k, v in metrics.items():
+                self._tb.add_scalar(k, v, step)
+
     def close(self) -> None:
         if self._tb is not None:
+            self._queue.put(None)
+            self._thread.join()
             self._tb.flush()
             self._tb.close()
         if self._wandb is not None:

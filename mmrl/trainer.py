@@ -478,11 +478,12 @@ class Trainer:
                                 st.sums["rollout/is_ratio_min"] = min(st.sums.get("rollout/is_ratio_min", math.inf), ist["ratio_min"])
                         loss = loss * self.world  # DDP averages gradients over ranks
                         self.accelerator.backward(loss)
-                finite = self._grads_finite()
-                if tr.max_grad_norm is not None and finite:
-                    gn = torch.nn.utils.clip_grad_norm_(self.policy.trainable_parameters(), tr.max_grad_norm)
-                    st.add("optim/grad_norm", float(gn))
-                    finite = math.isfinite(float(gn))
+                # the total norm is non-finite iff some gradient is: one pass checks and clips
+                gn = float(torch.nn.utils.clip_grad_norm_(
+                    self.policy.trainable_parameters(), tr.max_grad_norm if tr.max_grad_norm is not None else math.inf))
+                finite = math.isfinite(gn)
+                if finite:
+                    st.add("optim/grad_norm", gn)
                 if finite:
                     self.optimizer.step()
                     n_opt_steps += 1
@@ -507,12 +508,6 @@ class Trainer:
         else:
             self.nonfinite_streak = 0
         return out
-
-    def _grads_finite(self) -> bool:
-        for p in self.policy.trainable_parameters():
-            if p.grad is not None and not torch.isfinite(p.grad).all():
-                return False
-        return True
 
     # ------------------------------------------------------------------ evaluation
     def evaluate(self, items=None, *, limit: int | None = None) -> dict[str, float]:

@@ -95,3 +95,28 @@ def test_completion_mask_includes_first_eos_only():
     ids = torch.tensor([[5, 2, 7, 2], [5, 6, 7, 8]])
     mask, trunc = completion_mask(ids, [2])
     assert mask.tolist() == [[1, 1, 0, 0], [1, 1, 1, 1]] and trunc.tolist() == [False, True]
+
+
+def test_python_and_tensor_splitmix_agree():
+    from mmrl.rollout.noise import _splitmix64_int, splitmix64
+
+    for x in (0, 1, 12345, (1 << 63) + 99, (1 << 64) - 1):
+        t = int(splitmix64(torch.tensor(x - (1 << 64) if x >= 1 << 63 else x, dtype=torch.int64)).item())
+        assert t % (1 << 64) == _splitmix64_int(x)
+    assert mix_seed(1, 2) != mix_seed(2, 1) and 0 <= mix_seed(-5, 7) < (1 << 63)
+
+
+def test_left_and_right_pad():
+    from mmrl.policies.token_policy import left_pad, right_pad
+
+    ids, att = left_pad([torch.tensor([1, 2, 3]), torch.tensor([4])], pad_id=0)
+    assert ids.tolist() == [[1, 2, 3], [0, 0, 4]] and att.tolist() == [[1, 1, 1], [0, 0, 1]]
+    assert right_pad([torch.tensor([1, 2]), torch.tensor([3])], 9, 4).tolist() == [[1, 2, 9, 9], [3, 9, 9, 9]]
+    assert right_pad([torch.tensor([1, 2, 3])], 9, 2).tolist() == [[1, 2]]
+
+
+def test_noise_blocks_equal_step_by_step():
+    seeds = torch.tensor([3, 99, 12345])
+    block = counter_uniform(seeds, torch.arange(2, 6), 7)
+    for j, s in enumerate(range(2, 6)):
+        assert torch.equal(block[:, j], counter_uniform(seeds, s, 7))

@@ -46,7 +46,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Sequence
 
@@ -753,11 +753,12 @@ class DecodeWorker:
         self.starts += 1
         try:
             msg = _read_msg(proc.stdout.fileno(), time.monotonic() + self.start_timeout_s)
-        except (EOFError, _DeadlineExceeded) as exc:
+        except EOFError:
             code = self._kill()
-            raise RuntimeError(
-                f"the video decode worker did not start ({'exited with code ' + str(code) if isinstance(exc, EOFError) else f'no answer in {self.start_timeout_s:g} s'})"
-            ) from None
+            raise RuntimeError(f"the video decode worker exited with code {code} while starting") from None
+        except _DeadlineExceeded:
+            self._kill()
+            raise RuntimeError(f"the video decode worker did not start within {self.start_timeout_s:g} s") from None
         if not (isinstance(msg, tuple) and msg[0] == "ready"):
             self._kill()
             raise RuntimeError(f"the video decode worker sent {msg!r} instead of 'ready'")
@@ -883,7 +884,8 @@ def processor_video_inputs(clips: Sequence[VideoClip]) -> dict[str, Any]:
     if not clips:
         raise ValueError("processor_video_inputs: no clips")
     return {
-        "videos": [c.frames for c in clips],
+        # writable copies: torch.from_numpy warns on (and must not alias) the shared read-only frames
+        "videos": [np.array(c.frames) for c in clips],
         "video_metadata": [c.metadata() for c in clips],
         "do_sample_frames": False,
         "do_resize": False,

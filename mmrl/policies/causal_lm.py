@@ -47,6 +47,7 @@ class CausalLMPolicy:
         self.model = LMWithValueHead(lm, head)
         self.pad_id = tokenizer.pad_token_id
         self.eos_ids = [tokenizer.eos_token_id]
+        self._prompt_cache: dict[str, Tensor] = {}
         self._frozen_ref = FrozenCopyReference(self) if reference and not cfg.lora.enabled else None
 
     # ------------------------------------------------------------------ helpers
@@ -60,7 +61,14 @@ class CausalLMPolicy:
         return next(self.module.parameters()).device
 
     def encode_prompts(self, prompts: list[str]) -> list[Tensor]:
-        return [torch.tensor(self.tokenizer(p, add_special_tokens=False)["input_ids"], dtype=torch.long) for p in prompts]
+        """Token ids of each prompt (memoised: datasets repeat their prompts every epoch)."""
+        missing = [p for p in dict.fromkeys(prompts) if p not in self._prompt_cache]
+        if missing:
+            if len(self._prompt_cache) > 100_000:
+                self._prompt_cache.clear()
+            ids = self.tokenizer(missing, add_special_tokens=False)["input_ids"]
+            self._prompt_cache.update({p: torch.tensor(x, dtype=torch.long) for p, x in zip(missing, ids)})
+        return [self._prompt_cache[p] for p in prompts]
 
     # ------------------------------------------------------------------ Policy API
     def rollout(self, batch: PromptBatch, group_size: int, *, greedy: bool = False) -> Rollout:

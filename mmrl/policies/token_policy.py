@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 from torch import Tensor, nn
+from torch.nn.utils.rnn import pad_sequence
 
 
 def token_logp_and_entropy(
@@ -30,24 +31,23 @@ def token_logp_and_entropy(
 
 def left_pad(seqs: list[Tensor], pad_id: int) -> tuple[Tensor, Tensor]:
     """Stack 1-D id tensors left-padded; returns ids [B, L] and attention mask [B, L]."""
-    L = max((s.numel() for s in seqs), default=0)
-    ids = torch.full((len(seqs), L), pad_id, dtype=torch.long)
-    att = torch.zeros((len(seqs), L), dtype=torch.long)
-    for i, s in enumerate(seqs):
-        if s.numel():
-            ids[i, L - s.numel():] = s
-            att[i, L - s.numel():] = 1
+    if not seqs:
+        return torch.zeros(0, 0, dtype=torch.long), torch.zeros(0, 0, dtype=torch.long)
+    ids = pad_sequence(seqs, batch_first=True, padding_value=pad_id, padding_side="left")
+    lens = torch.tensor([s.numel() for s in seqs])
+    att = (torch.arange(ids.shape[1]) >= (ids.shape[1] - lens)[:, None]).long()
     return ids, att
 
 
 def right_pad(seqs: list[Tensor], pad_id: int, length: int | None = None) -> Tensor:
     """Stack 1-D id tensors right-padded to ``length`` (default: the longest)."""
-    L = length if length is not None else max((s.numel() for s in seqs), default=0)
-    ids = torch.full((len(seqs), L), pad_id, dtype=torch.long)
-    for i, s in enumerate(seqs):
-        n = min(s.numel(), L)
-        ids[i, :n] = s[:n]
-    return ids
+    if not seqs:
+        return torch.zeros(0, length or 0, dtype=torch.long)
+    ids = pad_sequence(seqs, batch_first=True, padding_value=pad_id)
+    L = ids.shape[1] if length is None else length
+    if ids.shape[1] >= L:
+        return ids[:, :L]
+    return torch.nn.functional.pad(ids, (0, L - ids.shape[1]), value=pad_id)
 
 
 class ValueHead(nn.Module):

@@ -15,7 +15,9 @@ Data flow of one step:
    ``mm_token_type_ids`` with zeros over the completion and lets the model compute its multimodal
    rotary positions from ``input_ids``/``image_grid_thw``/``attention_mask`` exactly as ``generate``
    did (positions count non-padding tokens only, so any padding layout gives the same positions);
-   only the completion positions go through the LM head (``logits_to_keep``).
+   only the completion positions go through the LM head (``logits_to_keep``). A trainable vision
+   tower is run once per distinct prompt of the micro-batch (or, inside a data-parallel wrapper,
+   on the pixels of every sample through the wrapper's forward).
 
 Each sample dict carries what box rewards need to convert frames: ``orig_size`` and ``input_size``
 (W, H) of the first image, ``orig_sizes``/``input_sizes`` for all, ``family`` and ``box_frame``.
@@ -142,7 +144,7 @@ def _item_images(item: dict) -> tuple[list, list[tuple[int, int]]]:
         srcs = []
     images, sizes = [], []
     for src in srcs:
-        known = getattr(src, "info", {}).get(ORIG_SIZE_KEY) if hasattr(src, "info") else None
+        known = src.info.get(ORIG_SIZE_KEY) if isinstance(getattr(src, "info", None), dict) else None
         img = load_image(src)  # raises MediaError naming the file
         images.append(img)
         sizes.append(tuple(int(v) for v in known) if known else img.size)
@@ -158,7 +160,7 @@ def apply_pixel_limits(processor: Any, min_pixels: int | None, max_pixels: int |
     if min_pixels is None and max_pixels is None:
         return
     ip = processor.image_processor
-    size = dict(ip.size) if not hasattr(ip.size, "items") else dict(ip.size.items())
+    size = dict(ip.size)  # a dict or transformers' SizeDict
     lo = int(min_pixels) if min_pixels is not None else size.get("shortest_edge")
     hi = int(max_pixels) if max_pixels is not None else size.get("longest_edge")
     if lo is None or hi is None or lo <= 0 or hi < lo:
@@ -253,6 +255,15 @@ def merge_features(per_sample: Sequence[ImageFeatures | None]):
 # ============================================================================ the policy
 
 
+def enable_checkpointing(model) -> None:
+    """Non-reentrant activation checkpointing (works with frozen embeddings and LoRA), active in train mode."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.2x name
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
 def _eos_ids(tokenizer, lm) -> list[int]:
     ids: list[int] = []
     gen = getattr(_base_model(lm), "generation_config", None)
@@ -285,14 +296,15 @@ class VLMPolicy:
         if cfg.lora.enabled:
             lm = apply_lora(lm, cfg.lora, exclude_prefixes=VISION_EXCLUDE)
         if cfg.gradient_checkpointing:
-            lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            enable_checkpointing(_base_model(lm))
         lm.eval()  # no dropout while sampling; log_probs switches to train mode for gradient passes only
         head = None
         if value_head:
             text_cfg = lm.config.get_text_config() if hasattr(lm.config, "get_text_config") else lm.config
             head = ValueHead(text_cfg.hidden_size).to(next(lm.parameters()).device)
         self.model = LMWithValueHead(lm, head)
-        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
+        pad = self.tokenizer.pad_token_id
+        self.pad_id = pad if pad is not None else self.tokenizer.eos_token_id
         self.eos_ids = _eos_ids(self.tokenizer, lm)
         self.suppress_ids = [i for i in vision_special_token_ids(processor) if i not in self.eos_ids]
         self._frozen_ref = FrozenCopyReference(self) if reference and not cfg.lora.enabled else None
@@ -316,10 +328,17 @@ class VLMPolicy:
         """Chat template + one processor call per item (reusable by a rollout engine)."""
         return preprocess(self.processor, items, max_prompt_tokens=self.cfg.max_prompt_tokens)
 
-    def _features(self, prompts: Sequence[PromptInputs]) -> list[ImageFeatures | None]:
-        """Per-sample features: the cached ones, else one vision forward per distinct prompt."""
-        if not self.vision_trainable and all(p.features is not None or not p.num_images for p in prompts):
+    def _features(self, prompts: Sequence[PromptInputs]) -> list[ImageFeatures | None] | None:
+        """Per-sample features: the cached ones, else one vision forward per distinct prompt.
+
+        ``None`` (pixels go through the wrapped model's own forward) when a trainable vision tower
+        sits inside a data-parallel wrapper: its gradients must come from the wrapper's forward.
+        """
+        trainable = self.vision_trainable
+        if not trainable and all(p.features is not None or not p.num_images for p in prompts):
             return [p.features for p in prompts]
+        if trainable and self.model is not self.module:
+            return None
         unique: dict[int, PromptInputs] = {}
         for p in prompts:
             unique.setdefault(id(p), p)
@@ -327,9 +346,13 @@ class VLMPolicy:
         by_id = {k: f for k, f in zip(unique, feats)}
         return [by_id[id(p)] for p in prompts]
 
-    def _prompt_inputs(self, prompts: Sequence[PromptInputs], feats: Sequence[ImageFeatures | None],
+    def _prompt_inputs(self, prompts: Sequence[PromptInputs], feats: Sequence[ImageFeatures | None] | None,
                        completions: Tensor | None = None, completion_mask: Tensor | None = None) -> dict:
-        """Model inputs of left-padded prompts (+ right-padded completions when given)."""
+        """Model inputs of left-padded prompts (+ right-padded completions when given).
+
+        Images enter as precomputed ``feats`` (``mm_encoder_outputs``), or as pixel values in sample
+        order when ``feats`` is None.
+        """
         ids, att = left_pad([p.input_ids for p in prompts], self.pad_id)
         mm, _ = left_pad([p.mm_token_type_ids for p in prompts], 0)
         if completions is not None:
@@ -338,11 +361,14 @@ class VLMPolicy:
             mm = torch.cat([mm, torch.zeros_like(completions)], 1)
         dev = self.device
         inputs: dict[str, Any] = {"input_ids": ids.to(dev), "attention_mask": att.to(dev)}
-        image_out = merge_features(feats)
-        if image_out is not None:
+        with_img = [p for p in prompts if p.num_images]
+        if with_img:
             inputs["mm_token_type_ids"] = mm.to(dev)
-            inputs["image_grid_thw"] = torch.cat([p.image_grid_thw for p in prompts if p.num_images]).to(dev)
-            inputs["mm_encoder_outputs"] = {"image": image_out}
+            inputs["image_grid_thw"] = torch.cat([p.image_grid_thw for p in with_img]).to(dev)
+            if feats is None:
+                inputs["pixel_values"] = torch.cat([p.pixel_values for p in with_img]).to(dev)
+            else:
+                inputs["mm_encoder_outputs"] = {"image": merge_features(feats)}
         elif completions is not None:
             # text only: the model would fall back to 0..L-1 positions; count non-padding tokens as generate does
             inputs["position_ids"] = (inputs["attention_mask"].cumsum(1) - 1).clamp(min=0)
@@ -415,7 +441,7 @@ class VLMPolicy:
             group_id=batch.group_ids(group_size),
             prompt_index=torch.arange(len(batch)).repeat_interleave(group_size),
             samples=samples,
-            payload={"prompts": rep_prompts, "completion_ids": [ids[i, : lengths[i]] for i in range(len(rep_prompts))]},
+            payload={"prompts": rep_prompts, "completion_ids": [ids[i, :n] for i, n in enumerate(lengths)]},
             metrics={"rollout/truncated_frac": float(comp.truncated.float().mean())},
         )
 
@@ -501,7 +527,7 @@ def load_hf_weights(lm, path: str | Path) -> None:
     ``save_pretrained`` writes the checkpoint's original key names (e.g. Qwen2-VL's
     ``model.layers.*`` for the live ``model.language_model.layers.*``); the key map is obtained by
     applying transformers' own save-time renaming to the live state dict. Every live tensor must
-    be covered (tied weights count once).
+    be covered (tied weights share storage and count once).
     """
     from safetensors import safe_open
     from transformers.core_model_loading import revert_weight_conversion
@@ -528,10 +554,11 @@ def load_hf_weights(lm, path: str | Path) -> None:
                         raise RuntimeError(f"checkpoint {path}: {sk} has shape {tuple(src.shape)}, model {lk} has "
                                            f"{tuple(target.shape)}")
                     target.copy_(src)
-                    covered.add(id(target))
-    missing = [k for k, t in live.items() if id(t) not in covered]
+                    covered.add(target.data_ptr())
+    missing = [k for k, t in live.items() if t.numel() and t.data_ptr() not in covered]  # tied weights share storage
     if missing or unexpected:
-        raise RuntimeError(f"checkpoint {path} does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
+        raise RuntimeError(f"checkpoint {path} does not match the model: missing {missing[:5]}, "
+                           f"unexpected {unexpected[:5]}")
 
 
 # ============================================================================ builder

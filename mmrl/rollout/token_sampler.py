@@ -49,24 +49,35 @@ class SeededTokenSampler:
         self.greedy = greedy or self.temperature <= 0
         self.step = 0
         self.logps: list[Tensor] = []
+        self._block: Tensor | None = None
+        self._block_start = 0
+
+    # noise for several steps is drawn in one vectorised call (same values as step by step)
+    _BLOCK_ELEMENTS = 1 << 22
+
+    def _noise(self, n: int, device) -> Tensor:
+        block = self._block
+        if block is None or not (self._block_start <= self.step < self._block_start + block.shape[1]):
+            steps = max(1, min(64, self._BLOCK_ELEMENTS // max(1, len(self.seeds) * n)))
+            self._block_start = self.step
+            self._block = block = counter_gumbel(self.seeds, torch.arange(self.step, self.step + steps), n, device=device)
+        return block[:, self.step - self._block_start]
 
     def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
-        logits = scores.float()
         temp = self.temperature if self.temperature > 0 else 1.0
-        scaled = logits / temp
-        logp_all = scaled.log_softmax(-1)
-        masked = scaled.clone()
+        scaled = scores.float() / temp
+        masked = scaled
         if self.suppress_ids:
-            masked[:, self.suppress_ids] = float("-inf")
+            masked = scaled.index_fill(-1, torch.as_tensor(self.suppress_ids, device=scaled.device), float("-inf"))
         if not self.greedy:
-            masked = masked.masked_fill(top_p_mask(masked, self.top_p), float("-inf"))
-            masked = masked + counter_gumbel(self.seeds, self.step, masked.shape[-1], device=masked.device)
-        choice = masked.argmax(-1)
-        self.logps.append(logp_all.gather(-1, choice[:, None])[:, 0])
+            if self.top_p < 1.0:
+                masked = masked.masked_fill(top_p_mask(masked, self.top_p), float("-inf"))
+            masked = masked + self._noise(masked.shape[-1], masked.device)
+        choice = masked.argmax(-1, keepdim=True)
+        # behaviour log-prob of the choice under log_softmax(logits / T) (the trainer's formula)
+        self.logps.append((scaled.gather(-1, choice) - scaled.logsumexp(-1, keepdim=True))[:, 0])
         self.step += 1
-        out = torch.full_like(scores, float("-inf"))
-        out.scatter_(-1, choice[:, None], 0.0)
-        return out
+        return masked  # its argmax is the sampled token; greedy decoding picks exactly that
 
     def behaviour_logp(self, length: int) -> Tensor:
         """[N, length] log-probs of the chosen tokens (steps beyond those run are 0)."""

@@ -202,6 +202,8 @@ class GroundingRewardSettings:
     """Require the completion's box_frame to equal the prompt's answer frame."""
     duplicate_iou: float = 0.7
     """IoU above which a predicted box counts as a duplicate of an earlier one."""
+    pay_format_for_empty: bool = False
+    """Pay the format reward for an empty answer on items that HAVE a target (False: only on negatives)."""
 
 
 def _columns(n: int, **cols: Sequence | None) -> dict[str, Sequence]:
@@ -235,14 +237,26 @@ def make_grounding_reward(settings: GroundingRewardSettings) -> Callable[..., li
 
 def make_format_reward(settings: GroundingRewardSettings) -> Callable[..., list[float]]:
     """The format reward (``reward/format``): 1.0 for the exact answer layout of :func:`answer_schema_ok`
-    in a completion that ended by itself (not truncated)."""
+    in a completion that ended by itself (not truncated).
 
-    def format_reward(prompts, completions, **_) -> list[float]:
+    Unless ``settings.pay_format_for_empty``, an empty answer (no box) earns it only on a negative
+    item (no target): otherwise ``[]`` is a cheap answer that collects the format reward on every
+    item plus the full grounding reward on the negatives, and GRPO collapses onto it (the
+    empty-answer hack of Visual-RFT #176, reproduced by the tiny CPU run).
+    """
+
+    def format_reward(prompts, completions, gt_boxes=None, **_) -> list[float]:
         """1.0 when the completion is exactly the requested JSON (in tags with think) and not truncated."""
-        return [
-            1.0 if not c.get("truncated", False) and answer_schema_ok(c.get("text"), think=settings.think) else 0.0
-            for c in completions
-        ]
+        targets = [None] * len(completions) if gt_boxes is None else gt_boxes
+        if len(targets) != len(completions):
+            raise ValueError(f"reward column 'gt_boxes' has {len(targets)} values for {len(completions)} completions")
+        out = []
+        for c, gt in zip(completions, targets):
+            ok = not c.get("truncated", False) and answer_schema_ok(c.get("text"), think=settings.think)
+            if ok and not settings.pay_format_for_empty and gt is not None and len(gt) > 0:
+                ok = len(parse_answer(c.get("text"))) > 0
+            out.append(1.0 if ok else 0.0)
+        return out
 
     return format_reward
 

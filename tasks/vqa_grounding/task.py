@@ -32,6 +32,8 @@ from mmrl.tasks.vqa_grounding.rewards import (
     make_format_reward,
     make_grounding_reward,
     rollout_monitors,
+    sample_frame,
+    sample_orig_size,
 )
 
 log = logging.getLogger(__name__)
@@ -111,6 +113,9 @@ class VQAGroundingConfig:
     """Magnitude of the duplicate-box penalty: reward -= this * fraction of repeated boxes (reward/duplicate)."""
     duplicate_iou: float = 0.7
     """IoU above which a predicted box repeats an earlier one."""
+    pay_format_for_empty: bool = False
+    """Pay the format reward for an empty answer [] on items that have a target. False (default) pays it only on
+    negatives: otherwise [] is a cheap answer GRPO collapses onto (the empty-answer hack, Visual-RFT #176)."""
     max_prompt_chars: int = 1000
     """Items whose prompt is longer are dropped at load time (counted in a warning)."""
 
@@ -235,6 +240,7 @@ class VQAGroundingTask(Task):
             think=cfg.think,
             strict_frame=cfg.box_frame == "auto",
             duplicate_iou=cfg.duplicate_iou,
+            pay_format_for_empty=cfg.pay_format_for_empty,
         )
         self._train: list[dict] | None = None
         self._eval: list[dict] | None = None
@@ -405,9 +411,18 @@ class VQAGroundingTask(Task):
         keys = ("gt_boxes", "gt_labels", "answer_frame", "image_size", "id")
         return {k: [it.get(k) for it in items] for k in keys}
 
-    def sft_target(self, item: Mapping, input_size: Sequence[float] | None = None) -> str:
-        """The ideal completion of a prepared ``item`` in this run's answer frame (see prompts.sft_target)."""
-        return sft_target(item, self.answer_frame, input_size, think=self.cfg.think)
+    def sft_target(self, item: Mapping, meta: Mapping | None = None) -> str:
+        """The ideal completion of a prepared ``item`` in this run's answer frame (see prompts.sft_target).
+
+        ``meta`` is what the policy knows after preprocessing the item (the sample-dict keys
+        ``input_size``, ``orig_size``, ``box_frame``); ``input_size`` is required for
+        ``input_pixels``. The frame and size are cross-checked like the rewards do.
+        """
+        meta = dict(meta or {})
+        if meta:
+            sample_frame(meta, self.answer_frame, strict=self.settings.strict_frame)
+            sample_orig_size(meta, item.get("image_size"))
+        return sft_target(item, self.answer_frame, meta.get("input_size"), think=self.cfg.think)
 
     # ------------------------------------------------------------------ metrics
     @staticmethod

@@ -1,0 +1,274 @@
+"""Deterministic synthetic videos with exact ground truth (temporal grounding and video QA).
+
+Each video (:func:`make_event_video`) is a real ``.mp4`` (OpenCV ``mp4v``, decodable by
+decord) on a dark background with three things in it:
+
+* a circle of one palette colour that is visible **only** in frames ``i`` with
+  ``s <= i / fps < e`` (the event; ``s`` and ``e`` lie on the frame grid, so the ground-truth
+  segment ``[s, e]`` is exact) -> "When does the red circle appear?";
+* a triangle of another colour moving left to right for the whole video
+  -> "What colour is the moving shape?" (multiple choice over the palette);
+* a white square in the top-left corner that flashes ``k`` times (1-4)
+  -> "How many times does the square flash?" (numeric).
+
+Everything is a function of ``seed`` (and the size/fps/duration arguments). Layout: square
+in the top-left corner, circle in the upper right part, triangle along the bottom band; they
+never overlap, so a pixel check at the circle centre tells whether the event is visible.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+__all__ = ["PALETTE", "BACKGROUND", "SyntheticVideoError", "make_event_video", "make_video_dataset"]
+
+PALETTE: dict[str, tuple[int, int, int]] = {
+    "red": (230, 30, 30),
+    "green": (30, 200, 30),
+    "blue": (40, 70, 240),
+    "yellow": (240, 220, 30),
+}
+"""Colour names and their RGB values (far apart, so they survive lossy compression)."""
+
+BACKGROUND: tuple[int, int, int] = (40, 40, 40)
+"""RGB of the background."""
+
+_SQUARE_RGB = (255, 255, 255)
+_GENERATOR_VERSION = 1  # part of the dataset file names: bump when the pictures change
+
+
+class SyntheticVideoError(ValueError):
+    """Bad arguments to the synthetic video generators, or a video that could not be written."""
+
+
+def _flash_frames(rng: np.random.Generator, num_frames: int, count: int, length: int) -> list[list[int]]:
+    """``count`` non-overlapping ``[start, stop)`` frame ranges of ``length`` frames, each in
+    its own equal slot of the timeline and separated by at least one dark frame."""
+    slot = num_frames // count
+    out = []
+    for j in range(count):
+        lo = j * slot + 1  # the frame before each flash is dark
+        hi = (j + 1) * slot - length  # and the flash ends inside its slot
+        start = int(rng.integers(lo, hi + 1))
+        out.append([start, start + length])
+    return out
+
+
+def make_event_video(
+    path: str | Path,
+    *,
+    seed: int,
+    duration_s: float = 8.0,
+    fps: int = 8,
+    size: tuple[int, int] = (128, 96),
+) -> dict[str, Any]:
+    """Write a synthetic video to ``path`` (``.mp4``) and return its ground truth.
+
+    Args:
+        path: output file (written to a temporary name, then renamed).
+        seed: every random choice derives from it.
+        duration_s: length; ``duration_s * fps`` must be a whole number of frames (>= 16).
+        fps: frame rate of the file.
+        size: ``(width, height)`` in pixels, each at least 48.
+
+    Returns:
+        ``{"video", "seed", "duration", "fps", "num_frames", "size", "segments": [[s, e]],
+        "event", "event_color", "event_center", "event_radius", "event_frames": [a, b],
+        "moving_color", "flash_count", "flash_frames", "square_box", "questions": {"temporal",
+        "color", "count"}}``; each question is a dict ready to be a dataset record (see
+        :func:`make_video_dataset`).
+
+    Raises:
+        SyntheticVideoError: bad arguments, or OpenCV could not write the file.
+    """
+    import cv2
+
+    width, height = int(size[0]), int(size[1])
+    if width < 48 or height < 48:
+        raise SyntheticVideoError(f"make_event_video: size must be at least 48x48, got {width}x{height}")
+    if not (isinstance(fps, int) and fps >= 1):
+        raise SyntheticVideoError(f"make_event_video: fps must be a positive int, got {fps!r}")
+    num_frames = round(duration_s * fps)
+    if abs(num_frames - duration_s * fps) > 1e-6 or num_frames < 16:
+        raise SyntheticVideoError(
+            f"make_event_video: duration_s * fps = {duration_s * fps:g} must be a whole number of frames >= 16"
+        )
+    rng = np.random.default_rng(seed)
+    names = list(PALETTE)
+    event_color = names[int(rng.integers(len(names)))]
+    others = [c for c in names if c != event_color]
+    moving_color = others[int(rng.integers(len(others)))]
+
+    # event: L frames starting at a0, inside (0, N)
+    min_len, max_len = max(2, round(0.15 * num_frames)), max(3, round(0.45 * num_frames))
+    event_len = int(rng.integers(min_len, max_len + 1))
+    a0 = int(rng.integers(1, num_frames - event_len))
+    event_frames = [a0, a0 + event_len]
+
+    # square: flashes, each ~0.25 s long
+    flash_len = max(1, round(0.25 * fps))
+    max_count = max(1, min(4, num_frames // (2 * flash_len + 2)))
+    flash_count = int(rng.integers(1, max_count + 1))
+    flashes = _flash_frames(rng, num_frames, flash_count, flash_len)
+
+    side = max(6, round(0.15 * min(width, height)))
+    square_box = [2, 2, 2 + side, 2 + side]  # x0, y0, x1, y1 (exclusive)
+    radius = max(5, round(0.11 * min(width, height)))
+    cx = int(rng.integers(round(0.4 * width) + radius, width - radius - 2))
+    cy = int(rng.integers(radius + 2, round(0.6 * height) - radius))
+    tri = max(6, round(0.12 * height))
+    band_y = height - tri - 3
+
+    yy, xx = np.mgrid[0:height, 0:width]
+    circle = (xx - cx) ** 2 + (yy - cy) ** 2 <= radius**2
+    bgr = lambda rgb: rgb[::-1]  # noqa: E731  (OpenCV writes BGR)
+    background = np.empty((height, width, 3), np.uint8)
+    background[:] = bgr(BACKGROUND)
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".mp4", dir=path.parent)
+    os.close(fd)
+    writer = cv2.VideoWriter(tmp, cv2.VideoWriter_fourcc(*"mp4v"), float(fps), (width, height))
+    try:
+        if not writer.isOpened():
+            raise SyntheticVideoError(f"make_event_video: OpenCV cannot write mp4v video to {path}")
+        for i in range(num_frames):
+            frame = background.copy()
+            if any(a <= i < b for a, b in flashes):
+                frame[square_box[1]:square_box[3], square_box[0]:square_box[2]] = bgr(_SQUARE_RGB)
+            if event_frames[0] <= i < event_frames[1]:
+                frame[circle] = bgr(PALETTE[event_color])
+            x = round(3 + (width - tri - 6) * i / (num_frames - 1))
+            pts = np.array([[x, band_y + tri], [x + tri, band_y + tri], [x + tri // 2, band_y]], np.int32)
+            cv2.fillPoly(frame, [pts], bgr(PALETTE[moving_color]))
+            writer.write(frame)
+        writer.release()
+        os.replace(tmp, path)
+    finally:
+        writer.release()
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+    duration = num_frames / fps
+    s, e = event_frames[0] / fps, event_frames[1] / fps
+    event = f"the {event_color} circle appears"
+    options = list(names)
+    rng.shuffle(options)
+    answer_letter = "ABCD"[options.index(moving_color)]
+    common = {"video": str(path), "duration": duration}
+    return {
+        "video": str(path),
+        "seed": int(seed),
+        "duration": duration,
+        "fps": fps,
+        "num_frames": num_frames,
+        "size": [width, height],
+        "segments": [[s, e]],
+        "event": event,
+        "event_color": event_color,
+        "event_center": [cx, cy],
+        "event_radius": radius,
+        "event_frames": event_frames,
+        "moving_color": moving_color,
+        "flash_count": flash_count,
+        "flash_frames": flashes,
+        "square_box": square_box,
+        "questions": {
+            "temporal": {
+                **common,
+                "task": "temporal_grounding",
+                "question": f"When does the {event_color} circle appear in the video? "
+                "Output the start and end time in seconds.",
+                "event": event,
+                "segments": [[s, e]],
+            },
+            "color": {
+                **common,
+                "task": "video_qa",
+                "question_type": "multiple_choice",
+                "question": "What colour is the moving shape?",
+                "options": options,
+                "answer": answer_letter,
+            },
+            "count": {
+                **common,
+                "task": "video_qa",
+                "question_type": "numeric",
+                "question": "How many times does the square flash?",
+                "answer": flash_count,
+            },
+        },
+    }
+
+
+def _video_seed(seed: int, index: int) -> int:
+    return int(np.random.SeedSequence([int(seed), int(index)]).generate_state(1)[0])
+
+
+def make_video_dataset(
+    folder: str | Path,
+    n: int,
+    seed: int,
+    kind: Literal["temporal", "qa"] = "temporal",
+    *,
+    duration_s: float = 8.0,
+    fps: int = 8,
+    size: tuple[int, int] = (128, 96),
+) -> list[dict[str, Any]]:
+    """Write (or reuse) ``n`` synthetic videos in ``folder`` and return one record per video.
+
+    Video ``i`` is :func:`make_event_video` with a seed derived from ``(seed, i)``; it is stored
+    as ``ev_<seed>_<i>_<params>.mp4`` with its ground truth in a ``.json`` next to it, and reused
+    when both exist and the recorded file size matches (so the same seed is written once).
+
+    Records: ``kind="temporal"``: ``{"video", "duration", "task": "temporal_grounding",
+    "question", "event", "segments"}``; ``kind="qa"``: even ``i`` the colour multiple-choice
+    question, odd ``i`` the flash-count numeric question (``question_type``, ``answer``,
+    ``options`` for multiple choice). Every record also has ``"id"`` and ``"truth"`` (the full
+    ground-truth dict of its video).
+    """
+    if kind not in ("temporal", "qa"):
+        raise SyntheticVideoError(f"make_video_dataset: kind must be 'temporal' or 'qa', got {kind!r}")
+    if not isinstance(n, int) or n < 0:
+        raise SyntheticVideoError(f"make_video_dataset: n must be an int >= 0, got {n!r}")
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    params = json.dumps([_GENERATOR_VERSION, float(duration_s), int(fps), list(size)])
+    tag = hashlib.sha256(params.encode()).hexdigest()[:8]
+    records = []
+    for i in range(n):
+        stem = folder / f"ev_{seed}_{i:05d}_{tag}"
+        video, meta = stem.with_suffix(".mp4"), stem.with_suffix(".json")
+        truth = None
+        if video.exists() and meta.exists():
+            try:
+                stored = json.loads(meta.read_text())
+                if stored.get("file_size") == video.stat().st_size:
+                    truth = stored["truth"]
+            except (OSError, ValueError, KeyError):
+                truth = None
+        if truth is None:
+            truth = make_event_video(video, seed=_video_seed(seed, i), duration_s=duration_s, fps=fps, size=size)
+            payload = json.dumps({"file_size": video.stat().st_size, "truth": truth})
+            tmp = meta.with_name(f".{meta.name}.tmp{os.getpid()}")
+            tmp.write_text(payload)
+            os.replace(tmp, meta)
+        truth["video"] = str(video)
+        for question in truth["questions"].values():
+            question["video"] = str(video)
+        if kind == "temporal":
+            record = dict(truth["questions"]["temporal"])
+        else:
+            record = dict(truth["questions"]["color" if i % 2 == 0 else "count"])
+        record["video"] = str(video)
+        record["id"] = f"{kind}-{seed}-{i}"
+        record["truth"] = truth
+        records.append(record)
+    return records
