@@ -37,7 +37,7 @@ def random_actor(num_envs: int, chunk: int, action_dim: int, seed: int = 0) -> C
     return lambda obs: rng.uniform(-1.0, 1.0, size=(num_envs, chunk, action_dim)).astype(np.float32)
 
 
-def tiny_policy_actor(chunk: int, action_dim: int, image_size: int, seed: int = 0) -> Callable[[dict], np.ndarray]:
+def tiny_policy_actor(chunk: int, action_dim: int, seed: int = 0) -> Callable[[dict], np.ndarray]:
     """A small conv net + proprio MLP that samples ``chunk * action_dim`` action tokens per env in
     one batched forward pass, decoded with an ActionTokenizer (256 bins, gripper = last dim)."""
     import torch
@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
             start_s = time.perf_counter() - t0
             action_dim = pool.action_shape[0]
             run_loop(pool, random_actor(args.num_envs, args.chunk, action_dim), args.num_envs * 4, 10_000)  # warm-up
-            policy = tiny_policy_actor(args.chunk, action_dim, args.image_size)
+            policy = tiny_policy_actor(args.chunk, action_dim)
             runs_a, runs_b = [], []
             for _ in range(repeats):  # alternate (a) and (b) so load drift on a shared machine hits both
                 runs_a.append(run_loop(pool, random_actor(args.num_envs, args.chunk, action_dim), env_steps, 0))

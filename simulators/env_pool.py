@@ -924,8 +924,14 @@ class EnvPool(PoolCore):
             name=f"mmrl-envpool-{w}",
             daemon=True,
         )
-        process.start()
-        child_conn.close()
+        try:
+            process.start()
+        except BaseException:
+            os.unlink(trace_path)
+            parent_conn.close()
+            raise
+        finally:
+            child_conn.close()
         worker = self._workers[w]
         worker.process, worker.conn, worker.trace_path, worker.ready, worker.pid = (
             process, parent_conn, trace_path, False, process.pid,

@@ -116,6 +116,14 @@ def test_call_reads_env_state(tabletop_pool):
     actions = np.stack([expert_action(s) for s in states])
     assert actions.shape == (4, 4)
     assert pool.call("init_state", env_indices=[3, 1]) == [3, 1]
+    # partial reset: only env 2 starts a new episode (from init state 9)
+    pool.step(np.zeros((4, 1, 4)))
+    before = pool.episode_steps.copy()
+    obs = pool.reset([9], env_indices=[2])
+    assert pool.call("init_state") == [0, 1, 9, 3]
+    assert pool.episode_steps.tolist() == [before[0], before[1], 0, before[3]] and before[2] == 1
+    with pytest.raises(ValueError, match="distinct"):
+        pool.reset([1, 2], env_indices=[0, 0])
 
 
 def test_hanging_worker_is_killed_and_replaced():

@@ -511,3 +511,28 @@ def test_config_file_loads():
     assert cfg.algo.group_size == 4 and cfg.trainer.batch_size == 8
     task = VQAGroundingTask(cfg.task, cfg)
     assert task.answer_frame == "input_pixels"
+
+
+def test_refcoco_loading_by_split(tmp_path):
+    write_image(tmp_path / "img1.jpg", (320, 240))
+    instances = {
+        "images": [{"id": 1, "file_name": "img1.jpg", "width": 320, "height": 240}],
+        "annotations": [{"id": 10, "image_id": 1, "bbox": [10, 20, 100, 50], "category_id": 3}],
+        "categories": [{"id": 3, "name": "cup"}],
+    }
+    refs = [
+        {"ref_id": 1, "ann_id": 10, "image_id": 1, "split": "train", "sentences": [{"sent": "the cup"}, {"sent": "a mug"}]},
+        {"ref_id": 2, "ann_id": [], "image_id": 1, "split": "val", "sentences": [{"sent": "the purple dog"}]},
+    ]
+    (tmp_path / "instances.json").write_text(json.dumps(instances))
+    (tmp_path / "refs.json").write_text(json.dumps(refs))
+    cfg = VQAGroundingConfig(data_format="refcoco", data=str(tmp_path / "instances.json"), refs=str(tmp_path / "refs.json"),
+                             image_root=str(tmp_path), box_frame="norm1000")
+    cfg.validate()
+    task = VQAGroundingTask(cfg, None)
+    train = task.train_items()
+    # One item per sentence; COCO [x, y, w, h] = [10, 20, 100, 50] -> xyxy [10, 20, 110, 70].
+    assert [it["question"] for it in train] == ["the cup", "a mug"]
+    assert train[0]["gt_boxes"] == [[10.0, 20.0, 110.0, 70.0]] and train[0]["gt_labels"] == ["cup"]
+    (neg,) = task.eval_items()
+    assert neg["gt_boxes"] == [] and task.prepare_item(neg)["image_size"] == (320, 240)

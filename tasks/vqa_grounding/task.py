@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mmrl.data.coords import MODEL_BOX_FRAMES, convert_boxes
+from mmrl.data.coords import MODEL_BOX_FRAMES, FrameError, convert_boxes
 from mmrl.rewards.manager import RewardSpec
 from mmrl.tasks.base import SkipItem, Task
 from mmrl.tasks.vqa_grounding.prompts import ANSWER_FRAMES, build_prompt, sft_target
@@ -422,6 +422,11 @@ class VQAGroundingTask(Task):
         if meta:
             sample_frame(meta, self.answer_frame, strict=self.settings.strict_frame)
             sample_orig_size(meta, item.get("image_size"))
+        if self.answer_frame == "input_pixels" and meta.get("input_size") is None:
+            raise FrameError(
+                "an input_pixels SFT target needs the model-input size (W, H) of the item's image in meta['input_size'] "
+                "(the policy's sample_meta gives it from the processor output)"
+            )
         return sft_target(item, self.answer_frame, meta.get("input_size"), think=self.cfg.think)
 
     # ------------------------------------------------------------------ metrics
