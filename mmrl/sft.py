@@ -35,7 +35,9 @@ def run_sft(trainer, steps: int) -> dict[str, float]:
     if not hasattr(policy, "sft_loss"):
         raise ConfigError(f"trainer.sft_steps>0 but the {type(policy).__name__} policy has no sft_loss")
     bs = cfg.sft_batch_size or cfg.batch_size
-    sampler = PromptSampler(len(trainer.train_items), bs, cfg.seed + 7919)
+    # a task may warm-start on other items than its RL prompts (e.g. VLA: one item per demo observation)
+    source = list(task.sft_items()) if hasattr(task, "sft_items") else trainer.train_items
+    sampler = PromptSampler(len(source), bs, cfg.seed + 7919)
     opt = torch.optim.AdamW(policy.trainable_parameters(), lr=cfg.sft_lr or cfg.lr, weight_decay=cfg.weight_decay)
     out_path = Path(trainer.run_dir) / "sft_metrics.jsonl" if trainer.run_dir else None
     last: dict[str, float] = {}
@@ -45,7 +47,7 @@ def run_sft(trainer, steps: int) -> dict[str, float]:
         items, sd = [], []
         for i, s in zip(indices, seeds):
             try:
-                items.append(task.prepare_item(trainer.train_items[i]))
+                items.append(task.prepare_item(source[i]))
                 sd.append(s)
             except SkipItem as e:
                 log.warning("SFT: skipping item %d: %s", i, e)

@@ -245,6 +245,11 @@ class Trainer:
         ro.rewards = res.total
         ro.valid = ro.valid & res.valid
         ro.metrics.update(res.metrics)
+        bonus_hook = getattr(self.policy, "advantage_bonus", None)  # optional: e.g. T-GRPO's temporal bonus
+        bonus = bonus_hook(ro, res.per_fn) if bonus_hook is not None else None
+        if bonus is not None:
+            ro.adv_bonus, bonus_metrics = bonus
+            ro.metrics.update(bonus_metrics)
         ro.metrics.update(self.task.rollout_metrics(rep, ro.samples))
 
     def collect(self) -> tuple[Rollout | None, dict]:
@@ -337,6 +342,8 @@ class Trainer:
             if algo.advantage == "reinforce_pp" and self.world > 1:
                 raise ConfigError("algo.advantage=reinforce_pp whitens over the batch; use it with one process")
             adv = _call_estimator(algo.advantage, rewards, ro.group_id, ro.valid, algo)
+            if ro.adv_bonus is not None:  # after normalisation, so the group statistics cannot cancel it
+                adv = adv + ro.adv_bonus.to(adv) * ro.valid.to(adv)
             if algo.adv_clip is not None:
                 adv = adv.clamp(-algo.adv_clip, algo.adv_clip)
             return algos.broadcast_to_tokens(adv, mask), None
@@ -361,6 +368,8 @@ class Trainer:
         """One rollout + update. Returns the step's metrics."""
         algo = self.cfg.algo
         t_step = time.perf_counter()
+        if hasattr(self.policy, "set_train_step"):  # e.g. a sliding window of trained denoising steps
+            self.policy.set_train_step(self.step)
         ro, metrics = self.collect()
         if ro is None:
             metrics["data/empty_steps"] = 1.0
@@ -381,7 +390,9 @@ class Trainer:
         elif mode == "rollout":
             old_logp = ro.old_logp
         kl_tok = None
-        if algo.kl_coef > 0:
+        # a policy with its own KL (e.g. latent-mean KL for diffusion) computes it in log_probs
+        own_kl = getattr(self.policy, "latent_kl", False) and not algo.kl_in_reward
+        if algo.kl_coef > 0 and not own_kl:
             ro.ref_logp, _ = self._no_grad_pass(ro, values=False, reference=True)
             if algo.kl_in_reward:
                 kl_tok = algos.kl_estimate(ro.old_logp if old_logp is None else old_logp, ro.ref_logp, algo.kl_estimator)

@@ -442,7 +442,8 @@ class PoolStats:
 class PoolCore:
     """Transport-independent part of the env pools: arguments, episode state, results, stats.
 
-    Subclasses provide ``_start_workers``, ``_run``, ``_restart_worker``, ``_close_transport``
+    Subclasses start their workers in ``__init__`` and provide ``_run`` (one command to several
+    workers, returning a :class:`WorkerOutcome` each), ``_restart_worker``, ``_close_transport``
     and ``worker_pids``.
     """
 

@@ -13,6 +13,10 @@ TASKS: dict[str, str] = {
     "toy_arithmetic": "mmrl.tasks.toy_arithmetic:ToyArithmeticTask",
     "vqa_grounding": "mmrl.tasks.vqa_grounding:VQAGroundingTask",
     "t2i_color": "mmrl.tasks.t2i_color:T2IColorTask",
+    "vla_reach": "mmrl.tasks.vla_reach:VLAReachTask",
+    "vla_lift": "mmrl.tasks.vla_lift:VLALiftTask",
+    "video_temporal_grounding": "mmrl.tasks.video_temporal_grounding:VideoTemporalGroundingTask",
+    "video_qa": "mmrl.tasks.video_qa:VideoQATask",
 }
 
 

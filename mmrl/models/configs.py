@@ -84,6 +84,15 @@ class VLMConfig:
     """LoRA adapters on the language model (the vision tower never gets adapters)."""
     max_prompt_tokens: int | None = None
     """Refuse prompts (text + image tokens) longer than this with a clear error; None disables the check."""
+    rollout_engine: str = "hf"
+    """What samples rollouts: hf (transformers generate, CPU or GPU) or vllm (a colocated vLLM engine, CUDA only,
+    `pip install 'mmrl[vllm]'`; see docs/vllm.md). Log-probs for training always come from the trainer's model."""
+    vllm_gpu_memory_utilization: float = 0.3
+    """rollout_engine=vllm: fraction of the GPU's memory vLLM may take (weights + KV cache); the trainer's model,
+    gradients and optimizer state must fit in the rest."""
+    vllm_sleep: bool = True
+    """rollout_engine=vllm: release vLLM's weights and KV cache (sleep level 2) outside generation; the trainer's
+    weights are loaded into it again before every rollout."""
 
 
 def _diffusion_lora() -> LoraConfig:
@@ -186,3 +195,45 @@ class DiffusionConfig:
             raise ConfigError(f"model.ema_decay must be in [0, 1), got {self.ema_decay}")
         if self.sample_batch_size < 0 or self.logprob_chunk < 1:
             raise ConfigError("model.sample_batch_size must be >= 0 and model.logprob_chunk >= 1")
+
+
+@dataclass
+class VLAConfig(VLMConfig):
+    """A vision-language-action policy: a Qwen-VL whose completions are action tokens, rolled out in simulators.
+
+    Every VLM field applies (model path, dtype, LoRA, pixel limits, vision-tower freezing); the
+    fields below add the action tokenizer, the rollout over an env pool and the log-prob granularity.
+    See docs/tasks/vla.md and mmrl/policies/vla.py.
+    """
+
+    type: str = "vla"
+    """Model family selector."""
+    name: str = "tiny_vla"
+    """Preset label (informational)."""
+    path: str = "tiny_qwen2_5_vl"
+    """A VLM preset, HF id or folder; its tokenizer's reserved <|act_i|> tokens (else its last n_bins ids) are the bins."""
+    temperature: float = 1.0
+    """Sampling temperature over the action bins (SimpleVLA-RL uses 1.6); log-probs use the same temperature."""
+    chunk: int = 1
+    """Actions per policy call: each call generates chunk * action_dim tokens, executed in the env worker."""
+    n_bins: int = 256
+    """Uniform bins per action dimension (at most the number of reserved action tokens)."""
+    logp_granularity: str = "token"
+    """Unit of the PPO ratio: token (one bin), action (sum over action_dim tokens) or chunk (sum over a chunk)."""
+    num_workers: int = 2
+    """Env-pool worker processes (persistent, created at the first rollout)."""
+    step_timeout_s: float = 30.0
+    """An env worker that makes no progress for this long is killed and its episodes are masked."""
+    max_policy_calls: int | None = None
+    """Upper bound on policy calls per episode; None: ceil(env max steps / chunk)."""
+
+    def validate(self) -> None:
+        from mmrl.config import ConfigError, check_choice
+
+        check_choice(self.logp_granularity, ("token", "action", "chunk"), "model.logp_granularity")
+        if self.chunk < 1 or not 2 <= self.n_bins <= 256:
+            raise ConfigError(f"model.chunk must be >= 1 and model.n_bins in [2, 256], got {self.chunk}, {self.n_bins}")
+        if self.num_workers < 1 or self.step_timeout_s <= 0:
+            raise ConfigError("model.num_workers must be >= 1 and model.step_timeout_s > 0")
+        if self.temperature <= 0:
+            raise ConfigError(f"model.temperature must be > 0 for VLA sampling, got {self.temperature}")

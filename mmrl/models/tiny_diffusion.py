@@ -323,9 +323,3 @@ def load_diffusion_pipeline(path_or_id: str, dtype: str = "float32", *, expected
         raise TinyDiffusionError(f"{path_or_id}: expected a {expected_kind} pipeline, found {kind} ({type(pipe).__name__})")
     return pipe
 
-
-def spec_dict(spec: TinyDiffusionSpec) -> dict:
-    """The spec as a plain dict (JSON-able)."""
-    return asdict(spec)
-
-

@@ -125,6 +125,9 @@ class Rollout:
     """[B, T] per-action rewards, for policies whose environment rewards every step."""
     valid: Tensor | None = None
     """[B] bool; False for samples that must not train (failed episode, NaN latents...)."""
+    adv_bonus: Tensor | None = None
+    """[B] added to each sample's advantage after group normalisation (e.g. T-GRPO's temporal bonus,
+    :mod:`mmrl.algos.tgrpo`); filled after scoring by the policy's optional ``advantage_bonus`` hook."""
     metrics: dict[str, float] = field(default_factory=dict)
     """Rollout-side metrics (engine time, skips, env steps/s...), logged as they are."""
 

@@ -109,7 +109,7 @@ class DiffusionPayload:
         shapes = {tuple(p.latents.shape[1:]) for p in payloads}
         if len(steps) > 1 or len(shapes) > 1:
             raise DiffusionPolicyError(f"cannot concatenate diffusion rollouts with steps {steps} / latent shapes {shapes}")
-        offsets, prompt_of, total = [], [], 0
+        prompt_of, total = [], 0
         for p in payloads:
             prompt_of.append(p.prompt_of + total)
             total += next(iter(p.cond.values())).shape[0]
@@ -494,6 +494,10 @@ class DiffusionPolicy:
                 m = getattr(self.pipe, comp, None)
                 if m is not None:
                     m.to(dev)
+            if self._frozen_ref is not None:
+                self._frozen_ref._frozen.to(dev)
+            if self.ema is not None:
+                self.ema.shadow = [s.to(dev) for s in self.ema.shadow]
             self._negative = None
 
     def set_train_step(self, step: int) -> None:

@@ -21,6 +21,16 @@ Data flow of one step:
 
 Each sample dict carries what box rewards need to convert frames: ``orig_size`` and ``input_size``
 (W, H) of the first image, ``orig_sizes``/``input_sizes`` for all, ``family`` and ``box_frame``.
+
+Videos (``video``/``videos`` items) follow the same path; the video-specific parts (clips from the
+frame cache, processor keyword arguments, T-GRPO's shuffled copies, sample fields) live in
+:mod:`mmrl.policies.vlm_video`. The processor's ``video_grid_thw`` and Qwen2.5-VL's
+``second_per_grid_ts`` are stored once per prompt and passed to generation and to every later
+forward, so all of them compute the same time-aware rotary positions. With ``tgrpo`` set (T-GRPO,
+:mod:`mmrl.algos.tgrpo`) a rollout adds ``tgrpo.shuffled_group`` samples per video prompt on
+shuffled temporal patches, batched into the same ``generate`` call; they are marked
+``shuffled=True``, ``valid=False`` (no gradient, outside the group statistics) and only feed
+:meth:`VLMPolicy.advantage_bonus`.
 """
 from __future__ import annotations
 
@@ -113,17 +123,39 @@ class PromptInputs:
     """(W, H) of each image as the model sees it (``image_grid_thw`` x patch size)."""
     features: ImageFeatures | None = field(default=None, repr=False)
     """Vision features cached at rollout time when the vision tower is frozen."""
+    videos: list = field(default_factory=list)
+    """The decoded :class:`~mmrl.data.video.VideoClip` of each video, in prompt order."""
+    pixel_values_videos: Tensor | None = None
+    """[patches, C * temporal * patch**2] processor pixels of all videos, or None without videos."""
+    video_grid_thw: Tensor | None = None
+    """[n_videos, 3] (t, h, w) patch grid per video, or None without videos."""
+    second_per_grid_ts: Tensor | None = None
+    """[n_videos] seconds per temporal patch (Qwen2.5-VL's time scale of the rotary index); None for
+    the other families (Qwen3-VL writes times into the text) or without videos."""
+    video_features: ImageFeatures | None = field(default=None, repr=False)
+    """Video features cached at rollout time when the vision tower is frozen."""
 
     @property
     def num_images(self) -> int:
         return len(self.images)
 
+    @property
+    def num_videos(self) -> int:
+        return len(self.videos)
 
-def build_messages(item: dict, num_images: int) -> list[dict]:
-    """Chat messages of one item: optional system turn, then a user turn with the images first."""
+    @property
+    def visual_tokens(self) -> int:
+        """Image and video placeholder tokens of the prompt."""
+        return int((self.mm_token_type_ids != 0).sum())
+
+
+def build_messages(item: dict, num_images: int, num_videos: int = 0) -> list[dict]:
+    """Chat messages of one item: optional system turn, then a user turn with the images, then the
+    videos, then the text."""
     if not isinstance(item.get("prompt"), str):
         raise VLMInputError(f"item has no text 'prompt' (keys: {sorted(item)})")
     content = [{"type": "image"} for _ in range(num_images)]
+    content += [{"type": "video"} for _ in range(num_videos)]
     content.append({"type": "text", "text": item["prompt"]})
     messages = []
     if item.get("system"):
@@ -169,22 +201,34 @@ def apply_pixel_limits(processor: Any, min_pixels: int | None, max_pixels: int |
 
 
 def preprocess(processor: Any, items: Sequence[dict], *, max_prompt_tokens: int | None = None) -> list[PromptInputs]:
-    """Chat template + one processor call per item; see :class:`PromptInputs`."""
+    """Chat template + one processor call per item; see :class:`PromptInputs`.
+
+    Video items are read with :func:`mmrl.policies.vlm_video.item_clips` (frame cache) and reach the
+    processor only through :func:`mmrl.policies.vlm_video.video_processor_kwargs`.
+    """
     patch = int(processor.image_processor.patch_size)
     out: list[PromptInputs] = []
     for i, item in enumerate(items):
         images, orig_sizes = _item_images(item)
-        text = processor.apply_chat_template(build_messages(item, len(images)), add_generation_prompt=True,
-                                             tokenize=False)
-        enc = processor(text=[text], images=images or None, return_tensors="pt")
+        clips: list = []
+        video_kw: dict[str, Any] = {}
+        if item.get("video") is not None or item.get("videos") is not None:
+            from mmrl.policies.vlm_video import item_clips, video_processor_kwargs
+
+            clips = item_clips(item, processor)
+            video_kw = video_processor_kwargs(clips)
+        text = processor.apply_chat_template(build_messages(item, len(images), len(clips)),
+                                             add_generation_prompt=True, tokenize=False)
+        enc = processor(text=[text], images=images or None, **video_kw, return_tensors="pt")
         ids = enc["input_ids"][0]
         if max_prompt_tokens is not None and ids.numel() > max_prompt_tokens:
             raise PromptTooLongError(
-                f"prompt {i} has {ids.numel()} tokens (text + image) > model.max_prompt_tokens={max_prompt_tokens}; "
-                "lower model.max_pixels or raise model.max_prompt_tokens")
+                f"prompt {i} has {ids.numel()} tokens (text + image + video) > model.max_prompt_tokens="
+                f"{max_prompt_tokens}; lower model.max_pixels (or the video frame budget) or raise model.max_prompt_tokens")
         mm = enc.get("mm_token_type_ids")
         mm = mm[0].long() if mm is not None else torch.zeros_like(ids)
         grid = enc.get("image_grid_thw") if images else None
+        spg = enc.get("second_per_grid_ts") if clips else None
         out.append(PromptInputs(
             text=text,
             images=images,
@@ -194,6 +238,10 @@ def preprocess(processor: Any, items: Sequence[dict], *, max_prompt_tokens: int 
             image_grid_thw=grid,
             orig_sizes=orig_sizes,
             input_sizes=[input_size_from_grid(row, patch) for row in grid] if grid is not None else [],
+            videos=clips,
+            pixel_values_videos=enc.get("pixel_values_videos") if clips else None,
+            video_grid_thw=enc.get("video_grid_thw") if clips else None,
+            second_per_grid_ts=torch.as_tensor(spg, dtype=torch.float32).reshape(-1) if spg is not None else None,
         ))
     return out
 
@@ -215,25 +263,35 @@ def vision_tower(lm) -> torch.nn.Module:
     return tower
 
 
-def encode_images(lm, prompts: Sequence[PromptInputs], device) -> list[ImageFeatures | None]:
-    """Run the vision tower once over all images of ``prompts``; split the features per prompt."""
-    with_img = [p for p in prompts if p.num_images]
+_MEDIA_FIELDS = {
+    # kind -> (count attribute, pixels attribute, grid attribute, encoder method)
+    "image": ("num_images", "pixel_values", "image_grid_thw", "get_image_features"),
+    "video": ("num_videos", "pixel_values_videos", "video_grid_thw", "get_video_features"),
+}
+
+
+def encode_images(lm, prompts: Sequence[PromptInputs], device, kind: str = "image") -> list[ImageFeatures | None]:
+    """Run the vision tower once over all images (``kind="video"``: all videos) of ``prompts``;
+    split the features per prompt."""
+    count, pix_attr, grid_attr, method = _MEDIA_FIELDS[kind]
+    with_img = [p for p in prompts if getattr(p, count)]
     if not with_img:
         return [None] * len(prompts)
-    pixels = torch.cat([p.pixel_values for p in with_img]).to(device)
-    grid = torch.cat([p.image_grid_thw for p in with_img]).to(device)
-    out = _base_model(lm).get_image_features(pixels, grid, return_dict=True)
+    pixels = torch.cat([getattr(p, pix_attr) for p in with_img]).to(device)
+    grid = torch.cat([getattr(p, grid_attr) for p in with_img]).to(device)
+    out = getattr(_base_model(lm), method)(pixels, grid, return_dict=True)
     embeds = list(out.pooler_output)
     deep = getattr(out, "deepstack_features", None)
     deep = [list(layer) for layer in deep] if deep else None
     result: list[ImageFeatures | None] = []
     k = 0
     for p in prompts:
-        if not p.num_images:
+        n = getattr(p, count)
+        if not n:
             result.append(None)
             continue
-        sl = slice(k, k + p.num_images)
-        k += p.num_images
+        sl = slice(k, k + n)
+        k += n
         result.append(ImageFeatures(
             embeds=embeds[sl], deepstack=[layer[sl] for layer in deep] if deep is not None else None,
             output_cls=type(out)))
@@ -277,10 +335,13 @@ def _eos_ids(tokenizer, lm) -> list[int]:
 class VLMPolicy:
     """A :class:`~mmrl.policies.base.Policy` whose actions are completion tokens of a Qwen-VL model."""
 
-    def __init__(self, lm, processor, cfg, *, value_head: bool = False, reference: bool = False) -> None:
+    def __init__(self, lm, processor, cfg, *, value_head: bool = False, reference: bool = False,
+                 tgrpo: Any = None) -> None:
         from mmrl.models.tiny_vlm import model_family, vision_special_token_ids
 
         self.cfg = cfg
+        self.tgrpo = tgrpo if tgrpo is not None and getattr(tgrpo, "shuffled_group", 0) > 0 else None
+        """T-GRPO settings (:class:`mmrl.algos.tgrpo.TGRPOConfig`) or None; see :meth:`advantage_bonus`."""
         self.processor = processor
         self.tokenizer = processor.tokenizer
         self.family = model_family(lm)
@@ -308,6 +369,13 @@ class VLMPolicy:
         self.eos_ids = _eos_ids(self.tokenizer, lm)
         self.suppress_ids = [i for i in vision_special_token_ids(processor) if i not in self.eos_ids]
         self._frozen_ref = FrozenCopyReference(self) if reference and not cfg.lora.enabled else None
+        self.engine = None
+        """The rollout engine of ``model.rollout_engine`` (None: transformers ``generate``); see
+        :mod:`mmrl.rollout.vllm_engine`."""
+        if getattr(cfg, "rollout_engine", "hf") != "hf":
+            from mmrl.rollout.vllm_engine import build_rollout_engine
+
+            self.engine = build_rollout_engine(self)
 
     # ------------------------------------------------------------------ helpers
     @property
@@ -328,30 +396,45 @@ class VLMPolicy:
         """Chat template + one processor call per item (reusable by a rollout engine)."""
         return preprocess(self.processor, items, max_prompt_tokens=self.cfg.max_prompt_tokens)
 
-    def _features(self, prompts: Sequence[PromptInputs]) -> list[ImageFeatures | None] | None:
-        """Per-sample features: the cached ones, else one vision forward per distinct prompt.
+    def sample_meta(self, items: Sequence[dict]) -> list[dict]:
+        """What the policy knows of each item after preprocessing: original and model-input image
+        sizes (from the processor), model family and box frame. Used for SFT targets."""
+        return [
+            {"orig_size": p.orig_sizes[0] if p.orig_sizes else None,
+             "input_size": p.input_sizes[0] if p.input_sizes else None,
+             "family": self.family, "box_frame": self.box_frame}
+            for p in self.preprocess(items)
+        ]
+
+    def _features(self, prompts: Sequence[PromptInputs], kind: str = "image") -> list[ImageFeatures | None] | None:
+        """Per-sample image (or ``kind="video"``) features: the cached ones, else one vision forward
+        per distinct prompt.
 
         ``None`` (pixels go through the wrapped model's own forward) when a trainable vision tower
         sits inside a data-parallel wrapper: its gradients must come from the wrapper's forward.
         """
+        cached, count = ("features", "num_images") if kind == "image" else ("video_features", "num_videos")
         trainable = self.vision_trainable
-        if not trainable and all(p.features is not None or not p.num_images for p in prompts):
-            return [p.features for p in prompts]
+        if not trainable and all(getattr(p, cached) is not None or not getattr(p, count) for p in prompts):
+            return [getattr(p, cached) for p in prompts]
         if trainable and self.model is not self.module:
             return None
         unique: dict[int, PromptInputs] = {}
         for p in prompts:
             unique.setdefault(id(p), p)
-        feats = encode_images(self.module.lm, list(unique.values()), self.device)
+        feats = encode_images(self.module.lm, list(unique.values()), self.device, kind)
         by_id = {k: f for k, f in zip(unique, feats)}
         return [by_id[id(p)] for p in prompts]
 
     def _prompt_inputs(self, prompts: Sequence[PromptInputs], feats: Sequence[ImageFeatures | None] | None,
-                       completions: Tensor | None = None, completion_mask: Tensor | None = None) -> dict:
+                       completions: Tensor | None = None, completion_mask: Tensor | None = None, *,
+                       video_feats: Sequence[ImageFeatures | None] | None = None) -> dict:
         """Model inputs of left-padded prompts (+ right-padded completions when given).
 
-        Images enter as precomputed ``feats`` (``mm_encoder_outputs``), or as pixel values in sample
-        order when ``feats`` is None.
+        Images (videos) enter as precomputed ``feats`` (``video_feats``) through
+        ``mm_encoder_outputs``, or as pixel values in sample order when ``feats`` is None. Videos
+        always bring their ``video_grid_thw`` and, for Qwen2.5-VL, ``second_per_grid_ts``, so every
+        forward computes the same rotary positions as generation did.
         """
         ids, att = left_pad([p.input_ids for p in prompts], self.pad_id)
         mm, _ = left_pad([p.mm_token_type_ids for p in prompts], 0)
@@ -362,14 +445,32 @@ class VLMPolicy:
         dev = self.device
         inputs: dict[str, Any] = {"input_ids": ids.to(dev), "attention_mask": att.to(dev)}
         with_img = [p for p in prompts if p.num_images]
-        if with_img:
+        with_vid = [p for p in prompts if p.num_videos]
+        if with_img or with_vid:
             inputs["mm_token_type_ids"] = mm.to(dev)
+        encoded: dict[str, Any] = {}
+        if with_img:
             inputs["image_grid_thw"] = torch.cat([p.image_grid_thw for p in with_img]).to(dev)
             if feats is None:
                 inputs["pixel_values"] = torch.cat([p.pixel_values for p in with_img]).to(dev)
             else:
-                inputs["mm_encoder_outputs"] = {"image": merge_features(feats)}
-        elif completions is not None:
+                encoded["image"] = merge_features(feats)
+        if with_vid:
+            inputs["video_grid_thw"] = torch.cat([p.video_grid_thw for p in with_vid]).to(dev)
+            spg = [p.second_per_grid_ts for p in with_vid if p.second_per_grid_ts is not None]
+            if spg:
+                if len(spg) != len(with_vid):
+                    raise VLMInputError("some video prompts of the batch have second_per_grid_ts and others not")
+                inputs["second_per_grid_ts"] = torch.cat(spg).to(dev)
+            if feats is None:
+                inputs["pixel_values_videos"] = torch.cat([p.pixel_values_videos for p in with_vid]).to(dev)
+            else:
+                if video_feats is None:
+                    raise VLMInputError("video prompts need their video features (video_feats)")
+                encoded["video"] = merge_features(video_feats)
+        if encoded:
+            inputs["mm_encoder_outputs"] = encoded
+        if not (with_img or with_vid) and completions is not None:
             # text only: the model would fall back to 0..L-1 positions; count non-padding tokens as generate does
             inputs["position_ids"] = (inputs["attention_mask"].cumsum(1) - 1).clamp(min=0)
         return inputs
@@ -383,7 +484,9 @@ class VLMPolicy:
         """Logits [b, T, V] at the completion positions, the completion ids [b, T] and values [b, T]."""
         T = mask.shape[1]
         c_ids = right_pad(completions, self.pad_id, T)
-        inputs = self._prompt_inputs(prompts, self._features(prompts), c_ids, mask)
+        feats = self._features(prompts)
+        video_feats = self._features(prompts, "video") if feats is not None else None
+        inputs = self._prompt_inputs(prompts, feats, c_ids, mask, video_feats=video_feats)
         self._set_train_mode(torch.is_grad_enabled())
         logits, vals = self.model(**inputs, logits_to_keep=T + 1, want_values=want_values)
         P = inputs["input_ids"].shape[1] - T
@@ -393,57 +496,108 @@ class VLMPolicy:
         return comp_logits, c_ids.to(comp_logits.device), v
 
     # ------------------------------------------------------------------ Policy API
+    def _shuffled_prompt(self, item: dict, prompt: PromptInputs, seed: int) -> PromptInputs:
+        """T-GRPO: ``prompt`` with the temporal patches of each video shuffled (same text, grid and times)."""
+        from mmrl.policies.vlm_video import shuffled_clip, temporal_patch_size
+
+        tp = temporal_patch_size(self.processor)
+        clips = [shuffled_clip(c, mix_seed(seed, k), tp)[0] for k, c in enumerate(prompt.videos)]
+        shuffled_item = {k: v for k, v in item.items() if k != "video"}
+        shuffled_item["videos"] = clips
+        out = self.preprocess([shuffled_item])[0]
+        if not torch.equal(out.input_ids, prompt.input_ids):
+            raise VLMInputError("the shuffled copy of a video prompt has other tokens than the prompt")
+        return out
+
     def rollout(self, batch: PromptBatch, group_size: int, *, greedy: bool = False) -> Rollout:
         prompts = self.preprocess(batch.items)
+        n_shuffled = self.tgrpo.shuffled_group if (self.tgrpo is not None and not greedy) else 0
+        # per prompt: G samples on the prompt, then (T-GRPO) n_shuffled on its shuffled copy
+        plan: list[tuple[int, PromptInputs, bool]] = []  # (prompt index, prompt inputs, shuffled)
+        for i, p in enumerate(prompts):
+            plan += [(i, p, False)] * group_size
+            if n_shuffled and p.num_videos:
+                plan += [(i, self._shuffled_prompt(batch.items[i], p, batch.seeds[i]), True)] * n_shuffled
+        distinct = list({id(q): q for _, q, _ in plan}.values())
         lm = self.module.lm
         self._set_train_mode(False)
-        cache = not self.vision_trainable
         with torch.no_grad():
-            feats = encode_images(lm, prompts, self.device)
-        if cache:
-            for p, f in zip(prompts, feats):
-                p.features = f
-        rep_prompts = [p for p in prompts for _ in range(group_size)]
-        rep_feats = [f for f in feats for _ in range(group_size)]
-        seeds = [mix_seed(s, j) for s in batch.seeds for j in range(group_size)]
-        comp = generate_completions(
-            lm,
-            self._prompt_inputs(rep_prompts, rep_feats),
-            seeds=seeds,
-            max_new_tokens=self.cfg.max_new_tokens,
-            eos_ids=self.eos_ids,
-            pad_id=self.pad_id,
-            temperature=self.cfg.temperature,
-            top_p=self.cfg.top_p,
-            suppress_ids=self.suppress_ids,
-            greedy=greedy,
-        )
+            feats = encode_images(lm, distinct, self.device)
+            vfeats = encode_images(lm, distinct, self.device, "video")
+        by_id = {id(q): (f, v) for q, f, v in zip(distinct, feats, vfeats)}
+        if not self.vision_trainable:
+            for q in distinct:
+                q.features, q.video_features = by_id[id(q)]
+        rep_prompts = [q for _, q, _ in plan]
+        counters: dict[tuple[int, bool], int] = {}
+        seeds = []
+        for i, _, shuf in plan:
+            j = counters[(i, shuf)] = counters.get((i, shuf), -1) + 1
+            seeds.append(mix_seed(batch.seeds[i], 0x5F0FF1E, j) if shuf else mix_seed(batch.seeds[i], j))
+        if self.engine is not None:  # model.rollout_engine=vllm: same prompts, same pixels, engine log-probs
+            comp = self.engine.sample_for_policy(self, rep_prompts, seeds, greedy=greedy)
+        else:
+            comp = generate_completions(
+                lm,
+                self._prompt_inputs(rep_prompts, [by_id[id(q)][0] for q in rep_prompts],
+                                    video_feats=[by_id[id(q)][1] for q in rep_prompts]),
+                seeds=seeds,
+                max_new_tokens=self.cfg.max_new_tokens,
+                eos_ids=self.eos_ids,
+                pad_id=self.pad_id,
+                temperature=self.cfg.temperature,
+                top_p=self.cfg.top_p,
+                suppress_ids=self.suppress_ids,
+                greedy=greedy,
+            )
         ids = comp.ids.cpu()
         texts = self.tokenizer.batch_decode(ids, skip_special_tokens=True)
         lengths = comp.mask.sum(1).long().tolist()
         truncated = comp.truncated.tolist()
         samples = []
-        for i, p in enumerate(rep_prompts):
-            samples.append({
-                "text": texts[i],
-                "length": lengths[i],
-                "truncated": bool(truncated[i]),
+        for k, (i, p, shuf) in enumerate(plan):
+            sample = {
+                "text": texts[k],
+                "length": lengths[k],
+                "truncated": bool(truncated[k]),
                 "orig_size": p.orig_sizes[0] if p.orig_sizes else None,
                 "input_size": p.input_sizes[0] if p.input_sizes else None,
                 "orig_sizes": list(p.orig_sizes),
                 "input_sizes": list(p.input_sizes),
                 "family": self.family,
                 "box_frame": self.box_frame,
-            })
+            }
+            if p.num_videos:
+                from mmrl.policies.vlm_video import video_sample_fields
+
+                sample.update(video_sample_fields(p.videos, p.visual_tokens), shuffled=shuf)
+            samples.append(sample)
+        prompt_index = torch.tensor([i for i, _, _ in plan], dtype=torch.long)
+        metrics = {"rollout/truncated_frac": float(comp.truncated.float().mean())}
+        if any(p.num_videos for p in prompts):
+            from mmrl.policies.vlm_video import video_rollout_metrics
+
+            metrics.update(video_rollout_metrics([s for s in samples if not s.get("shuffled")]))
         return Rollout(
             old_logp=comp.logp.cpu(),
             mask=comp.mask.cpu(),
-            group_id=batch.group_ids(group_size),
-            prompt_index=torch.arange(len(batch)).repeat_interleave(group_size),
+            group_id=torch.tensor(batch.seeds, dtype=torch.long)[prompt_index],
+            prompt_index=prompt_index,
             samples=samples,
             payload={"prompts": rep_prompts, "completion_ids": [ids[i, :n] for i, n in enumerate(lengths)]},
-            metrics={"rollout/truncated_frac": float(comp.truncated.float().mean())},
+            valid=torch.tensor([not shuf for _, _, shuf in plan], dtype=torch.bool),
+            metrics=metrics,
         )
+
+    def advantage_bonus(self, rollout: Rollout, reward_terms: dict[str, Tensor]) -> tuple[Tensor, dict] | None:
+        """T-GRPO's temporal bonus ``[B]`` (added to the advantages after group normalisation) and
+        its metrics; None when T-GRPO is off. Called by the trainer after scoring; see
+        :func:`mmrl.algos.tgrpo.temporal_bonus`."""
+        if self.tgrpo is None:
+            return None
+        from mmrl.algos.tgrpo import rollout_temporal_bonus
+
+        return rollout_temporal_bonus(rollout, reward_terms, self.tgrpo)
 
     def log_probs(self, rollout: Rollout, *, entropy: bool = False, values: bool = False) -> LogProbOutput:
         logits, c_ids, v = self._completion_forward(rollout.payload["prompts"], rollout.payload["completion_ids"],
@@ -580,4 +734,4 @@ def build_vlm_policy(run_cfg, task) -> VLMPolicy:
     lm, processor = load_vlm(resolve_vlm(cfg.path), dtype=cfg.dtype, device=_target_device(run_cfg),
                              attn_implementation=cfg.attn_implementation)
     return VLMPolicy(lm, processor, cfg, value_head=run_cfg.algo.advantage == "gae",
-                     reference=run_cfg.algo.kl_coef > 0)
+                     reference=run_cfg.algo.kl_coef > 0, tgrpo=getattr(getattr(task, "cfg", None), "tgrpo", None))

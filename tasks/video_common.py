@@ -1,0 +1,216 @@
+"""What the video tasks share: frame budget config, decoding in ``prepare_item``, synthetic data folder.
+
+Both ``task=video_temporal_grounding`` and ``task=video_qa`` decode each video in
+:meth:`VideoTaskBase.prepare_item` through the frame cache (once per video and sampling config;
+later rollouts, the shuffled T-GRPO copies and the rewards reuse the same clip) and replace the
+item's ``video`` path by the decoded :class:`~mmrl.data.video.VideoClip`. A video that cannot be
+decoded (missing, corrupt, truncated, zero frames, no fps, clip outside the video, decode
+timeout) raises :class:`~mmrl.tasks.base.SkipItem` naming the file: the trainer skips it and
+counts it in ``data/skipped``.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from mmrl.tasks.base import SkipItem, Task
+
+__all__ = [
+    "VideoInputConfig",
+    "VideoTaskBase",
+    "size_multiple_for_model",
+    "synthetic_video_folder",
+    "per_sample_items",
+    "read_jsonl",
+    "AnnotationError",
+]
+
+_FAMILY_SIZE_MULTIPLE = {"qwen2_vl": 28, "qwen2_5_vl": 28, "qwen3_vl": 32}
+
+
+class AnnotationError(ValueError):
+    """A malformed annotation file; the message names ``file:line`` and what is wrong."""
+
+
+def _config_error(message: str) -> Exception:
+    from mmrl.config import ConfigError
+
+    return ConfigError(message)
+
+
+@dataclass
+class VideoInputConfig:
+    """How videos are sampled for the model (see docs/video_input.md for the rule and budgets)."""
+
+    fps: float = 2.0
+    """Target frames per second of video time (before the frame-count clamps)."""
+    min_frames: int = 4
+    """Fewest frames per video."""
+    max_frames: int = 8
+    """Most frames per video (longer videos get a lower effective fps)."""
+    max_pixels_per_frame: int = 56 * 56
+    """Pixel cap per frame (sides are multiples of the model's patch*merge: 28, or 32 for Qwen3-VL)."""
+    total_pixel_budget: int | None = None
+    """Optional cap on frames * pixels per frame (VideoChat-R1 style)."""
+    size_multiple: int | None = None
+    """Frame sides are multiples of this; None: from the model family (28 Qwen2/2.5-VL, 32 Qwen3-VL)."""
+    reader: str = "decord"
+    """Decoder: decord or torchcodec (no automatic fallback)."""
+    fallback_fps: float | None = None
+    """Frame rate to assume for containers without one; None skips such videos (never guessed)."""
+    decode_timeout_s: float | None = 10.0
+    """A decode that takes longer is killed and the item skipped; None decodes in-process without a timeout."""
+    cache_dir: str | None = None
+    """Decoded-frame cache folder; None: $MMRL_CACHE/video_frames; "": memory only."""
+
+    def validate(self) -> None:
+        """Raise ConfigError on values VideoSamplingConfig would refuse."""
+        try:
+            self.sampling(self.size_multiple or 28)
+        except ValueError as exc:
+            raise _config_error(f"task.video: {exc}") from None
+
+    def sampling(self, size_multiple: int, frame_factor: int = 2):
+        """The :class:`~mmrl.data.video.VideoSamplingConfig` of these settings."""
+        from mmrl.data.video import VideoSamplingConfig
+
+        return VideoSamplingConfig(
+            fps=float(self.fps), min_frames=self.min_frames, max_frames=self.max_frames,
+            max_pixels_per_frame=self.max_pixels_per_frame, total_pixel_budget=self.total_pixel_budget,
+            frame_factor=frame_factor, size_multiple=int(self.size_multiple or size_multiple), reader=self.reader,
+            fallback_fps=self.fallback_fps, decode_timeout_s=self.decode_timeout_s, cache_dir=self.cache_dir)
+
+
+def size_multiple_for_model(run_cfg: Any) -> int:
+    """28 (Qwen2-VL / Qwen2.5-VL) or 32 (Qwen3-VL) from the run's model config.
+
+    Raises ConfigError when the family cannot be told (then set ``task.video.size_multiple``).
+    """
+    from mmrl.tasks.vqa_grounding.task import model_family_of
+
+    model_cfg = getattr(run_cfg, "model", None)
+    family = model_family_of(model_cfg)
+    if family not in _FAMILY_SIZE_MULTIPLE:
+        shown = {k: getattr(model_cfg, k, None) for k in ("type", "name", "path")} if model_cfg is not None else None
+        raise _config_error(
+            f"cannot tell the Qwen-VL family of the model {shown}; set task.video.size_multiple "
+            "(28 for Qwen2-VL / Qwen2.5-VL, 32 for Qwen3-VL)")
+    return _FAMILY_SIZE_MULTIPLE[family]
+
+
+def synthetic_video_folder(kind: str) -> Path:
+    """Folder of the synthetic videos of a task: ``$MMRL_CACHE/datasets/synthetic_video_<kind>``."""
+    from mmrl.models.cache import cache_root
+
+    return cache_root() / "datasets" / f"synthetic_video_{kind}"
+
+
+def per_sample_items(items: Sequence[Mapping], samples: Sequence) -> list[Mapping]:
+    """``items`` matched to ``samples``: one per sample, or one per prompt repeated (prompt-major)."""
+    if len(items) == len(samples):
+        return list(items)
+    if items and len(samples) % len(items) == 0:
+        group = len(samples) // len(items)
+        return [it for it in items for _ in range(group)]
+    raise ValueError(f"{len(samples)} samples cannot be matched to {len(items)} items")
+
+
+def read_jsonl(path: str | Path) -> list[tuple[int, dict]]:
+    """``(line number, record)`` of each non-empty line of a JSONL file.
+
+    Raises:
+        FileNotFoundError: no such file.
+        AnnotationError: a line that is not a JSON object (``file:line`` in the message).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"annotation file {path} not found")
+    out = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except ValueError as exc:
+            raise AnnotationError(f"{path}:{n}: not valid JSON ({exc})") from None
+        if not isinstance(rec, dict):
+            raise AnnotationError(f"{path}:{n}: expected a JSON object, got {type(rec).__name__}")
+        out.append((n, rec))
+    return out
+
+
+class VideoTaskBase(Task):
+    """Common parts of the video tasks: the sampling config and decoding in :meth:`prepare_item`."""
+
+    def __init__(self, cfg: Any, run_cfg: Any = None) -> None:
+        super().__init__(cfg, run_cfg)
+        model_type = getattr(getattr(run_cfg, "model", None), "type", None)
+        if model_type is not None and model_type != "vlm":
+            raise _config_error(f"task={self.name} needs a vision-language model (model.type=vlm), got model.type={model_type}")
+        multiple = cfg.video.size_multiple or (size_multiple_for_model(run_cfg) if run_cfg is not None else 28)
+        self.sampling = cfg.video.sampling(multiple)
+        """The :class:`~mmrl.data.video.VideoSamplingConfig` every item of this run is decoded with."""
+        tgrpo = getattr(cfg, "tgrpo", None)
+        if tgrpo is not None and tgrpo.shuffled_group > 0:
+            names = [spec.name for spec in self.reward_specs()]
+            if tgrpo.correct_reward not in names:
+                raise _config_error(f"task.tgrpo.correct_reward={tgrpo.correct_reward!r} is not a reward of task={self.name}; "
+                                    f"choose from {', '.join(names)}")
+
+    @property
+    def frame_cache(self):
+        """The process-wide frame cache of this run's sampling config."""
+        from mmrl.data.video_cache import frame_cache_for
+
+        return frame_cache_for(self.sampling)
+
+    def decode(self, item: Mapping[str, Any]):
+        """The item's clip (window ``clip_start``/``clip_end`` of the item, if any) from the frame cache.
+
+        Raises SkipItem naming the file for every data problem (VideoError).
+        """
+        from mmrl.data.video import VideoClip, VideoError
+
+        src = item.get("video")
+        if isinstance(src, VideoClip):
+            return src
+        if not isinstance(src, (str, Path)):
+            raise SkipItem(f"item {item.get('id')}: 'video' must be a file path, got {type(src).__name__}")
+        cfg = self.sampling
+        if item.get("clip_start") is not None or item.get("clip_end") is not None:
+            cfg = cfg.with_clip(item.get("clip_start"), item.get("clip_end"))
+        try:
+            return self.frame_cache.get_or_decode(src, cfg)
+        except VideoError as exc:
+            raise SkipItem(f"{exc.path}: {exc.reason}") from exc
+
+    def prepare_item(self, item: dict) -> dict:
+        """A copy of ``item`` with ``video`` decoded (a VideoClip), ``duration`` = seconds the model's
+        clock covers (the clip window) and ``clip_start``; then :meth:`check_annotation`."""
+        clip = self.decode(item)
+        out = dict(item)
+        out["video"] = clip
+        out["video_path"] = clip.path
+        out["duration"] = float(clip.clip_end - clip.clip_start)
+        out["clip_start"] = float(clip.clip_start)
+        return self.check_annotation(out, clip)
+
+    def check_annotation(self, item: dict, clip) -> dict:
+        """Validate / convert the annotation against the decoded clip (SkipItem when unusable)."""
+        return item
+
+    def reward_columns(self, items: Sequence[dict]) -> dict[str, list]:
+        """Per-item fields for the rewards (never the decoded frames)."""
+        keys = [k for k in (items[0] if items else {}) if k not in ("prompt", "video", "truth")]
+        return {k: [it.get(k) for it in items] for k in keys}
+
+
+def finite_number(value: Any) -> float | None:
+    """``float(value)`` when it is a finite real number (not a bool), else None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    value = float(value)
+    return value if math.isfinite(value) else None

@@ -1,0 +1,309 @@
+"""`task=vla_reach`: a vision-language-action policy learns tabletop reaching (plain MuJoCo, CPU).
+
+Items are (task, initial state) pairs: "reach the red block" from layout ``s``. The policy
+(``model.type=vla``) rolls out ``G`` episodes per item from the same initial state; the reward is
+binary success. The run is demos -> SFT -> GRPO: scripted-expert demos (:mod:`mmrl.data.demos`,
+from initial states disjoint from the RL ones) give the action statistics and the supervised warm
+start (``trainer.sft_steps``), then GRPO improves success on the fixed RL initial states.
+
+:class:`VLATask` holds everything VLA tasks share (items, demos, SFT items, the success reward,
+per-task / per-initial-state success metrics, evaluation videos); ``vla_lift`` reuses it.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from mmrl.rewards.manager import RewardSpec
+from mmrl.tasks.base import Task
+
+log = logging.getLogger(__name__)
+
+
+def success_reward(prompts, completions, **_) -> list[float]:
+    """1.0 for an episode that ended in success, else 0.0 (failed episodes are masked by the policy)."""
+    return [1.0 if c.get("success") else 0.0 for c in completions]
+
+
+def write_video(frames: np.ndarray, path: str | Path, fps: int = 10) -> Path | None:
+    """Write ``frames [n, H, W, 3]`` (uint8 RGB) as mp4 (imageio if installed, else OpenCV); None if neither works."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        import imageio.v2 as imageio
+
+        imageio.mimwrite(str(path), list(frames), fps=fps)
+        return path
+    except ImportError:
+        pass
+    try:
+        import cv2
+    except ImportError:
+        log.warning("no video writer (pip install imageio[ffmpeg] or opencv-python): %s not written", path)
+        return None
+    h, w = frames.shape[1:3]
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"mp4v"), fps, (w, h))
+    for f in frames:
+        writer.write(cv2.cvtColor(np.ascontiguousarray(f), cv2.COLOR_RGB2BGR))
+    writer.release()
+    return path if path.exists() and path.stat().st_size > 0 else None
+
+
+@dataclass
+class VLAReachConfig:
+    """Tabletop reaching from camera images and a language instruction."""
+
+    name: str = "vla_reach"
+    """Task selector."""
+    tasks: list[str] = field(default_factory=lambda: ["reach_red", "reach_blue"])
+    """Tabletop task names (see mmrl.simulators.tabletop.TASKS), one instruction each."""
+    train_init_states: int = 8
+    """RL items per task: initial states 0 .. train_init_states - 1."""
+    eval_init_states: int = 8
+    """Evaluation on the fixed initial states 0 .. eval_init_states - 1 of every task."""
+    demo_episodes: int = 8
+    """Expert demos per task (1 = SimpleVLA-RL's one-demo-per-task regime)."""
+    demo_init_offset: int = 1000
+    """Demos start from initial states demo_init_offset, demo_init_offset + 1, ... (disjoint from the RL ones)."""
+    demos_path: str | None = None
+    """Load demos from here (path.npz + path.jsonl) if present, else collect and save them there; None: collect in memory."""
+    image_size: int = 64
+    """Camera image side in pixels."""
+    camera: str = "front"
+    """Camera: front or top."""
+    max_steps: int = 16
+    """Env steps before an episode is truncated (failure)."""
+    eval_videos: int = 2
+    """Evaluation episodes written as mp4 into <run dir>/videos (0 disables)."""
+    video_fps: int = 8
+    """Frames per second of the videos."""
+
+    def validate(self) -> None:
+        from mmrl.config import ConfigError
+
+        if not self.tasks:
+            raise ConfigError("task.tasks must list at least one tabletop task")
+        from mmrl.simulators.tabletop.env import TASKS
+
+        bad = [t for t in self.tasks if t not in TASKS]
+        if bad:
+            raise ConfigError(f"task.tasks: unknown tabletop tasks {bad}; valid: {sorted(TASKS)}")
+        if min(self.train_init_states, self.eval_init_states, self.demo_episodes, self.max_steps) < 1:
+            raise ConfigError("task.train_init_states, eval_init_states, demo_episodes and max_steps must be >= 1")
+
+
+class VLATask(Task):
+    """Shared logic of the simulator tasks; subclasses define :meth:`env_spec`, :meth:`env_names`
+    and the config. Items: ``{"prompt", "env_task", "task", "init_state"}``."""
+
+    gripper_dims: tuple[int, ...] = ()
+    action_dim: int = 4
+
+    def __init__(self, cfg: Any, run_cfg: Any) -> None:
+        super().__init__(cfg, run_cfg)
+        self._demos: list | None = None
+        self.init_state_stats: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+        """``"task/init_state" -> [successes, valid episodes]`` over all training rollouts so far."""
+
+    # ------------------------------------------------------------------ to override
+    def env_names(self) -> list[str]:
+        """Registered env name of each task (demos run in these)."""
+        raise NotImplementedError
+
+    def env_spec(self):
+        """The :class:`~mmrl.policies.vla.VLAEnvSpec` of the policy's env pool."""
+        raise NotImplementedError
+
+    def instruction(self, task: str) -> str:
+        """The language instruction of a task."""
+        raise NotImplementedError
+
+    def env_kwargs(self) -> dict:
+        """Constructor kwargs shared by every env of the task."""
+        return {}
+
+    # ------------------------------------------------------------------ items
+    def _items(self, n_states: int) -> list[dict]:
+        return [{"prompt": self.instruction(t), "env_task": t, "task": t, "init_state": s}
+                for t in self.cfg.tasks for s in range(n_states)]
+
+    def train_items(self):
+        return self._items(self.cfg.train_init_states)
+
+    def eval_items(self):
+        return self._items(self.cfg.eval_init_states)
+
+    def reward_specs(self):
+        return [RewardSpec("success", success_reward, 1.0)]
+
+    def reward_columns(self, items):
+        return {}
+
+    # ------------------------------------------------------------------ demos and warm start
+    def demos(self) -> list:
+        """Expert demos (loaded from ``demos_path`` when it exists, else collected, and saved there if set)."""
+        if self._demos is None:
+            from mmrl.data.demos import DemoError, demo_paths, load_demos
+
+            path = self.cfg.demos_path
+            if path and demo_paths(path)[0].exists():
+                self._demos = load_demos(path)
+            else:
+                self._demos = self.collect_demos(path)
+            if not any(d.success for d in self._demos):
+                raise DemoError(f"task {self.name}: none of the {len(self._demos)} expert demos succeeded")
+        return self._demos
+
+    def collect_demos(self, path: str | None = None) -> list:
+        """Run the scripted expert ``demo_episodes`` times per task (``mmrl collect`` calls this)."""
+        from mmrl.data.demos import collect_demos
+
+        n = self.cfg.demo_episodes
+        states = list(range(self.cfg.demo_init_offset, self.cfg.demo_init_offset + n))
+        demos = collect_demos(self.env_names(), n, states, path, env_kwargs=self.env_kwargs(), subprocess=True)
+        ok = sum(d.success for d in demos)
+        log.info("collected %d expert demos (%d successful, %d steps)", len(demos), ok, sum(d.length for d in demos))
+        return demos
+
+    def action_stats(self) -> dict:
+        """Per-dimension 1st / 99th percentiles of the successful demos' actions (the action tokenizer's range)."""
+        actions = np.concatenate([d.actions for d in self.demos() if d.success])
+        low = np.quantile(actions, 0.01, axis=0)
+        high = np.quantile(actions, 0.99, axis=0)
+        return {"low": low.tolist(), "high": high.tolist(), "gripper_dims": list(self.gripper_dims)}
+
+    def sft_items(self) -> list[dict]:
+        """Observation-level warm-start data: one item per step of every successful demo, with the
+        expert chunk (the next ``model.chunk`` actions, the last one repeated past the episode end)."""
+        chunk = int(getattr(self.run_cfg.model, "chunk", 1)) if self.run_cfg is not None else 1
+        out = []
+        for d in self.demos():
+            if not d.success:
+                continue
+            for t in range(d.length):
+                idx = np.minimum(np.arange(t, t + chunk), d.length - 1)
+                out.append({"prompt": d.instruction, "frame": d.frames[t], "expert_chunk": d.actions[idx],
+                            "task": d.env, "init_state": d.init_state})
+        return out
+
+    def sft_target(self, item, meta):
+        """The expert chunk of an observation item as action-token text (``<|act_i|>...``)."""
+        if "expert_chunk" not in item:
+            return None
+        ids = meta["action_tokenizer"].encode_chunk(item["expert_chunk"])
+        return "".join(meta["tokenizer"].convert_ids_to_tokens([int(i) for i in ids]))
+
+    # ------------------------------------------------------------------ metrics
+    @staticmethod
+    def _success_by(items: Sequence[dict], samples: list, key) -> dict[Any, tuple[int, int]]:
+        acc: dict[Any, list[int]] = defaultdict(lambda: [0, 0])
+        for it, s in zip(items, samples):
+            if s.get("valid", True):
+                a = acc[key(it)]
+                a[0] += int(bool(s.get("success")))
+                a[1] += 1
+        return {k: (v[0], v[1]) for k, v in acc.items()}
+
+    def rollout_metrics(self, items, samples):
+        """Per-task success rates and per-initial-state statistics of the step's episodes."""
+        out: dict[str, float] = {}
+        for task, (s, n) in self._success_by(items, samples, lambda it: it["task"]).items():
+            out[f"vla/success/{task}"] = s / n
+        groups = self._success_by(items, samples, lambda it: f"{it['task']}/{it['init_state']}")
+        for key, (s, n) in groups.items():
+            st = self.init_state_stats[key]
+            st[0] += s
+            st[1] += n
+        if groups:
+            rates = [s / n for s, n in groups.values()]
+            out["vla/init_states_all_fail"] = sum(r == 0 for r in rates) / len(rates)
+            out["vla/init_states_all_success"] = sum(r == 1 for r in rates) / len(rates)
+            out["vla/init_states_mixed"] = sum(0 < r < 1 for r in rates) / len(rates)
+            seen = [s / n for s, n in self.init_state_stats.values() if n]
+            out["vla/init_states_seen"] = float(len(seen))
+            out["vla/init_states_cum_success"] = float(np.mean(seen))
+        return out
+
+    def eval_metrics(self, items, samples, per_fn):
+        """Success over the fixed evaluation initial states (overall, per task, per initial state file) + videos."""
+        valid = [s.get("valid", True) for s in samples]
+        n = max(1, sum(valid))
+        out: dict[str, float] = {"eval/success_rate": sum(bool(s["success"]) for s, v in zip(samples, valid) if v) / n,
+                                 "eval/episode_length": sum(s["length"] for s, v in zip(samples, valid) if v) / n,
+                                 "eval/invalid": float(len(samples) - sum(valid))}
+        for task, (s, k) in self._success_by(items, samples, lambda it: it["task"]).items():
+            out[f"eval/success/{task}"] = s / k
+        out["eval/score"] = out["eval/success_rate"]
+        run_dir = self._run_dir()
+        if run_dir is not None:
+            per_state = {f"{it['task']}/{it['init_state']}": bool(s["success"]) for it, s in zip(items, samples)}
+            run_dir.mkdir(parents=True, exist_ok=True)
+            (run_dir / "eval_success.json").write_text(json.dumps({"summary": out, "per_init_state": per_state}, indent=1))
+            self._write_videos(run_dir / "videos", items, samples)
+        return out
+
+    def _run_dir(self) -> Path | None:
+        """The run directory (training run, or the run of ``checkpoint=`` under ``mmrl eval``); None if unknown."""
+        rc = self.run_cfg
+        if rc is None:
+            return None
+        if getattr(rc, "checkpoint", None):
+            try:
+                from mmrl.checkpoint import resolve_checkpoint
+
+                return Path(resolve_checkpoint(rc.checkpoint)).parent.parent
+            except Exception:  # noqa: BLE001 - a checkpoint given as a model folder: no run dir
+                return None
+        if rc.trainer.run_name:
+            return Path(rc.trainer.output_dir) / rc.trainer.run_name
+        return None
+
+    def _write_videos(self, folder: Path, items, samples) -> None:
+        written = 0
+        for it, s in zip(items, samples):
+            if written >= self.cfg.eval_videos:
+                break
+            frames = s.get("frames")
+            if frames is None or len(frames) == 0:
+                continue
+            tag = "success" if s["success"] else "fail"
+            if write_video(frames, folder / f"{it['task']}_init{it['init_state']}_{tag}.mp4", self.cfg.video_fps):
+                written += 1
+
+
+class VLAReachTask(VLATask):
+    name = "vla_reach"
+    description = ("VLA: a tiny Qwen-VL emits action tokens to reach coloured blocks in MuJoCo; demos -> SFT -> "
+                   "GRPO raises success (CPU, minutes)")
+    config_cls = VLAReachConfig
+    gripper_dims = (3,)
+    action_dim = 4
+
+    def env_names(self) -> list[str]:
+        return [f"tabletop/{t}" for t in self.cfg.tasks]
+
+    def env_kwargs(self) -> dict:
+        return {"image_size": self.cfg.image_size, "camera": self.cfg.camera, "max_steps": self.cfg.max_steps}
+
+    def instruction(self, task: str) -> str:
+        from mmrl.simulators.tabletop.env import TASKS
+
+        return TASKS[task].instruction
+
+    def env_spec(self):
+        from mmrl.data.demos import SWITCHABLE_TABLETOP
+        from mmrl.policies.vla import VLAEnvSpec
+
+        multi = len(self.cfg.tasks) > 1
+        kwargs = self.env_kwargs()
+        if multi:
+            kwargs["task"] = self.cfg.tasks[0]
+        return VLAEnvSpec(env_name=SWITCHABLE_TABLETOP if multi else self.env_names()[0], env_kwargs=kwargs,
+                          max_steps=self.cfg.max_steps, switch_tasks=multi, action_dim=self.action_dim,
+                          gripper_dims=self.gripper_dims)
