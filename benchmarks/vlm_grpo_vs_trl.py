@@ -33,6 +33,10 @@ What each side does per step:
   ``do_sample=True``, then one forward (``logits_to_keep`` = completion length + 1) / backward /
   AdamW over prompt + completion; no rewards, advantages or bookkeeping.
 
+A random-init tiny model rarely writes a parseable answer, so rewards and advantages are mostly 0 on
+both sides; neither trainer skips a zero-advantage batch (both run the full forward/backward), so the
+per-step work is that of a learning run with the same completion lengths.
+
 The three are interleaved in one run (one TRL step, then one mmrl step, then one bare step; the
 machines are noisy), warm-up steps excluded, and the medians are printed with the ratios
 mmrl/TRL (target <= 0.7) and mmrl/bare (target <= 1.15). Mean completion lengths are printed too,

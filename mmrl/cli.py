@@ -101,13 +101,29 @@ def cmd_eval(overrides: list[str]) -> int:
     return 0
 
 
+def cmd_collect(overrides: list[str]) -> int:
+    """`mmrl collect task=vla_reach task.demo_episodes=8 task.demos_path=demos/reach`: record expert demos."""
+    from mmrl.config import ConfigError, load_config
+    from mmrl.tasks import get_task_class
+
+    cfg = load_config(overrides)
+    task = get_task_class(cfg.task.name)(cfg.task, cfg)
+    path = getattr(cfg.task, "demos_path", None)
+    if not hasattr(task, "collect_demos") or not path:
+        raise ConfigError("mmrl collect needs a task with scripted experts (vla_reach, vla_lift) and task.demos_path=PATH")
+    demos = task.collect_demos(path)
+    print(json.dumps({"path": path, "episodes": len(demos), "successes": sum(d.success for d in demos),
+                      "steps": sum(d.length for d in demos)}, indent=1))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(USAGE)
         return 0
     command, rest = argv[0], argv[1:]
-    commands = {"train": cmd_train, "eval": cmd_eval, "tasks": None}
+    commands = {"train": cmd_train, "eval": cmd_eval, "tasks": None, "collect": cmd_collect}
     if command not in commands:
         print(f"mmrl: unknown command '{command}'; valid commands: {', '.join(commands)}", file=sys.stderr)
         return 2

@@ -12,7 +12,6 @@ generic JSONL (docs/tasks/video.md).
 """
 from __future__ import annotations
 
-import logging
 import math
 import re
 from dataclasses import dataclass, field
@@ -31,8 +30,6 @@ from mmrl.tasks.video_common import (
     read_jsonl,
     synthetic_video_folder,
 )
-
-log = logging.getLogger(__name__)
 
 DATA_FORMATS: tuple[str, ...] = ("synthetic", "charades", "jsonl")
 _CHARADES_LINE = re.compile(r"^\s*(\S+)\s+(\S+)\s+(\S+)\s*##(.*)$")

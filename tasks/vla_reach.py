@@ -79,6 +79,8 @@ class VLAReachConfig:
     """Camera: front or top."""
     max_steps: int = 16
     """Env steps before an episode is truncated (failure)."""
+    demo_max_steps: int = 50
+    """Episode limit of the expert demos (the reach expert needs about 5 steps)."""
     eval_videos: int = 2
     """Evaluation episodes written as mp4 into <run dir>/videos (0 disables)."""
     video_fps: int = 8
@@ -124,8 +126,8 @@ class VLATask(Task):
         """The language instruction of a task."""
         raise NotImplementedError
 
-    def env_kwargs(self) -> dict:
-        """Constructor kwargs shared by every env of the task."""
+    def env_kwargs(self, demo: bool = False) -> dict:
+        """Constructor kwargs of every env of the task (``demo``: for the expert demos, longer episodes)."""
         return {}
 
     # ------------------------------------------------------------------ items
@@ -166,16 +168,19 @@ class VLATask(Task):
 
         n = self.cfg.demo_episodes
         states = list(range(self.cfg.demo_init_offset, self.cfg.demo_init_offset + n))
-        demos = collect_demos(self.env_names(), n, states, path, env_kwargs=self.env_kwargs(), subprocess=True)
+        demos = collect_demos(self.env_names(), n, states, path, env_kwargs=self.env_kwargs(demo=True), subprocess=True)
         ok = sum(d.success for d in demos)
         log.info("collected %d expert demos (%d successful, %d steps)", len(demos), ok, sum(d.length for d in demos))
         return demos
 
     def action_stats(self) -> dict:
-        """Per-dimension 1st / 99th percentiles of the successful demos' actions (the action tokenizer's range)."""
+        """Per-dimension 1st / 99th percentiles of the successful demos' actions (the action tokenizer's
+        range); gripper dimensions always span [-1, 1]."""
         actions = np.concatenate([d.actions for d in self.demos() if d.success])
         low = np.quantile(actions, 0.01, axis=0)
         high = np.quantile(actions, 0.99, axis=0)
+        for d in self.gripper_dims:  # binary command: keep both values representable even if demos use one
+            low[d], high[d] = -1.0, 1.0
         return {"low": low.tolist(), "high": high.tolist(), "gripper_dims": list(self.gripper_dims)}
 
     def sft_items(self) -> list[dict]:
@@ -288,8 +293,9 @@ class VLAReachTask(VLATask):
     def env_names(self) -> list[str]:
         return [f"tabletop/{t}" for t in self.cfg.tasks]
 
-    def env_kwargs(self) -> dict:
-        return {"image_size": self.cfg.image_size, "camera": self.cfg.camera, "max_steps": self.cfg.max_steps}
+    def env_kwargs(self, demo: bool = False) -> dict:
+        return {"image_size": self.cfg.image_size, "camera": self.cfg.camera,
+                "max_steps": self.cfg.demo_max_steps if demo else self.cfg.max_steps}
 
     def instruction(self, task: str) -> str:
         from mmrl.simulators.tabletop.env import TASKS

@@ -188,3 +188,18 @@ def test_warm_start_sft_then_rl(tmp_path):
     first = read_metrics(tr.run_dir / "metrics.jsonl")[0]
     assert first["step"] == 0 and first["sft/step"] == 40
     assert first["eval/score"] > first["sft/eval_score_before"] + 0.2
+
+
+def test_cli_eval_loads_the_checkpoint(tmp_path, capsys):
+    import json
+
+    from mmrl.cli import main
+
+    tr = toy_trainer(tmp_path, "trainer.sft_steps=60", steps=1)
+    tr.fit()
+    trained = tr.evaluate()["eval/accuracy"]
+    capsys.readouterr()
+    assert main(["eval", "task=toy_arithmetic", f"checkpoint={tr.run_dir}", "trainer.progress=false"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["eval/accuracy"] == trained  # the checkpoint's weights, not the random init
+    assert main(["eval", "task=toy_arithmetic"]) == 2  # no checkpoint: clear error

@@ -28,6 +28,7 @@ from mmrl.models.presets import resolve_vlm  # noqa: E402
 from mmrl.models.tiny_vlm import load_vlm  # noqa: E402
 from mmrl.policies.base import PromptBatch  # noqa: E402
 from mmrl.policies.vlm import VLMInputError, VLMPolicy  # noqa: E402
+from mmrl.rollout.noise import mix_seed  # noqa: E402
 from mmrl.policies.vlm_video import (  # noqa: E402
     VideoInputError,
     item_clips,
@@ -247,7 +248,7 @@ def test_shuffled_samples_layout_masking_and_patch_pairs(sampled):
         assert torch.equal(shuffled.input_ids, ordered.input_ids)
         assert torch.equal(shuffled.video_grid_thw, ordered.video_grid_thw)
         assert shuffled.videos[0].metadata() == ordered.videos[0].metadata()  # same times, other order
-        perm = temporal_patch_permutation(4, __import__("mmrl.rollout.noise", fromlist=["mix_seed"]).mix_seed(batch.seeds[k], 0))
+        perm = temporal_patch_permutation(4, mix_seed(batch.seeds[k], 0))  # the policy's seed for video 0
         assert perm != [0, 1, 2, 3]
         # frames: whole pairs moved
         f0, f1 = ordered.videos[0].frames, shuffled.videos[0].frames

@@ -211,6 +211,22 @@ def test_check_prompt_tokens_catches_a_pixel_mismatch(tiny):
         check_prompt_tokens([p], reqs, [SimpleNamespace(prompt_token_ids=fewer)], img_id, mm)
 
 
+def test_seeded_sampler_max_steps_bounds_noise_blocks_without_changing_samples():
+    """The HF path's noise blocks stop at max_new_tokens (changed alongside the benchmark): the picks
+    are the same as with unbounded blocks, and no block reaches past the last step."""
+    from mmrl.rollout.token_sampler import SeededTokenSampler
+
+    g = torch.Generator().manual_seed(3)
+    steps = [torch.randn(6, 50, generator=g) for _ in range(5)]
+    bounded = SeededTokenSampler(list(range(6)), max_steps=5)
+    free = SeededTokenSampler(list(range(6)))
+    for sc in steps:
+        a = bounded(torch.zeros(6, 1, dtype=torch.long), sc.clone()).argmax(-1)
+        b = free(torch.zeros(6, 1, dtype=torch.long), sc.clone()).argmax(-1)
+        assert torch.equal(a, b)
+    assert bounded._block.shape[1] == 5 and free._block.shape[1] == 64  # 2**22 // (6 * 50) = 13981 -> cap 64
+
+
 # ============================================================================ weights
 
 
@@ -529,6 +545,7 @@ def test_policy_rollout_through_a_fake_engine_trains_on_its_completions(tiny):
     assert ro.mask.tolist() == [[1, 0, 0], [1, 1, 0], [1, 1, 1]] * 2
     torch.testing.assert_close(ro.old_logp[2], torch.tensor([-0.5, -0.25, -0.125]))
     assert ro.payload["completion_ids"][2].tolist() == [7, 8, EOS]
+    assert ro.metrics["vllm/sync_max_abs_diff"] == 0.0 and ro.metrics["vllm/sync_checked"] > 0
     out = pol.log_probs(ro)
     assert out.logp.shape == ro.mask.shape and torch.isfinite(out.logp).all()
 

@@ -251,6 +251,9 @@ class FrozenCopyReference:
     @contextlib.contextmanager
     def swap(self):
         live = self._policy.model
+        device = next(_unwrap(live).parameters()).device
+        if next(self._frozen.parameters()).device != device:  # the live model was moved after init
+            self._frozen.to(device)
         self._policy.model = self._frozen
         try:
             yield

@@ -182,9 +182,11 @@ class VLAPolicy(VLMPolicy):
     """
 
     def __init__(self, lm, processor, cfg, action_stats: dict, env_spec: VLAEnvSpec, *, value_head: bool = False,
-                 reference: bool = False) -> None:
+                 reference: bool = False, min_envs: int = 1) -> None:
         super().__init__(lm, processor, cfg, value_head=value_head, reference=reference)
         self.env_spec = env_spec
+        self.min_envs = int(min_envs)
+        """Env-pool slots created at the first rollout (the trainer's batch x group size), so the pool is built once."""
         self.action_ids = torch.tensor(action_vocab_ids(self.tokenizer, cfg.n_bins), dtype=torch.long)
         vocab = lm.get_input_embeddings().weight.shape[0]
         if int(self.action_ids.max()) >= vocab:
@@ -280,6 +282,7 @@ class VLAPolicy(VLMPolicy):
         self.close()
         from mmrl.simulators.env_pool import EnvPool
 
+        n = max(n, self.min_envs)
         spec = self.env_spec
         self._pool = EnvPool(spec.env_name, n, num_workers=min(self.cfg.num_workers, n),
                              env_kwargs=spec.env_kwargs, step_timeout_s=self.cfg.step_timeout_s)
@@ -353,7 +356,7 @@ class VLAPolicy(VLMPolicy):
             bins, logp = sample_action_tokens(
                 lm, self._prompt_inputs(prompts, feats), seeds=seeds, action_ids=self.action_ids, num_tokens=tpc,
                 pad_id=self.pad_id, temperature=self.cfg.temperature, top_p=self.cfg.top_p, greedy=greedy)
-            actions = self.action_tokenizer.decode_chunk(bins.numpy())  # [live, chunk, D]
+            actions = self.action_tokenizer.decode(self.action_tokenizer.unflatten_chunk(bins.numpy()))  # [live, chunk, D]
             t_gen += time.perf_counter() - t1
             full = np.zeros((pool.num_envs, chunk, D), dtype=np.float32)
             full[live] = actions
@@ -529,5 +532,7 @@ def build_vla_policy(run_cfg, task) -> VLAPolicy:
     cfg = run_cfg.model
     lm, processor = load_vlm(resolve_vlm(cfg.path), dtype=cfg.dtype, device=_target_device(run_cfg),
                              attn_implementation=cfg.attn_implementation)
+    world = int(__import__("os").environ.get("WORLD_SIZE", "1"))
+    slots = max(1, run_cfg.trainer.batch_size // world) * run_cfg.algo.group_size
     return VLAPolicy(lm, processor, cfg, task.action_stats(), task.env_spec(),
-                     value_head=run_cfg.algo.advantage == "gae", reference=run_cfg.algo.kl_coef > 0)
+                     value_head=run_cfg.algo.advantage == "gae", reference=run_cfg.algo.kl_coef > 0, min_envs=slots)

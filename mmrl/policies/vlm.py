@@ -574,6 +574,8 @@ class VLMPolicy:
             samples.append(sample)
         prompt_index = torch.tensor([i for i, _, _ in plan], dtype=torch.long)
         metrics = {"rollout/truncated_frac": float(comp.truncated.float().mean())}
+        if self.engine is not None:
+            metrics.update(self.engine.metrics)  # vllm/sync_time, vllm/sync_max_abs_diff, ...
         if any(p.num_videos for p in prompts):
             from mmrl.policies.vlm_video import video_rollout_metrics
 

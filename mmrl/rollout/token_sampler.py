@@ -41,8 +41,11 @@ class SeededTokenSampler:
         top_p: float = 1.0,
         suppress_ids: list[int] | None = None,
         greedy: bool = False,
+        max_steps: int | None = None,
     ) -> None:
         self.seeds = torch.as_tensor(seeds, dtype=torch.int64)
+        self.max_steps = max_steps
+        """Steps the generation can run at most (``max_new_tokens``): noise blocks stop there; None: no bound."""
         self.temperature = float(temperature)
         self.top_p = float(top_p)
         self.suppress_ids = list(suppress_ids or [])
@@ -59,6 +62,8 @@ class SeededTokenSampler:
         block = self._block
         if block is None or not (self._block_start <= self.step < self._block_start + block.shape[1]):
             steps = max(1, min(64, self._BLOCK_ELEMENTS // max(1, len(self.seeds) * n)))
+            if self.max_steps is not None:  # never draw noise for steps generation cannot reach
+                steps = max(1, min(steps, self.max_steps - self.step))
             self._block_start = self.step
             self._block = block = counter_gumbel(self.seeds, torch.arange(self.step, self.step + steps), n, device=device)
         return block[:, self.step - self._block_start]
@@ -131,7 +136,8 @@ def generate_completions(
     from transformers import GenerationConfig, LogitsProcessorList
 
     sampler = SeededTokenSampler(
-        seeds, temperature=temperature, top_p=top_p, suppress_ids=suppress_ids, greedy=greedy
+        seeds, temperature=temperature, top_p=top_p, suppress_ids=suppress_ids, greedy=greedy,
+        max_steps=max_new_tokens,
     )
     gen_cfg = GenerationConfig(
         do_sample=False,

@@ -414,7 +414,8 @@ def default_post_sync_check(engine: "VLLMEngine", lm: torch.nn.Module) -> dict:
                         "rollout/logp_abs_diff and rollout/is_ratio_min instead")
             engine._warned_no_check = True
         return {}
-    return norm_canary_check(engine_state_dict(lm).items(), model.named_parameters())
+    # norm weights never carry LoRA adapters: the live parameters are what was sent (no merge needed)
+    return norm_canary_check(lm.named_parameters(), model.named_parameters())
 
 
 class VLLMEngine:

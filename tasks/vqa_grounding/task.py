@@ -88,6 +88,10 @@ class VQAGroundingConfig:
     """synthetic: image sizes [W, H] to draw from (non-square sizes exercise the per-axis frame conversion)."""
     max_objects: int = 4
     """synthetic: most shapes per scene."""
+    position_cue: float = 0.0
+    """synthetic: strength in [0, 1] of a position-coded background gradient. A tiny model trained
+    from scratch has no absolute position signal (rotary embeddings are relative); the CPU default
+    sets 1.0 so it can learn localisation in minutes. Real models do not need it."""
     p_multi: float = 0.15
     """synthetic: fraction of multi-target scenes ("all blue squares"); used only with multi_box."""
     p_negative: float = 0.1
@@ -263,6 +267,7 @@ class VQAGroundingTask(Task):
                 max_objects=cfg.max_objects,
                 p_multi=cfg.p_multi if cfg.multi_box else 0.0,
                 p_negative=cfg.p_negative,
+                position_cue=cfg.position_cue,
             )
         if cfg.data_format == "refcoco":
             from mmrl.data.grounding_converters import load_refcoco
