@@ -6,7 +6,6 @@ prompt + completion with explicit position ids (left padding shifts them otherwi
 """
 from __future__ import annotations
 
-import contextlib
 from pathlib import Path
 
 import torch
@@ -14,15 +13,12 @@ from torch import Tensor
 
 from mmrl.policies.base import FrozenCopyReference, LogProbOutput, PromptBatch, Rollout
 from mmrl.policies.token_policy import (
+    HFTokenPolicy,
     LMWithValueHead,
     ValueHead,
-    adapters_disabled,
     apply_lora,
-    is_peft,
     left_pad,
-    load_value_head,
     right_pad,
-    save_value_head,
     token_logp_and_entropy,
 )
 from mmrl.rollout.noise import mix_seed
@@ -33,12 +29,13 @@ def _dtype(name: str) -> torch.dtype:
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
 
 
-class CausalLMPolicy:
+class CausalLMPolicy(HFTokenPolicy):
     """A :class:`~mmrl.policies.base.Policy` whose actions are completion tokens of a causal LM."""
 
     def __init__(self, lm, tokenizer, cfg, *, value_head: bool = False, reference: bool = False) -> None:
         self.cfg = cfg
         self.tokenizer = tokenizer
+        self.processing = tokenizer
         if cfg.lora.enabled:
             lm = apply_lora(lm, cfg.lora)
         if cfg.gradient_checkpointing:
@@ -49,16 +46,6 @@ class CausalLMPolicy:
         self.eos_ids = [tokenizer.eos_token_id]
         self._prompt_cache: dict[str, Tensor] = {}
         self._frozen_ref = FrozenCopyReference(self) if reference and not cfg.lora.enabled else None
-
-    # ------------------------------------------------------------------ helpers
-    @property
-    def module(self) -> LMWithValueHead:
-        """The unwrapped trainable module (accelerate may wrap ``model`` for data parallel)."""
-        return getattr(self.model, "module", self.model)
-
-    @property
-    def device(self) -> torch.device:
-        return next(self.module.parameters()).device
 
     def encode_prompts(self, prompts: list[str]) -> list[Tensor]:
         """Token ids of each prompt (memoised: datasets repeat their prompts every epoch)."""
@@ -110,21 +97,24 @@ class CausalLMPolicy:
         )
 
     def log_probs(self, rollout: Rollout, *, entropy: bool = False, values: bool = False) -> LogProbOutput:
-        prompts = rollout.payload["prompt_ids"]
+        logp, ent, v = self._forward_logp(rollout, temperature=self.cfg.temperature, entropy=entropy, values=values)
+        return LogProbOutput(logp=logp, entropy=ent, values=v)
+
+    def _forward_logp(self, rollout: Rollout, *, temperature: float, entropy: bool = False, values: bool = False):
+        """One forward of prompt + completion; log-probs (entropy, values) at the completion tokens."""
         T = rollout.mask.shape[1]
-        p_ids, p_att = left_pad(prompts, self.pad_id)
+        p_ids, p_att = left_pad(rollout.payload["prompt_ids"], self.pad_id)
         c_ids = right_pad(rollout.payload["completion_ids"], self.pad_id, T)
-        c_att = rollout.mask.long()
         ids = torch.cat([p_ids, c_ids], 1).to(self.device)
-        att = torch.cat([p_att, c_att], 1).to(self.device)
+        att = torch.cat([p_att, rollout.mask.long()], 1).to(self.device)
         pos = (att.cumsum(1) - 1).clamp(min=0)
         logits, vals = self.model(input_ids=ids, attention_mask=att, position_ids=pos, want_values=values)
         P = p_ids.shape[1]
         # logits at position t predict token t+1: completion token j sits at P + j, predicted by P + j - 1
         comp_logits = logits[:, P - 1 : P - 1 + T]
-        logp, ent = token_logp_and_entropy(comp_logits, c_ids.to(self.device), temperature=self.cfg.temperature, entropy=entropy)
+        logp, ent = token_logp_and_entropy(comp_logits, c_ids.to(self.device), temperature=temperature, entropy=entropy)
         v = vals[:, P - 1 : P - 1 + T] if vals is not None else None
-        return LogProbOutput(logp=logp, entropy=ent, values=v)
+        return logp, ent, v
 
     def sft_loss(self, batch: PromptBatch, targets: list[str]) -> torch.Tensor:
         """Mean token cross-entropy of ``targets`` (+ EOS) given the prompts (supervised warm start)."""
@@ -137,45 +127,9 @@ class CausalLMPolicy:
             mask[i, : c.numel()] = 1.0
         ro = Rollout(old_logp=torch.zeros_like(mask), mask=mask, group_id=torch.arange(len(comps)),
                      samples=[None] * len(comps), payload={"prompt_ids": prompts, "completion_ids": comps})
-        logp = self.log_probs(ro).logp
+        logp = self._forward_logp(ro, temperature=1.0)[0]  # cross-entropy of the untempered model
         m = mask.to(logp.device)
         return -(logp * m).sum() / m.sum()
-
-    def reference(self):
-        lm = self.module.lm
-        if is_peft(lm):
-            return adapters_disabled(lm)
-        if self._frozen_ref is not None:
-            return self._frozen_ref.swap()
-        raise RuntimeError("no reference policy: build the policy with reference=True or enable LoRA")
-
-    def trainable_parameters(self) -> list[torch.nn.Parameter]:
-        return [p for p in self.module.parameters() if p.requires_grad]
-
-    def save_pretrained(self, path: str | Path) -> None:
-        path = Path(path)
-        path.mkdir(parents=True, exist_ok=True)
-        self.module.lm.save_pretrained(path)
-        self.tokenizer.save_pretrained(path)
-        save_value_head(self.module, path)
-
-    def load_pretrained(self, path: str | Path) -> None:
-        path = Path(path)
-        lm = self.module.lm
-        if is_peft(lm):
-            from peft import set_peft_model_state_dict
-            from safetensors.torch import load_file
-
-            set_peft_model_state_dict(lm, load_file(str(path / "adapter_model.safetensors")))
-        else:
-            from safetensors.torch import load_file
-
-            state = load_file(str(path / "model.safetensors"))
-            missing, unexpected = lm.load_state_dict(state, strict=False)
-            missing = [m for m in missing if not (lm.config.tie_word_embeddings and m.endswith("lm_head.weight"))]
-            if missing or unexpected:
-                raise RuntimeError(f"checkpoint {path} does not match the model: missing {missing}, unexpected {unexpected}")
-        load_value_head(self.module, path)
 
 
 def load_causal_lm(path: str, dtype: str = "float32"):

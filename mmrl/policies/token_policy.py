@@ -124,3 +124,68 @@ def load_value_head(module: LMWithValueHead, path: Path) -> None:
         from safetensors.torch import load_file
 
         module.value_head.load_state_dict(load_file(str(f)))
+
+
+class HFTokenPolicy:
+    """What every token policy over an HF model shares: the trainable module (HF model + optional
+    value head), the reference policy, parameters and HF-format saving/loading.
+
+    Subclasses set ``self.model`` (an :class:`LMWithValueHead`), ``self.processing`` (the tokenizer
+    or processor saved next to the weights) and ``self._frozen_ref`` (a FrozenCopyReference or None).
+    """
+
+    model: LMWithValueHead
+    processing: object
+    _frozen_ref: object | None = None
+
+    @property
+    def module(self) -> LMWithValueHead:
+        """The unwrapped trainable module (accelerate may wrap ``model`` for data parallel)."""
+        return getattr(self.model, "module", self.model)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.module.parameters()).device
+
+    def reference(self):
+        """The LoRA-disabled model when LoRA is on, else the frozen copy of the initial model."""
+        lm = self.module.lm
+        if is_peft(lm):
+            return adapters_disabled(lm)
+        if self._frozen_ref is not None:
+            return self._frozen_ref.swap()
+        raise RuntimeError("no reference policy: build the policy with reference=True or enable LoRA")
+
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        return [p for p in self.module.parameters() if p.requires_grad]
+
+    def save_pretrained(self, path) -> None:
+        """HF folder (or PEFT adapter) + tokenizer/processor + value head."""
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        self.module.lm.save_pretrained(path)
+        self.processing.save_pretrained(path)
+        save_value_head(self.module, path)
+
+    def load_pretrained(self, path) -> None:
+        """Load exactly what :meth:`save_pretrained` wrote into the live model."""
+        path = Path(path)
+        lm = self.module.lm
+        if is_peft(lm):
+            from peft import set_peft_model_state_dict
+            from safetensors.torch import load_file
+
+            set_peft_model_state_dict(lm, load_file(str(path / "adapter_model.safetensors")))
+        else:
+            self._load_full_weights(lm, path)
+        load_value_head(self.module, path)
+
+    def _load_full_weights(self, lm: nn.Module, path: Path) -> None:
+        """Load a full (non-PEFT) checkpoint; strict except for tied output embeddings."""
+        from safetensors.torch import load_file
+
+        missing, unexpected = lm.load_state_dict(load_file(str(path / "model.safetensors")), strict=False)
+        tied = getattr(lm.config, "tie_word_embeddings", False)
+        missing = [m for m in missing if not (tied and m.endswith("lm_head.weight"))]
+        if missing or unexpected:
+            raise RuntimeError(f"checkpoint {path} does not match the model: missing {missing}, unexpected {unexpected}")

@@ -34,7 +34,6 @@ shuffled temporal patches, batched into the same ``generate`` call; they are mar
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 from dataclasses import dataclass, field
@@ -48,15 +47,13 @@ from mmrl.data.coords import box_frame_for, input_size_from_grid
 from mmrl.data.media import ORIG_SIZE_KEY, load_image
 from mmrl.policies.base import FrozenCopyReference, LogProbOutput, PromptBatch, Rollout
 from mmrl.policies.token_policy import (
+    HFTokenPolicy,
     LMWithValueHead,
     ValueHead,
-    adapters_disabled,
     apply_lora,
     is_peft,
     left_pad,
-    load_value_head,
     right_pad,
-    save_value_head,
     token_logp_and_entropy,
 )
 from mmrl.rollout.noise import mix_seed
@@ -332,7 +329,7 @@ def _eos_ids(tokenizer, lm) -> list[int]:
     return ids
 
 
-class VLMPolicy:
+class VLMPolicy(HFTokenPolicy):
     """A :class:`~mmrl.policies.base.Policy` whose actions are completion tokens of a Qwen-VL model."""
 
     def __init__(self, lm, processor, cfg, *, value_head: bool = False, reference: bool = False,
@@ -343,6 +340,7 @@ class VLMPolicy:
         self.tgrpo = tgrpo if tgrpo is not None and getattr(tgrpo, "shuffled_group", 0) > 0 else None
         """T-GRPO settings (:class:`mmrl.algos.tgrpo.TGRPOConfig`) or None; see :meth:`advantage_bonus`."""
         self.processor = processor
+        self.processing = processor
         self.tokenizer = processor.tokenizer
         self.family = model_family(lm)
         self.box_frame = box_frame_for(self.family)
@@ -378,15 +376,6 @@ class VLMPolicy:
             self.engine = build_rollout_engine(self)
 
     # ------------------------------------------------------------------ helpers
-    @property
-    def module(self) -> LMWithValueHead:
-        """The unwrapped trainable module (accelerate may wrap ``model`` for data parallel)."""
-        return getattr(self.model, "module", self.model)
-
-    @property
-    def device(self) -> torch.device:
-        return next(self.module.parameters()).device
-
     @property
     def vision_trainable(self) -> bool:
         """True when some vision-tower parameter gets gradients (features must then be recomputed)."""
@@ -622,48 +611,8 @@ class VLMPolicy:
         m = mask.to(logp.device)
         return -(logp * m).sum() / m.sum()
 
-    def reference(self):
-        lm = self.module.lm
-        if is_peft(lm):
-            return adapters_disabled(lm)
-        if self._frozen_ref is not None:
-            return self._frozen_reference()
-        raise RuntimeError("no reference policy: build the policy with reference=True or enable LoRA")
-
-    @contextlib.contextmanager
-    def _frozen_reference(self):
-        frozen = self._frozen_ref._frozen
-        if next(frozen.parameters()).device != self.device:  # the trainer moved the live model after init
-            frozen.to(self.device)
-        with self._frozen_ref.swap():
-            yield
-
-    def trainable_parameters(self) -> list[torch.nn.Parameter]:
-        return [p for p in self.module.parameters() if p.requires_grad]
-
-    def save_pretrained(self, path: str | Path) -> None:
-        """HF folder (or PEFT adapter) + processor + value head; loadable with ``load_vlm``/PEFT."""
-        path = Path(path)
-        path.mkdir(parents=True, exist_ok=True)
-        self.module.lm.save_pretrained(path)
-        self.processor.save_pretrained(path)
-        save_value_head(self.module, path)
-
-    def load_pretrained(self, path: str | Path) -> None:
-        """Load exactly what :meth:`save_pretrained` wrote into the live model."""
-        path = Path(path)
-        lm = self.module.lm
-        if is_peft(lm):
-            from peft import set_peft_model_state_dict
-            from safetensors.torch import load_file
-
-            set_peft_model_state_dict(lm, load_file(str(path / "adapter_model.safetensors")))
-        else:
-            load_hf_weights(lm, path)
-        load_value_head(self.module, path)
-
-
-# ============================================================================ weights
+    def _load_full_weights(self, lm, path: Path) -> None:
+        load_hf_weights(lm, path)
 
 
 def _safetensors_files(path: Path) -> list[Path]:
