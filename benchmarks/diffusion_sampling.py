@@ -213,7 +213,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
            "train_bare_s": train["bare"], "train_ratio": train["trainer"] / train["bare"], "latent_gap": gap}
     print(f"{args.model}: {args.prompts} prompts x G={G}, {N} steps, {len(trained)} trained, 1 thread, "
           f"{args.reps} reps (medians)")
-    print(f"  same computation: max |mmrl ODE - diffusers| final latent = {gap:.2e}")
+    print(f"  same computation: max |mmrl deterministic sampling - diffusers| final latent = {gap:.2e}")
     print(f"  sampling  diffusers pipe(): {res['sample_diffusers_s'] * 1000:8.1f} ms")
     print(f"  sampling  mmrl rollout    : {res['sample_mmrl_s'] * 1000:8.1f} ms   (SDE + per-step log-probs)")
     print(f"  sampling ratio mmrl/diffusers: {res['sample_ratio']:.3f}   (target <= 1.1)")

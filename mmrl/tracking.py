@@ -107,14 +107,12 @@ def plot_metrics(metrics_path: Path, out_png: Path, keys=DEFAULT_PLOT_KEYS, titl
     present = [k for k in keys if any(r.get(k) is not None for r in rows)]
     if not present:
         return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure  # no pyplot: never touches the (notebook) backend
 
     cols = min(3, len(present))
     nrows = math.ceil(len(present) / cols)
-    fig, axes = plt.subplots(nrows, cols, figsize=(4.2 * cols, 3.0 * nrows), squeeze=False)
+    fig = Figure(figsize=(4.2 * cols, 3.0 * nrows))
+    axes = fig.subplots(nrows, cols, squeeze=False)
     for ax, key in zip(axes.flat, present):
         pts = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
         xs, ys = zip(*pts)
@@ -134,5 +132,4 @@ def plot_metrics(metrics_path: Path, out_png: Path, keys=DEFAULT_PLOT_KEYS, titl
     fig.tight_layout()
     out_png = Path(out_png)
     fig.savefig(out_png, dpi=110)
-    plt.close(fig)
     return out_png

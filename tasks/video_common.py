@@ -10,6 +10,8 @@ counts it in ``data/skipped``.
 """
 from __future__ import annotations
 
+from mmrl.config import ConfigError
+
 import json
 import math
 from dataclasses import dataclass
@@ -33,12 +35,6 @@ _FAMILY_SIZE_MULTIPLE = {"qwen2_vl": 28, "qwen2_5_vl": 28, "qwen3_vl": 32}
 
 class AnnotationError(ValueError):
     """A malformed annotation file; the message names ``file:line`` and what is wrong."""
-
-
-def _config_error(message: str) -> Exception:
-    from mmrl.config import ConfigError
-
-    return ConfigError(message)
 
 
 @dataclass
@@ -71,7 +67,7 @@ class VideoInputConfig:
         try:
             self.sampling(self.size_multiple or 28)
         except ValueError as exc:
-            raise _config_error(f"task.video: {exc}") from None
+            raise ConfigError(f"task.video: {exc}") from None
 
     def sampling(self, size_multiple: int, frame_factor: int = 2):
         """The :class:`~mmrl.data.video.VideoSamplingConfig` of these settings."""
@@ -95,7 +91,7 @@ def size_multiple_for_model(run_cfg: Any) -> int:
     family = model_family_of(model_cfg)
     if family not in _FAMILY_SIZE_MULTIPLE:
         shown = {k: getattr(model_cfg, k, None) for k in ("type", "name", "path")} if model_cfg is not None else None
-        raise _config_error(
+        raise ConfigError(
             f"cannot tell the Qwen-VL family of the model {shown}; set task.video.size_multiple "
             "(28 for Qwen2-VL / Qwen2.5-VL, 32 for Qwen3-VL)")
     return _FAMILY_SIZE_MULTIPLE[family]
@@ -149,7 +145,7 @@ class VideoTaskBase(Task):
         super().__init__(cfg, run_cfg)
         model_type = getattr(getattr(run_cfg, "model", None), "type", None)
         if model_type is not None and model_type != "vlm":
-            raise _config_error(f"task={self.name} needs a vision-language model (model.type=vlm), got model.type={model_type}")
+            raise ConfigError(f"task={self.name} needs a vision-language model (model.type=vlm), got model.type={model_type}")
         multiple = cfg.video.size_multiple or (size_multiple_for_model(run_cfg) if run_cfg is not None else 28)
         self.sampling = cfg.video.sampling(multiple)
         """The :class:`~mmrl.data.video.VideoSamplingConfig` every item of this run is decoded with."""
@@ -157,7 +153,7 @@ class VideoTaskBase(Task):
         if tgrpo is not None and tgrpo.shuffled_group > 0:
             names = [spec.name for spec in self.reward_specs()]
             if tgrpo.correct_reward not in names:
-                raise _config_error(f"task.tgrpo.correct_reward={tgrpo.correct_reward!r} is not a reward of task={self.name}; "
+                raise ConfigError(f"task.tgrpo.correct_reward={tgrpo.correct_reward!r} is not a reward of task={self.name}; "
                                     f"choose from {', '.join(names)}")
 
     @property

@@ -11,6 +11,8 @@ flashes of the square, numeric), or a JSONL file.
 """
 from __future__ import annotations
 
+from mmrl.config import ConfigError
+
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,12 +32,6 @@ from mmrl.tasks.video_common import (
 
 DATA_FORMATS: tuple[str, ...] = ("synthetic", "jsonl")
 _LETTERS = "ABCDEFGHIJ"
-
-
-def _config_error(message: str) -> Exception:
-    from mmrl.config import ConfigError
-
-    return ConfigError(message)
 
 
 @dataclass
@@ -78,14 +74,14 @@ class VideoQAConfig:
     def validate(self) -> None:
         """Raise ConfigError on inconsistent settings."""
         if self.data_format not in DATA_FORMATS:
-            raise _config_error(f"task.data_format: {self.data_format!r} is not valid; choose from {', '.join(DATA_FORMATS)}")
+            raise ConfigError(f"task.data_format: {self.data_format!r} is not valid; choose from {', '.join(DATA_FORMATS)}")
         if self.data_format == "jsonl" and not self.data:
-            raise _config_error("task.data: data_format=jsonl needs a JSONL file (task.data=PATH)")
+            raise ConfigError("task.data: data_format=jsonl needs a JSONL file (task.data=PATH)")
         if self.num_train < 1 or self.num_eval < 0:
-            raise _config_error("task.num_train must be >= 1 and task.num_eval >= 0")
+            raise ConfigError("task.num_train must be >= 1 and task.num_eval >= 0")
         for name in ("accuracy_weight", "format_weight"):
             if not math.isfinite(getattr(self, name)):
-                raise _config_error(f"task.{name} must be a finite number")
+                raise ConfigError(f"task.{name} must be a finite number")
 
 
 # ----------------------------------------------------------------------------- prompts
@@ -252,7 +248,7 @@ class VideoQATask(VideoTaskBase):
         recs = load_video_qa_jsonl(path, cfg.video_root)
         if cfg.eval_data is None:
             if len(recs) <= cfg.num_eval:
-                raise _config_error(f"task.data {path} has {len(recs)} items: too few to hold out task.num_eval="
+                raise ConfigError(f"task.data {path} has {len(recs)} items: too few to hold out task.num_eval="
                                     f"{cfg.num_eval}; give task.eval_data or lower task.num_eval")
             cut = len(recs) - cfg.num_eval
             recs = recs[:cut] if split == "train" else recs[cut:]

@@ -12,6 +12,8 @@ generic JSONL (docs/tasks/video.md).
 """
 from __future__ import annotations
 
+from mmrl.config import ConfigError
+
 import math
 import re
 from dataclasses import dataclass, field
@@ -33,12 +35,6 @@ from mmrl.tasks.video_common import (
 
 DATA_FORMATS: tuple[str, ...] = ("synthetic", "charades", "jsonl")
 _CHARADES_LINE = re.compile(r"^\s*(\S+)\s+(\S+)\s+(\S+)\s*##(.*)$")
-
-
-def _config_error(message: str) -> Exception:
-    from mmrl.config import ConfigError
-
-    return ConfigError(message)
 
 
 @dataclass
@@ -97,24 +93,24 @@ class VideoTemporalGroundingConfig:
         from mmrl.rewards.temporal import REWARD_KINDS
 
         if self.data_format not in DATA_FORMATS:
-            raise _config_error(f"task.data_format: {self.data_format!r} is not valid; choose from {', '.join(DATA_FORMATS)}")
+            raise ConfigError(f"task.data_format: {self.data_format!r} is not valid; choose from {', '.join(DATA_FORMATS)}")
         if self.data_format != "synthetic" and not self.data:
-            raise _config_error(f"task.data: data_format={self.data_format} needs an annotation file (task.data=PATH)")
+            raise ConfigError(f"task.data: data_format={self.data_format} needs an annotation file (task.data=PATH)")
         if self.data_format == "charades" and not self.video_root:
-            raise _config_error("task.video_root: data_format=charades needs the folder of the videos")
+            raise ConfigError("task.video_root: data_format=charades needs the folder of the videos")
         if self.reward_kind not in REWARD_KINDS:
-            raise _config_error(f"task.reward_kind: {self.reward_kind!r} is not valid; choose from {', '.join(REWARD_KINDS)}")
+            raise ConfigError(f"task.reward_kind: {self.reward_kind!r} is not valid; choose from {', '.join(REWARD_KINDS)}")
         if self.on_reversed not in ("reject", "swap"):
-            raise _config_error(f"task.on_reversed: {self.on_reversed!r} is not valid; choose from reject, swap")
+            raise ConfigError(f"task.on_reversed: {self.on_reversed!r} is not valid; choose from reject, swap")
         if not 0.0 < self.tau <= 1.0:
-            raise _config_error(f"task.tau must be in (0, 1], got {self.tau}")
+            raise ConfigError(f"task.tau must be in (0, 1], got {self.tau}")
         if self.num_train < 1 or self.num_eval < 0:
-            raise _config_error("task.num_train must be >= 1 and task.num_eval >= 0")
+            raise ConfigError("task.num_train must be >= 1 and task.num_eval >= 0")
         if not (math.isfinite(self.annotation_tolerance_s) and self.annotation_tolerance_s >= 0):
-            raise _config_error("task.annotation_tolerance_s must be a finite number >= 0")
+            raise ConfigError("task.annotation_tolerance_s must be a finite number >= 0")
         for name in ("iou_weight", "format_weight"):
             if not math.isfinite(getattr(self, name)):
-                raise _config_error(f"task.{name} must be a finite number")
+                raise ConfigError(f"task.{name} must be a finite number")
 
 
 # ----------------------------------------------------------------------------- prompts and targets
@@ -306,7 +302,7 @@ class VideoTemporalGroundingTask(VideoTaskBase):
             recs = load_temporal_jsonl(path, cfg.video_root)
         if cfg.eval_data is None:
             if len(recs) <= cfg.num_eval:
-                raise _config_error(f"task.data {path} has {len(recs)} items: too few to hold out task.num_eval="
+                raise ConfigError(f"task.data {path} has {len(recs)} items: too few to hold out task.num_eval="
                                     f"{cfg.num_eval}; give task.eval_data or lower task.num_eval")
             cut = len(recs) - cfg.num_eval
             recs = recs[:cut] if split == "train" else recs[cut:]

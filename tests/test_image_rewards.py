@@ -52,24 +52,37 @@ def _scene(size=8):
     return arr
 
 
-def test_color_rule_by_hand():
+def test_color_rule_geometric_default_blocks_the_background_hack():
+    arr = _scene()
+    assert ir.color_rule_score(arr, "red", "blue") == pytest.approx(1.0)
+    arr2 = arr.copy()
+    arr2[2:4, 2:6] = GREEN  # centre 8/16 red, border all blue -> sqrt(0.5 * 1)
+    assert ir.color_rule_score(arr2, RED, BLUE) == pytest.approx(0.5 ** 0.5)
+    all_bg = np.zeros_like(arr) + np.array(BLUE, dtype=arr.dtype)  # background painted everywhere
+    assert ir.color_rule_score(all_bg, RED, BLUE) == 0.0
+    assert ir.color_rule_score(all_bg, RED, BLUE, combine="mean") == pytest.approx(0.5)
+    with pytest.raises(ir.ImageRewardError, match="combine"):
+        ir.color_rule_score(arr, RED, BLUE, combine="max")
+
+
+def test_color_rule_mean_by_hand():
     arr = _scene()
     # perfect: 16/16 centre pixels red, 48/48 border pixels blue -> 0.5 * 1 + 0.5 * 1
-    assert ir.color_rule_score(arr, "red", "blue") == pytest.approx(1.0)
+    assert ir.color_rule_score(arr, "red", "blue", combine="mean") == pytest.approx(1.0)
     # half the centre green: 8/16 red -> 0.5 * 0.5 + 0.5 * 1 = 0.75
     arr2 = arr.copy()
     arr2[2:4, 2:6] = GREEN
-    assert ir.color_rule_score(arr2, RED, BLUE) == pytest.approx(0.75)
+    assert ir.color_rule_score(arr2, RED, BLUE, combine="mean") == pytest.approx(0.75)
     # the first border row red too: border blue 40/48 -> 0.5 * 0.5 + 0.5 * 40/48
     arr2[0, :] = RED
-    assert ir.color_rule_score(arr2, RED, BLUE) == pytest.approx(0.25 + 0.5 * 40 / 48)
+    assert ir.color_rule_score(arr2, RED, BLUE, combine="mean") == pytest.approx(0.25 + 0.5 * 40 / 48)
     # wrong prompt colours: nothing matches green object / red background except row 0 (8 of 48 border px)
-    assert ir.color_rule_score(arr, "green", "red") == pytest.approx(0.0)
+    assert ir.color_rule_score(arr, "green", "red", combine="mean") == pytest.approx(0.0)
     # tolerance: a pixel at distance 50 counts with tol 60, not with tol 40
     near = np.array(_scene())
     near[2:6, 2:6] = (220, 40, 90)  # 50 away from RED in blue
-    assert ir.color_rule_score(near, RED, BLUE, tol=60) == pytest.approx(1.0)
-    assert ir.color_rule_score(near, RED, BLUE, tol=40) == pytest.approx(0.5)
+    assert ir.color_rule_score(near, RED, BLUE, tol=60, combine="mean") == pytest.approx(1.0)
+    assert ir.color_rule_score(near, RED, BLUE, tol=40, combine="mean") == pytest.approx(0.5)
 
 
 def test_color_rule_reward_wrapper_and_errors():

@@ -241,6 +241,6 @@ def test_tile_rewards_are_the_task_colour_rule():
     red, green = item["object_color"], item["background_color"]
     exact = Image.new("RGB", (32, 32), green)
     exact.paste(Image.new("RGB", (16, 16), red), (8, 8))  # the rule's centre is pixels 8..23 of 32
-    all_bg = Image.new("RGB", (32, 32), green)  # centre wrong (0), border right (1): 0.5 * 0 + 0.5 * 1
-    all_obj = Image.new("RGB", (32, 32), red)  # centre right (1), border wrong (0): 0.5
-    assert g.tile_rewards(task, [item] * 3, [exact, all_bg, all_obj]) == pytest.approx([1.0, 0.5, 0.5])
+    all_bg = Image.new("RGB", (32, 32), green)  # centre wrong (0), border right (1): sqrt(0 * 1) = 0
+    all_obj = Image.new("RGB", (32, 32), red)  # centre right (1), border wrong (0): 0
+    assert g.tile_rewards(task, [item] * 3, [exact, all_bg, all_obj]) == pytest.approx([1.0, 0.0, 0.0])

@@ -114,14 +114,21 @@ def _rgb(color: Any) -> np.ndarray:
 
 
 def color_rule_score(image: Any, object_color: Any, background_color: Any, *, center_frac: float = 0.5,
-                     tol: float = 60.0) -> float:
-    """``0.5 * frac(centre pixels near object colour) + 0.5 * frac(border pixels near background colour)``.
+                     tol: float = 60.0, combine: str = "geometric") -> float:
+    """Prompt adherence of a centred object on a background, from two pixel fractions.
+
+    ``o`` = fraction of centre pixels near the object colour, ``b`` = fraction of border pixels near
+    the background colour. ``combine="geometric"`` (default) returns ``sqrt(o * b)``: both parts must
+    be right, so painting the whole image in the background colour scores 0. ``combine="mean"``
+    returns ``0.5 o + 0.5 b``, which RL hacks exactly that way (background only = 0.5).
 
     The centre region is the middle ``center_frac`` of each side (e.g. pixels 8..23 of a 32-pixel
     side for 0.5); the border is everything else. "Near" = RGB Euclidean distance < ``tol``.
     """
     if not 0 < center_frac < 1:
         raise ImageRewardError(f"center_frac must be in (0, 1), got {center_frac}")
+    if combine not in ("geometric", "mean"):
+        raise ImageRewardError(f"combine must be 'geometric' or 'mean', got {combine!r}")
     arr = _rgb_array(image)
     h, w, _ = arr.shape
     y0, y1 = int(round(h * (1 - center_frac) / 2)), int(round(h * (1 + center_frac) / 2))
@@ -130,7 +137,8 @@ def color_rule_score(image: Any, object_color: Any, background_color: Any, *, ce
     centre[y0:y1, x0:x1] = True
     near_obj = np.linalg.norm(arr - _rgb(object_color), axis=2) < tol
     near_bg = np.linalg.norm(arr - _rgb(background_color), axis=2) < tol
-    return 0.5 * float(near_obj[centre].mean()) + 0.5 * float(near_bg[~centre].mean())
+    o, b = float(near_obj[centre].mean()), float(near_bg[~centre].mean())
+    return float(np.sqrt(o * b)) if combine == "geometric" else 0.5 * o + 0.5 * b
 
 
 def color_rule_reward(prompts: Sequence[str], completions: Sequence[Any], object_color: Sequence[Any],

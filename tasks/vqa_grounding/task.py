@@ -12,6 +12,8 @@ file or RefCOCO annotations through the loaders of :mod:`mmrl.data`.
 """
 from __future__ import annotations
 
+from mmrl.config import ConfigError
+
 import json
 import logging
 import math
@@ -43,12 +45,6 @@ BOX_FRAME_CHOICES: tuple[str, ...] = ("auto", *ANSWER_FRAMES)
 _SIMPLE_IOU_KINDS = ("iou", "iou_sq", "giou01")
 _ACC_KIND = re.compile(r"^acc@(\d*\.?\d+)$")
 _MIN_SYNTHETIC_SIDE = 96
-
-
-def _config_error(message: str) -> Exception:
-    from mmrl.config import ConfigError
-
-    return ConfigError(message)
 
 
 @dataclass
@@ -126,40 +122,40 @@ class VQAGroundingConfig:
     def validate(self) -> None:
         """Raise ConfigError on inconsistent settings."""
         if self.data_format not in DATA_FORMATS:
-            raise _config_error(f"task.data_format: {self.data_format!r} is not valid; choose from {', '.join(DATA_FORMATS)}")
+            raise ConfigError(f"task.data_format: {self.data_format!r} is not valid; choose from {', '.join(DATA_FORMATS)}")
         if self.data_format != "synthetic" and not self.data:
-            raise _config_error(f"task.data: data_format={self.data_format} needs a data file (task.data=PATH)")
+            raise ConfigError(f"task.data: data_format={self.data_format} needs a data file (task.data=PATH)")
         if self.data_format in ("vlm_r1", "refcoco") and not self.image_root:
-            raise _config_error(f"task.image_root: data_format={self.data_format} needs the image folder")
+            raise ConfigError(f"task.image_root: data_format={self.data_format} needs the image folder")
         if self.data_format == "refcoco" and not self.refs:
-            raise _config_error("task.refs: data_format=refcoco needs the refs file")
+            raise ConfigError("task.refs: data_format=refcoco needs the refs file")
         if self.box_frame not in BOX_FRAME_CHOICES:
-            raise _config_error(f"task.box_frame: {self.box_frame!r} is not valid; choose from {', '.join(BOX_FRAME_CHOICES)}")
+            raise ConfigError(f"task.box_frame: {self.box_frame!r} is not valid; choose from {', '.join(BOX_FRAME_CHOICES)}")
         match = _ACC_KIND.match(self.iou_kind)
         if self.iou_kind not in _SIMPLE_IOU_KINDS and not (match and 0.0 < float(match.group(1)) <= 1.0):
-            raise _config_error(
+            raise ConfigError(
                 f"task.iou_kind: {self.iou_kind!r} is not valid; choose from {', '.join(_SIMPLE_IOU_KINDS)} or acc@T (0 < T <= 1)"
             )
         if not 0.0 < self.tau <= 1.0:
-            raise _config_error(f"task.tau must be in (0, 1], got {self.tau}")
+            raise ConfigError(f"task.tau must be in (0, 1], got {self.tau}")
         if not 0.0 < self.duplicate_iou < 1.0:
-            raise _config_error(f"task.duplicate_iou must be in (0, 1), got {self.duplicate_iou}")
+            raise ConfigError(f"task.duplicate_iou must be in (0, 1), got {self.duplicate_iou}")
         for name in ("iou_weight", "format_weight", "duplicate_penalty_weight"):
             if not math.isfinite(getattr(self, name)):
-                raise _config_error(f"task.{name} must be a finite number")
+                raise ConfigError(f"task.{name} must be a finite number")
         if self.duplicate_penalty_weight < 0:
-            raise _config_error("task.duplicate_penalty_weight is the penalty's magnitude; give a value >= 0")
+            raise ConfigError("task.duplicate_penalty_weight is the penalty's magnitude; give a value >= 0")
         if self.on_invalid_box not in ("error", "skip_sample"):
-            raise _config_error(f"task.on_invalid_box: {self.on_invalid_box!r} is not valid; choose from error, skip_sample")
+            raise ConfigError(f"task.on_invalid_box: {self.on_invalid_box!r} is not valid; choose from error, skip_sample")
         if self.num_train < 1 or self.num_eval < 0:
-            raise _config_error("task.num_train must be >= 1 and task.num_eval >= 0")
+            raise ConfigError("task.num_train must be >= 1 and task.num_eval >= 0")
         if self.max_prompt_chars < 1:
-            raise _config_error("task.max_prompt_chars must be >= 1")
+            raise ConfigError("task.max_prompt_chars must be >= 1")
         if not self.image_sizes or any(len(s) != 2 or min(s) < _MIN_SYNTHETIC_SIDE for s in self.image_sizes):
-            raise _config_error(f"task.image_sizes: give [W, H] pairs with sides >= {_MIN_SYNTHETIC_SIDE}, got {self.image_sizes}")
+            raise ConfigError(f"task.image_sizes: give [W, H] pairs with sides >= {_MIN_SYNTHETIC_SIDE}, got {self.image_sizes}")
         for name in ("p_multi", "p_negative"):
             if not 0.0 <= getattr(self, name) <= 1.0:
-                raise _config_error(f"task.{name} must be in [0, 1]")
+                raise ConfigError(f"task.{name} must be in [0, 1]")
 
 
 # ----------------------------------------------------------------------------- model family -> frame
@@ -215,7 +211,7 @@ def resolve_answer_frame(box_frame: str, run_cfg: Any) -> str:
     family = model_family_of(model_cfg)
     if family is None:
         shown = {k: getattr(model_cfg, k, None) for k in ("type", "name", "path")} if model_cfg is not None else None
-        raise _config_error(
+        raise ConfigError(
             f"task.box_frame=auto cannot tell the Qwen-VL family of the model {shown}; "
             "set task.box_frame=norm1000 (Qwen2-VL, Qwen3-VL) or task.box_frame=input_pixels (Qwen2.5-VL)"
         )
@@ -236,7 +232,7 @@ class VQAGroundingTask(Task):
         super().__init__(cfg, run_cfg)
         model_type = getattr(getattr(run_cfg, "model", None), "type", None)
         if model_type is not None and model_type != "vlm":
-            raise _config_error(f"task=vqa_grounding needs a vision-language model (model.type=vlm), got model.type={model_type}")
+            raise ConfigError(f"task=vqa_grounding needs a vision-language model (model.type=vlm), got model.type={model_type}")
         self.answer_frame = resolve_answer_frame(cfg.box_frame, run_cfg)
         self.settings = GroundingRewardSettings(
             iou_kind=cfg.iou_kind,
@@ -286,7 +282,7 @@ class VQAGroundingTask(Task):
         samples = self._load_file(path)
         if cfg.eval_data is None:
             if len(samples) <= cfg.num_eval:
-                raise _config_error(
+                raise ConfigError(
                     f"task.data {path} has {len(samples)} items: too few to hold out task.num_eval={cfg.num_eval} "
                     "for evaluation; give task.eval_data or lower task.num_eval"
                 )
@@ -360,7 +356,7 @@ class VQAGroundingTask(Task):
             self.load_reports[f"{split}/dropped"] = line
             log.warning("vqa_grounding %s", line)
         if not items and (split == "train" or self.cfg.num_eval > 0):
-            raise _config_error(f"task=vqa_grounding: no usable {split} items (see the warnings above)")
+            raise ConfigError(f"task=vqa_grounding: no usable {split} items (see the warnings above)")
         return items
 
     def train_items(self) -> list[dict]:
