@@ -172,3 +172,23 @@ def test_reward_manager_isolates_an_image_that_fails():
     assert res.total.tolist() == pytest.approx([1.0, 0.0, 1.0])
     assert res.metrics["reward/picky/errors"] == 1.0
     assert torch.isfinite(res.per_fn["jpeg"]).all()
+
+
+def test_ocr_reward_reads_rendered_text_with_real_tesseract():
+    import shutil
+
+    if shutil.which("tesseract") is None:
+        pytest.skip("tesseract binary not installed (apt-get install tesseract-ocr)")
+    from PIL import ImageDraw, ImageFont
+
+    img = Image.new("RGB", (360, 90), "white")
+    draw = ImageDraw.Draw(img)
+    try:
+        font = ImageFont.load_default(size=40)
+    except TypeError:  # Pillow < 10.1
+        font = ImageFont.load_default()
+    draw.text((12, 20), "HELLO RL", fill="black", font=font)
+    blank = Image.new("RGB", (360, 90), "white")
+    scores = ir.ocr_reward(["p", "p"], [img, blank], target_text=["hello rl", "hello rl"])
+    assert scores[0] >= 0.85, scores  # real OCR of clean rendered text
+    assert scores[1] == 0.0  # nothing to read: edit distance = len
