@@ -120,7 +120,7 @@ class Trainer:
         if tr.batch_size % self.world:
             raise ConfigError(f"trainer.batch_size={tr.batch_size} must be divisible by the {self.world} processes")
         self.sampler = PromptSampler(len(self.train_items), tr.batch_size, tr.seed)
-        params = self.policy.trainable_parameters()
+        params = self._params = self.policy.trainable_parameters()
         if not params:
             raise ConfigError("the policy has no trainable parameters")
         self.optimizer = torch.optim.AdamW(params, lr=tr.lr, betas=tuple(tr.adam_betas), eps=tr.adam_eps,
@@ -491,7 +491,7 @@ class Trainer:
                         self.accelerator.backward(loss)
                 # the total norm is non-finite iff some gradient is: one pass checks and clips
                 gn = float(torch.nn.utils.clip_grad_norm_(
-                    self.policy.trainable_parameters(), tr.max_grad_norm if tr.max_grad_norm is not None else math.inf))
+                    self._params, tr.max_grad_norm if tr.max_grad_norm is not None else math.inf))
                 finite = math.isfinite(gn)
                 if finite:
                     st.add("optim/grad_norm", gn)

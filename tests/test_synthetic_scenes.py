@@ -202,3 +202,34 @@ def test_save_and_reload_scenes(tmp_path):
         assert (a.id, a.question, a.labels, a.image_size) == (b.id, b.question, b.labels, b.image_size)
         np.testing.assert_array_equal(a.boxes, b.boxes)
         assert b.extra["objects"] == a.extra["objects"]
+
+
+def test_position_cue_background_encodes_position_and_keeps_palette():
+    import numpy as np
+
+    from mmrl.data.synthetic_scenes import PALETTE, generate_scenes
+
+    s = generate_scenes(4, seed=3, sizes=[(128, 96)], position_cue=1.0)
+    for sample in s:
+        arr = np.asarray(sample.image).astype(int)
+        # background gradient: red grows left -> right, green top -> bottom (corners are never covered
+        # by an object wider than a few pixels in these scenes: check row/column means of the border)
+        assert arr[:, -1, 0].mean() - arr[:, 0, 0].mean() > 40
+        assert arr[-1, :, 1].mean() - arr[0, :, 1].mean() > 40
+        # shapes keep their exact palette colour
+        for obj in sample.extra["objects"]:
+            x1, y1, x2, y2 = (int(v) for v in obj["bbox"])
+            patch = arr[y1:y2, x1:x2].reshape(-1, 3)
+            assert (patch == np.array(PALETTE[obj["color"]])).all(1).any()
+
+
+def test_object_scale_multiplies_sizes():
+    import numpy as np
+
+    from mmrl.data.synthetic_scenes import generate_scenes
+
+    def mean_side(scale):
+        s = generate_scenes(60, seed=5, sizes=[(224, 224)], max_objects=1, p_multi=0, p_negative=0, object_scale=scale)
+        return np.mean([o["bbox"][2] - o["bbox"][0] for x in s for o in x.extra["objects"]])
+
+    assert 1.8 < mean_side(2.0) / mean_side(1.0) < 2.2

@@ -47,6 +47,13 @@ class CausalLMPolicy(HFTokenPolicy):
         self._prompt_cache: dict[str, Tensor] = {}
         self._frozen_ref = FrozenCopyReference(self) if reference and not cfg.lora.enabled else None
 
+    def _decode(self, ids: Tensor) -> list[str]:
+        """Batch decode through the Rust backend when there is one (the Python wrapper is ~3x slower)."""
+        backend = getattr(self.tokenizer, "_tokenizer", None)
+        if backend is not None and hasattr(backend, "decode_batch"):
+            return backend.decode_batch(ids.tolist(), skip_special_tokens=True)
+        return self.tokenizer.batch_decode(ids, skip_special_tokens=True)
+
     def encode_prompts(self, prompts: list[str]) -> list[Tensor]:
         """Token ids of each prompt (memoised: datasets repeat their prompts every epoch)."""
         missing = [p for p in dict.fromkeys(prompts) if p not in self._prompt_cache]
@@ -78,7 +85,7 @@ class CausalLMPolicy(HFTokenPolicy):
             greedy=greedy,
         )
         lm.train(was_training)
-        texts = self.tokenizer.batch_decode(comp.ids.cpu(), skip_special_tokens=True)
+        texts = self._decode(comp.ids.cpu())
         lengths = comp.mask.sum(1).long().tolist()
         samples = [
             {"text": t, "length": n, "truncated": bool(tr)}

@@ -33,8 +33,11 @@ def left_pad(seqs: list[Tensor], pad_id: int) -> tuple[Tensor, Tensor]:
     """Stack 1-D id tensors left-padded; returns ids [B, L] and attention mask [B, L]."""
     if not seqs:
         return torch.zeros(0, 0, dtype=torch.long), torch.zeros(0, 0, dtype=torch.long)
-    ids = pad_sequence(seqs, batch_first=True, padding_value=pad_id, padding_side="left")
     lens = torch.tensor([s.numel() for s in seqs])
+    if bool((lens == lens[0]).all()):  # common case (same-length prompts): no padding needed
+        ids = torch.stack(list(seqs))
+        return ids, torch.ones_like(ids)
+    ids = pad_sequence(seqs, batch_first=True, padding_value=pad_id, padding_side="left")
     att = (torch.arange(ids.shape[1]) >= (ids.shape[1] - lens)[:, None]).long()
     return ids, att
 
