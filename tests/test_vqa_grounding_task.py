@@ -504,13 +504,15 @@ def test_config_file_loads():
     from mmrl.config import configs_dir, load_config
     from mmrl.models.registry import MODEL_TYPES
 
-    if not (configs_dir() / "model" / "tiny_qwen2_5_vl.yaml").is_file() or "vlm" not in MODEL_TYPES:
-        pytest.skip("the VLM policy (configs/model/tiny_qwen2_5_vl.yaml, model.type=vlm) is not in this checkout yet")
+    assert (configs_dir() / "model" / "tiny_qwen3_vl.yaml").is_file() and "vlm" in MODEL_TYPES
     cfg = load_config(["task=vqa_grounding"])
     assert isinstance(cfg.task, VQAGroundingConfig) and cfg.model.type == "vlm"
-    assert cfg.algo.group_size == 4 and cfg.trainer.batch_size == 8
+    assert cfg.algo.group_size == 8 and cfg.trainer.batch_size == 8
     task = VQAGroundingTask(cfg.task, cfg)
-    assert task.answer_frame == "input_pixels"
+    assert task.answer_frame == "norm1000"  # the CPU default is the tiny Qwen3-VL
+    # the frame follows the model family: Qwen2.5-VL writes pixels of the resized input
+    cfg25 = load_config(["task=vqa_grounding", "model=tiny_qwen2_5_vl"])
+    assert VQAGroundingTask(cfg25.task, cfg25).answer_frame == "input_pixels"
 
 
 def test_refcoco_loading_by_split(tmp_path):
