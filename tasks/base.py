@@ -24,13 +24,26 @@ class Task:
         self.cfg = cfg
         self.run_cfg = run_cfg
 
-    def train_items(self) -> Sequence[dict]:
-        """Training records; each has at least ``prompt`` (what the policy reads)."""
+    def build_items(self, split: str) -> list[dict]:
+        """Records of ``split`` ("train" / "eval"); the default train/eval_items call this once each."""
         raise NotImplementedError
 
+    def train_items(self) -> Sequence[dict]:
+        """Training records; each has at least ``prompt`` (what the policy reads). Built once."""
+        return self._cached_split("train")
+
     def eval_items(self) -> Sequence[dict]:
-        """Evaluation records (same schema)."""
-        raise NotImplementedError
+        """Evaluation records (same schema). Built once; empty when the config asks for no eval items."""
+        cfg = self.cfg
+        if getattr(cfg, "num_eval", 1) == 0 and not getattr(cfg, "eval_data", None):
+            return []
+        return self._cached_split("eval")
+
+    def _cached_split(self, split: str) -> list[dict]:
+        cache = self.__dict__.setdefault("_split_cache", {})
+        if split not in cache:
+            cache[split] = self.build_items(split)
+        return cache[split]
 
     def reward_specs(self) -> list[RewardSpec]:
         """Reward functions with weights."""

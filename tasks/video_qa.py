@@ -225,11 +225,6 @@ class VideoQATask(VideoTaskBase):
     description = "Video QA (Qwen-VL): mixed multiple-choice / numeric questions, qa_reward by question_type; synthetic videos by default."
     config_cls = VideoQAConfig
 
-    def __init__(self, cfg: VideoQAConfig, run_cfg: Any = None) -> None:
-        super().__init__(cfg, run_cfg)
-        self._train: list[dict] | None = None
-        self._eval: list[dict] | None = None
-
     def _records(self, split: str) -> list[dict]:
         cfg = self.cfg
         if cfg.data_format == "synthetic":
@@ -254,21 +249,9 @@ class VideoQATask(VideoTaskBase):
             recs = recs[:cut] if split == "train" else recs[cut:]
         return recs
 
-    def _items(self, split: str) -> list[dict]:
+    def build_items(self, split: str) -> list[dict]:
         return [{**r, "prompt": build_prompt(r["question"], r["question_type"], r.get("options"))}
                 for r in self._records(split)]
-
-    def train_items(self) -> list[dict]:
-        """Training items: ``video``, ``prompt``, ``question``, ``question_type``, ``answer``, ``options``..."""
-        if self._train is None:
-            self._train = self._items("train")
-        return self._train
-
-    def eval_items(self) -> list[dict]:
-        """Evaluation items (same schema)."""
-        if self._eval is None:
-            self._eval = self._items("eval") if self.cfg.num_eval > 0 or self.cfg.eval_data else []
-        return self._eval
 
     def reward_specs(self) -> list[RewardSpec]:
         """accuracy (accuracy_weight) + format (format_weight)."""

@@ -279,11 +279,6 @@ class VideoTemporalGroundingTask(VideoTaskBase):
     description = "Video temporal grounding (Qwen-VL): '<answer>s to e</answer>' seconds, tIoU rewards; synthetic videos by default."
     config_cls = VideoTemporalGroundingConfig
 
-    def __init__(self, cfg: VideoTemporalGroundingConfig, run_cfg: Any = None) -> None:
-        super().__init__(cfg, run_cfg)
-        self._train: list[dict] | None = None
-        self._eval: list[dict] | None = None
-
     # ------------------------------------------------------------------ data
     def _records(self, split: str) -> list[dict]:
         cfg = self.cfg
@@ -308,20 +303,8 @@ class VideoTemporalGroundingTask(VideoTaskBase):
             recs = recs[:cut] if split == "train" else recs[cut:]
         return recs
 
-    def _items(self, split: str) -> list[dict]:
+    def build_items(self, split: str) -> list[dict]:
         return [{**r, "prompt": build_prompt(r["query"])} for r in self._records(split)]
-
-    def train_items(self) -> list[dict]:
-        """Training items (built once): ``video`` (path), ``prompt``, ``query``, ``segments`` (seconds), ``id``."""
-        if self._train is None:
-            self._train = self._items("train")
-        return self._train
-
-    def eval_items(self) -> list[dict]:
-        """Evaluation items (same schema)."""
-        if self._eval is None:
-            self._eval = self._items("eval") if self.cfg.num_eval > 0 or self.cfg.eval_data else []
-        return self._eval
 
     def check_annotation(self, item: dict, clip) -> dict:
         """Segments -> the model's clock (seconds from the clip start), checked against the clip.

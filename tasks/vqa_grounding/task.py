@@ -244,8 +244,6 @@ class VQAGroundingTask(Task):
             duplicate_iou=cfg.duplicate_iou,
             pay_format_for_empty=cfg.pay_format_for_empty,
         )
-        self._train: list[dict] | None = None
-        self._eval: list[dict] | None = None
         self._files: dict[str, list] = {}
         self.load_reports: dict[str, str] = {}
         """Summary line of each data file load (LoadReport.summary) and of the items dropped here."""
@@ -337,7 +335,7 @@ class VQAGroundingTask(Task):
             item["data_frame"] = sample.bbox_frame
         return item
 
-    def _items(self, split: str) -> list[dict]:
+    def build_items(self, split: str) -> list[dict]:
         samples = self._load_samples(split)
         items, multi, too_long = [], [], []
         for s in samples:
@@ -361,18 +359,6 @@ class VQAGroundingTask(Task):
         if not items and (split == "train" or self.cfg.num_eval > 0):
             raise ConfigError(f"task=vqa_grounding: no usable {split} items (see the warnings above)")
         return items
-
-    def train_items(self) -> list[dict]:
-        """Training items (built once)."""
-        if self._train is None:
-            self._train = self._items("train")
-        return self._train
-
-    def eval_items(self) -> list[dict]:
-        """Evaluation items (built once)."""
-        if self._eval is None:
-            self._eval = self._items("eval") if self.cfg.num_eval > 0 or self.cfg.eval_data else []
-        return self._eval
 
     def prepare_item(self, item: dict) -> dict:
         """A copy of ``item`` with the image decoded (RGB PIL), ``image_size`` set and ``gt_boxes`` in pixels.
