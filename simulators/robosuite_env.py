@@ -23,6 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from .common import resolve_init_state
+
 from .rendering import disable_expensive_flags, fast_visual_settings, select_backend
 from .tabletop.env import EpisodeOverError, instability_counts, sanitize_action, sim_blew_up
 
@@ -191,15 +193,7 @@ class RobosuiteEnv(_gym().Env):
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[dict, dict]:
         """Reset to initial state ``options["init_state"]`` (or a drawn index); returns (obs, info)."""
         super().reset(seed=seed)
-        if seed is not None:
-            self._seed_generator = np.random.default_rng(seed)
-        options = options or {}
-        unknown = set(options) - {"init_state"}
-        if unknown:
-            raise ValueError(f"RobosuiteEnv.reset: unknown options {sorted(unknown)}; valid: ['init_state']")
-        index = options.get("init_state")
-        if index is None:
-            index = int(self._seed_generator.integers(0, 2**31 - 1))
+        index = resolve_init_state(self, seed, options)
         rng = np.random.default_rng(init_state_seed(self.task, index))
         self._env.rng = rng
         _set_sampler_rng(getattr(self._env, "placement_initializer", None), rng)

@@ -23,6 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from ..common import resolve_init_state
+
 from ..rendering import create_renderer, select_backend
 from .scene import BLOCK_COLOURS, DISTRACTORS, SceneConfig, block_body_name, build_scene_xml
 
@@ -296,15 +298,7 @@ class TabletopEnv(_import_gym().Env):
         import mujoco
 
         super().reset(seed=seed)
-        if seed is not None:
-            self._seed_generator = np.random.default_rng(seed)
-        options = options or {}
-        unknown = set(options) - {"init_state"}
-        if unknown:
-            raise ValueError(f"TabletopEnv.reset: unknown options {sorted(unknown)}; valid: ['init_state']")
-        index = options.get("init_state")
-        if index is None:
-            index = int(self._seed_generator.integers(0, 2**31 - 1))
+        index = resolve_init_state(self, seed, options)
         layout = sample_layout(index, self.cfg)
         self.init_state = int(index)
 
