@@ -507,7 +507,7 @@ def test_config_file_loads():
     assert (configs_dir() / "model" / "tiny_qwen3_vl.yaml").is_file() and "vlm" in MODEL_TYPES
     cfg = load_config(["task=vqa_grounding"])
     assert isinstance(cfg.task, VQAGroundingConfig) and cfg.model.type == "vlm"
-    assert cfg.algo.group_size == 8 and cfg.trainer.batch_size == 8
+    assert cfg.algo.group_size == 8 and cfg.trainer.batch_size == 16
     task = VQAGroundingTask(cfg.task, cfg)
     assert task.answer_frame == "norm1000"  # the CPU default is the tiny Qwen3-VL
     # the frame follows the model family: Qwen2.5-VL writes pixels of the resized input
