@@ -14,6 +14,7 @@ batch.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import signal
@@ -440,7 +441,7 @@ class Trainer:
                     sub = ro.index(mi)
                     m = mask[mi].to(self.accelerator.device)
                     sync = k == len(micro) - 1
-                    ctx = self.accelerator.no_sync(self.policy.model) if (self.world > 1 and not sync) else _nullctx()
+                    ctx = self.accelerator.no_sync(self.policy.model) if (self.world > 1 and not sync) else contextlib.nullcontext()
                     with ctx:
                         out = self.policy.log_probs(sub, entropy=need_entropy, values=use_gae)
                         logp = out.logp.float()
@@ -635,11 +636,3 @@ class Trainer:
         if tr.plot and self.is_main:
             plot_metrics(self.run_dir / "metrics.jsonl", self.run_dir / "curves.png", title=self.cfg.task.name)
         return {**last, **self.last_eval}
-
-
-class _nullctx:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *a):
-        return False

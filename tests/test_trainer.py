@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from mmrl.checkpoint import MARKER, latest_checkpoint
-from mmrl.config import ConfigError, load_config
+from mmrl.config import ConfigError
 from mmrl.rewards.manager import RewardError, RewardSpec
 from mmrl.tracking import read_metrics
 from mmrl.trainer import Trainer, TrainingAborted
@@ -86,10 +86,6 @@ def test_resume_auto_continues_from_newest_complete_checkpoint(tmp_path):
     assert tr.step == 2
     tr.fit()
     assert [r["step"] for r in read_metrics(tr.run_dir / "metrics.jsonl")] == [1, 2, 3]
-
-
-class _FragileTask:
-    """Wraps the toy task with a reward that fails on some samples."""
 
 
 def _with_reward(tr, fn, name="fragile", weight=1.0):

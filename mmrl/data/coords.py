@@ -61,7 +61,7 @@ def as_box_array(boxes: object, name: str = "boxes") -> np.ndarray:
     return arr
 
 
-def _check_size(size: object, name: str) -> tuple[float, float]:
+def check_size(size: object, name: str) -> tuple[float, float]:
     """Validate a ``(W, H)`` pair of positive finite numbers."""
     try:
         w, h = (float(v) for v in size)  # type: ignore[union-attr]
@@ -120,8 +120,8 @@ def convert_boxes(
     _check_frame(src, "source")
     _check_frame(dst, "destination")
     arr = as_box_array(boxes)
-    orig = _check_size(orig_size, "orig_size")
-    inp = None if input_size is None else _check_size(input_size, "input_size")
+    orig = check_size(orig_size, "orig_size")
+    inp = None if input_size is None else check_size(input_size, "input_size")
     src_w, src_h = _frame_extent(src, orig, inp)
     dst_w, dst_h = _frame_extent(dst, orig, inp)
     scale = np.array([dst_w / src_w, dst_h / src_h, dst_w / src_w, dst_h / src_h])
@@ -131,7 +131,7 @@ def convert_boxes(
 def clip_boxes(boxes: object, size: Sequence[float]) -> np.ndarray:
     """Clip ``[N, 4]`` xyxy boxes to ``[0, W] x [0, H]`` for ``size = (W, H)``."""
     arr = as_box_array(boxes)
-    w, h = _check_size(size, "size")
+    w, h = check_size(size, "size")
     upper = np.array([w, h, w, h])
     return np.clip(arr, 0.0, upper)
 

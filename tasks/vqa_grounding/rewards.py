@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mmrl.data.coords import FrameError, as_box_array, clip_boxes, convert_boxes
+from mmrl.data.coords import FrameError, as_box_array, check_size, clip_boxes, convert_boxes
 from mmrl.rewards.boxes import STATUS_FAILED, ParsedBoxes, parse_boxes
 from mmrl.rewards.format import extract_tag
 from mmrl.rewards.format import format_reward as tag_format_reward
@@ -57,16 +57,6 @@ def parse_answer(text: object) -> ParsedBoxes:
     return _parse_cached(text)
 
 
-def _size_pair(value: object, name: str) -> tuple[float, float]:
-    try:
-        w, h = (float(v) for v in value)  # type: ignore[union-attr]
-    except (TypeError, ValueError) as exc:
-        raise FrameError(f"{name} must be a (W, H) pair, got {value!r}") from exc
-    if not (math.isfinite(w) and math.isfinite(h) and w > 0 and h > 0):
-        raise FrameError(f"{name} must be positive and finite, got {value!r}")
-    return w, h
-
-
 def sample_frame(completion: Mapping, answer_frame: str, *, strict: bool) -> str:
     """The frame in which to read ``completion``'s boxes: the prompt's ``answer_frame``.
 
@@ -94,9 +84,9 @@ def sample_orig_size(completion: Mapping, image_size: object) -> tuple[float, fl
     if from_policy is None and image_size is None:
         raise FrameError("neither the completion's orig_size nor the item's image_size is known")
     if from_policy is None:
-        return _size_pair(image_size, "image_size")
-    size = _size_pair(from_policy, "completion orig_size")
-    if image_size is not None and _size_pair(image_size, "image_size") != size:
+        return check_size(image_size, "image_size")
+    size = check_size(from_policy, "completion orig_size")
+    if image_size is not None and check_size(image_size, "image_size") != size:
         raise FrameError(
             f"the policy saw an image of size {list(size)} but the item's image is {list(image_size)} "  # type: ignore[arg-type]
             "(W, H): ground-truth boxes would be in a different frame"
