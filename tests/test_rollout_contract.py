@@ -1,5 +1,4 @@
 """The [B, T] Rollout contract, layout-independent sampling noise and the seeded token sampler."""
-import math
 
 import pytest
 import torch
