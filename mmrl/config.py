@@ -121,6 +121,11 @@ class TrainerConfig:
     """Run the evaluation once after the last step."""
     eval_size: int | None = None
     """Evaluate on at most this many eval items (None: all)."""
+    eval_greedy: bool = True
+    """Greedy evaluation (argmax decoding / actions); false samples at the policy's temperature, with seeds fixed per
+    eval item so every evaluation sees the same noise."""
+    eval_samples: int = 1
+    """Samples (episodes) per eval item; > 1 needs eval_greedy=false and averages the task metrics over them."""
     save_every: int = 0
     """Checkpoint every N steps (0: only at the end)."""
     keep_last: int = 2
@@ -163,6 +168,11 @@ class TrainerConfig:
     """Learning rate of the warm start (default: trainer.lr)."""
     sft_batch_size: int | None = None
     """Prompts per warm-start step (default: trainer.batch_size)."""
+    log_samples_every: int = 0
+    """Every this many steps append the step's rollouts (prompt id, completion text, reward per function, advantage)
+    to samples.jsonl in the run dir, to read what the policy writes; 0 disables."""
+    log_samples_max: int = 16
+    """At most this many samples per logged step."""
 
 
 @dataclass
@@ -343,6 +353,9 @@ def validate_trainer(tr: TrainerConfig) -> None:
     check_choice(tr.device, ("auto", "cpu", "cuda"), "trainer.device")
     if tr.batch_size < 1 or tr.grad_accum < 1 or tr.max_steps < 0:
         raise ConfigError("trainer.batch_size and trainer.grad_accum must be >= 1, trainer.max_steps >= 0")
+    if tr.eval_samples < 1 or (tr.eval_samples > 1 and tr.eval_greedy):
+        raise ConfigError(f"trainer.eval_samples={tr.eval_samples}: must be >= 1, and > 1 only with "
+                          "trainer.eval_greedy=false (greedy copies are identical)")
 
 
 # ---------------------------------------------------------------- composition

@@ -15,6 +15,7 @@ batch.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import math
 import signal
@@ -53,6 +54,12 @@ class _StepStats:
 
     def add(self, key: str, value: float) -> None:
         self.sums[key] = self.sums.get(key, 0.0) + value
+
+
+def _finite_or_none(x) -> float | None:
+    """``float(x)`` for a finite number, None for NaN / inf (JSON has no NaN)."""
+    x = float(x)
+    return x if math.isfinite(x) else None
 
 
 def _lr_lambda(schedule: str, warmup: int, total: int) -> Callable[[int], float]:
@@ -252,6 +259,23 @@ class Trainer:
             ro.adv_bonus, bonus_metrics = bonus
             ro.metrics.update(bonus_metrics)
         ro.metrics.update(self.task.rollout_metrics(rep, ro.samples))
+        every = self.cfg.trainer.log_samples_every
+        if every and self.is_main and (self.step + 1) % every == 0 and self.run_dir is not None:
+            self._log_samples(rep, ro, res.per_fn)
+
+    def _log_samples(self, items: list, ro: Rollout, per_fn: dict) -> None:
+        """Append up to ``trainer.log_samples_max`` of this step's samples to ``samples.jsonl``."""
+        rows = []
+        for j in range(min(ro.batch_size, self.cfg.trainer.log_samples_max)):
+            sample = ro.samples[j]
+            text = sample.get("text") if isinstance(sample, dict) else sample if isinstance(sample, str) else None
+            row = {"step": self.step + 1, "group": int(ro.group_id[j]), "id": items[j].get("id"),
+                   "text": text, "reward": float(ro.rewards[j]) if ro.rewards.dim() == 1 else None}
+            row.update({f"reward/{name}": _finite_or_none(v[j]) for name, v in per_fn.items()})
+            rows.append(row)
+        with open(self.run_dir / "samples.jsonl", "a") as f:
+            for row in rows:
+                f.write(json.dumps(row, default=str) + "\n")
 
     def collect(self) -> tuple[Rollout | None, dict]:
         """Roll out, score and filter one step's batch (with bounded resampling)."""
@@ -523,9 +547,11 @@ class Trainer:
 
     # ------------------------------------------------------------------ evaluation
     def evaluate(self, items=None, *, limit: int | None = None) -> dict[str, float]:
-        """Greedy rollouts over the eval set; task metrics plus reward means under ``eval/``."""
+        """Greedy (or ``trainer.eval_greedy=false``: seeded sampled, ``trainer.eval_samples`` per item) rollouts
+        over the eval set; task metrics plus reward means under ``eval/``."""
+        tr = self.cfg.trainer
         items = list(items if items is not None else self.task.eval_items())
-        limit = limit if limit is not None else self.cfg.trainer.eval_size
+        limit = limit if limit is not None else tr.eval_size
         if limit is not None:
             items = items[:limit]
         bs = max(1, self.cfg.trainer.batch_size)
@@ -537,11 +563,15 @@ class Trainer:
             skipped += sk
             if not len(batch):
                 continue
+            g = tr.eval_samples
             with torch.no_grad():
-                ro = self.policy.rollout(batch, 1, greedy=True)
-            res = self.rewards([it.get("prompt", "") for it in batch.items], ro.samples,
-                               self.task.reward_columns(batch.items))
-            all_items += batch.items
+                ro = self.policy.rollout(batch, g, greedy=tr.eval_greedy)
+            extra = [j for j, smp in enumerate(ro.samples) if isinstance(smp, dict) and smp.get("shuffled")]
+            if extra:  # sampled eval of a T-GRPO policy: its shuffled-frame probes are not evaluated
+                ro = ro.index(torch.tensor([j for j in range(ro.batch_size) if j not in set(extra)]))
+            rep = [it for it in batch.items for _ in range(g)]  # prompt-major, like every rollout
+            res = self.rewards([it.get("prompt", "") for it in rep], ro.samples, self.task.reward_columns(rep))
+            all_items += rep
             all_samples += ro.samples
             rewards.append(res.total)
             for k, v in res.per_fn.items():

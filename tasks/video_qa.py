@@ -62,12 +62,26 @@ class VideoQAConfig:
     """synthetic: frame rate of the written files."""
     video_size: list[int] = field(default_factory=lambda: [128, 96])
     """synthetic: [W, H] of the written files."""
+    event_grid: int = 1
+    """synthetic: with a value g > 1 every flash of the square lasts g frames and starts on a multiple of g (2 with
+    video.fps equal to video_fps = one flash per temporal patch of the model)."""
+    event_scale: float = 0.11
+    """synthetic: radius of the event circle as a fraction of the shorter frame side (0.05 - 0.3)."""
+    mover_scale: float = 0.12
+    """synthetic: side of the moving triangle (the colour question's subject) as a fraction of the frame height."""
+    option_order: str = "shuffled"
+    """synthetic multiple choice: shuffled (each question lists the colours in its own order, so the answer letter must
+    be looked up in the prompt) or fixed (always the palette order red, green, blue, yellow: the letter follows from
+    the colour alone)."""
     video: VideoInputConfig = field(default_factory=lambda: VideoInputConfig(fps=4.0, max_frames=16))
     """How videos are sampled (default: every frame of the 4 s synthetic videos, so no flash is missed)."""
     accuracy_weight: float = 1.0
     """Weight of the answer reward (reward/accuracy)."""
     format_weight: float = 0.1
-    """Weight of the format reward (reward/format: one <answer>...</answer> block, completion ended)."""
+    """Weight of the format reward (reward/format: one <answer>...</answer> block, nothing after it, completion ended)."""
+    format_gate: bool = True
+    """The answer reward counts only for completions that pass the format check (otherwise RL reinforces answers
+    followed by junk; see docs/tasks/video.md)."""
     tgrpo: TGRPOConfig = field(default_factory=TGRPOConfig)
     """T-GRPO (Video-R1): shuffled_group > 0 turns it on (correct_reward=accuracy, alpha 0.3, mu 0.8)."""
 
@@ -79,6 +93,8 @@ class VideoQAConfig:
             raise ConfigError("task.data: data_format=jsonl needs a JSONL file (task.data=PATH)")
         if self.num_train < 1 or self.num_eval < 0:
             raise ConfigError("task.num_train must be >= 1 and task.num_eval >= 0")
+        if self.option_order not in ("shuffled", "fixed"):
+            raise ConfigError(f"task.option_order: {self.option_order!r} is not valid; choose from shuffled, fixed")
         for name in ("accuracy_weight", "format_weight"):
             if not math.isfinite(getattr(self, name)):
                 raise ConfigError(f"task.{name} must be a finite number")
@@ -103,6 +119,15 @@ def format_answer(answer: Any) -> str:
     if isinstance(answer, float) and answer.is_integer():
         answer = int(answer)
     return f"<answer>{answer}</answer>"
+
+
+def fixed_option_order(record: Mapping[str, Any]) -> dict:
+    """A synthetic multiple-choice record with its options in palette order and the answer letter moved along."""
+    from mmrl.data.synthetic_video import PALETTE
+
+    chosen = record["options"][_LETTERS.index(record["answer"])]
+    options = [c for c in PALETTE if c in record["options"]]
+    return {**record, "options": options, "answer": _LETTERS[options.index(chosen)]}
 
 
 # ----------------------------------------------------------------------------- loaders
@@ -186,8 +211,10 @@ def load_video_qa_jsonl(path: str | Path, video_root: str | Path | None = None) 
 # ----------------------------------------------------------------------------- rewards
 
 
-def accuracy_reward(prompts, completions, question_type, answer, options=None, **columns) -> list[float | None]:
-    """:func:`mmrl.rewards.qa.qa_reward` per sample, dispatched on its ``question_type``."""
+def accuracy_reward(prompts, completions, question_type, answer, options=None, *, format_gate: bool = False,
+                    **columns) -> list[float | None]:
+    """:func:`mmrl.rewards.qa.qa_reward` per sample, dispatched on its ``question_type``; with
+    ``format_gate`` a completion that fails :func:`qa_format_ok` scores 0."""
     from mmrl.rewards.qa import qa_reward
 
     n = len(completions)
@@ -195,24 +222,31 @@ def accuracy_reward(prompts, completions, question_type, answer, options=None, *
     extra = {k: v for k, v in columns.items() if k in ("rel_tol", "abs_tol", "metric")}
     out = []
     for i, c in enumerate(completions):
+        if format_gate and not qa_format_ok(c["text"], bool(c.get("truncated"))):
+            out.append(0.0)
+            continue
         sample = {"question_type": question_type[i], "answer": answer[i], "options": options[i]}
         sample.update({k: v[i] for k, v in extra.items() if v[i] is not None})
         out.append(qa_reward(c["text"], sample))
     return out
 
 
-def qa_format_reward(prompts, completions, **_) -> list[float]:
-    """1.0 for exactly one non-empty ``<answer>...</answer>`` block in a completion that ended."""
-    from mmrl.rewards.format import find_tag_content
+def gated_accuracy_reward(prompts, completions, question_type, answer, options=None, **columns) -> list[float | None]:
+    """:func:`accuracy_reward` with the format gate on."""
+    return accuracy_reward(prompts, completions, question_type, answer, options, format_gate=True, **columns)
 
-    out = []
-    for c in completions:
-        text = c["text"]
-        found = find_tag_content(text, "answer")
-        ok = (not c.get("truncated") and found is not None and bool(found.text.strip())
-              and text.lower().count("<answer>") == 1 and text.lower().count("</answer>") == 1)
-        out.append(1.0 if ok else 0.0)
-    return out
+
+def qa_format_ok(text: str, truncated: bool) -> bool:
+    """The completion ended and is exactly one non-empty ``<answer>`` block (optionally after one ``<think>``
+    block) with nothing after it."""
+    from mmrl.rewards.format import format_reward
+
+    return not truncated and bool(format_reward(text, think=False) or format_reward(text, think=True))
+
+
+def qa_format_reward(prompts, completions, **_) -> list[float]:
+    """1.0 when :func:`qa_format_ok`, else 0.0."""
+    return [1.0 if qa_format_ok(c["text"], bool(c.get("truncated"))) else 0.0 for c in completions]
 
 
 # ----------------------------------------------------------------------------- the task
@@ -232,9 +266,12 @@ class VideoQATask(VideoTaskBase):
 
             n, seed = (cfg.num_train, cfg.seed) if split == "train" else (cfg.num_eval, cfg.eval_seed)
             recs = make_video_dataset(synthetic_video_folder("qa"), n, seed, "qa", duration_s=cfg.video_duration_s,
-                                      fps=cfg.video_fps, size=tuple(cfg.video_size))
+                                      fps=cfg.video_fps, size=tuple(cfg.video_size), event_grid=cfg.event_grid,
+                                      event_scale=cfg.event_scale, mover_scale=cfg.mover_scale)
             out = []
             for r in recs:
+                if cfg.option_order == "fixed" and r["question_type"] == "multiple_choice":
+                    r = fixed_option_order(r)
                 item = check_qa_record(r, r["video"])
                 item.update(video=r["video"], id=r["id"], source=r["video"])
                 out.append(item)
@@ -255,7 +292,8 @@ class VideoQATask(VideoTaskBase):
 
     def reward_specs(self) -> list[RewardSpec]:
         """accuracy (accuracy_weight) + format (format_weight)."""
-        return [RewardSpec("accuracy", accuracy_reward, self.cfg.accuracy_weight),
+        accuracy = gated_accuracy_reward if self.cfg.format_gate else accuracy_reward
+        return [RewardSpec("accuracy", accuracy, self.cfg.accuracy_weight),
                 RewardSpec("format", qa_format_reward, self.cfg.format_weight)]
 
     def reward_columns(self, items: Sequence[dict]) -> dict[str, list]:

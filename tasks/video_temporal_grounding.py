@@ -69,6 +69,11 @@ class VideoTemporalGroundingConfig:
     """synthetic: frame rate of the written files (the event starts and ends on this grid)."""
     video_size: list[int] = field(default_factory=lambda: [128, 96])
     """synthetic: [W, H] of the written files."""
+    event_grid: int = 1
+    """synthetic: the event starts and lasts whole multiples of this many frames of the file (2 with video.fps equal to
+    video_fps = one temporal patch of the model, so the answer is exactly resolvable)."""
+    event_scale: float = 0.11
+    """synthetic: radius of the event circle as a fraction of the shorter frame side (0.05 - 0.3)."""
     video: VideoInputConfig = field(default_factory=VideoInputConfig)
     """How videos are sampled for the model (fps, frame count, pixel budget, decoder, timeout, cache)."""
     reward_kind: str = "tiou"
@@ -79,7 +84,11 @@ class VideoTemporalGroundingConfig:
     iou_weight: float = 1.0
     """Weight of the temporal reward (reward/temporal)."""
     format_weight: float = 0.1
-    """Weight of the format reward (reward/format: one <answer>start to end</answer> block that parses as written)."""
+    """Weight of the format reward (reward/format: one <answer>start to end</answer> block that parses as written,
+    nothing after it, completion finished)."""
+    format_gate: bool = True
+    """The temporal reward counts only for completions that pass the format check. Without the gate an answer
+    followed by junk scores like a clean one, RL reinforces the junk and the policy stops ending its completions."""
     on_reversed: str = "reject"
     """A predicted segment with start > end: reject (scores 0) or swap."""
     annotation_tolerance_s: float = 0.5
@@ -228,14 +237,18 @@ def load_temporal_jsonl(path: str | Path, video_root: str | Path | None = None) 
 # ----------------------------------------------------------------------------- rewards
 
 
-def make_temporal_reward(kind: str, *, tau: float = 0.5, on_reversed: str = "reject"):
+def make_temporal_reward(kind: str, *, tau: float = 0.5, on_reversed: str = "reject", format_gate: bool = False):
     """Reward fn: ``temporal_reward`` of each completion against its item's ``segments`` (window seconds),
-    predictions clipped to ``[0, duration]``."""
+    predictions clipped to ``[0, duration]``; with ``format_gate`` a completion that fails
+    :func:`temporal_format_ok` scores 0."""
     from mmrl.rewards.temporal import temporal_reward
 
     def temporal(prompts, completions, segments, duration, **_) -> list[float]:
         out = []
         for c, seg, d in zip(completions, segments, duration):
+            if format_gate and not temporal_format_ok(c["text"], d, bool(c.get("truncated"))):
+                out.append(0.0)
+                continue
             score, _status = temporal_reward(c["text"], seg, d, kind=kind, tau=tau, on_reversed=on_reversed)
             out.append(score)
         return out
@@ -244,12 +257,14 @@ def make_temporal_reward(kind: str, *, tau: float = 0.5, on_reversed: str = "rej
 
 
 def temporal_format_ok(text: str, duration: float | None, truncated: bool) -> bool:
-    """One ``<answer>`` block whose content parses as written (status "ok"), and the completion ended."""
-    from mmrl.rewards.format import find_tag_content
+    """The completion ended, is exactly one ``<answer>`` block (optionally after one ``<think>`` block) with
+    nothing after it, and the answer parses as written (status "ok")."""
+    from mmrl.rewards.format import format_reward
+
+    if truncated or not (format_reward(text, think=False) or format_reward(text, think=True)):
+        return False
     from mmrl.rewards.temporal import parse_segments
 
-    if truncated or find_tag_content(text, "answer") is None:
-        return False
     return parse_segments(text, duration=duration).status == "ok"
 
 
@@ -287,7 +302,8 @@ class VideoTemporalGroundingTask(VideoTaskBase):
 
             n, seed = (cfg.num_train, cfg.seed) if split == "train" else (cfg.num_eval, cfg.eval_seed)
             recs = make_video_dataset(synthetic_video_folder("temporal"), n, seed, "temporal",
-                                      duration_s=cfg.video_duration_s, fps=cfg.video_fps, size=tuple(cfg.video_size))
+                                      duration_s=cfg.video_duration_s, fps=cfg.video_fps, size=tuple(cfg.video_size),
+                                      event_grid=cfg.event_grid, event_scale=cfg.event_scale)
             return [{"video": r["video"], "query": r["question"].split("?")[0] + "?", "segments": r["segments"],
                      "id": r["id"], "source": r["video"], "event": r["event"]} for r in recs]
         path = cfg.data if split == "train" or cfg.eval_data is None else cfg.eval_data
@@ -330,7 +346,8 @@ class VideoTemporalGroundingTask(VideoTaskBase):
         """temporal (iou_weight) + format (format_weight)."""
         return [
             RewardSpec("temporal", make_temporal_reward(self.cfg.reward_kind, tau=self.cfg.tau,
-                                                        on_reversed=self.cfg.on_reversed), self.cfg.iou_weight),
+                                                        on_reversed=self.cfg.on_reversed,
+                                                        format_gate=self.cfg.format_gate), self.cfg.iou_weight),
             RewardSpec("format", temporal_format_reward, self.cfg.format_weight),
         ]
 

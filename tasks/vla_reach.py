@@ -77,6 +77,8 @@ class VLAReachConfig:
     """Camera image side in pixels."""
     camera: str = "front"
     """Camera: front or top."""
+    success_radius: float = 0.05
+    """Reach success: the fingertip within this distance (m) of the target block centre (the env's reach_radius)."""
     max_steps: int = 16
     """Env steps before an episode is truncated (failure)."""
     demo_max_steps: int = 50
@@ -98,6 +100,8 @@ class VLAReachConfig:
             raise ConfigError(f"task.tasks: unknown tabletop tasks {bad}; valid: {sorted(TASKS)}")
         if min(self.train_init_states, self.eval_init_states, self.demo_episodes, self.max_steps) < 1:
             raise ConfigError("task.train_init_states, eval_init_states, demo_episodes and max_steps must be >= 1")
+        if not self.success_radius > 0:
+            raise ConfigError(f"task.success_radius must be > 0 metres, got {self.success_radius}")
 
 
 class VLATask(Task):
@@ -294,7 +298,7 @@ class VLAReachTask(VLATask):
         return [f"tabletop/{t}" for t in self.cfg.tasks]
 
     def env_kwargs(self, demo: bool = False) -> dict:
-        return {"image_size": self.cfg.image_size, "camera": self.cfg.camera,
+        return {"image_size": self.cfg.image_size, "camera": self.cfg.camera, "reach_radius": self.cfg.success_radius,
                 "max_steps": self.cfg.demo_max_steps if demo else self.cfg.max_steps}
 
     def instruction(self, task: str) -> str:

@@ -199,3 +199,22 @@ def test_cli_eval_loads_the_checkpoint(tmp_path, capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["eval/accuracy"] == trained  # the checkpoint's weights, not the random init
     assert main(["eval", "task=toy_arithmetic"]) == 2  # no checkpoint: clear error
+
+
+def test_sampled_eval_with_several_samples_per_item(tmp_path):
+    tr = toy_trainer(tmp_path, "trainer.eval_size=6", "trainer.eval_greedy=false", "trainer.eval_samples=3", steps=1)
+    a = tr.evaluate()
+    assert a["eval/n"] == 18.0  # 6 items x 3 samples
+    assert tr.evaluate() == a  # seeds fixed per eval item: the same samples every time
+    g = toy_trainer(tmp_path / "g", "trainer.eval_size=6", steps=1).evaluate()
+    assert g["eval/n"] == 6.0
+    # the samples differ from each other (not greedy copies): on the random-init model they disagree
+    texts = []
+    from mmrl.policies.base import PromptBatch
+
+    items = [tr.task.prepare_item(it) for it in tr.task.eval_items()[:1]]
+    ro = tr.policy.rollout(PromptBatch(items=items, indices=[0], seeds=[5]), 3, greedy=False)
+    texts = [s["text"] if isinstance(s, dict) else s for s in ro.samples]
+    assert len(set(texts)) > 1
+    with pytest.raises(ConfigError, match="eval_samples"):
+        toy_trainer(tmp_path / "bad", "trainer.eval_samples=2", steps=1)

@@ -476,6 +476,31 @@ def test_synthetic_deterministic_and_fast(tmp_path):
         make_event_video(tmp_path / "x.mp4", seed=0, duration_s=1.0)
 
 
+def test_synthetic_event_grid_and_scale(tmp_path):
+    # 8 s at 2 fps = 16 frames; grid 2 -> 8 cells: the event starts and lasts whole cells (whole seconds)
+    for seed in range(6):
+        t = make_event_video(tmp_path / f"g{seed}.mp4", seed=seed, duration_s=8.0, fps=2, event_grid=2, event_scale=0.22)
+        a, b = t["event_frames"]
+        assert a % 2 == 0 and b % 2 == 0 and 0 < a < b < 16
+        s, e = t["segments"][0]
+        assert s.is_integer() and e.is_integer() and (s, e) == (a / 2, b / 2)
+        assert t["event_radius"] == round(0.22 * 96) == 21
+        cx, cy = t["event_center"]
+        assert cx - 21 >= 0 and cx + 21 < 128 and cy - 21 >= 0 and cy + 21 < 96
+        frames = decode_clip(t["video"], INPROC).frames  # [16, H, W, 3]
+        on = frames[a, cy, cx].astype(int)
+        off = frames[a - 1, cy, cx].astype(int)
+        assert np.abs(on - np.array(PALETTE[t["event_color"]])).max() < 40 and off.max() < 80
+    with pytest.raises(SyntheticVideoError, match="event_grid"):
+        make_event_video(tmp_path / "x.mp4", seed=0, duration_s=8.0, fps=2, event_grid=5)  # > 16 // 4
+    with pytest.raises(SyntheticVideoError, match="event_scale"):
+        make_event_video(tmp_path / "x.mp4", seed=0, event_scale=0.5)
+    # the original defaults keep their file names; other settings get their own files
+    plain = make_video_dataset(tmp_path / "ds", 1, seed=3)
+    gridded = make_video_dataset(tmp_path / "ds", 1, seed=3, event_grid=2)
+    assert plain[0]["video"] != gridded[0]["video"]
+
+
 def test_video_dataset_records_and_reuse(tmp_path):
     temporal = make_video_dataset(tmp_path, 4, seed=2, kind="temporal")
     mtimes = [os.stat(r["video"]).st_mtime_ns for r in temporal]

@@ -78,6 +78,21 @@ def test_temporal_rewards_by_hand():
     assert fmt == [1.0, 0.0, 0.0, 0.0]
 
 
+def test_format_gate_zeroes_answers_with_junk_after_them():
+    seg, dur = [[1.0, 3.0]], 4.0
+    texts = ["<answer>1.0 to 3.0</answer>",  # clean, exact -> 1
+             "<answer>1.0 to 3.0</answer>2.0</answer>",  # junk after the block: gated -> 0 (ungated 1)
+             "<answer>1.0 to 3.0</answer><answer>0 to 4</answer>",  # two blocks -> 0 (ungated: the last, 0.5)
+             "<think>the circle shows at 1 s</think><answer>2.0 to 3.0</answer>"]  # think + answer is clean -> 0.5
+    gated = make_temporal_reward("tiou", format_gate=True)(None, [sample(t) for t in texts], [seg] * 4, [dur] * 4)
+    assert gated == pytest.approx([1.0, 0.0, 0.0, 0.5])
+    ungated = make_temporal_reward("tiou")(None, [sample(t) for t in texts], [seg] * 4, [dur] * 4)
+    assert ungated[1] == pytest.approx(1.0)
+    # a clean answer that was cut off (no EOS) is gated too
+    assert make_temporal_reward("tiou", format_gate=True)(None, [sample(texts[0], truncated=True)], [seg], [dur]) == [0.0]
+    assert temporal_format_reward(None, [sample(t) for t in texts], [dur] * 4) == [1.0, 0.0, 0.0, 1.0]
+
+
 def test_temporal_eval_and_rollout_metrics_by_hand(tmp_path):
     task = tg_task(tmp_path)
     items = [{"segments": [[1.0, 3.0]], "duration": 4.0}, {"segments": [[0.0, 1.0]], "duration": 4.0},
@@ -116,6 +131,11 @@ def test_qa_rewards_by_hand():
     fmt = qa_format_reward(None, [sample("<answer>B</answer>"), sample("B"), sample("<answer></answer>"),
                                   sample("<answer>B</answer><answer>C</answer>"), sample("<answer>B</answer>", truncated=True)])
     assert fmt == [1.0, 0.0, 0.0, 0.0, 0.0]
+    # the format gate: "<answer>three</answer> 4" has text after the block -> 0; a cut-off right answer -> 0
+    gated = accuracy_reward(None, [sample(t) for t in texts], **cols, format_gate=True)
+    assert gated == [1.0, 0.0, 1.0, 0.0, 1.0]
+    assert accuracy_reward(None, [sample(texts[0], truncated=True)], **{k: v[:1] for k, v in cols.items()},
+                           format_gate=True) == [0.0]
     cfg = load_config(["task=video_qa", "task.video.decode_timeout_s=null"])
     task = VideoQATask(cfg.task, cfg)
     m = task.eval_metrics(items[:4], [sample(t) for t in texts[:4]], {})
@@ -198,7 +218,8 @@ def test_prepare_item_decodes_once_and_converts_clip_time(tmp_path, vids):
     out = task.prepare_item(item)
     assert isinstance(out["video"], VideoClip) and out["video_path"] == rec["video"]
     assert out["duration"] == 4.0 and out["clip_start"] == 0.0 and out["segments"] == rec["segments"]
-    assert out["video"].num_frames == 8 and out["video"].frames.shape[1:3] == (56, 84)
+    # 128x96 source under 6272 px per frame, sides multiples of 32 (Qwen3-VL default) -> 64x64
+    assert out["video"].num_frames == 8 and out["video"].frames.shape[1:3] == (64, 64)
     again = task.prepare_item(item)
     assert again["video"] is out["video"] and task.frame_cache.stats.decodes == 1
     # a window: clock starts at clip_start; segments shift into window time
@@ -274,7 +295,9 @@ def test_two_step_training_run_with_tgrpo_and_a_bad_video(tmp_path, vids):
                        "task.num_train=6", "task.num_eval=2", f"task.video.cache_dir={tmp_path / 'frames'}",
                        "task.tgrpo.shuffled_group=2", "trainer.max_steps=2", "trainer.batch_size=3",
                        "trainer.sft_steps=2", "trainer.eval_every=0", "trainer.eval_at_end=true", "trainer.eval_size=2",
-                       "trainer.lr=0.01", "algo.group_size=3", "model.max_new_tokens=6", *TG_BASE])
+                       "trainer.lr=0.01", "algo.group_size=3", "model.max_new_tokens=6", *TG_BASE,
+                       # Qwen2.5-VL (time via second_per_grid_ts) on 4 s videos at 4 fps: 8 frames of 84x56
+                       "model=tiny_qwen2_5_vl", "task.video_duration_s=4", "task.video_fps=4"])
     tr = Trainer(cfg)
     bad = tmp_path / "bad.mp4"
     bad.write_bytes(b"not a video" * 100)

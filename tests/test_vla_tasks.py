@@ -70,7 +70,7 @@ def test_collect_expert_demos_in_a_subprocess(tmp_path):
 def test_configs_and_registry():
     cfg = load_config(["task=vla_reach"])
     assert cfg.model.type == "vla" and cfg.task.name == "vla_reach" and cfg.algo.group_size == 8
-    assert type(cfg.model).__name__ == "VLAConfig" and cfg.model.n_bins == 256
+    assert type(cfg.model).__name__ == "VLAConfig" and cfg.model.n_bins == 32  # vla_reach default
     assert get_task_class("vla_reach") is VLAReachTask
     assert load_config(["task=vla_lift"]).task.tasks == ["Lift"]
     with pytest.raises(ConfigError, match="unknown tabletop tasks"):

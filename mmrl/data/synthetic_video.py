@@ -67,6 +67,9 @@ def make_event_video(
     duration_s: float = 8.0,
     fps: int = 8,
     size: tuple[int, int] = (128, 96),
+    event_grid: int = 1,
+    event_scale: float = 0.11,
+    mover_scale: float = 0.12,
 ) -> dict[str, Any]:
     """Write a synthetic video to ``path`` (``.mp4``) and return its ground truth.
 
@@ -76,6 +79,11 @@ def make_event_video(
         duration_s: length; ``duration_s * fps`` must be a whole number of frames (>= 16).
         fps: frame rate of the file.
         size: ``(width, height)`` in pixels, each at least 48.
+        event_grid: the event starts and lasts a whole number of this many frames (e.g. 2 = one
+            temporal patch of a Qwen-VL model that samples every frame, so no patch half-shows it);
+            with a grid > 1 each flash of the square is one grid cell long, on the grid, 1-4 flashes.
+        event_scale: circle radius as a fraction of the shorter side (0.05 - 0.3).
+        mover_scale: side of the moving triangle as a fraction of the height (0.05 - 0.3).
 
     Returns:
         ``{"video", "seed", "duration", "fps", "num_frames", "size", "segments": [[s, e]],
@@ -99,30 +107,40 @@ def make_event_video(
         raise SyntheticVideoError(
             f"make_event_video: duration_s * fps = {duration_s * fps:g} must be a whole number of frames >= 16"
         )
+    if not (isinstance(event_grid, int) and 1 <= event_grid <= num_frames // 4):
+        raise SyntheticVideoError(f"make_event_video: event_grid must be an int in [1, {num_frames // 4}], got {event_grid!r}")
+    for name, value in (("event_scale", event_scale), ("mover_scale", mover_scale)):
+        if not 0.05 <= value <= 0.3:
+            raise SyntheticVideoError(f"make_event_video: {name} must be in [0.05, 0.3], got {value!r}")
     rng = np.random.default_rng(seed)
     names = list(PALETTE)
     event_color = names[int(rng.integers(len(names)))]
     others = [c for c in names if c != event_color]
     moving_color = others[int(rng.integers(len(others)))]
 
-    # event: L frames starting at a0, inside (0, N)
-    min_len, max_len = max(2, round(0.15 * num_frames)), max(3, round(0.45 * num_frames))
+    # event: L frames starting at a0, inside (0, N); with a grid g both are multiples of g
+    g, cells = event_grid, num_frames // event_grid
+    min_len, max_len = max(2, round(0.15 * cells)), max(3, round(0.45 * cells))
     event_len = int(rng.integers(min_len, max_len + 1))
-    a0 = int(rng.integers(1, num_frames - event_len))
-    event_frames = [a0, a0 + event_len]
+    a0 = int(rng.integers(1, cells - event_len))
+    event_frames = [a0 * g, (a0 + event_len) * g]
 
-    # square: flashes, each ~0.25 s long
-    flash_len = max(1, round(0.25 * fps))
-    max_count = max(1, min(4, num_frames // (2 * flash_len + 2)))
-    flash_count = int(rng.integers(1, max_count + 1))
-    flashes = _flash_frames(rng, num_frames, flash_count, flash_len)
+    # square: flashes, each ~0.25 s long; with a grid, one grid cell long and on the grid
+    if g == 1:
+        flash_len = max(1, round(0.25 * fps))
+        max_count = max(1, min(4, num_frames // (2 * flash_len + 2)))
+        flash_count = int(rng.integers(1, max_count + 1))
+        flashes = _flash_frames(rng, num_frames, flash_count, flash_len)
+    else:
+        flash_count = int(rng.integers(1, min(4, cells // 2) + 1))
+        flashes = [[a * g, b * g] for a, b in _flash_frames(rng, cells, flash_count, 1)]
 
     side = max(6, round(0.15 * min(width, height)))
     square_box = [2, 2, 2 + side, 2 + side]  # x0, y0, x1, y1 (exclusive)
-    radius = max(5, round(0.11 * min(width, height)))
-    cx = int(rng.integers(round(0.4 * width) + radius, width - radius - 2))
-    cy = int(rng.integers(radius + 2, round(0.6 * height) - radius))
-    tri = max(6, round(0.12 * height))
+    radius = max(5, round(event_scale * min(width, height)))
+    cx = int(rng.integers(max(round(0.4 * width), 2 + side) + radius, width - radius - 2))
+    cy = int(rng.integers(radius + 2, max(round(0.6 * height) - radius, radius + 3)))
+    tri = max(6, round(mover_scale * height))
     band_y = height - tri - 3
 
     yy, xx = np.mgrid[0:height, 0:width]
@@ -221,6 +239,9 @@ def make_video_dataset(
     duration_s: float = 8.0,
     fps: int = 8,
     size: tuple[int, int] = (128, 96),
+    event_grid: int = 1,
+    event_scale: float = 0.11,
+    mover_scale: float = 0.12,
 ) -> list[dict[str, Any]]:
     """Write (or reuse) ``n`` synthetic videos in ``folder`` and return one record per video.
 
@@ -240,7 +261,10 @@ def make_video_dataset(
         raise SyntheticVideoError(f"make_video_dataset: n must be an int >= 0, got {n!r}")
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    params = json.dumps([_GENERATOR_VERSION, float(duration_s), int(fps), list(size)])
+    params = [_GENERATOR_VERSION, float(duration_s), int(fps), list(size)]
+    if (event_grid, event_scale, mover_scale) != (1, 0.11, 0.12):  # the original defaults keep their file names
+        params += [int(event_grid), float(event_scale), float(mover_scale)]
+    params = json.dumps(params)
     tag = hashlib.sha256(params.encode()).hexdigest()[:8]
     records = []
     for i in range(n):
@@ -255,7 +279,8 @@ def make_video_dataset(
             except (OSError, ValueError, KeyError):
                 truth = None
         if truth is None:
-            truth = make_event_video(video, seed=_video_seed(seed, i), duration_s=duration_s, fps=fps, size=size)
+            truth = make_event_video(video, seed=_video_seed(seed, i), duration_s=duration_s, fps=fps, size=size,
+                                     event_grid=event_grid, event_scale=event_scale, mover_scale=mover_scale)
             payload = json.dumps({"file_size": video.stat().st_size, "truth": truth})
             tmp = meta.with_name(f".{meta.name}.tmp{os.getpid()}")
             tmp.write_text(payload)

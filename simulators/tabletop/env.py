@@ -66,7 +66,7 @@ def _build_tasks() -> dict[str, TaskSpec]:
 
 
 TASKS: dict[str, TaskSpec] = _build_tasks()
-REACH_RADIUS = 0.05  # success: tip within this distance (m) of the target block centre
+REACH_RADIUS = 0.05  # default reach success: tip within this distance (m) of the target block centre
 LIFT_HEIGHT = 0.08  # success: block centre above this height (m); resting height is 0.02
 
 
@@ -172,6 +172,7 @@ class TabletopEnv(_import_gym().Env):
         render: produce ``obs["image"]``; False skips the renderer entirely.
         render_backend: ``"egl"``, ``"osmesa"`` or ``"glfw"``; None uses ``$MUJOCO_GL`` (default egl).
         action_scale: metres of set-point motion per unit of dx/dy/dz.
+        reach_radius: reach success distance (m) between the tip and the target block centre.
     """
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 25}
@@ -189,6 +190,7 @@ class TabletopEnv(_import_gym().Env):
         render: bool = True,
         render_backend: str | None = None,
         action_scale: float = 0.04,
+        reach_radius: float = REACH_RADIUS,
     ) -> None:
         from gymnasium import spaces
 
@@ -203,7 +205,10 @@ class TabletopEnv(_import_gym().Env):
             raise ValueError(
                 f"max_steps, frame_skip and action_repeat must be >= 1, got {max_steps}, {frame_skip}, {action_repeat}"
             )
+        if not reach_radius > 0:
+            raise ValueError(f"reach_radius must be > 0 metres, got {reach_radius}")
         self.cfg = SceneConfig(image_size=image_size)
+        self.reach_radius = float(reach_radius)
         self.camera = camera
         self.max_steps = int(max_steps)
         self.frame_skip = int(frame_skip) * int(action_repeat)
@@ -375,7 +380,7 @@ class TabletopEnv(_import_gym().Env):
         spec = self.spec_task
         block = self.block_position(spec.target)
         if spec.kind == "reach":
-            return bool(np.linalg.norm(self.ee_position() - block) <= REACH_RADIUS)
+            return bool(np.linalg.norm(self.ee_position() - block) <= self.reach_radius)
         if spec.kind == "push":
             offset = np.abs(block[:2] - self.pad_position())
             return bool((offset <= self.cfg.pad_half).all() and block[2] < 2 * self.cfg.block_half)
