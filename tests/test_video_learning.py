@@ -29,7 +29,7 @@ def test_best_constant_by_hand():
 
 def test_temporal_grounding_warm_start_beats_the_best_constant_answer(tmp_path):
     # the default task (8 s videos, 16 frames, tiny Qwen3-VL) with a shortened warm start and no RL steps;
-    # measured: eval mIoU ~0.5 after 150 SFT steps vs ~0.33 for the best constant answer (~50 s)
+    # the best constant answer scores 0.39 mIoU on these 48 eval videos; the warm start must beat it by 0.1 (~60 s)
     cfg = load_config(["task=video_temporal_grounding", f"trainer.output_dir={tmp_path}", "trainer.run_name=r",
                        "trainer.progress=false", "trainer.tensorboard=false", "trainer.plot=false",
                        "trainer.sft_steps=150", "trainer.max_steps=0", "task.num_eval=48", "trainer.eval_size=48"])
