@@ -554,7 +554,18 @@ class Trainer:
         limit = limit if limit is not None else tr.eval_size
         if limit is not None:
             items = items[:limit]
-        bs = max(1, self.cfg.trainer.batch_size)
+        recording = getattr(self.policy, "record_frames", None)
+        if recording is not None:  # e.g. VLA: keep the episodes' frames for evaluation videos
+            self.policy.record_frames = True
+        try:
+            return self._evaluate(items)
+        finally:
+            if recording is not None:
+                self.policy.record_frames = recording
+
+    def _evaluate(self, items: list) -> dict[str, float]:
+        tr = self.cfg.trainer
+        bs = max(1, tr.batch_size)
         all_items, all_samples, per_fn, rewards, skipped = [], [], {}, [], 0
         for lo in range(0, len(items), bs):
             idx = list(range(lo, min(len(items), lo + bs)))

@@ -240,7 +240,8 @@ class VLATask(Task):
         return out
 
     def eval_metrics(self, items, samples, per_fn):
-        """Success over the fixed evaluation initial states (overall, per task, per initial state file) + videos."""
+        """Success over the fixed evaluation initial states (overall, per task, per initial state file: the success
+        rate of its episodes) + videos."""
         valid = [s.get("valid", True) for s in samples]
         n = max(1, sum(valid))
         out: dict[str, float] = {"eval/success_rate": sum(bool(s["success"]) for s, v in zip(samples, valid) if v) / n,
@@ -251,7 +252,10 @@ class VLATask(Task):
         out["eval/score"] = out["eval/success_rate"]
         run_dir = self._run_dir()
         if run_dir is not None:
-            per_state = {f"{it['task']}/{it['init_state']}": bool(s["success"]) for it, s in zip(items, samples)}
+            runs: dict[str, list[bool]] = defaultdict(list)  # several episodes per state with a sampled eval
+            for it, s in zip(items, samples):
+                runs[f"{it['task']}/{it['init_state']}"].append(bool(s["success"]))
+            per_state = {k: sum(v) / len(v) for k, v in runs.items()}
             run_dir.mkdir(parents=True, exist_ok=True)
             (run_dir / "eval_success.json").write_text(json.dumps({"summary": out, "per_init_state": per_state}, indent=1))
             self._write_videos(run_dir / "videos", items, samples)

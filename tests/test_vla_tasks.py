@@ -176,6 +176,27 @@ def test_vla_reach_two_trainer_steps_change_parameters(tmp_path):
         tr.policy.close()
 
 
+def test_vla_sampled_eval_keeps_videos_and_per_state_rates(tmp_path):
+    import json
+
+    from mmrl.trainer import Trainer
+
+    tr = Trainer(load_config(reach_overrides(tmp_path, "trainer.eval_greedy=false", "trainer.eval_samples=3",
+                                             "trainer.max_steps=0")))
+    tr.setup_run_dir()
+    try:
+        out = tr.evaluate()
+        assert out["eval/n"] == 6.0  # 2 tasks x 1 initial state x 3 sampled episodes
+        assert tr.policy.record_frames is False  # switched on only while evaluating
+        per_state = json.loads((tmp_path / "run" / "eval_success.json").read_text())["per_init_state"]
+        assert sorted(per_state) == ["reach_blue/0", "reach_red/0"]
+        assert all(v in (0.0, 1 / 3, 2 / 3, 1.0) for v in per_state.values())
+        assert sum(per_state.values()) / 2 == pytest.approx(out["eval/success_rate"])
+        assert len(list((tmp_path / "run" / "videos").glob("*.mp4"))) == 1  # task.eval_videos=1, frames were kept
+    finally:
+        tr.policy.close()
+
+
 @pytest.mark.skipif(importlib.util.find_spec("robosuite") is None, reason="robosuite is not installed")
 def test_vla_lift_two_trainer_steps(tmp_path):
     from mmrl.trainer import Trainer

@@ -193,6 +193,9 @@ class VLAPolicy(VLMPolicy):
             raise VLAInputError(f"action id {int(self.action_ids.max())} is outside the model vocabulary ({vocab})")
         self.action_tokenizer = self._make_action_tokenizer(action_stats)
         self._pool = None
+        self.record_frames = False
+        """Keep every episode's frames in its sample (for evaluation videos); greedy rollouts always keep them.
+        The trainer turns this on while it evaluates."""
         self._slot_tasks: list[str | None] = []
         self._templates: dict[tuple[str, tuple[int, ...]], PromptInputs] = {}
 
@@ -377,7 +380,7 @@ class VLAPolicy(VLMPolicy):
             log.warning("%d episodes still running after %d policy calls (model.max_policy_calls); stopped",
                         len(still), calls)
         for k in range(n):
-            eps[k].last_frame = obs[pool.image_key][k].copy() if greedy else None
+            eps[k].last_frame = obs[pool.image_key][k].copy() if (greedy or self.record_frames) else None
         return self._build_rollout(batch, plan, items, eps, pool, greedy=greedy, still=set(still),
                                    timing={"generation": t_gen, "env": t_env,
                                            "env_steps": pool.stats()["env_steps"] - env_steps0})
@@ -408,7 +411,7 @@ class VLAPolicy(VLMPolicy):
             sample = {"success": success, "valid": ok, "length": int(pool.episode_steps[k]), "policy_calls": steps,
                       "failure": failure, "task": items[k].get("task", items[k].get("env_task")),
                       "init_state": int(items[k]["init_state"])}
-            if greedy:  # evaluation: keep the frames for videos
+            if greedy or self.record_frames:  # evaluation: keep the frames for videos
                 sample["frames"] = np.concatenate([frames, ep.last_frame[None]]) if ep.last_frame is not None else frames
             samples.append(sample)
         if self._group > 1:
