@@ -400,6 +400,12 @@ class Trainer:
             metrics["data/empty_steps"] = 1.0
             self.scheduler.step()
             return metrics
+        keep = torch.nonzero(ro.valid).flatten()
+        if 0 < keep.numel() < ro.batch_size:
+            # rows without gradient (T-GRPO's shuffled probes, failed episodes, failed rewards) are out of every
+            # statistic already; dropping them here saves their old-log-prob, reference and training forwards
+            ro = ro.index(keep)
+        metrics["update/samples"] = float(ro.batch_size)
         use_gae = algo.advantage == "gae"
         mode = algo.old_logp
         if mode == "auto":

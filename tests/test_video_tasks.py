@@ -312,6 +312,8 @@ def test_two_step_training_run_with_tgrpo_and_a_bad_video(tmp_path, vids):
     assert all(m["rollout/logp_abs_diff"] < 1e-4 for m in seen)
     assert all(m["video/frames"] == 8.0 and m["video/visual_tokens"] == 24.0 for m in seen)
     assert all("tgrpo/bonus_frac" in m and m["tgrpo/compared_groups"] >= 1 for m in seen)
+    # the shuffled probes (2 per prompt) never reach the update: at most 3 prompts x 3 ordered samples train
+    assert all(m["update/samples"] <= 9.0 for m in seen)
     assert tr.skipped_total >= 1 and seen[-1]["data/skipped_total"] == tr.skipped_total
     assert "eval/miou" in out and out["eval/n"] == 2.0
     assert (tr.run_dir / "sft_metrics.jsonl").exists()
