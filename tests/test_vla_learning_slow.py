@@ -1,10 +1,10 @@
-"""`vla_reach` embedded default: demos -> SFT -> GRPO must raise success (~7 min): `python -m pytest -m slow`;
+"""`vla_reach` embedded default: demos -> SFT -> GRPO must raise success (~11 min): `python -m pytest -m slow`;
 plus fast checks of the success radius that the default relies on.
 
-Measured on the shared 2-core machine (seed 0, docs/curves/vla_reach.json, docs/tasks/vla.md):
-greedy eval success on the 32 (task, initial state) items 0.125 (random init) -> 0.219 after 500 SFT
-steps -> 0.281 after 40 GRPO steps (peak 0.344 at step 20); sampled training success (temperature 1.5,
-G=8) averaged over steps 1-10 -> 31-40: 0.10 -> 0.35.
+Measured on the shared 2-core machine (seed 0, docs/curves/vla_reach.json, docs/tasks/vla.md): sampled eval
+success (4 seeded episodes per (task, initial state), 128 episodes) 0.219 at random init -> 0.203 after 500 SFT
+steps -> 0.172 / 0.227 / 0.227 / 0.312 / 0.352 / 0.344 at GRPO steps 10-60; sampled training success (temperature
+1.5, G=8) averaged over steps 1-10 -> 41-50: 0.09 -> 0.38.
 
 There is no short (~60 s) variant: the SFT warm start alone takes ~110 s at 128x128 frames, and at the
 64 px / short-SFT settings that fit in a minute the policy cannot locate the blocks (success stays at
@@ -64,8 +64,8 @@ def test_vla_reach_default_grpo_beats_sft(tmp_path):
     rows = read_metrics(tmp_path / "r" / "metrics.jsonl")
     after_sft = [r for r in rows if "sft/step" in r][0]["eval/success_rate"]
     rollout = [r["rollout/success_rate"] for r in rows if "rollout/success_rate" in r]
-    assert final["eval/n"] == 32 and len(rollout) == cfg.trainer.max_steps
+    assert final["eval/n"] == 128 and len(rollout) == cfg.trainer.max_steps
     # GRPO's own objective: sampled success on the RL items rises by >= 0.1 from the first to the last 10 steps
     assert _mean(rollout[-10:]) >= _mean(rollout[:10]) + 0.1
-    # greedy evaluation (same items) ends above the SFT level (32 binary episodes: a coarse check)
-    assert final["eval/success_rate"] > after_sft
+    # the sampled evaluation (same items, 128 episodes) ends clearly above the SFT level (measured +0.14)
+    assert final["eval/success_rate"] >= after_sft + 0.08
