@@ -169,8 +169,8 @@ class TrainerConfig:
     sft_batch_size: int | None = None
     """Prompts per warm-start step (default: trainer.batch_size)."""
     log_samples_every: int = 0
-    """Every this many steps append the step's rollouts (prompt id, completion text, reward per function, advantage)
-    to samples.jsonl in the run dir, to read what the policy writes; 0 disables."""
+    """Every this many steps append the step's rollouts (prompt id, group, completion text, total reward and reward per
+    function) to samples.jsonl in the run dir, to read what the policy writes; 0 disables."""
     log_samples_max: int = 16
     """At most this many samples per logged step."""
 

@@ -583,9 +583,9 @@ class Trainer:
             g = tr.eval_samples
             with torch.no_grad():
                 ro = self.policy.rollout(batch, g, greedy=tr.eval_greedy)
-            extra = [j for j, smp in enumerate(ro.samples) if isinstance(smp, dict) and smp.get("shuffled")]
-            if extra:  # sampled eval of a T-GRPO policy: its shuffled-frame probes are not evaluated
-                ro = ro.index(torch.tensor([j for j in range(ro.batch_size) if j not in set(extra)]))
+            ordered = [j for j, smp in enumerate(ro.samples) if not (isinstance(smp, dict) and smp.get("shuffled"))]
+            if len(ordered) < ro.batch_size:  # sampled eval of a T-GRPO policy: its shuffled-frame probes are not scored
+                ro = ro.index(torch.tensor(ordered))
             rep = [it for it in batch.items for _ in range(g)]  # prompt-major, like every rollout
             res = self.rewards([it.get("prompt", "") for it in rep], ro.samples, self.task.reward_columns(rep))
             all_items += rep

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from mmrl.config import ConfigError
 
+import functools
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -214,7 +215,8 @@ def load_video_qa_jsonl(path: str | Path, video_root: str | Path | None = None) 
 def accuracy_reward(prompts, completions, question_type, answer, options=None, *, format_gate: bool = False,
                     **columns) -> list[float | None]:
     """:func:`mmrl.rewards.qa.qa_reward` per sample, dispatched on its ``question_type``; with
-    ``format_gate`` a completion that fails :func:`qa_format_ok` scores 0."""
+    ``format_gate`` a completion that fails :func:`mmrl.rewards.format.is_clean_answer` scores 0."""
+    from mmrl.rewards.format import is_clean_answer
     from mmrl.rewards.qa import qa_reward
 
     n = len(completions)
@@ -222,7 +224,7 @@ def accuracy_reward(prompts, completions, question_type, answer, options=None, *
     extra = {k: v for k, v in columns.items() if k in ("rel_tol", "abs_tol", "metric")}
     out = []
     for i, c in enumerate(completions):
-        if format_gate and not qa_format_ok(c["text"], bool(c.get("truncated"))):
+        if format_gate and not is_clean_answer(c["text"], bool(c.get("truncated"))):
             out.append(0.0)
             continue
         sample = {"question_type": question_type[i], "answer": answer[i], "options": options[i]}
@@ -231,22 +233,11 @@ def accuracy_reward(prompts, completions, question_type, answer, options=None, *
     return out
 
 
-def gated_accuracy_reward(prompts, completions, question_type, answer, options=None, **columns) -> list[float | None]:
-    """:func:`accuracy_reward` with the format gate on."""
-    return accuracy_reward(prompts, completions, question_type, answer, options, format_gate=True, **columns)
-
-
-def qa_format_ok(text: str, truncated: bool) -> bool:
-    """The completion ended and is exactly one non-empty ``<answer>`` block (optionally after one ``<think>``
-    block) with nothing after it."""
-    from mmrl.rewards.format import format_reward
-
-    return not truncated and bool(format_reward(text, think=False) or format_reward(text, think=True))
-
-
 def qa_format_reward(prompts, completions, **_) -> list[float]:
-    """1.0 when :func:`qa_format_ok`, else 0.0."""
-    return [1.0 if qa_format_ok(c["text"], bool(c.get("truncated"))) else 0.0 for c in completions]
+    """1.0 when :func:`mmrl.rewards.format.is_clean_answer`, else 0.0."""
+    from mmrl.rewards.format import is_clean_answer
+
+    return [1.0 if is_clean_answer(c["text"], bool(c.get("truncated"))) else 0.0 for c in completions]
 
 
 # ----------------------------------------------------------------------------- the task
@@ -292,7 +283,7 @@ class VideoQATask(VideoTaskBase):
 
     def reward_specs(self) -> list[RewardSpec]:
         """accuracy (accuracy_weight) + format (format_weight)."""
-        accuracy = gated_accuracy_reward if self.cfg.format_gate else accuracy_reward
+        accuracy = functools.partial(accuracy_reward, format_gate=self.cfg.format_gate)
         return [RewardSpec("accuracy", accuracy, self.cfg.accuracy_weight),
                 RewardSpec("format", qa_format_reward, self.cfg.format_weight)]
 

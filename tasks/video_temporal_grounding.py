@@ -259,11 +259,11 @@ def make_temporal_reward(kind: str, *, tau: float = 0.5, on_reversed: str = "rej
 def temporal_format_ok(text: str, duration: float | None, truncated: bool) -> bool:
     """The completion ended, is exactly one ``<answer>`` block (optionally after one ``<think>`` block) with
     nothing after it, and the answer parses as written (status "ok")."""
-    from mmrl.rewards.format import format_reward
-
-    if truncated or not (format_reward(text, think=False) or format_reward(text, think=True)):
-        return False
+    from mmrl.rewards.format import is_clean_answer
     from mmrl.rewards.temporal import parse_segments
+
+    if not is_clean_answer(text, truncated):
+        return False
 
     return parse_segments(text, duration=duration).status == "ok"
 

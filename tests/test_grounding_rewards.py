@@ -7,7 +7,7 @@ import pytest
 
 from mmrl.data.coords import BoxArrayError
 from mmrl.rewards.boxes import ParsedBoxes, parse_boxes
-from mmrl.rewards.format import extract_tag, find_tag_content, format_reward
+from mmrl.rewards.format import extract_tag, find_tag_content, format_reward, is_clean_answer
 from mmrl.rewards.grounding import (
     box_area,
     duplicate_penalty,
@@ -292,6 +292,13 @@ def test_extract_tag():
 )
 def test_format_reward(text, think, expected):
     assert format_reward(text, think=think) == expected
+
+
+def test_is_clean_answer():
+    assert is_clean_answer("<answer>B</answer>") and is_clean_answer("<think>x</think><answer>B</answer>")
+    assert not is_clean_answer("<answer>B</answer>", truncated=True)  # cut off
+    assert not is_clean_answer("<answer>B</answer> junk") and not is_clean_answer("<answer></answer>")
+    assert not is_clean_answer("<answer>B</answer><answer>C</answer>")
 
 
 def test_format_reward_non_string():

@@ -81,3 +81,9 @@ def format_reward(text: str, *, think: bool) -> float:
         if not block.strip() or _ANY_TAG.search(block):
             return 0.0
     return 1.0
+
+
+def is_clean_answer(text: str, truncated: bool = False) -> bool:
+    """The completion ended (not ``truncated``) and is exactly one ``<answer>`` block, optionally after one
+    ``<think>`` block, with nothing after it (:func:`format_reward` with or without thinking)."""
+    return not truncated and bool(format_reward(text, think=False) or format_reward(text, think=True))
