@@ -280,6 +280,17 @@ def test_config_errors():
             VideoTemporalGroundingTask(cfg.task, cfg)
     qa = load_config(["task=video_qa"])
     assert qa.task.video.max_frames == 16 and qa.task.tgrpo.correct_reward == "accuracy"
+    with pytest.raises(ConfigError, match="option_order"):
+        load_config(["task=video_qa", "task.option_order=sorted"])
+
+
+def test_fixed_option_order_moves_the_answer_letter():
+    from mmrl.tasks.video_qa import fixed_option_order
+
+    rec = {"question_type": "multiple_choice", "options": ["blue", "yellow", "red", "green"], "answer": "B"}
+    out = fixed_option_order(rec)  # the answer was "yellow": last in palette order red, green, blue, yellow
+    assert out["options"] == ["red", "green", "blue", "yellow"] and out["answer"] == "D"
+    assert rec["answer"] == "B"  # the input record is not modified
     tg = load_config(["task=video_temporal_grounding", "model=tiny_qwen3_vl"])
     assert VideoTemporalGroundingTask(tg.task, tg).sampling.size_multiple == 32
 
