@@ -69,6 +69,11 @@ class VLAReachConfig:
     """Evaluation on the fixed initial states 0 .. eval_init_states - 1 of every task."""
     demo_episodes: int = 8
     """Expert demos per task (1 = SimpleVLA-RL's one-demo-per-task regime)."""
+    demo_noise: float = 0.0
+    """DART noise: std of the Gaussian noise added to the expert's executed arm actions while collecting demos (the
+    recorded label stays the clean expert action), so the demos also cover states off the expert's path; 0 = off."""
+    demo_seed: int = 0
+    """Seed of the demo noise."""
     demo_init_offset: int = 1000
     """Demos start from initial states demo_init_offset, demo_init_offset + 1, ... (disjoint from the RL ones)."""
     demos_path: str | None = None
@@ -100,6 +105,8 @@ class VLAReachConfig:
             raise ConfigError(f"task.tasks: unknown tabletop tasks {bad}; valid: {sorted(TASKS)}")
         if min(self.train_init_states, self.eval_init_states, self.demo_episodes, self.max_steps) < 1:
             raise ConfigError("task.train_init_states, eval_init_states, demo_episodes and max_steps must be >= 1")
+        if self.demo_noise < 0:
+            raise ConfigError(f"task.demo_noise must be >= 0, got {self.demo_noise}")
         if not self.success_radius > 0:
             raise ConfigError(f"task.success_radius must be > 0 metres, got {self.success_radius}")
 
@@ -172,7 +179,10 @@ class VLATask(Task):
 
         n = self.cfg.demo_episodes
         states = list(range(self.cfg.demo_init_offset, self.cfg.demo_init_offset + n))
-        demos = collect_demos(self.env_names(), n, states, path, env_kwargs=self.env_kwargs(demo=True), subprocess=True)
+        arm_dims = [d for d in range(self.action_dim) if d not in self.gripper_dims]
+        demos = collect_demos(self.env_names(), n, states, path, env_kwargs=self.env_kwargs(demo=True), subprocess=True,
+                              noise_std=getattr(self.cfg, "demo_noise", 0.0), noise_dims=arm_dims,
+                              seed=getattr(self.cfg, "demo_seed", 0))
         ok = sum(d.success for d in demos)
         log.info("collected %d expert demos (%d successful, %d steps)", len(demos), ok, sum(d.length for d in demos))
         return demos

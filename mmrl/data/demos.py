@@ -107,9 +107,21 @@ def expert_for(env_name: str) -> Callable[[Any, dict], np.ndarray]:
     raise DemoError(f"no scripted expert for env {env_name!r}; experts exist for names starting with {sorted(_EXPERTS)}")
 
 
-def run_expert_episode(env: Any, env_name: str, init_state: int, expert: Callable | None = None) -> Demo:
-    """Reset ``env`` to ``init_state`` and let the expert act until the episode ends."""
+def run_expert_episode(env: Any, env_name: str, init_state: int, expert: Callable | None = None, *,
+                       noise_std: float = 0.0, noise_dims: Sequence[int] | None = None,
+                       rng: np.random.Generator | None = None) -> Demo:
+    """Reset ``env`` to ``init_state`` and let the expert act until the episode ends.
+
+    ``noise_std > 0`` injects noise DART-style (Laskey et al., 2017): the env executes the expert's
+    action plus ``N(0, noise_std^2)`` on ``noise_dims`` (default: every dimension), clipped to
+    [-1, 1], while the demo records the clean expert action. The demos then visit the off-trajectory
+    states a learned policy drifts into, labelled with the expert's correction.
+    """
     expert = expert or expert_for(env_name)
+    if noise_std < 0:
+        raise DemoError(f"run_expert_episode: noise_std must be >= 0, got {noise_std}")
+    if noise_std > 0 and rng is None:
+        raise DemoError("run_expert_episode: noise_std > 0 needs an rng (np.random.default_rng(seed))")
     obs, info = env.reset(options={"init_state": int(init_state)})
     frames, proprio, actions = [], [], []
     success = False
@@ -118,7 +130,12 @@ def run_expert_episode(env: Any, env_name: str, init_state: int, expert: Callabl
         frames.append(np.asarray(obs["image"], dtype=np.uint8))
         proprio.append(np.asarray(obs["proprio"], dtype=np.float32))
         actions.append(action)
-        obs, _reward, terminated, truncated, info = env.step(action)
+        executed = action
+        if noise_std > 0:
+            dims = list(range(action.shape[0])) if noise_dims is None else list(noise_dims)
+            executed = action.copy()
+            executed[dims] = np.clip(action[dims] + rng.normal(0.0, noise_std, len(dims)), -1.0, 1.0)
+        obs, _reward, terminated, truncated, info = env.step(executed)
         if terminated or truncated:
             success = bool(info.get("success", False))
             break
@@ -135,21 +152,28 @@ def collect_demos(
     *,
     env_kwargs: dict | None = None,
     subprocess: bool = False,
+    noise_std: float = 0.0,
+    noise_dims: Sequence[int] | None = None,
+    seed: int = 0,
 ) -> list[Demo]:
     """Record ``n_episodes`` expert episodes per env name and optionally save them.
 
     ``init_states`` (default ``0 .. n_episodes - 1``) gives the init state of each episode of each
     env (its length must be ``n_episodes``); one env is built per name and reused. ``path`` (no
     suffix) writes ``path.npz`` + ``path.jsonl`` (see the module docstring). Failed expert episodes
-    are kept, with ``success=False``. ``subprocess=True`` runs the envs in a spawned child process:
+    are kept, with ``success=False``. ``noise_std`` / ``noise_dims``: DART noise injection (see
+    :func:`run_expert_episode`); episode ``(env k, init state s)`` draws its noise from
+    ``default_rng([seed, k, s])``, so a demo set is reproducible and independent of the episode order.
+    ``subprocess=True`` runs the envs in a spawned child process:
     a process that later imports torch's GPU stack (triton) must not hold MuJoCo GL contexts (it
     segfaults), so trainers collect this way.
     """
+    opts = {"env_kwargs": env_kwargs, "noise_std": noise_std, "noise_dims": noise_dims, "seed": seed}
     if subprocess:
         import multiprocessing as mp
 
         with mp.get_context("spawn").Pool(1) as proc:
-            demos = proc.apply(collect_demos, (env_name, n_episodes, init_states, None), {"env_kwargs": env_kwargs})
+            demos = proc.apply(collect_demos, (env_name, n_episodes, init_states, None), opts)
         if path is not None:
             save_demos(demos, path)
         return demos
@@ -162,11 +186,14 @@ def collect_demos(
     if len(states) != int(n_episodes) or any(s < 0 for s in states):
         raise DemoError(f"collect_demos: need {n_episodes} non-negative init_states, got {states}")
     demos: list[Demo] = []
-    for name in names:
+    for k, name in enumerate(names):
         expert = expert_for(name)
         env = make_env(name, **dict(env_kwargs or {}))
         try:
-            demos += [run_expert_episode(env, name, s, expert) for s in states]
+            for s in states:
+                rng = np.random.default_rng([int(seed), k, s]) if noise_std > 0 else None
+                demos.append(run_expert_episode(env, name, s, expert, noise_std=noise_std, noise_dims=noise_dims,
+                                                rng=rng))
         finally:
             env.close()
     if path is not None:
