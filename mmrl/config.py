@@ -168,6 +168,9 @@ class TrainerConfig:
     """Learning rate of the warm start (default: trainer.lr)."""
     sft_batch_size: int | None = None
     """Prompts per warm-start step (default: trainer.batch_size)."""
+    sft_max_items: int | None = None
+    """The warm start uses only the first N items of its data (the task's SFT items, else the training items): a small
+    labelled set for SFT and the whole prompt set for RL, so RL meets prompts the warm start did not memorise; None: all."""
     log_samples_every: int = 0
     """Every this many steps append the step's rollouts (prompt id, group, completion text, total reward and reward per
     function) to samples.jsonl in the run dir, to read what the policy writes; 0 disables."""
@@ -356,6 +359,8 @@ def validate_trainer(tr: TrainerConfig) -> None:
     if tr.eval_samples < 1 or (tr.eval_samples > 1 and tr.eval_greedy):
         raise ConfigError(f"trainer.eval_samples={tr.eval_samples}: must be >= 1, and > 1 only with "
                           "trainer.eval_greedy=false (greedy copies are identical)")
+    if tr.sft_max_items is not None and tr.sft_max_items < 1:
+        raise ConfigError(f"trainer.sft_max_items must be >= 1 (or null for all items), got {tr.sft_max_items}")
 
 
 # ---------------------------------------------------------------- composition

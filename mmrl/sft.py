@@ -36,7 +36,9 @@ def run_sft(trainer, steps: int) -> dict[str, float]:
         raise ConfigError(f"trainer.sft_steps>0 but the {type(policy).__name__} policy has no sft_loss")
     bs = cfg.sft_batch_size or cfg.batch_size
     # a task may warm-start on other items than its RL prompts (e.g. VLA: one item per demo observation)
-    source = list(task.sft_items()) if hasattr(task, "sft_items") else trainer.train_items
+    source = list(task.sft_items()) if hasattr(task, "sft_items") else list(trainer.train_items)
+    if cfg.sft_max_items is not None:
+        source = source[: cfg.sft_max_items]
     sampler = PromptSampler(len(source), bs, cfg.seed + 7919)
     opt = torch.optim.AdamW(policy.trainable_parameters(), lr=cfg.sft_lr or cfg.lr, weight_decay=cfg.weight_decay)
     out_path = Path(trainer.run_dir) / "sft_metrics.jsonl" if trainer.run_dir else None

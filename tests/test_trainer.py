@@ -218,3 +218,20 @@ def test_sampled_eval_with_several_samples_per_item(tmp_path):
     assert len(set(texts)) > 1
     with pytest.raises(ConfigError, match="eval_samples"):
         toy_trainer(tmp_path / "bad", "trainer.eval_samples=2", steps=1)
+
+
+def test_sft_max_items_limits_the_warm_start_to_the_first_items(tmp_path):
+    from mmrl.config import load_config
+    from mmrl.sft import run_sft
+
+    tr = toy_trainer(tmp_path, "trainer.sft_max_items=3", "trainer.sft_batch_size=4", steps=1)
+    seen = []
+    prepare = tr.task.prepare_item
+    tr.task.prepare_item = lambda item: seen.append(item) or prepare(item)
+    run_sft(tr, 6)
+    first = [dict(it) for it in tr.train_items[:3]]
+    assert len(seen) == 24 and all(dict(it) in first for it in seen)  # 6 steps x 4 draws, all from items 0-2
+    assert all(any(dict(it) == f for it in seen) for f in first)  # ... and every one of them is used
+    assert len(tr.train_items) > 3  # RL still draws from the whole training set
+    with pytest.raises(ConfigError, match="sft_max_items"):
+        load_config(toy_overrides(tmp_path, "trainer.sft_max_items=0"))
