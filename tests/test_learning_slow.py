@@ -54,8 +54,9 @@ def test_video_temporal_grounding_default_learns(tmp_path):
 
 
 def test_video_qa_default_learns(tmp_path):
-    # measured: eval accuracy 0.00 -> 0.703 after 200 SFT steps -> 0.734 / 0.703 / 0.734 at GRPO steps 20/40/60 (~4 min)
+    # measured (sampled eval, 4 samples x 128 held-out questions): accuracy 0.002 -> 0.748 after 250 SFT steps on 256
+    # videos -> 0.770 / 0.785 / 0.797 / 0.799 at GRPO steps 40/80/120/160 on 1024 videos (~7.5 min)
     start, final = _run(tmp_path, "video_qa")
     after_sft = _after_sft(tmp_path, "eval/accuracy")
-    assert start["eval/accuracy"] < 0.05 and after_sft >= 0.5
-    assert final["eval/accuracy"] >= after_sft  # GRPO holds (and on the measured run slightly improves) it
+    assert start["eval/accuracy"] < 0.05 and after_sft >= 0.6
+    assert final["eval/accuracy"] >= after_sft + 0.03  # GRPO improves the sampling policy on held-out questions
