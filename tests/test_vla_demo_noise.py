@@ -86,3 +86,13 @@ def test_collected_noisy_demos_are_seeded_per_episode():
     n = min(b[0].length, clean[0].length)
     assert not np.allclose(b[0].proprio[:n], clean[0].proprio[:n])  # noise takes the arm off the expert's path
     assert (b[0].actions[:, 3] == -1).all()  # labels: the expert keeps the gripper open
+
+
+def test_task_demo_noise_config():
+    pytest.importorskip("mujoco")
+    from mmrl.config import ConfigError, load_config
+
+    cfg = load_config(["task=vla_reach"])
+    assert cfg.task.demo_noise == 0.3 and cfg.task.demo_episodes == 256  # the default's DART setting
+    with pytest.raises(ConfigError, match="demo_noise"):
+        load_config(["task=vla_reach", "task.demo_noise=-0.1"])
