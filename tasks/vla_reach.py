@@ -66,7 +66,10 @@ class VLAReachConfig:
     train_init_states: int = 8
     """RL items per task: initial states 0 .. train_init_states - 1."""
     eval_init_states: int = 8
-    """Evaluation on the fixed initial states 0 .. eval_init_states - 1 of every task."""
+    """Evaluation on the fixed initial states eval_init_offset .. eval_init_offset + eval_init_states - 1 of every task."""
+    eval_init_offset: int = 0
+    """First evaluation initial state: 0 evaluates on the RL layouts; e.g. 500 on layouts neither RL nor the demos use
+    (generalisation to new layouts)."""
     demo_episodes: int = 8
     """Expert demos per task (1 = SimpleVLA-RL's one-demo-per-task regime)."""
     demo_noise: float = 0.0
@@ -105,6 +108,8 @@ class VLAReachConfig:
             raise ConfigError(f"task.tasks: unknown tabletop tasks {bad}; valid: {sorted(TASKS)}")
         if min(self.train_init_states, self.eval_init_states, self.demo_episodes, self.max_steps) < 1:
             raise ConfigError("task.train_init_states, eval_init_states, demo_episodes and max_steps must be >= 1")
+        if self.eval_init_offset < 0:
+            raise ConfigError(f"task.eval_init_offset must be >= 0, got {self.eval_init_offset}")
         if self.demo_noise < 0:
             raise ConfigError(f"task.demo_noise must be >= 0, got {self.demo_noise}")
         if not self.success_radius > 0:
@@ -142,15 +147,15 @@ class VLATask(Task):
         return {}
 
     # ------------------------------------------------------------------ items
-    def _items(self, n_states: int) -> list[dict]:
+    def _items(self, n_states: int, offset: int = 0) -> list[dict]:
         return [{"prompt": self.instruction(t), "env_task": t, "task": t, "init_state": s}
-                for t in self.cfg.tasks for s in range(n_states)]
+                for t in self.cfg.tasks for s in range(offset, offset + n_states)]
 
     def train_items(self):
         return self._items(self.cfg.train_init_states)
 
     def eval_items(self):
-        return self._items(self.cfg.eval_init_states)
+        return self._items(self.cfg.eval_init_states, getattr(self.cfg, "eval_init_offset", 0))
 
     def reward_specs(self):
         return [RewardSpec("success", success_reward, 1.0)]

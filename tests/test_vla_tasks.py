@@ -85,6 +85,11 @@ def test_items_stats_sft_targets_and_metrics():
     cfg = load_config(["task=vla_reach", "task.tasks=[reach_red]", "task.train_init_states=3", "model.chunk=2"])
     task = VLAReachTask(cfg.task, cfg)
     assert [it["init_state"] for it in task.train_items()] == [0, 1, 2]
+    held_out = load_config(["task=vla_reach", "task.tasks=[reach_red]", "task.eval_init_states=2",
+                            "task.eval_init_offset=500"])
+    assert [it["init_state"] for it in VLAReachTask(held_out.task, held_out).eval_items()] == [500, 501]
+    with pytest.raises(ConfigError, match="eval_init_offset"):
+        load_config(["task=vla_reach", "task.eval_init_offset=-1"])
     assert task.train_items()[0] == {"prompt": "reach the red block", "env_task": "reach_red", "task": "reach_red",
                                      "init_state": 0}
     task._demos = [fake_demo(3, True, 0), fake_demo(4, False, 1)]
