@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from mmrl.tasks.vla_reach import VLATask
+from mmrl.tasks.vla_reach import VLASharedConfig, VLATask
 
 
 @dataclass
-class VLALiftConfig:
+class VLALiftConfig(VLASharedConfig):
     """robosuite Lift from the front camera and the instruction "lift the red cube"."""
 
     name: str = "vla_lift"
@@ -24,7 +24,7 @@ class VLALiftConfig:
     train_init_states: int = 8
     """RL items: initial states 0 .. train_init_states - 1."""
     eval_init_states: int = 8
-    """Evaluation on the fixed initial states 0 .. eval_init_states - 1."""
+    """Evaluation on the fixed initial states eval_init_offset .. eval_init_offset + eval_init_states - 1."""
     demo_episodes: int = 4
     """Expert demos (1 = one demo per task)."""
     demo_init_offset: int = 1000
@@ -52,6 +52,7 @@ class VLALiftConfig:
         if min(self.train_init_states, self.eval_init_states, self.demo_episodes, self.max_steps,
                self.demo_max_steps) < 1:
             raise ConfigError("task counts and horizons must be >= 1")
+        self.validate_shared()
 
 
 class VLALiftTask(VLATask):

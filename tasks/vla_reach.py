@@ -56,7 +56,30 @@ def write_video(frames: np.ndarray, path: str | Path, fps: int = 10) -> Path | N
 
 
 @dataclass
-class VLAReachConfig:
+class VLASharedConfig:
+    """Settings every VLA task has and :class:`VLATask` reads (held-out evaluation, demo noise)."""
+
+    eval_init_offset: int = 0
+    """First evaluation initial state: 0 evaluates on the RL layouts; e.g. 500 on layouts neither RL nor the demos use
+    (generalisation to new layouts)."""
+    demo_noise: float = 0.0
+    """DART noise: std of the Gaussian noise added to the expert's executed arm actions while collecting demos (the
+    recorded label stays the clean expert action), so the demos also cover states off the expert's path; 0 = off."""
+    demo_seed: int = 0
+    """Seed of the demo noise."""
+
+    def validate_shared(self) -> None:
+        """Raise ConfigError on bad shared settings (each task's ``validate`` calls this)."""
+        from mmrl.config import ConfigError
+
+        if self.eval_init_offset < 0:
+            raise ConfigError(f"task.eval_init_offset must be >= 0, got {self.eval_init_offset}")
+        if self.demo_noise < 0:
+            raise ConfigError(f"task.demo_noise must be >= 0, got {self.demo_noise}")
+
+
+@dataclass
+class VLAReachConfig(VLASharedConfig):
     """Tabletop reaching from camera images and a language instruction."""
 
     name: str = "vla_reach"
@@ -67,16 +90,8 @@ class VLAReachConfig:
     """RL items per task: initial states 0 .. train_init_states - 1."""
     eval_init_states: int = 8
     """Evaluation on the fixed initial states eval_init_offset .. eval_init_offset + eval_init_states - 1 of every task."""
-    eval_init_offset: int = 0
-    """First evaluation initial state: 0 evaluates on the RL layouts; e.g. 500 on layouts neither RL nor the demos use
-    (generalisation to new layouts)."""
     demo_episodes: int = 8
     """Expert demos per task (1 = SimpleVLA-RL's one-demo-per-task regime)."""
-    demo_noise: float = 0.0
-    """DART noise: std of the Gaussian noise added to the expert's executed arm actions while collecting demos (the
-    recorded label stays the clean expert action), so the demos also cover states off the expert's path; 0 = off."""
-    demo_seed: int = 0
-    """Seed of the demo noise."""
     demo_init_offset: int = 1000
     """Demos start from initial states demo_init_offset, demo_init_offset + 1, ... (disjoint from the RL ones)."""
     demos_path: str | None = None
@@ -108,10 +123,7 @@ class VLAReachConfig:
             raise ConfigError(f"task.tasks: unknown tabletop tasks {bad}; valid: {sorted(TASKS)}")
         if min(self.train_init_states, self.eval_init_states, self.demo_episodes, self.max_steps) < 1:
             raise ConfigError("task.train_init_states, eval_init_states, demo_episodes and max_steps must be >= 1")
-        if self.eval_init_offset < 0:
-            raise ConfigError(f"task.eval_init_offset must be >= 0, got {self.eval_init_offset}")
-        if self.demo_noise < 0:
-            raise ConfigError(f"task.demo_noise must be >= 0, got {self.demo_noise}")
+        self.validate_shared()
         if not self.success_radius > 0:
             raise ConfigError(f"task.success_radius must be > 0 metres, got {self.success_radius}")
 
@@ -155,7 +167,7 @@ class VLATask(Task):
         return self._items(self.cfg.train_init_states)
 
     def eval_items(self):
-        return self._items(self.cfg.eval_init_states, getattr(self.cfg, "eval_init_offset", 0))
+        return self._items(self.cfg.eval_init_states, self.cfg.eval_init_offset)
 
     def reward_specs(self):
         return [RewardSpec("success", success_reward, 1.0)]
@@ -186,8 +198,8 @@ class VLATask(Task):
         states = list(range(self.cfg.demo_init_offset, self.cfg.demo_init_offset + n))
         arm_dims = [d for d in range(self.action_dim) if d not in self.gripper_dims]
         demos = collect_demos(self.env_names(), n, states, path, env_kwargs=self.env_kwargs(demo=True), subprocess=True,
-                              noise_std=getattr(self.cfg, "demo_noise", 0.0), noise_dims=arm_dims,
-                              seed=getattr(self.cfg, "demo_seed", 0))
+                              noise_std=self.cfg.demo_noise, noise_dims=arm_dims,
+                              seed=self.cfg.demo_seed)
         ok = sum(d.success for d in demos)
         log.info("collected %d expert demos (%d successful, %d steps)", len(demos), ok, sum(d.length for d in demos))
         return demos
