@@ -42,6 +42,8 @@ def run_sft(trainer, steps: int) -> dict[str, float]:
     sampler = PromptSampler(len(source), bs, cfg.seed + 7919)
     opt = torch.optim.AdamW(policy.trainable_parameters(), lr=cfg.sft_lr or cfg.lr, weight_decay=cfg.weight_decay)
     out_path = Path(trainer.run_dir) / "sft_metrics.jsonl" if trainer.run_dir else None
+    if out_path is not None and trainer.is_main:
+        out_path.write_text("")  # a warm start interrupted before its checkpoint is redone from scratch
     last: dict[str, float] = {}
     for k in range(steps):
         t0 = time.perf_counter()

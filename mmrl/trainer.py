@@ -144,6 +144,8 @@ class Trainer:
         self.nonfinite_streak = 0
         self._stop_signal: int | None = None
         self.run_dir: Path | None = None
+        self.resumed = False  # set by setup_run_dir: True when the run continues from a checkpoint
+        self._saved_step: int | None = None  # the step of the last checkpoint this process wrote
         self.tracker: Tracker | None = None
         self.callbacks: list[Callable[["Trainer", dict], None]] = []
         self.last_eval: dict[str, float] = {}
@@ -186,6 +188,7 @@ class Trainer:
             save_config(self.cfg, run_dir / "config.yaml")
         self.run_dir = run_dir
         wandb_id = None
+        self.resumed = resume_from is not None
         if resume_from is not None:
             state = self.load_checkpoint(resume_from)
             wandb_id = state.get("wandb_id")
@@ -207,6 +210,7 @@ class Trainer:
         if self.run_dir is None:
             raise RuntimeError("call setup_run_dir() (or fit()) before saving")
         path = None
+        self._saved_step = self.step
         if self.is_main:
             path = save_checkpoint(self.run_dir, self.step, policy=self.policy, optimizer=self.optimizer,
                                    scheduler=self.scheduler, state=self.trainer_state(),
@@ -646,8 +650,9 @@ class Trainer:
             bar = tqdm(total=tr.max_steps, initial=self.step, desc=self.cfg.task.name, dynamic_ncols=True)
         last: dict[str, float] = {}
         try:
-            if tr.sft_steps > 0 and self.step == 0 and not (self.run_dir / "sft_metrics.jsonl").exists():
+            if tr.sft_steps > 0 and self.step == 0 and not self.resumed:
                 self._warm_start()
+                self.save_checkpoint()  # step 0 = the warm-started weights: a resume never redoes or loses SFT
             while self.step < tr.max_steps and self._stop_signal is None:
                 metrics = self.train_step()
                 self.step += 1
@@ -669,7 +674,8 @@ class Trainer:
                     bar.set_postfix(post)
                 if tr.save_every and self.step % tr.save_every == 0 and self.step < tr.max_steps:
                     self.save_checkpoint()
-            self.save_checkpoint()
+            if self._saved_step != self.step:
+                self.save_checkpoint()
         finally:
             if bar is not None:
                 bar.close()

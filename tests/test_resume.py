@@ -36,3 +36,36 @@ def test_resume_is_bit_exact(tmp_path, k):
     ms = _strip(read_metrics(straight.run_dir / "metrics.jsonl"))
     mr = _strip(read_metrics(resumed.run_dir / "metrics.jsonl"))
     assert ms == mr
+
+
+def _sft_run(tmp_path, run, steps, *extra):
+    return _run(tmp_path, run, steps, "trainer.sft_steps=6", "trainer.sft_batch_size=5", *extra)
+
+
+def _same_weights(a, b) -> bool:
+    pa, pb = a.policy.module.state_dict(), b.policy.module.state_dict()
+    return all(torch.equal(pa[n], pb[n]) for n in pa)
+
+
+def test_resume_right_after_the_warm_start_keeps_the_sft_weights(tmp_path):
+    straight = _sft_run(tmp_path, "straight", 3)
+    part = _sft_run(tmp_path, "resumed", 0)  # stops after SFT: its only checkpoint is step 0
+    ckpts = sorted(p.name for p in (part.run_dir / "checkpoints").iterdir())
+    assert ckpts == ["step_000000"]
+    resumed = _sft_run(tmp_path, "resumed", 3, "trainer.resume=auto")
+    assert resumed.resumed and resumed.step == 3
+    assert (resumed.run_dir / "sft_metrics.jsonl").read_text().count("\n") == 6  # SFT not redone
+    assert _same_weights(straight, resumed)
+    assert _strip(read_metrics(straight.run_dir / "metrics.jsonl")) == \
+        _strip(read_metrics(resumed.run_dir / "metrics.jsonl"))
+
+
+def test_a_warm_start_interrupted_before_its_checkpoint_is_redone(tmp_path):
+    straight = _sft_run(tmp_path, "straight", 2)
+    run_dir = tmp_path / "killed"
+    run_dir.mkdir()
+    (run_dir / "sft_metrics.jsonl").write_text('{"sft/step": 1, "sft/loss": 9.0}\n')  # killed mid-SFT
+    resumed = _sft_run(tmp_path, "killed", 2, "trainer.resume=auto")
+    assert not resumed.resumed
+    assert (run_dir / "sft_metrics.jsonl").read_text().count("\n") == 6  # redone from scratch, not appended to
+    assert _same_weights(straight, resumed)  # not RL from the random init
