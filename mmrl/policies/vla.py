@@ -411,8 +411,8 @@ class VLAPolicy(VLMPolicy):
             sample = {"success": success, "valid": ok, "length": int(pool.episode_steps[k]), "policy_calls": steps,
                       "failure": failure, "task": items[k].get("task", items[k].get("env_task")),
                       "init_state": int(items[k]["init_state"])}
-            if greedy or self.record_frames:  # evaluation: keep the frames for videos
-                sample["frames"] = np.concatenate([frames, ep.last_frame[None]]) if ep.last_frame is not None else frames
+            if ep.last_frame is not None:  # evaluation (greedy or record_frames): keep the frames for videos
+                sample["frames"] = np.concatenate([frames, ep.last_frame[None]])
             samples.append(sample)
         if self._group > 1:
             tok = self.action_tokenizer
