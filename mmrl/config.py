@@ -125,7 +125,8 @@ class TrainerConfig:
     """Greedy evaluation (argmax decoding / actions); false samples at the policy's temperature, with seeds fixed per
     eval item so every evaluation sees the same noise."""
     eval_samples: int = 1
-    """Samples (episodes) per eval item; > 1 needs eval_greedy=false and averages the task metrics over them."""
+    """Samples (episodes) per eval item; > 1 needs eval_greedy=false and averages the task metrics over them
+    (`trainer.eval_greedy=true` on the command line without this key sets it to 1)."""
     save_every: int = 0
     """Checkpoint every N steps (0: only at the end)."""
     keep_last: int = 2
@@ -446,7 +447,18 @@ def build_run_config(raw: dict) -> RunConfig:
 
 def load_config(overrides: list[str] | None = None) -> RunConfig:
     """Compose ``configs/`` with Hydra-style ``key=value`` overrides and validate it."""
-    return build_run_config(compose_dict(overrides))
+    raw = compose_dict(overrides)
+    _greedy_override_means_one_sample(raw, overrides or [])
+    return build_run_config(raw)
+
+
+def _greedy_override_means_one_sample(raw: dict, overrides: list[str]) -> None:
+    """``trainer.eval_greedy=true`` given on the command line without ``trainer.eval_samples`` evaluates one greedy
+    answer per item, whatever number of samples the task preset uses for its sampled evaluation (greedy copies are
+    identical). Given both, the validator checks the pair as usual."""
+    keys = {ov.lstrip("+~").split("=", 1)[0]: ov.split("=", 1)[-1] for ov in overrides}
+    if keys.get("trainer.eval_greedy", "").lower() == "true" and "trainer.eval_samples" not in keys:
+        raw.setdefault("trainer", {})["eval_samples"] = 1
 
 
 def save_config(cfg: RunConfig, path: str | Path) -> None:

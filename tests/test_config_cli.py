@@ -87,3 +87,13 @@ def test_resolved_config_saved_in_run_dir(tmp_path):
     from mmrl.config import load_saved_config
 
     assert load_saved_config(run_dir / "config.yaml") == tr.cfg
+
+
+def test_greedy_eval_on_the_command_line_means_one_sample_per_item():
+    # video_qa's preset evaluates 4 sampled answers per question; asking for greedy gives one greedy answer
+    assert load_config(["task=video_qa"]).trainer.eval_samples == 4
+    cfg = load_config(["task=video_qa", "trainer.eval_greedy=true"])
+    assert cfg.trainer.eval_greedy and cfg.trainer.eval_samples == 1
+    with pytest.raises(ConfigError, match="eval_samples=4"):  # both given: the pair is still checked
+        load_config(["task=video_qa", "trainer.eval_greedy=true", "trainer.eval_samples=4"])
+    assert load_config(["task=video_qa", "trainer.eval_greedy=false"]).trainer.eval_samples == 4
