@@ -1,6 +1,7 @@
 """Pieces shared by the simulator wrappers."""
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 import numpy as np
@@ -19,3 +20,11 @@ def resolve_init_state(env: Any, seed: int | None, options: dict[str, Any] | Non
     if index is None:
         index = int(env._seed_generator.integers(0, 2**31 - 1))
     return int(index)
+
+
+def state_fingerprint(values: Any, decimals: int = 6) -> str:
+    """Short hex digest of a simulator state vector, rounded to ``decimals`` (micrometres / microradians
+    by default), so floating-point noise far below that does not count as a change while a moved object does.
+    ``-0.0`` and ``0.0`` hash alike."""
+    x = np.round(np.asarray(values, dtype=np.float64).ravel(), decimals) + 0.0
+    return hashlib.sha256(x.tobytes()).hexdigest()[:16]

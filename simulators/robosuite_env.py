@@ -14,7 +14,9 @@ clipped to [-1, 1] with ``info["action_clipped"]`` counting changed entries.
 Initial states: ``reset(options={"init_state": i})`` seeds robosuite's generator (used by
 the object placement sampler and the robot's joint noise) with ``(ROBOSUITE_SEED, task, i)``.
 The same index gives bit-identical object poses and robot joints within one process and
-one mujoco/robosuite version (checked in tests); other versions may place differently.
+one mujoco/robosuite version (checked in tests); other versions may place differently, which
+``info["init_state_hash"]`` (a fingerprint of ``qpos`` after the reset) makes detectable: VLA
+checkpoints record it per initial state (``mmrl.rollout.init_states``).
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from .common import resolve_init_state
+from .common import resolve_init_state, state_fingerprint
 
 from .rendering import disable_expensive_flags, fast_visual_settings, select_backend
 from .tabletop.env import EpisodeOverError, instability_counts, sanitize_action, sim_blew_up
@@ -60,6 +62,11 @@ def init_state_seed(task: str, index: int) -> list[int]:
     if isinstance(index, bool) or not isinstance(index, (int, np.integer)) or index < 0:
         raise ValueError(f"init_state must be a non-negative int, got {index!r}")
     return [ROBOSUITE_SEED, zlib.crc32(task.encode()), int(index)]
+
+
+def model_seed(task: str) -> int:
+    """Seed of robosuite's construction-time randomness for ``task`` (the same scene in every env instance)."""
+    return int(np.random.SeedSequence([ROBOSUITE_SEED, zlib.crc32(task.encode())]).generate_state(1)[0])
 
 
 def _set_sampler_rng(sampler: Any, rng: np.random.Generator) -> None:
@@ -138,6 +145,9 @@ class RobosuiteEnv(_gym().Env):
             ignore_done=True,
             hard_reset=False,
             reward_shaping=False,
+            # the model's own random choices (e.g. Lift's cube size) are drawn once, at construction, from this
+            # seed: without it every env instance built a differently sized cube (same init state, other scene)
+            seed=model_seed(task),
         )
         self._apply_fast_render()
         low, high = self._env.action_spec
@@ -202,7 +212,8 @@ class RobosuiteEnv(_gym().Env):
         self._steps = 0
         self._clipped_total = 0
         self._done = False
-        info = {"instruction": self.instruction, "init_state": self.init_state, "success": False, "sim_error": False}
+        info = {"instruction": self.instruction, "init_state": self.init_state, "success": False, "sim_error": False,
+                "init_state_hash": state_fingerprint(self._env.sim.data.qpos)}
         return self._convert_obs(raw), info
 
     def step(self, action: Any) -> tuple[dict, float, bool, bool, dict]:

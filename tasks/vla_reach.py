@@ -57,7 +57,7 @@ def write_video(frames: np.ndarray, path: str | Path, fps: int = 10) -> Path | N
 
 @dataclass
 class VLASharedConfig:
-    """Settings every VLA task has and :class:`VLATask` reads (held-out evaluation, demo noise)."""
+    """Settings every VLA task has and :class:`VLATask` reads (held-out evaluation, demo noise, init-state checks)."""
 
     eval_init_offset: int = 0
     """First evaluation initial state: 0 evaluates on the RL layouts; e.g. 500 on layouts neither RL nor the demos use
@@ -67,6 +67,9 @@ class VLASharedConfig:
     recorded label stays the clean expert action), so the demos also cover states off the expert's path; 0 = off."""
     demo_seed: int = 0
     """Seed of the demo noise."""
+    check_init_states: bool = True
+    """Stop with a clear error when a (task, init state) resets to another simulator state than the checkpoint
+    recorded (a simulator upgrade or layout change); false: go on, counting changed states in env/init_state_drift."""
 
     def validate_shared(self) -> None:
         """Raise ConfigError on bad shared settings (each task's ``validate`` calls this)."""

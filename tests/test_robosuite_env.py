@@ -94,3 +94,21 @@ def test_lift_reset_steps_and_flags(lift_env):
     np.testing.assert_array_equal(lift_env.raw_env.sim.data.qpos, qpos)
     lift_env.reset(options={"init_state": 1})
     assert not np.array_equal(lift_env.raw_env.sim.data.qpos, qpos)
+
+
+def test_every_env_instance_builds_the_same_scene(lift_env):
+    # robosuite draws Lift's cube size at construction: each instance must draw the same one, or the same
+    # init state would be another scene in every env of the pool (cube height 0.8317 vs 0.8304 before the fix)
+    from mmrl.simulators.robosuite_env import RobosuiteEnv
+
+    _, info = lift_env.reset(options={"init_state": 0})
+    qpos = lift_env.raw_env.sim.data.qpos.copy()
+    other = RobosuiteEnv("Lift", image_size=32)
+    try:
+        _, info2 = other.reset(options={"init_state": 0})
+        np.testing.assert_array_equal(other.raw_env.sim.data.qpos, qpos)
+        assert info2["init_state_hash"] == info["init_state_hash"]
+        _, info3 = other.reset(options={"init_state": 1})
+        assert info3["init_state_hash"] != info["init_state_hash"]
+    finally:
+        other.close()

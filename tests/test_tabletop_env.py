@@ -273,3 +273,17 @@ def test_registry_errors():
         register_env("test/bad", 42)
     with pytest.raises(ValueError, match="non-empty"):
         register_env(" ", lambda: None)
+
+
+def test_reset_info_fingerprints_the_placed_state(reach_env):
+    from mmrl.simulators.common import state_fingerprint
+
+    _, info = reach_env.reset(options={"init_state": 3})
+    pad = reach_env.model.body_pos[reach_env._ids["pad_body"]]
+    assert info["init_state_hash"] == state_fingerprint(np.concatenate([reach_env.data.qpos, pad]))
+    other = TabletopEnv("reach_blue", render=False)  # another instance and task, same scene at the same index
+    try:
+        assert other.reset(options={"init_state": 3})[1]["init_state_hash"] == info["init_state_hash"]
+        assert other.reset(options={"init_state": 4})[1]["init_state_hash"] != info["init_state_hash"]
+    finally:
+        other.close()

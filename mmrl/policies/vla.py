@@ -44,6 +44,7 @@ from mmrl.policies.action_tokenizer import ActionTokenizer, group_logp, group_ma
 from mmrl.policies.base import LogProbOutput, PromptBatch, Rollout
 from mmrl.policies.token_policy import token_logp_and_entropy
 from mmrl.policies.vlm import PromptInputs, VLMPolicy, build_messages, encode_images
+from mmrl.rollout.init_states import INIT_STATES_FILE, InitStateRecord
 from mmrl.rollout.noise import mix_seed
 from mmrl.rollout.token_sampler import SeededTokenSampler, top_p_mask
 
@@ -182,9 +183,11 @@ class VLAPolicy(VLMPolicy):
     """
 
     def __init__(self, lm, processor, cfg, action_stats: dict, env_spec: VLAEnvSpec, *, value_head: bool = False,
-                 reference: bool = False, min_envs: int = 1) -> None:
+                 reference: bool = False, min_envs: int = 1, check_init_states: bool = True) -> None:
         super().__init__(lm, processor, cfg, value_head=value_head, reference=reference)
         self.env_spec = env_spec
+        self.init_states = InitStateRecord(strict=check_init_states)
+        """Fingerprint of every (task, init state) reset so far; saved with checkpoints, compared at every reset."""
         self.min_envs = int(min_envs)
         """Env-pool slots created at the first rollout (the trainer's batch x group size), so the pool is built once."""
         self.action_ids = torch.tensor(action_vocab_ids(self.tokenizer, cfg.n_bins), dtype=torch.long)
@@ -336,6 +339,10 @@ class VLAPolicy(VLMPolicy):
         t0 = time.perf_counter()
         self._assign_tasks(pool, [it.get("env_task") for it in items])
         obs = pool.reset([int(it["init_state"]) for it in items], env_indices=list(range(n)))
+        for k, it in enumerate(items):
+            if pool.episode_valid[k]:
+                self.init_states.observe(f"{it.get('task', it.get('env_task'))}/{int(it['init_state'])}",
+                                         pool.reset_info[k].get("init_state_hash"))
         t_env = time.perf_counter() - t0
         env_steps0 = pool.stats()["env_steps"]
         eps = [_Episode() for _ in range(n)]
@@ -429,6 +436,7 @@ class VLAPolicy(VLMPolicy):
             "rollout/invalid_frac": 1.0 - float(ok.mean()),
             "count/failed_episodes": float(n - int(ok.sum())),
             "env/steps_per_s": timing["env_steps"] / timing["env"] if timing["env"] > 0 else 0.0,
+            "env/init_state_drift": float(self.init_states.drift),
             "time/generation": timing["generation"],
             "time/env": timing["env"],
         }
@@ -511,16 +519,21 @@ class VLAPolicy(VLMPolicy):
 
     # ------------------------------------------------------------------ persistence
     def save_pretrained(self, path: str | Path) -> None:
-        """The VLM files plus the action statistics (``action_stats.json``)."""
+        """The VLM files plus the action statistics (``action_stats.json``) and the initial-state
+        fingerprints (``init_states.json``)."""
         super().save_pretrained(path)
         self.action_tokenizer.save(Path(path) / ACTION_STATS_FILE)
+        self.init_states.save(Path(path) / INIT_STATES_FILE)
 
     def load_pretrained(self, path: str | Path) -> None:
-        """Load weights and, when present, the saved action statistics."""
+        """Load weights and, when present, the saved action statistics and initial-state fingerprints
+        (later resets are checked against them)."""
         super().load_pretrained(path)
         stats = Path(path) / ACTION_STATS_FILE
         if stats.exists():
             self.action_tokenizer = ActionTokenizer.load(stats, token_ids=self.action_ids.tolist())
+        if (Path(path) / INIT_STATES_FILE).exists():
+            self.init_states.load(Path(path) / INIT_STATES_FILE)
 
 
 def build_vla_policy(run_cfg, task) -> VLAPolicy:
@@ -538,4 +551,5 @@ def build_vla_policy(run_cfg, task) -> VLAPolicy:
     world = int(__import__("os").environ.get("WORLD_SIZE", "1"))
     slots = max(1, run_cfg.trainer.batch_size // world) * run_cfg.algo.group_size
     return VLAPolicy(lm, processor, cfg, task.action_stats(), task.env_spec(),
-                     value_head=run_cfg.algo.advantage == "gae", reference=run_cfg.algo.kl_coef > 0, min_envs=slots)
+                     value_head=run_cfg.algo.advantage == "gae", reference=run_cfg.algo.kl_coef > 0, min_envs=slots,
+                     check_init_states=run_cfg.task.check_init_states)

@@ -13,7 +13,8 @@ With ``render=False`` the ``image`` key is absent.
 Initial states: ``reset(options={"init_state": i})`` places every object from a layout that
 is a pure function of ``i`` (numpy PCG64 seeded with ``(LAYOUT_SEED, i)``), so the same index
 gives bit-identical positions and images.  Without the option the index is drawn from the
-env's seeded generator and reported in ``info["init_state"]``.
+env's seeded generator and reported in ``info["init_state"]``; ``info["init_state_hash"]`` fingerprints
+the placed state (joint positions and the pad), so a change of layout code or simulator is detectable.
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from ..common import resolve_init_state
+from ..common import resolve_init_state, state_fingerprint
 
 from ..rendering import create_renderer, select_backend
 from .scene import BLOCK_COLOURS, DISTRACTORS, SceneConfig, block_body_name, build_scene_xml
@@ -324,7 +325,8 @@ class TabletopEnv(_import_gym().Env):
         self._steps = 0
         self._clipped_total = 0
         self._done = False
-        info = {"instruction": self.instruction, "init_state": self.init_state, "success": False, "sim_error": False}
+        info = {"instruction": self.instruction, "init_state": self.init_state, "success": False, "sim_error": False,
+                "init_state_hash": state_fingerprint(np.concatenate([d.qpos, m.body_pos[self._ids["pad_body"]]]))}
         return self._observation(), info
 
     def sanitize_action(self, action: Any) -> tuple[np.ndarray, int]:
