@@ -43,6 +43,13 @@ def test_record_keeps_the_first_fingerprint_and_raises_on_a_change(tmp_path):
     assert lenient.observe("reach_red/0", "bbbb") is False and lenient.drift == 1  # counted once per state
     assert lenient.observe("reach_red/2", "cccc") is False  # a state the checkpoint never saw: recorded
 
+    (tmp_path / INIT_STATES_FILE).write_text("[1, 2")  # truncated file: a clear error naming it
+    with pytest.raises(InitStateDriftError, match="not a readable initial-state record"):
+        InitStateRecord().load(tmp_path / INIT_STATES_FILE)
+    (tmp_path / INIT_STATES_FILE).write_text("[1, 2]")  # valid JSON, wrong shape
+    with pytest.raises(InitStateDriftError, match=INIT_STATES_FILE):
+        InitStateRecord().load(tmp_path / INIT_STATES_FILE)
+
 
 def test_vla_checkpoint_refuses_changed_layouts(tmp_path):
     pytest.importorskip("mujoco")

@@ -75,6 +75,10 @@ class InitStateRecord:
 
     def load(self, path: str | Path) -> None:
         """Take the recorded fingerprints and versions of a checkpoint (they replace this run's)."""
-        data = json.loads(Path(path).read_text())
-        self.hashes = dict(data.get("hashes", {}))
-        self.versions = dict(data.get("versions", {}))
+        try:
+            data = json.loads(Path(path).read_text())
+            hashes, versions = dict(data.get("hashes", {})), dict(data.get("versions", {}))
+        except (ValueError, AttributeError, TypeError) as e:
+            raise InitStateDriftError(f"{path}: not a readable initial-state record ({e}); delete it to record "
+                                      "afresh") from None
+        self.hashes, self.versions = hashes, versions
