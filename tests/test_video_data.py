@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
+import sys
 import threading
 import time
 from pathlib import Path
@@ -312,13 +313,12 @@ def test_bad_inputs_raise_video_error_with_path(vids, tmp_path):
     assert load_video(good, VideoSamplingConfig()).num_frames == 16
 
 
-def test_missing_torchcodec_is_a_clear_setup_error(vids):
-    try:
-        import torchcodec.decoders  # noqa: F401
-    except Exception:
-        pass
-    else:
-        pytest.skip("torchcodec is installed here")
+def test_missing_torchcodec_is_a_clear_setup_error(vids, monkeypatch):
+    import mmrl.data.video as video_module
+
+    for name in ("torchcodec", "torchcodec.decoders"):  # as if not installed (import -> ImportError)
+        monkeypatch.setitem(sys.modules, name, None)
+    monkeypatch.setattr(video_module, "_READER_CHECKED", {})  # forget earlier successful checks (restored after)
     with pytest.raises(VideoReaderUnavailable) as err:
         check_reader_available("torchcodec")
     msg = str(err.value)
@@ -558,3 +558,23 @@ def test_qwen_processors_receive_the_clip_times(vids):
             assert positions == sorted(positions)
     with pytest.raises(ValueError):
         processor_video_inputs([])
+
+
+def _torchcodec_or_skip():
+    try:  # torchcodec raises RuntimeError (not ImportError) when FFmpeg's shared libraries are missing
+        import torchcodec.decoders  # noqa: F401
+    except Exception as e:
+        pytest.skip(f"torchcodec cannot be loaded here: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
+
+
+def test_torchcodec_decodes_the_same_clip_as_decord(vids):
+    _torchcodec_or_skip()
+    for fps, max_frames, clip in [(2.0, 8, (None, None)), (8.0, 48, (1.0, 3.5))]:
+        cfg = VideoSamplingConfig(fps=fps, max_frames=max_frames, decode_timeout_s=None).with_clip(*clip)
+        a = load_video(vids["main"]["video"], cfg)
+        b = load_video(vids["main"]["video"], dataclasses.replace(cfg, reader="torchcodec"))
+        assert a.frame_indices == b.frame_indices and a.frames.shape == b.frames.shape
+        np.testing.assert_array_equal(a.frames, b.frames)  # both seek exactly; same FFmpeg decode, same resize
+        assert {k: v for k, v in a.info().items() if k != "reader"} == \
+            {k: v for k, v in b.info().items() if k != "reader"}
+        assert b.info()["reader"] == "torchcodec"
