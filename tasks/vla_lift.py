@@ -21,16 +21,8 @@ class VLALiftConfig(VLASharedConfig):
     """Task selector."""
     tasks: list[str] = field(default_factory=lambda: ["Lift"])
     """robosuite tasks (only Lift has a scripted expert)."""
-    train_init_states: int = 8
-    """RL items: initial states 0 .. train_init_states - 1."""
-    eval_init_states: int = 8
-    """Evaluation on the fixed initial states eval_init_offset .. eval_init_offset + eval_init_states - 1."""
     demo_episodes: int = 4
     """Expert demos (1 = one demo per task)."""
-    demo_init_offset: int = 1000
-    """Demos start from initial states demo_init_offset, demo_init_offset + 1, ..."""
-    demos_path: str | None = None
-    """Load demos from here if present, else collect and save them there; None: collect in memory."""
     image_size: int = 64
     """Camera image side in pixels."""
     camera: str = "agentview"

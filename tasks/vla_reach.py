@@ -21,6 +21,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from mmrl.rewards.manager import RewardSpec
+from mmrl.rollout.init_states import init_state_key
 from mmrl.tasks.base import Task
 
 log = logging.getLogger(__name__)
@@ -57,8 +58,17 @@ def write_video(frames: np.ndarray, path: str | Path, fps: int = 10) -> Path | N
 
 @dataclass
 class VLASharedConfig:
-    """Settings every VLA task has and :class:`VLATask` reads (held-out evaluation, demo noise, init-state checks)."""
+    """Settings every VLA task has and :class:`VLATask` reads (initial states, demos, held-out evaluation, demo
+    noise, init-state checks)."""
 
+    train_init_states: int = 8
+    """RL items per task: initial states 0 .. train_init_states - 1."""
+    eval_init_states: int = 8
+    """Evaluation on the fixed initial states eval_init_offset .. eval_init_offset + eval_init_states - 1 of every task."""
+    demo_init_offset: int = 1000
+    """Demos start from initial states demo_init_offset, demo_init_offset + 1, ... (disjoint from the RL ones)."""
+    demos_path: str | None = None
+    """Load demos from here (path.npz + path.jsonl) if present, else collect and save them there; None: collect in memory."""
     eval_init_offset: int = 0
     """First evaluation initial state: 0 evaluates on the RL layouts; e.g. 500 on layouts neither RL nor the demos use
     (generalisation to new layouts)."""
@@ -89,16 +99,8 @@ class VLAReachConfig(VLASharedConfig):
     """Task selector."""
     tasks: list[str] = field(default_factory=lambda: ["reach_red", "reach_blue"])
     """Tabletop task names (see mmrl.simulators.tabletop.TASKS), one instruction each."""
-    train_init_states: int = 8
-    """RL items per task: initial states 0 .. train_init_states - 1."""
-    eval_init_states: int = 8
-    """Evaluation on the fixed initial states eval_init_offset .. eval_init_offset + eval_init_states - 1 of every task."""
     demo_episodes: int = 8
     """Expert demos per task (1 = SimpleVLA-RL's one-demo-per-task regime)."""
-    demo_init_offset: int = 1000
-    """Demos start from initial states demo_init_offset, demo_init_offset + 1, ... (disjoint from the RL ones)."""
-    demos_path: str | None = None
-    """Load demos from here (path.npz + path.jsonl) if present, else collect and save them there; None: collect in memory."""
     image_size: int = 64
     """Camera image side in pixels."""
     camera: str = "front"
@@ -254,7 +256,7 @@ class VLATask(Task):
         out: dict[str, float] = {}
         for task, (s, n) in self._success_by(items, samples, lambda it: it["task"]).items():
             out[f"vla/success/{task}"] = s / n
-        groups = self._success_by(items, samples, lambda it: f"{it['task']}/{it['init_state']}")
+        groups = self._success_by(items, samples, init_state_key)
         for key, (s, n) in groups.items():
             st = self.init_state_stats[key]
             st[0] += s
@@ -284,7 +286,7 @@ class VLATask(Task):
         if run_dir is not None:
             runs: dict[str, list[bool]] = defaultdict(list)  # several episodes per state with a sampled eval
             for it, s in zip(items, samples):
-                runs[f"{it['task']}/{it['init_state']}"].append(bool(s["success"]))
+                runs[init_state_key(it)].append(bool(s["success"]))
             per_state = {k: sum(v) / len(v) for k, v in runs.items()}
             run_dir.mkdir(parents=True, exist_ok=True)
             (run_dir / "eval_success.json").write_text(json.dumps({"summary": out, "per_init_state": per_state}, indent=1))

@@ -44,7 +44,7 @@ from mmrl.policies.action_tokenizer import ActionTokenizer, group_logp, group_ma
 from mmrl.policies.base import LogProbOutput, PromptBatch, Rollout
 from mmrl.policies.token_policy import token_logp_and_entropy
 from mmrl.policies.vlm import PromptInputs, VLMPolicy, build_messages, encode_images
-from mmrl.rollout.init_states import INIT_STATES_FILE, InitStateRecord
+from mmrl.rollout.init_states import INIT_STATES_FILE, InitStateRecord, init_state_key
 from mmrl.rollout.noise import mix_seed
 from mmrl.rollout.token_sampler import SeededTokenSampler, top_p_mask
 
@@ -341,8 +341,7 @@ class VLAPolicy(VLMPolicy):
         obs = pool.reset([int(it["init_state"]) for it in items], env_indices=list(range(n)))
         for k, it in enumerate(items):
             if pool.episode_valid[k]:
-                self.init_states.observe(f"{it.get('task', it.get('env_task'))}/{int(it['init_state'])}",
-                                         pool.reset_info[k].get("init_state_hash"))
+                self.init_states.observe(init_state_key(it), pool.reset_info[k].get("init_state_hash"))
         t_env = time.perf_counter() - t0
         env_steps0 = pool.stats()["env_steps"]
         eps = [_Episode() for _ in range(n)]

@@ -24,6 +24,11 @@ INIT_STATES_FILE = "init_states.json"
 SIMULATOR_PACKAGES = ("mujoco", "robosuite")
 
 
+def init_state_key(item: dict) -> str:
+    """``"task/init_state"``: the name of an item's initial state in groups, statistics and fingerprints."""
+    return f"{item.get('task', item.get('env_task'))}/{int(item['init_state'])}"
+
+
 class InitStateDriftError(RuntimeError):
     """A ``(task, init_state)`` resets to another simulator state than the one recorded for it."""
 
