@@ -145,9 +145,10 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except Exception as e:  # known, user-facing failure modes get one line, not a traceback
         from mmrl.rewards.manager import RewardError
+        from mmrl.rollout.init_states import InitStateDriftError
         from mmrl.trainer import TrainingAborted
 
-        if isinstance(e, (TrainingAborted, RewardError)):
+        if isinstance(e, (TrainingAborted, RewardError, InitStateDriftError)):
             print(f"mmrl {command}: aborted: {e}", file=sys.stderr)
             return 1
         raise

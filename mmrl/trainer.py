@@ -106,6 +106,12 @@ class Trainer:
         self.world = self.accelerator.num_processes
         self.is_main = self.accelerator.is_main_process
         torch.manual_seed(tr.seed)
+        init_from = None
+        if cfg.checkpoint:  # checked before the task and policy are built (demo collection can take minutes)
+            try:
+                init_from = resolve_checkpoint(cfg.checkpoint)
+            except FileNotFoundError as e:
+                raise ConfigError(f"checkpoint={cfg.checkpoint}: {e}") from None
 
         if task is None:
             from mmrl.tasks import get_task_class
@@ -117,8 +123,8 @@ class Trainer:
 
             policy = policy_builder(cfg.model.type)(cfg, task)
         self.policy = policy
-        if cfg.checkpoint:
-            self.policy.load_pretrained(Path(resolve_checkpoint(cfg.checkpoint)) / "pretrained_model")
+        if init_from is not None:
+            self.policy.load_pretrained(Path(init_from) / "pretrained_model")
         if hasattr(self.policy, "module") and self.accelerator.device.type != "cpu":
             self.policy.model.to(self.accelerator.device)
 

@@ -83,3 +83,6 @@ def test_vla_checkpoint_refuses_changed_layouts(tmp_path):
                 assert out.metrics["env/init_state_drift"] == 1.0 and torch.is_tensor(out.mask)
         finally:
             ev.policy.close()
+    from mmrl.cli import main  # the CLI reports the drift in one line, exit code 1
+
+    assert main(["eval", *reach_overrides(tmp_path / "cli", f"checkpoint={ckpt.parent}")]) == 1

@@ -201,6 +201,19 @@ def test_cli_eval_loads_the_checkpoint(tmp_path, capsys):
     assert main(["eval", "task=toy_arithmetic"]) == 2  # no checkpoint: clear error
 
 
+def test_missing_checkpoint_is_a_config_error_before_the_task_is_built(tmp_path, capsys, monkeypatch):
+    from mmrl.cli import main
+    from mmrl.tasks import toy_arithmetic
+
+    def no_task(*a, **k):  # the path is checked first: nothing is built (VLA tasks collect demos here)
+        raise AssertionError("task built before the checkpoint path was checked")
+
+    monkeypatch.setattr(toy_arithmetic.ToyArithmeticTask, "__init__", no_task)
+    assert main(["eval", "task=toy_arithmetic", f"checkpoint={tmp_path / 'missing'}"]) == 2
+    err = capsys.readouterr().err
+    assert "checkpoint=" in err and "no complete checkpoint" in err and "Traceback" not in err
+
+
 def test_sampled_eval_with_several_samples_per_item(tmp_path):
     tr = toy_trainer(tmp_path, "trainer.eval_size=6", "trainer.eval_greedy=false", "trainer.eval_samples=3", steps=1)
     a = tr.evaluate()
