@@ -429,14 +429,14 @@ class Trainer:
             if use_gae:
                 ro.values = values
         elif mode == "rollout":
-            old_logp = ro.old_logp
+            old_logp = ro.rollout_logp
         kl_tok = None
         # a policy with its own KL (e.g. latent-mean KL for diffusion) computes it in log_probs
         own_kl = getattr(self.policy, "latent_kl", False) and not algo.kl_in_reward
         if algo.kl_coef > 0 and not own_kl:
             ro.ref_logp, _ = self._no_grad_pass(ro, values=False, reference=True)
             if algo.kl_in_reward:
-                kl_tok = algos.kl_estimate(ro.old_logp if old_logp is None else old_logp, ro.ref_logp, algo.kl_estimator)
+                kl_tok = algos.kl_estimate(ro.rollout_logp if old_logp is None else old_logp, ro.ref_logp, algo.kl_estimator)
         metrics["time/prepare"] = time.perf_counter() - t0
         adv, returns = self._advantages(ro, kl_tok)
         mask = ro.mask * ro.valid[:, None].float()
@@ -496,7 +496,7 @@ class Trainer:
                                      dual_clip=algo.dual_clip)
                         tok_loss = pl.loss
                         if algo.truncated_is:
-                            beh = ro.old_logp[mi].to(dev)
+                            beh = ro.rollout_logp[mi].to(dev)
                             tok_loss = tok_loss * algos.truncated_is_weights(old, beh, m, cap=algo.is_cap)
                         loss = (tok_loss * w).sum()
                         st.add("loss/policy", float(loss.detach()))
@@ -520,7 +520,7 @@ class Trainer:
                         st.add("loss/clipfrac", float((pl.clipped.float() * w).sum()))
                         st.add("policy/ratio_mean", float((pl.ratio.detach() * w).sum()))
                         if epoch == 0 and n_opt_steps == 0:
-                            beh = ro.old_logp[mi].to(dev)
+                            beh = ro.rollout_logp[mi].to(dev)
                             gap = ((logp.detach() - beh).abs() * m).sum()
                             st.add("rollout/logp_abs_diff_sum", float(gap))
                             st.add("rollout/tokens", float(m.sum()))

@@ -67,17 +67,17 @@ def test_first_ratio_is_exactly_one(cache, kind):
     pol = make_policy(kind, guidance_scale=2.0)  # with CFG
     ro = pol.rollout(batch(), 3)
     T = pol.cfg.num_steps
-    assert ro.old_logp.shape == ro.mask.shape == (6, T)
+    assert ro.rollout_logp.shape == ro.mask.shape == (6, T)
     out = pol.log_probs(ro)
     m = ro.mask > 0
-    assert float((out.logp.detach().cpu() - ro.old_logp).abs()[m].max()) < 1e-5
+    assert float((out.logp.detach().cpu() - ro.rollout_logp).abs()[m].max()) < 1e-5
     assert pol.first_logp_gap is not None and pol.first_logp_gap < 1e-5
     assert torch.all(out.logp.detach().cpu()[~m] == 0)
     if kind == "sd":  # DDIM with set_alpha_to_one=False: every step is stochastic (DDPO trains all)
         assert ro.mask.sum(1).tolist() == [T] * 6
     else:  # flow: the deterministic last step is never trained
         assert ro.mask[:, -1].sum() == 0 and ro.mask[:, :-1].sum() == 6 * (T - 1)
-        assert torch.all(ro.old_logp[:, -1] == 0)
+        assert torch.all(ro.rollout_logp[:, -1] == 0)
     assert ro.samples[0]["image"].size == (32, 32) and ro.samples[0]["prompt"].startswith("a red")
 
 
@@ -85,7 +85,7 @@ def test_flat_layout_matches_per_step(cache):
     pol = make_policy("sd3", logprob_layout="flat", logprob_chunk=5)
     ro = pol.rollout(batch(), 2)
     out = pol.log_probs(ro)
-    assert float((out.logp.detach().cpu() - ro.old_logp).abs()[ro.mask > 0].max()) < 1e-5
+    assert float((out.logp.detach().cpu() - ro.rollout_logp).abs()[ro.mask > 0].max()) < 1e-5
 
 
 def test_chunked_rollout_matches_micro_batches(cache):
@@ -94,7 +94,7 @@ def test_chunked_rollout_matches_micro_batches(cache):
     ro = pol.rollout(batch(), 2)
     for rows in ([0, 1], [2, 3]):
         out = pol.log_probs(ro.index(torch.tensor(rows)))
-        assert torch.allclose(out.logp.detach().cpu(), ro.old_logp[rows], atol=1e-5)
+        assert torch.allclose(out.logp.detach().cpu(), ro.rollout_logp[rows], atol=1e-5)
 
 
 def test_sub_batch_log_probs_and_gradient(cache):
@@ -102,7 +102,7 @@ def test_sub_batch_log_probs_and_gradient(cache):
     ro = pol.rollout(batch(), 2)
     sub = ro.index(torch.tensor([3, 1]))  # samples of both prompts, reordered
     out = pol.log_probs(sub)
-    assert torch.allclose(out.logp.detach().cpu(), ro.old_logp[[3, 1]], atol=1e-5)
+    assert torch.allclose(out.logp.detach().cpu(), ro.rollout_logp[[3, 1]], atol=1e-5)
     perturb_lora(pol)  # B != 0, so A gets gradients too
     out = pol.log_probs(sub)
     out.logp.sum().backward()
@@ -219,9 +219,9 @@ def test_sde_window_rollout_uses_ode_outside(cache):
     pol = make_policy("sd3", num_steps=6, train_steps="sde_window", window_size=2, window_max_start=2)
     ro = pol.rollout(batch(), 2)
     assert ro.mask.sum(1).tolist() == [2.0] * 4
-    assert torch.all(ro.old_logp[ro.mask == 0] == 0) and torch.all(ro.old_logp[ro.mask > 0] != 0)
+    assert torch.all(ro.rollout_logp[ro.mask == 0] == 0) and torch.all(ro.rollout_logp[ro.mask > 0] != 0)
     out = pol.log_probs(ro)
-    assert torch.allclose(out.logp.detach().cpu(), ro.old_logp, atol=1e-5)
+    assert torch.allclose(out.logp.detach().cpu(), ro.rollout_logp, atol=1e-5)
 
 
 # ---------------------------------------------------------------- bad samples and prompts
@@ -242,7 +242,7 @@ def test_nonfinite_latents_mark_sample_invalid(cache):
     pol.backend.forward = fwd
     assert ro.valid.tolist() == [True, False, True, True]
     assert ro.metrics["count/nonfinite_latents"] == 1.0
-    assert ro.mask[1].sum() == 0 and torch.isfinite(ro.old_logp).all()
+    assert ro.mask[1].sum() == 0 and torch.isfinite(ro.rollout_logp).all()
     assert torch.isfinite(ro.payload.latents).all() and ro.samples[1]["valid"] is False
     assert torch.isfinite(pol.log_probs(ro).logp).all()
     merged = Rollout.concat([ro, ro])
@@ -266,7 +266,7 @@ def test_empty_and_long_prompts(cache):
 def test_greedy_rollout_is_deterministic_and_untrained(cache):
     pol = make_policy("sd3")
     a, b = pol.rollout(batch(), 1, greedy=True), pol.rollout(batch(), 1, greedy=True)
-    assert a.mask.shape == (2, 3) and a.mask.sum() == 0 and torch.all(a.old_logp == 0)
+    assert a.mask.shape == (2, 3) and a.mask.sum() == 0 and torch.all(a.rollout_logp == 0)
     assert torch.equal(a.payload.latents, b.payload.latents)
 
 
@@ -280,7 +280,7 @@ def test_payload_index_and_concat(cache):
     assert both.payload.prompt_of.tolist() == [0, 1, 1]
     assert torch.equal(both.payload.latents, ro.payload.latents[[0, 2, 3]])
     out = pol.log_probs(both)
-    assert torch.allclose(out.logp.detach().cpu(), ro.old_logp[[0, 2, 3]], atol=1e-5)
+    assert torch.allclose(out.logp.detach().cpu(), ro.rollout_logp[[0, 2, 3]], atol=1e-5)
     bad = dataclasses.replace(sub.payload, num_steps=7)
     with pytest.raises(Exception, match="cannot concatenate"):
         DiffusionPayload.concat_samples([sub.payload, bad])

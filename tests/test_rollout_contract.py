@@ -10,7 +10,7 @@ from mmrl.rollout.token_sampler import SeededTokenSampler, completion_mask, top_
 
 def _ro(B, T, offset=0):
     return Rollout(
-        old_logp=torch.arange(B * T, dtype=torch.float32).view(B, T) + offset,
+        rollout_logp=torch.arange(B * T, dtype=torch.float32).view(B, T) + offset,
         mask=torch.ones(B, T),
         group_id=torch.arange(B) // 2 + offset,
         samples=[f"s{i + offset}" for i in range(B)],
@@ -21,7 +21,7 @@ def _ro(B, T, offset=0):
 def test_index_selects_every_field():
     ro = _ro(4, 3).index(torch.tensor([3, 1]))
     assert ro.samples == ["s3", "s1"]
-    assert ro.old_logp[0].tolist() == [9.0, 10.0, 11.0]
+    assert ro.rollout_logp[0].tolist() == [9.0, 10.0, 11.0]
     assert [t.numel() for t in ro.payload["ids"]] == [4, 2]
     assert ro.payload["fixed"].shape == (2, 3) and ro.group_id.tolist() == [1, 0]
 
@@ -42,7 +42,7 @@ def test_concat_rejects_mismatched_tensor_payloads():
 
 def test_rollout_shape_checks():
     with pytest.raises(ValueError):
-        Rollout(old_logp=torch.zeros(2, 3), mask=torch.zeros(2, 4), group_id=torch.zeros(2), samples=[0, 1], payload=None)
+        Rollout(rollout_logp=torch.zeros(2, 3), mask=torch.zeros(2, 4), group_id=torch.zeros(2), samples=[0, 1], payload=None)
 
 
 def test_group_ids_unique_per_prompt_even_for_repeated_items():

@@ -100,7 +100,7 @@ def test_all_correct_group_gets_signal_only_with_advantage_bonus():
 
 def _rollout(samples_shuffled, group_ids, valid):
     B = len(samples_shuffled)
-    return Rollout(old_logp=torch.zeros(B, 2), mask=torch.ones(B, 2), group_id=T(group_ids),
+    return Rollout(rollout_logp=torch.zeros(B, 2), mask=torch.ones(B, 2), group_id=T(group_ids),
                    samples=[{"text": "", "shuffled": s} for s in samples_shuffled], payload=None,
                    valid=T(valid))
 

@@ -141,12 +141,12 @@ def test_positions_and_logp_agree_between_sampling_and_training(sampled):
     vid = (p0.mm_token_type_ids == 2).nonzero().flatten()
     t_rows = gen[0][0, vid]
     assert t_rows.unique().numel() == int(p0.video_grid_thw[0, 0]) or policy.family == "qwen3_vl"
-    assert float(((out.logp - ro.old_logp).abs() * ro.mask).max()) < TOL
+    assert float(((out.logp - ro.rollout_logp).abs() * ro.mask).max()) < TOL
     # another micro-batch layout gives the same log-probs
     idx = torch.tensor([8, 3, 0])
     with torch.no_grad():
         sub = policy.log_probs(ro.index(idx))
-    assert float(((sub.logp - ro.old_logp[idx]).abs() * ro.mask[idx]).max()) < TOL
+    assert float(((sub.logp - ro.rollout_logp[idx]).abs() * ro.mask[idx]).max()) < TOL
 
 
 def test_recomputed_logp_equals_plain_forward_from_processor_outputs(sampled):
@@ -236,7 +236,7 @@ def test_sample_fields_and_video_metrics(sampled):
 
 def test_shuffled_samples_layout_masking_and_patch_pairs(sampled):
     policy, batch, ro, _ = sampled
-    # per prompt: 2 ordered then 1 shuffled, all in one generate call (old_logp rows for all 9)
+    # per prompt: 2 ordered then 1 shuffled, all in one generate call (rollout_logp rows for all 9)
     assert ro.batch_size == 9
     assert [s["shuffled"] for s in ro.samples] == [False, False, True] * 3
     assert ro.valid.tolist() == [True, True, False] * 3  # no gradient, outside the group statistics
@@ -263,7 +263,7 @@ def test_shuffled_samples_layout_masking_and_patch_pairs(sampled):
     with torch.no_grad():
         out = policy.log_probs(ro)
     sh = torch.tensor([2, 5, 8])
-    assert float(((out.logp[sh] - ro.old_logp[sh]).abs() * ro.mask[sh]).max()) < TOL
+    assert float(((out.logp[sh] - ro.rollout_logp[sh]).abs() * ro.mask[sh]).max()) < TOL
 
 
 def test_permute_temporal_patches_keeps_pairs():

@@ -76,14 +76,14 @@ def test_action_vocab_ids_are_the_reserved_tokens(policy):
 def test_rollout_shapes_success_and_first_update_logp(policy):
     ro = policy.rollout(batch(), 3)
     # counter env: success after 5 steps -> 5 policy calls of 2 tokens (chunk 1, 2 action dims)
-    assert ro.old_logp.shape == (6, 10) and float(ro.mask.sum()) == 60
+    assert ro.rollout_logp.shape == (6, 10) and float(ro.mask.sum()) == 60
     assert all(s["success"] and s["length"] == 5 and s["policy_calls"] == 5 for s in ro.samples)
     assert ro.valid.all() and ro.group_id.tolist() == [11] * 3 + [22] * 3
     bins = torch.cat(ro.payload["bins"])
     assert bins.min() >= 0 and bins.max() < 256  # every sampled token is an action bin
     assert ro.payload["frames"][0].dtype == torch.uint8 and ro.payload["frames"][0].shape == (5, 32, 32, 3)
     out = policy.log_probs(ro, entropy=True)
-    gap = float(((out.logp.detach() - ro.old_logp).abs() * ro.mask).max())
+    gap = float(((out.logp.detach() - ro.rollout_logp).abs() * ro.mask).max())
     assert gap < TOL, gap
     assert out.logp.requires_grad
     # entropy over 256 bins is at most log(256)
@@ -96,7 +96,7 @@ def test_rollout_shapes_success_and_first_update_logp(policy):
 def test_same_seeds_same_episodes_and_group_members_differ(policy):
     a = policy.rollout(batch((2,), (5,)), 3)
     b = policy.rollout(batch((2,), (5,)), 3)
-    assert torch.equal(a.old_logp, b.old_logp)
+    assert torch.equal(a.rollout_logp, b.rollout_logp)
     assert all(torch.equal(x, y) for x, y in zip(a.payload["bins"], b.payload["bins"]))
     assert not torch.equal(a.payload["bins"][0], a.payload["bins"][1])
 
@@ -114,9 +114,9 @@ def test_chunks_run_in_the_worker_and_granularity_sums():
         ro = p.rollout(batch((0,), (3,)), 2)
         # 5 env steps with chunks of 2 -> 3 policy calls; "action" granularity: one logp per action (2 tokens)
         assert [s["policy_calls"] for s in ro.samples] == [3, 3] and [s["length"] for s in ro.samples] == [5, 5]
-        assert ro.old_logp.shape == (2, 6) and float(ro.mask.sum()) == 12
+        assert ro.rollout_logp.shape == (2, 6) and float(ro.mask.sum()) == 12
         tok = p.log_probs(ro)  # grouped the same way
-        assert float(((tok.logp.detach() - ro.old_logp).abs() * ro.mask).max()) < TOL
+        assert float(((tok.logp.detach() - ro.rollout_logp).abs() * ro.mask).max()) < TOL
     finally:
         p.close()
 

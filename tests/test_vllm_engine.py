@@ -181,7 +181,7 @@ def test_completions_from_outputs_errors():
 
 def test_engine_logprob_formula_is_the_trainers():
     """vLLM's processed_logprobs at temperature T are log_softmax(logits / T) at the sampled token: what
-    the trainer computes (token_logp_and_entropy), so the mapped old_logp compares like for like."""
+    the trainer computes (token_logp_and_entropy), so the mapped rollout_logp compares like for like."""
     from mmrl.policies.token_policy import token_logp_and_entropy
 
     g = torch.Generator().manual_seed(0)
@@ -543,7 +543,7 @@ def test_policy_rollout_through_a_fake_engine_trains_on_its_completions(tiny):
     assert [sp["n"] for sp in fake.last_params] == [3, 3]
     assert set(fake.last_params[0]["logit_bias"]) == set(pol.suppress_ids)
     assert ro.mask.tolist() == [[1, 0, 0], [1, 1, 0], [1, 1, 1]] * 2
-    torch.testing.assert_close(ro.old_logp[2], torch.tensor([-0.5, -0.25, -0.125]))
+    torch.testing.assert_close(ro.rollout_logp[2], torch.tensor([-0.5, -0.25, -0.125]))
     assert ro.payload["completion_ids"][2].tolist() == [7, 8, EOS]
     assert ro.metrics["vllm/sync_max_abs_diff"] == 0.0 and ro.metrics["vllm/sync_checked"] > 0
     out = pol.log_probs(ro)
@@ -565,12 +565,12 @@ def test_real_vllm_engine_matches_trainer_logprobs_and_follows_updates():
                                {"image": picture(50, 170), "prompt": "Where is it?"}], indices=[0, 1], seeds=[1, 2])
     ro = pol.rollout(batch, 4)
     with torch.no_grad():
-        gap = float(((pol.log_probs(ro).logp.cpu() - ro.old_logp).abs() * ro.mask).sum() / ro.mask.sum())
+        gap = float(((pol.log_probs(ro).logp.cpu() - ro.rollout_logp).abs() * ro.mask).sum() / ro.mask.sum())
     assert gap < 1e-3, f"engine vs trainer log-prob gap {gap}"
     opt = torch.optim.AdamW(pol.trainable_parameters(), lr=1e-2)
     (-(pol.log_probs(ro).logp.cuda() * ro.mask.cuda()).sum()).backward()
     opt.step()
     ro2 = pol.rollout(batch, 4)  # synced after the step: still on-policy
     with torch.no_grad():
-        gap2 = float(((pol.log_probs(ro2).logp.cpu() - ro2.old_logp).abs() * ro2.mask).sum() / ro2.mask.sum())
+        gap2 = float(((pol.log_probs(ro2).logp.cpu() - ro2.rollout_logp).abs() * ro2.mask).sum() / ro2.mask.sum())
     assert gap2 < 1e-3 and pol.engine.metrics["vllm/sync_max_abs_diff"] == 0.0

@@ -105,10 +105,10 @@ def test_behaviour_logp_equals_recomputed(sampled):
     # the batch really exercises left padding and different numbers of image tokens
     assert len({p.input_ids.numel() for p in prompts}) == 3
     assert len({int(p.image_grid_thw.prod()) for p in prompts}) == 3
-    assert ro.old_logp.shape == ro.mask.shape == (6, ro.mask.shape[1]) and ro.mask.sum() > 6
+    assert ro.rollout_logp.shape == ro.mask.shape == (6, ro.mask.shape[1]) and ro.mask.sum() > 6
     with torch.no_grad():
         out = policy.log_probs(ro, entropy=True)
-    assert max_gap(out.logp, ro.old_logp, ro.mask) < TOL
+    assert max_gap(out.logp, ro.rollout_logp, ro.mask) < TOL
     # entropy of a V-way distribution lies in [0, log V]
     V = policy.module.lm.config.get_text_config().vocab_size
     assert float(out.entropy.min()) >= -1e-5 and float(out.entropy.max()) <= math.log(V) + 1e-4
@@ -116,7 +116,7 @@ def test_behaviour_logp_equals_recomputed(sampled):
     idx = torch.tensor([5, 2, 0])
     with torch.no_grad():
         sub = policy.log_probs(ro.index(idx))
-    assert max_gap(sub.logp, ro.old_logp[idx], ro.mask[idx]) < TOL
+    assert max_gap(sub.logp, ro.rollout_logp[idx], ro.mask[idx]) < TOL
 
 
 def test_recomputed_logp_equals_plain_hf_forward(sampled):
@@ -159,7 +159,7 @@ def test_concat_and_index_keep_payload_consistent(sampled):
     both = type(ro).concat([ro.index(torch.tensor([0, 1])), ro.index(torch.tensor([4, 5, 2]))])
     with torch.no_grad():
         out = policy.log_probs(both)
-    assert max_gap(out.logp, both.old_logp, both.mask) < TOL
+    assert max_gap(out.logp, both.rollout_logp, both.mask) < TOL
 
 
 # ----------------------------------------------------------------------------- sampling behaviour
@@ -185,8 +185,8 @@ def test_vision_special_tokens_are_never_sampled(folders):
     ids = torch.cat(ro.payload["completion_ids"])
     assert ids.numel() > 0 and not torch.isin(ids, torch.tensor(banned)).any()
     # the behaviour log-prob is that of the full (unsuppressed) distribution: tiny, and recomputed alike
-    assert float(ro.old_logp[ro.mask.bool()].max()) < -20
-    assert max_gap(out.logp, ro.old_logp, ro.mask) < TOL
+    assert float(ro.rollout_logp[ro.mask.bool()].max()) < -20
+    assert max_gap(out.logp, ro.rollout_logp, ro.mask) < TOL
 
 
 def test_greedy_is_deterministic_and_seeds_reproduce(q25):
@@ -197,7 +197,7 @@ def test_greedy_is_deterministic_and_seeds_reproduce(q25):
     assert torch.equal(c1[0], c1[1])  # greedy: the G samples of a prompt coincide
     s1, s2 = q25.rollout(b, 2), q25.rollout(b, 2)
     assert [s["text"] for s in s1.samples] == [s["text"] for s in s2.samples]
-    assert torch.equal(s1.old_logp, s2.old_logp)
+    assert torch.equal(s1.rollout_logp, s2.rollout_logp)
     other = q25.rollout(mixed_batch((7, 8, 9)), 2)
     assert [s["text"] for s in other.samples] != [s["text"] for s in s1.samples]
     # a prompt's samples depend on its seed only, not on the other prompts of the batch
@@ -210,9 +210,9 @@ def test_text_only_and_mixed_prompts(q25):
     ro = q25.rollout(PromptBatch(items=items, indices=[0, 1], seeds=[5, 6]), 2)
     assert ro.samples[0]["orig_size"] is None and ro.samples[2]["orig_size"] == (90, 40)
     with torch.no_grad():
-        assert max_gap(q25.log_probs(ro).logp, ro.old_logp, ro.mask) < TOL
+        assert max_gap(q25.log_probs(ro).logp, ro.rollout_logp, ro.mask) < TOL
         text_only = ro.index(torch.tensor([0, 1]))
-        assert max_gap(q25.log_probs(text_only).logp, text_only.old_logp, text_only.mask) < TOL
+        assert max_gap(q25.log_probs(text_only).logp, text_only.rollout_logp, text_only.mask) < TOL
 
 
 def test_multiple_images_per_prompt(q25):
@@ -221,7 +221,7 @@ def test_multiple_images_per_prompt(q25):
     ro = q25.rollout(PromptBatch(items=items, indices=[0, 1], seeds=[3, 4]), 2)
     assert ro.samples[0]["orig_sizes"] == [(60, 90), (100, 50)] and len(ro.samples[0]["input_sizes"]) == 2
     with torch.no_grad():
-        assert max_gap(q25.log_probs(ro).logp, ro.old_logp, ro.mask) < TOL
+        assert max_gap(q25.log_probs(ro).logp, ro.rollout_logp, ro.mask) < TOL
 
 
 # ----------------------------------------------------------------------------- training set-up
@@ -250,7 +250,7 @@ def test_trainable_vision_tower_gets_gradients(folders):
     ro = policy.rollout(mixed_batch((1, 2)), 2)
     assert ro.payload["prompts"][0].features is None
     out = policy.log_probs(ro)
-    assert max_gap(out.logp.detach(), ro.old_logp, ro.mask) < TOL
+    assert max_gap(out.logp.detach(), ro.rollout_logp, ro.mask) < TOL
     (out.logp * ro.mask).sum().backward()
     grads = [p.grad.clone() for p in vis]
     assert sum(float(g.abs().sum()) for g in grads) > 0
@@ -258,7 +258,7 @@ def test_trainable_vision_tower_gets_gradients(folders):
     policy.module.zero_grad(set_to_none=True)
     policy.model = _Wrapper(policy.model)
     out = policy.log_probs(ro)
-    assert policy.model.calls == 1 and max_gap(out.logp.detach(), ro.old_logp, ro.mask) < TOL
+    assert policy.model.calls == 1 and max_gap(out.logp.detach(), ro.rollout_logp, ro.mask) < TOL
     (out.logp * ro.mask).sum().backward()
     assert all(torch.allclose(p.grad, g, atol=1e-6) for p, g in zip(vis, grads))
 

@@ -10,9 +10,12 @@ members of sample i's group g, mean_g / std_g their mean and unbiased std:
                      A_i =  r_i - mean_g                    (scale="none", Dr.GRPO)
                      K = 1 gives A = 0 in every case.
 - ``drgrpo``:        A_i = r_i - mean_g                               (Liu et al. 2025, "Dr. GRPO")
-- ``rloo``:          A_i = r_i - (sum_g - r_i) / (K - 1);  K = 1 gives 0   (Ahmadian et al. 2024)
+- ``rloo``:          A_i = r_i - (sum_g - r_i) / (K - 1) = K / (K - 1) * (r_i - mean_g);  K = 1 gives 0
+                     (Ahmadian et al. 2024)
 - ``reinforce_pp``:  A'_i = r_i - b_i with b_i = mean_g (baseline="group") or 0 (baseline="none"),
-                     then A_i = (A'_i - mean_B(A')) / (std_B(A') + eps) over all valid samples (Hu 2025).
+                     then A_i = (A'_i - mean_B(A')) / (std_B(A') + eps) over all valid samples (Hu 2025);
+                     with the group baseline mean_B(A') = 0 exactly (each group's centred rewards sum to 0)
+                     and is not subtracted, so an all-equal group keeps exactly A = 0.
 
 Token-level estimator:
 
@@ -21,6 +24,11 @@ Token-level estimator:
   where "next" is the next *valid* position (V_next = A_next = 0 after the last one). Masked
   positions are skipped: they neither read their reward/value nor break the recursion, and
   their outputs are 0.
+
+Constant rewards: a group (batch, for the batch statistics) whose valid rewards are all equal gets
+exactly A = 0 for every estimator, in any dtype and for any ``eps >= 0`` (``eps = 0`` included: a zero
+std gives 0, never 0/0). The group mean is computed so that it is exactly the common value
+(:func:`mmrl.algos.filtering.group_moments`).
 
 ``OUTCOME_ESTIMATORS`` names the estimators with the outcome signature; ``gae`` is registered
 in the same registry but takes token-level inputs.
@@ -61,6 +69,12 @@ def _zero_invalid(adv: Tensor, gm: GroupMoments) -> Tensor:
     return torch.where(gm.valid, adv, torch.zeros((), dtype=adv.dtype, device=adv.device))
 
 
+def _safe_divide(centred: Tensor, std: Tensor, eps: float) -> Tensor:
+    """``centred / (std + eps)``, and exactly 0 where ``std == 0`` (a constant set of rewards: its centred
+    values are exactly 0, so this only removes 0/0 = NaN when ``eps = 0``)."""
+    return torch.where(std > 0, centred / (std + eps), torch.zeros_like(centred))
+
+
 def _centred(gm: GroupMoments) -> Tensor:
     """r_i - mean_g for valid samples, 0 for invalid ones."""
     return _zero_invalid(gm.rewards - gm.mean[gm.inverse], gm)
@@ -80,12 +94,12 @@ def grpo(
     if scale not in _GRPO_SCALES:
         raise AlgoInputError(f"grpo: unknown scale {scale!r}; valid choices: {', '.join(_GRPO_SCALES)}")
     gm = group_moments(rewards, group_ids, valid, where="grpo")
-    centred = _centred(gm)
+    centred = _centred(gm)  # exactly 0 for every member of an all-equal group (group_moments' exact mean)
     if scale == "group":
-        adv = centred / (gm.std[gm.inverse] + eps)
+        adv = _safe_divide(centred, gm.std[gm.inverse], eps)
     elif scale == "batch":
         batch_std = masked_var(gm.rewards, gm.valid, unbiased=True).sqrt()
-        adv = centred / (batch_std + eps)
+        adv = _safe_divide(centred, batch_std.expand_as(centred), eps)
     else:
         adv = centred
     # A single valid member is its own mean: exactly 0 already; enforce it against eps = 0.
@@ -117,9 +131,8 @@ def rloo(
     _check_eps(eps, "rloo")
     gm = group_moments(rewards, group_ids, valid, where="rloo")
     k = gm.count[gm.inverse]
-    group_sum = (gm.mean * gm.count)[gm.inverse]
-    loo_mean = (group_sum - gm.rewards) / (k - 1.0).clamp_min(1.0)
-    adv = torch.where(k > 1, gm.rewards - loo_mean, torch.zeros_like(loo_mean))
+    # r_i - (sum_g - r_i) / (K - 1) = K / (K - 1) * (r_i - mean_g): exactly 0 for an all-equal group
+    adv = torch.where(k > 1, _centred(gm) * k / (k - 1.0).clamp_min(1.0), torch.zeros_like(k))
     return _zero_invalid(adv, gm)
 
 
@@ -144,9 +157,12 @@ def reinforce_pp(
         )
     gm = group_moments(rewards, group_ids, valid, where="reinforce_pp")
     raw = _centred(gm) if baseline == "group" else gm.rewards
-    batch_mean = masked_mean(raw, gm.valid)
+    # Group-centred values have batch mean exactly 0 in exact arithmetic (each group's centred values sum to 0), so
+    # it is not subtracted: in floating point its ~1e-9 residue would give all-equal groups a nonzero advantage.
+    # Without a baseline the batch mean is computed exactly for constant inputs (all-equal rewards whiten to 0).
+    batch_mean = masked_mean(raw, gm.valid) if baseline == "none" else torch.zeros((), dtype=raw.dtype)
     batch_std = masked_var(raw, gm.valid, unbiased=True).sqrt()
-    adv = (raw - batch_mean) / (batch_std + eps)
+    adv = _safe_divide(raw - batch_mean, batch_std.expand_as(raw), eps)
     enough = gm.valid.sum() > 1
     adv = torch.where(enough, adv, torch.zeros_like(adv))
     return _zero_invalid(adv, gm)

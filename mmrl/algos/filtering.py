@@ -3,7 +3,7 @@
 Samples that share a ``group_id`` are the G completions of one prompt. Only valid samples
 (``valid=True``) enter a statistic. For a group g with valid rewards r_1..r_K:
 
-- ``mean_g = sum(r) / K`` (0 when K = 0)
+- ``mean_g = sum(r) / K`` (0 when K = 0), exactly ``c`` when every valid reward of the group is ``c``
 - ``std_g  = sqrt(sum((r - mean_g)^2) / (K - 1))`` (Bessel), 0 when K < 2
 - ``nonzero_variance_groups``: ``max_g - min_g > atol`` (needs two valid members that differ);
   DAPO dynamic sampling keeps these groups, since all-equal groups carry no GRPO signal.
@@ -82,8 +82,16 @@ def group_moments(
     num_groups = ids.numel()
     vf = valid.to(rewards.dtype)
     count = torch.zeros(num_groups, dtype=rewards.dtype, device=rewards.device).index_add_(0, inverse, vf)
-    total = torch.zeros_like(count).index_add_(0, inverse, rewards)
-    mean = total / count.clamp_min(1.0)
+    # mean_g = ref_g + sum(r - ref_g) / K with ref_g a member of the group (its smallest valid reward): a group
+    # whose rewards are all equal gets exactly that value as mean, hence exactly 0 centred rewards and std.
+    # (The plain fp32 sum of K copies of x divided by K is not always x; the ~1e-8 error divided by
+    # std + eps gave all-equal groups a nonzero advantage.)
+    inf = torch.tensor(float("inf"), dtype=rewards.dtype, device=rewards.device)
+    ref = torch.full((num_groups,), float("inf"), dtype=rewards.dtype, device=rewards.device).scatter_reduce(
+        0, inverse, torch.where(valid, rewards, inf), reduce="amin")
+    ref = torch.where(count > 0, ref, torch.zeros_like(ref))
+    shifted = (rewards - ref[inverse]) * vf
+    mean = ref + torch.zeros_like(count).index_add_(0, inverse, shifted) / count.clamp_min(1.0)
     centred = (rewards - mean[inverse]) * vf
     sq = torch.zeros_like(count).index_add_(0, inverse, centred * centred)
     std = torch.where(count > 1, (sq / (count - 1.0).clamp_min(1.0)).sqrt(), torch.zeros_like(sq))

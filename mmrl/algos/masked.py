@@ -3,7 +3,9 @@
 With m the mask (nonzero = valid) and n = sum(m):
 
 - ``masked_sum(x, m)   = sum(x * m)`` (masked entries never contribute, even if inf/NaN)
-- ``masked_mean(x, m)  = sum(x * m) / n``, and 0 where n = 0 (no NaN)
+- ``masked_mean(x, m)  = sum(x * m) / n``, and 0 where n = 0 (no NaN); computed as
+  ``x_ref + sum(m (x - x_ref)) / n`` with ``x_ref`` the first valid entry, so a constant input has
+  exactly its value as mean (the plain fp32 sum of n copies of x divided by n is not always x)
 - ``masked_var(x, m)   = sum(m (x - mean)^2) / (n - 1)`` (Bessel; ``/ n`` if not unbiased),
   0 where there are too few entries (n <= 1 unbiased, n = 0 biased)
 - ``masked_whiten(x, m) = (x - mean) / sqrt(var + eps)`` (+ mean again if not ``shift_mean``),
@@ -73,19 +75,38 @@ def masked_count(mask: Tensor, dim: Optional[int] = None, dtype: torch.dtype = t
     return m.sum() if dim is None else m.sum(dim)
 
 
-def masked_mean(x: Tensor, mask: Tensor, dim: Optional[int] = None) -> Tensor:
-    """Mean of ``x`` over the valid entries; 0 where no entry is valid (never NaN)."""
-    xz, m = _masked_zeroed(x, mask)
-    total = xz.sum() if dim is None else xz.sum(dim)
+def _first_valid(xz: Tensor, m: Tensor, dim: Optional[int]) -> Tensor:
+    """The first valid entry of ``xz`` (over ``dim``, or all entries); 0 where none is valid."""
+    if dim is None:
+        flat_m = m.reshape(-1)
+        ref = xz.reshape(-1)[flat_m.to(torch.uint8).argmax()] if flat_m.numel() else xz.new_zeros(())
+        return torch.where(flat_m.any(), ref, torch.zeros_like(ref))
+    idx = m.to(torch.uint8).argmax(dim, keepdim=True)
+    return xz.gather(dim, idx).squeeze(dim)  # 0 where no entry is valid: xz is zeroed there
+
+
+def _exact_mean(xz: Tensor, m: Tensor, dim: Optional[int]) -> Tensor:
+    """``ref + sum(m (x - ref)) / n`` with ``ref`` a valid entry: exact for constant inputs."""
+    ref = _first_valid(xz, m, dim)
+    shifted = torch.where(m, xz - (ref if dim is None else ref.unsqueeze(dim)), torch.zeros((), dtype=xz.dtype,
+                                                                                          device=xz.device))
+    total = shifted.sum() if dim is None else shifted.sum(dim)
     count = masked_count(m, dim, dtype=xz.dtype)
-    return total / count.clamp_min(1.0)
+    return ref + total / count.clamp_min(1.0)
+
+
+def masked_mean(x: Tensor, mask: Tensor, dim: Optional[int] = None) -> Tensor:
+    """Mean of ``x`` over the valid entries; 0 where no entry is valid (never NaN); exactly ``c`` when every
+    valid entry equals ``c``."""
+    xz, m = _masked_zeroed(x, mask)
+    return _exact_mean(xz, m, dim)
 
 
 def masked_var(x: Tensor, mask: Tensor, unbiased: bool = True, dim: Optional[int] = None) -> Tensor:
     """Variance of ``x`` over the valid entries (Bessel-corrected if ``unbiased``); 0 with too few entries."""
     xz, m = _masked_zeroed(x, mask)
     count = masked_count(m, dim, dtype=xz.dtype)
-    mean = (xz.sum() if dim is None else xz.sum(dim)) / count.clamp_min(1.0)
+    mean = _exact_mean(xz, m, dim)  # constant input: exactly 0 variance
     centred = xz - (mean if dim is None else mean.unsqueeze(dim))
     sq = torch.where(m, centred * centred, torch.zeros((), dtype=xz.dtype, device=xz.device))
     sq_sum = sq.sum() if dim is None else sq.sum(dim)
@@ -104,7 +125,7 @@ def masked_whiten(x: Tensor, mask: Tensor, eps: float = 1e-8, shift_mean: bool =
     xz, m = _masked_zeroed(x, mask)
     mean = masked_mean(xz, m)
     var = masked_var(xz, m, unbiased=True)
-    # The clamp only matters for eps = 0 and a constant input, where it turns 0/0 into 0.
+    # A constant input has exactly mean = x and var = 0: 0 / sqrt(eps); the clamp turns 0/0 into 0 for eps = 0.
     out = (xz - mean) / (var + eps).sqrt().clamp_min(1e-12)
     if not shift_mean:
         out = out + mean

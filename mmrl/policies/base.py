@@ -103,7 +103,7 @@ def concat_payloads(payloads: Sequence[Any]) -> Any:
 class Rollout:
     """Samples of one step, as ``[B, T]`` action tensors plus what is needed to recompute them."""
 
-    old_logp: Tensor
+    rollout_logp: Tensor
     """[B, T] behaviour log-prob of each action, as reported by the rollout engine."""
     mask: Tensor
     """[B, T] float, 1 where the action is trained (0 on padding, prompt, deterministic steps)."""
@@ -132,8 +132,8 @@ class Rollout:
     """Rollout-side metrics (engine time, skips, env steps/s...), logged as they are."""
 
     def __post_init__(self) -> None:
-        if self.old_logp.shape != self.mask.shape:
-            raise ValueError(f"old_logp {tuple(self.old_logp.shape)} and mask {tuple(self.mask.shape)} differ")
+        if self.rollout_logp.shape != self.mask.shape:
+            raise ValueError(f"rollout_logp {tuple(self.rollout_logp.shape)} and mask {tuple(self.mask.shape)} differ")
         if self.group_id.shape[0] != self.mask.shape[0] or len(self.samples) != self.mask.shape[0]:
             raise ValueError("group_id, samples and the [B, T] tensors must have the same batch size")
         if self.valid is None:

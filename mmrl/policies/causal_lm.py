@@ -94,7 +94,7 @@ class CausalLMPolicy(HFTokenPolicy):
         n = len(rep_ids)
         comp_lists = [comp.ids[i, : lengths[i]].cpu() for i in range(n)]
         return Rollout(
-            old_logp=comp.logp.cpu(),
+            rollout_logp=comp.logp.cpu(),
             mask=comp.mask.cpu(),
             group_id=batch.group_ids(group_size),
             prompt_index=torch.arange(len(batch)).repeat_interleave(group_size),
@@ -132,7 +132,7 @@ class CausalLMPolicy(HFTokenPolicy):
         mask = torch.zeros(len(comps), T)
         for i, c in enumerate(comps):
             mask[i, : c.numel()] = 1.0
-        ro = Rollout(old_logp=torch.zeros_like(mask), mask=mask, group_id=torch.arange(len(comps)),
+        ro = Rollout(rollout_logp=torch.zeros_like(mask), mask=mask, group_id=torch.arange(len(comps)),
                      samples=[None] * len(comps), payload={"prompt_ids": prompts, "completion_ids": comps})
         logp = self._forward_logp(ro, temperature=1.0)[0]  # cross-entropy of the untempered model
         m = mask.to(logp.device)

@@ -2,7 +2,7 @@
 
 Each *action* is one denoising step ``x_i -> x_{i+1}`` of an SDE sampler
 (:class:`mmrl.rollout.sde_sampler.SDESampler`); its log-prob is the Gaussian density of the
-recorded ``x_{i+1}``. So a rollout of ``T = num_steps`` steps gives ``old_logp [B, T]`` and
+recorded ``x_{i+1}``. So a rollout of ``T = num_steps`` steps gives ``rollout_logp [B, T]`` and
 ``mask [B, T]`` (1 on the trained steps; the deterministic last step never).
 
 The pipeline supplies everything but the loop: ``encode_prompt`` (no grad, once per prompt,
@@ -616,15 +616,15 @@ class DiffusionPolicy:
             chains.append(torch.stack(chain, 1))
             logps.append(torch.stack(lp, 1))
         latents = torch.cat(chains)
-        old_logp = torch.cat(logps).float()
+        rollout_logp = torch.cat(logps).float()
 
         flat = latents.reshape(B, -1)
-        finite = torch.isfinite(flat).all(1) & torch.isfinite(old_logp).all(1)
+        finite = torch.isfinite(flat).all(1) & torch.isfinite(rollout_logp).all(1)
         n_bad = int((~finite).sum())
         if n_bad:
             log.warning("%d sample(s) with non-finite latents or log-probs: marked invalid", n_bad)
             latents[~finite] = 0.0
-            old_logp[~finite] = 0.0
+            rollout_logp[~finite] = 0.0
         images = torch.cat([self.backend.decode(latents[lo:lo + chunk, -1]) for lo in range(0, B, chunk)])
         pil = latents_to_pil(images)
         samples = [{"image": im, "prompt": prompts[int(prompt_of[k])], "valid": bool(finite[k])}
@@ -632,7 +632,7 @@ class DiffusionPolicy:
         mask = train.float() * finite[:, None].float().cpu()
         payload = DiffusionPayload(latents=latents, prompt_of=prompt_of.to(dev), cond=cond_p, num_steps=N)
         return Rollout(
-            old_logp=old_logp.cpu(),
+            rollout_logp=rollout_logp.cpu(),
             mask=mask,
             group_id=batch.group_ids(G),
             prompt_index=prompt_of.clone(),
@@ -738,7 +738,7 @@ class DiffusionPolicy:
         m = rollout.mask > 0
         if not m.any():
             return
-        gap = float((logp - rollout.old_logp).abs()[m].max())
+        gap = float((logp - rollout.rollout_logp).abs()[m].max())
         self.first_logp_gap = gap
         if gap > 1e-4:
             log.warning(

@@ -440,7 +440,7 @@ class VLAPolicy(VLMPolicy):
             "time/env": timing["env"],
         }
         prompt_index = torch.tensor([i for i, _ in plan], dtype=torch.long)
-        return Rollout(old_logp=old, mask=mask, group_id=torch.tensor(batch.seeds, dtype=torch.long)[prompt_index],
+        return Rollout(rollout_logp=old, mask=mask, group_id=torch.tensor(batch.seeds, dtype=torch.long)[prompt_index],
                        prompt_index=prompt_index, samples=samples, payload=payload, valid=valid, metrics=metrics)
 
     # ------------------------------------------------------------------ log-probs

@@ -570,7 +570,7 @@ class VLMPolicy(HFTokenPolicy):
 
             metrics.update(video_rollout_metrics([s for s in samples if not s.get("shuffled")]))
         return Rollout(
-            old_logp=comp.logp.cpu(),
+            rollout_logp=comp.logp.cpu(),
             mask=comp.mask.cpu(),
             group_id=torch.tensor(batch.seeds, dtype=torch.long)[prompt_index],
             prompt_index=prompt_index,
