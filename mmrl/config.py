@@ -26,6 +26,41 @@ class ConfigError(ValueError):
 
 
 @dataclass
+class TGRPOConfig:
+    """T-GRPO settings (Video-R1's temporal contrast; the math is in :mod:`mmrl.algos.tgrpo`)."""
+
+    shuffled_group: int = 0
+    """Extra probe samples per video prompt on shuffled temporal patches (Video-R1: G/2); 0 turns T-GRPO off."""
+    alpha: float = 0.3
+    """Advantage bonus of a correct ordered sample in a granted group (Video-R1: 0.3)."""
+    mu: float = 0.8
+    """A group is granted when p_ordered >= mu * p_shuffled (Video-R1: 0.8)."""
+    correct_reward: str = "accuracy"
+    """Name of the task's reward function whose value is the correctness c_i (the reward/<name> metric)."""
+    threshold: float = 0.1
+    """A sample is correct when c_i > threshold (Video-R1: 0.1)."""
+
+    @property
+    def enabled(self) -> bool:
+        return self.shuffled_group > 0
+
+    def validate(self) -> None:
+        """Raise ConfigError on bad values."""
+        import math
+
+        if self.shuffled_group < 0:
+            raise ConfigError(f"algo.tgrpo.shuffled_group must be >= 0 (0 disables T-GRPO), got {self.shuffled_group}")
+        if not (math.isfinite(self.alpha) and self.alpha >= 0):
+            raise ConfigError(f"algo.tgrpo.alpha must be a finite number >= 0, got {self.alpha}")
+        if not (math.isfinite(self.mu) and self.mu >= 0):
+            raise ConfigError(f"algo.tgrpo.mu must be a finite number >= 0, got {self.mu}")
+        if not math.isfinite(self.threshold):
+            raise ConfigError(f"algo.tgrpo.threshold must be finite, got {self.threshold}")
+        if not self.correct_reward:
+            raise ConfigError("algo.tgrpo.correct_reward must name one of the task's reward functions")
+
+
+@dataclass
 class AlgoConfig:
     """The RL algorithm: advantage estimator, policy loss, KL, filtering, update schedule."""
 
@@ -36,7 +71,7 @@ class AlgoConfig:
     adv_scale: str = "group"
     """For grpo: divide by the group std ("group"), the batch std ("batch") or not at all ("none")."""
     adv_eps: float = 1e-6
-    """Epsilon added to the std when normalising advantages."""
+    """Epsilon added to the std when normalising advantages (>= 0; all-equal groups get exactly 0 even with 0)."""
     adv_clip: float | None = None
     """Clip advantages to [-adv_clip, adv_clip] (Flow-GRPO uses 5); None disables."""
     reinforce_baseline: str = "none"
@@ -87,6 +122,8 @@ class AlgoConfig:
     """Value-loss coefficient (critic, GAE only)."""
     value_clip: float | None = 0.2
     """Value clipping range for the critic; None disables."""
+    tgrpo: TGRPOConfig = field(default_factory=TGRPOConfig)
+    """T-GRPO (Video-R1): shuffled-frame probes and a temporal advantage bonus for video prompts; off by default."""
 
 
 @dataclass

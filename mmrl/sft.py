@@ -23,8 +23,7 @@ log = logging.getLogger(__name__)
 
 def sft_targets(task, policy, items: list[dict]) -> list[str | None]:
     """Reference completions for ``items``, given what the policy knows about them."""
-    meta_fn = getattr(policy, "sample_meta", None)
-    metas = meta_fn(items) if meta_fn is not None else [{} for _ in items]
+    metas = policy.sample_meta(items)
     return [task.sft_target(it, m) for it, m in zip(items, metas)]
 
 
@@ -32,11 +31,11 @@ def run_sft(trainer, steps: int) -> dict[str, float]:
     """Run ``steps`` supervised steps on the trainer's policy; returns the last metrics."""
     cfg = trainer.cfg.trainer
     policy, task = trainer.policy, trainer.task
-    if not hasattr(policy, "sft_loss"):
-        raise ConfigError(f"trainer.sft_steps>0 but the {type(policy).__name__} policy has no sft_loss")
+    if not policy.supports_sft:
+        raise ConfigError(f"trainer.sft_steps>0 but the {type(policy).__name__} policy has no supervised loss (sft_loss)")
     bs = cfg.sft_batch_size or cfg.batch_size
     # a task may warm-start on other items than its RL prompts (e.g. VLA: one item per demo observation)
-    source = list(task.sft_items()) if hasattr(task, "sft_items") else list(trainer.train_items)
+    source = list(task.sft_items())
     if cfg.sft_max_items is not None:
         source = source[: cfg.sft_max_items]
     sampler = PromptSampler(len(source), bs, cfg.seed + 7919)

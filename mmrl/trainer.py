@@ -33,7 +33,8 @@ from mmrl.algos import ADVANTAGE_ESTIMATORS, OUTCOME_ESTIMATORS, POLICY_LOSSES
 from mmrl.checkpoint import latest_checkpoint, load_training_state, resolve_checkpoint, save_checkpoint
 from mmrl.config import ConfigError, RunConfig, load_config, save_config, to_dict
 from mmrl.data.sampler import PromptSampler, shard
-from mmrl.policies.base import PromptBatch, Rollout
+from mmrl.algos.tgrpo import rollout_temporal_bonus
+from mmrl.policies.base import Policy, PromptBatch, Rollout
 from mmrl.rewards.manager import RewardManager
 from mmrl.rollout.noise import mix_seed
 from mmrl.tasks.base import SkipItem
@@ -88,6 +89,13 @@ def _call_estimator(name: str, rewards: Tensor, group_id: Tensor, valid: Tensor,
     return fn(rewards, group_id, valid, **kwargs)
 
 
+def check_algo_against_task(algo, reward_names: list[str], task_name: str) -> None:
+    """ConfigError for algorithm settings that name something the task does not have (T-GRPO's correctness reward)."""
+    if algo.tgrpo.enabled and algo.tgrpo.correct_reward not in reward_names:
+        raise ConfigError(f"algo.tgrpo.correct_reward={algo.tgrpo.correct_reward!r} is not a reward of task={task_name}; "
+                          f"choose from {', '.join(reward_names)}")
+
+
 class Trainer:
     """GRPO/PPO-family trainer over any :class:`~mmrl.policies.base.Policy`.
 
@@ -121,16 +129,17 @@ class Trainer:
         if policy is None:
             from mmrl.models.registry import policy_builder
 
-            policy = policy_builder(cfg.model.type)(cfg, task)
-        self.policy = policy
+            policy = policy_builder(cfg.model.type)(cfg, task.policy_spec())
+        self.policy: Policy = policy
         if init_from is not None:
             self.policy.load_pretrained(Path(init_from) / "pretrained_model")
-        if hasattr(self.policy, "module") and self.accelerator.device.type != "cpu":
-            self.policy.model.to(self.accelerator.device)
+        if self.accelerator.device.type != "cpu":
+            self.policy.to_device(self.accelerator.device)
 
         self.train_items = list(task.train_items())
         self.rewards = RewardManager(task.reward_specs(), error_threshold=tr.reward_error_threshold,
                                      window=tr.reward_error_window)
+        check_algo_against_task(cfg.algo, [s.name for s in self.rewards.specs], task.name)
         if tr.batch_size % self.world:
             raise ConfigError(f"trainer.batch_size={tr.batch_size} must be divisible by the {self.world} processes")
         self.sampler = PromptSampler(len(self.train_items), tr.batch_size, tr.seed)
@@ -263,10 +272,8 @@ class Trainer:
         ro.rewards = res.total
         ro.valid = ro.valid & res.valid
         ro.metrics.update(res.metrics)
-        bonus_hook = getattr(self.policy, "advantage_bonus", None)  # optional: e.g. T-GRPO's temporal bonus
-        bonus = bonus_hook(ro, res.per_fn) if bonus_hook is not None else None
-        if bonus is not None:
-            ro.adv_bonus, bonus_metrics = bonus
+        if self.cfg.algo.tgrpo.enabled:  # T-GRPO: the bonus from the policy's shuffled-frame probes
+            ro.adv_bonus, bonus_metrics = rollout_temporal_bonus(ro, res.per_fn, self.cfg.algo.tgrpo)
             ro.metrics.update(bonus_metrics)
         ro.metrics.update(self.task.rollout_metrics(rep, ro.samples))
         every = self.cfg.trainer.log_samples_every
@@ -403,8 +410,7 @@ class Trainer:
         """One rollout + update. Returns the step's metrics."""
         algo = self.cfg.algo
         t_step = time.perf_counter()
-        if hasattr(self.policy, "set_train_step"):  # e.g. a sliding window of trained denoising steps
-            self.policy.set_train_step(self.step)
+        self.policy.on_train_step(self.step)  # e.g. diffusion's sliding window of trained denoising steps
         ro, metrics = self.collect()
         if ro is None:
             metrics["data/empty_steps"] = 1.0
@@ -432,7 +438,7 @@ class Trainer:
             old_logp = ro.rollout_logp
         kl_tok = None
         # a policy with its own KL (e.g. latent-mean KL for diffusion) computes it in log_probs
-        own_kl = getattr(self.policy, "latent_kl", False) and not algo.kl_in_reward
+        own_kl = self.policy.owns_kl and not algo.kl_in_reward
         if algo.kl_coef > 0 and not own_kl:
             ro.ref_logp, _ = self._no_grad_pass(ro, values=False, reference=True)
             if algo.kl_in_reward:
@@ -570,14 +576,8 @@ class Trainer:
         limit = limit if limit is not None else tr.eval_size
         if limit is not None:
             items = items[:limit]
-        recording = getattr(self.policy, "record_frames", None)
-        if recording is not None:  # e.g. VLA: keep the episodes' frames for evaluation videos
-            self.policy.record_frames = True
-        try:
+        with self.policy.evaluation_outputs():  # e.g. VLA: keep the episodes' frames for evaluation videos
             return self._evaluate(items)
-        finally:
-            if recording is not None:
-                self.policy.record_frames = recording
 
     def _evaluate(self, items: list) -> dict[str, float]:
         tr = self.cfg.trainer
@@ -593,9 +593,7 @@ class Trainer:
             g = tr.eval_samples
             with torch.no_grad():
                 ro = self.policy.rollout(batch, g, greedy=tr.eval_greedy)
-            ordered = [j for j, smp in enumerate(ro.samples) if not (isinstance(smp, dict) and smp.get("shuffled"))]
-            if len(ordered) < ro.batch_size:  # sampled eval of a T-GRPO policy: its shuffled-frame probes are not scored
-                ro = ro.index(torch.tensor(ordered))
+            ro = ro.without_probes()  # sampled eval with T-GRPO: its shuffled-frame probes are not scored
             rep = [it for it in batch.items for _ in range(g)]  # prompt-major, like every rollout
             res = self.rewards([it.get("prompt", "") for it in rep], ro.samples, self.task.reward_columns(rep))
             all_items += rep

@@ -1,8 +1,15 @@
-"""The task interface: what a task gives the trainer."""
+"""The task interface: what a task gives the trainer, SFT, evaluation and the policy builder.
+
+Required: :meth:`Task.reward_specs`, and the records: :meth:`Task.build_items` (or :meth:`Task.train_items` and
+:meth:`Task.eval_items`). Everything else has a working default that a task
+overrides when it has something to say (see docs/architecture.md).
+"""
 from __future__ import annotations
 
+import abc
 from typing import Any, ClassVar, Sequence
 
+from mmrl.policies.base import PolicySpec
 from mmrl.rewards.manager import RewardSpec
 
 
@@ -13,7 +20,7 @@ class SkipItem(Exception):
     """
 
 
-class Task:
+class Task(abc.ABC):
     """Dataset + prompt template + reward composition + eval metric of one job."""
 
     name: ClassVar[str] = ""
@@ -25,8 +32,9 @@ class Task:
         self.run_cfg = run_cfg
 
     def build_items(self, split: str) -> list[dict]:
-        """Records of ``split`` ("train" / "eval"); the default train/eval_items call this once each."""
-        raise NotImplementedError
+        """Records of ``split`` ("train" / "eval"); the default train/eval_items call this once each. A task
+        implements this, or overrides :meth:`train_items` and :meth:`eval_items` themselves."""
+        raise NotImplementedError(f"task {self.name} implements neither build_items nor train_items/eval_items")
 
     def train_items(self) -> Sequence[dict]:
         """Training records; each has at least ``prompt`` (what the policy reads). Built once."""
@@ -45,9 +53,19 @@ class Task:
             cache[split] = self.build_items(split)
         return cache[split]
 
+    def sft_items(self) -> Sequence[dict]:
+        """Records of the supervised warm start (``trainer.sft_steps``). Default: the training records; a task may
+        warm-start on other items (VLA: one item per expert-demo observation)."""
+        return self.train_items()
+
+    def policy_spec(self) -> PolicySpec:
+        """What the policy builder needs from this task (vocabulary, environment, action statistics, model hook).
+        Default: only the task's name."""
+        return PolicySpec(task_name=self.name)
+
+    @abc.abstractmethod
     def reward_specs(self) -> list[RewardSpec]:
         """Reward functions with weights."""
-        raise NotImplementedError
 
     def prepare_item(self, item: dict) -> dict:
         """Load what the item needs (media...) right before rollout; raise SkipItem for bad items."""

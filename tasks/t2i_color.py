@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from mmrl.rewards.manager import RewardSpec
+from mmrl.policies.base import PolicySpec
 from mmrl.tasks.base import Task
 
 log = logging.getLogger(__name__)
@@ -277,6 +278,9 @@ class T2IColorTask(Task):
 
     def reward_columns(self, items):
         return {k: [it[k] for it in items] for k in ("object_color", "background_color")}
+
+    def policy_spec(self) -> PolicySpec:
+        return PolicySpec(task_name=self.name, prepare_model=self.prepare_diffusion_model)
 
     def prepare_diffusion_model(self, path: str, model_cfg: Any) -> str:
         """The pre-trained pipeline (built once and cached) when task.pretrain_steps > 0, else ``path``."""

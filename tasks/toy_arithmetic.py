@@ -9,6 +9,7 @@ import operator
 from dataclasses import dataclass
 
 from mmrl.rewards.manager import RewardSpec
+from mmrl.policies.base import PolicySpec
 from mmrl.tasks.base import Task
 
 _OPS = {"+": operator.add, "-": operator.sub, "*": operator.mul}
@@ -83,6 +84,9 @@ class ToyArithmeticTask(Task):
             RewardSpec("correct", correct_reward, self.cfg.correct_weight),
             RewardSpec("format", format_reward, self.cfg.format_weight),
         ]
+
+    def policy_spec(self) -> PolicySpec:
+        return PolicySpec(task_name=self.name, vocabulary=self.vocabulary)
 
     def sft_target(self, item, meta):
         return item["answer"]

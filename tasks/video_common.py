@@ -149,12 +149,6 @@ class VideoTaskBase(Task):
         multiple = cfg.video.size_multiple or (size_multiple_for_model(run_cfg) if run_cfg is not None else 28)
         self.sampling = cfg.video.sampling(multiple)
         """The :class:`~mmrl.data.video.VideoSamplingConfig` every item of this run is decoded with."""
-        tgrpo = getattr(cfg, "tgrpo", None)
-        if tgrpo is not None and tgrpo.shuffled_group > 0:
-            names = [spec.name for spec in self.reward_specs()]
-            if tgrpo.correct_reward not in names:
-                raise ConfigError(f"task.tgrpo.correct_reward={tgrpo.correct_reward!r} is not a reward of task={self.name}; "
-                                    f"choose from {', '.join(names)}")
 
     @property
     def frame_cache(self):

@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from mmrl.algos.tgrpo import TGRPOConfig
 from mmrl.rewards.manager import RewardSpec
 from mmrl.tasks.video_common import (
     AnnotationError,
@@ -83,8 +82,6 @@ class VideoQAConfig:
     format_gate: bool = True
     """The answer reward counts only for completions that pass the format check (otherwise RL reinforces answers
     followed by junk; see docs/tasks/video.md)."""
-    tgrpo: TGRPOConfig = field(default_factory=TGRPOConfig)
-    """T-GRPO (Video-R1): shuffled_group > 0 turns it on (correct_reward=accuracy, alpha 0.3, mu 0.8)."""
 
     def validate(self) -> None:
         """Raise ConfigError on inconsistent settings."""

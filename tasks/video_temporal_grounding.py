@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from mmrl.algos.tgrpo import TGRPOConfig
 from mmrl.rewards.manager import RewardSpec
 from mmrl.tasks.base import SkipItem
 from mmrl.tasks.video_common import (
@@ -93,9 +92,6 @@ class VideoTemporalGroundingConfig:
     """A predicted segment with start > end: reject (scores 0) or swap."""
     annotation_tolerance_s: float = 0.5
     """An annotated end up to this far past the video's end is clipped to it; further -> the item is skipped."""
-    tgrpo: TGRPOConfig = field(default_factory=lambda: TGRPOConfig(correct_reward="temporal", threshold=0.5))
-    """T-GRPO (Video-R1): shuffled_group > 0 adds that many samples per prompt on shuffled frames; correct ordered
-    answers (temporal reward > threshold) get an advantage bonus alpha when p_ordered >= mu * p_shuffled."""
 
     def validate(self) -> None:
         """Raise ConfigError on inconsistent settings."""

@@ -22,6 +22,7 @@ import numpy as np
 
 from mmrl.rewards.manager import RewardSpec
 from mmrl.rollout.init_states import init_state_key
+from mmrl.policies.base import PolicySpec
 from mmrl.tasks.base import Task
 
 log = logging.getLogger(__name__)
@@ -218,6 +219,10 @@ class VLATask(Task):
         for d in self.gripper_dims:  # binary command: keep both values representable even if demos use one
             low[d], high[d] = -1.0, 1.0
         return {"low": low.tolist(), "high": high.tolist(), "gripper_dims": list(self.gripper_dims)}
+
+    def policy_spec(self) -> PolicySpec:
+        """The env pool's spec and the action tokenizer's statistics (from the expert demos)."""
+        return PolicySpec(task_name=self.name, env_spec=self.env_spec(), action_stats=self.action_stats())
 
     def sft_items(self) -> list[dict]:
         """Observation-level warm-start data: one item per step of every successful demo, with the

@@ -15,12 +15,11 @@ torch = pytest.importorskip("torch")
 from mmrl.algos import grpo  # noqa: E402
 from mmrl.algos.masked import AlgoInputError  # noqa: E402
 from mmrl.algos.tgrpo import (  # noqa: E402
-    TGRPOConfig,
     naive_reward_bonus,
     rollout_temporal_bonus,
     temporal_bonus,
 )
-from mmrl.config import ConfigError  # noqa: E402
+from mmrl.config import ConfigError, TGRPOConfig  # noqa: E402
 from mmrl.policies.base import Rollout  # noqa: E402
 
 T = torch.tensor
@@ -101,11 +100,11 @@ def test_all_correct_group_gets_signal_only_with_advantage_bonus():
 def _rollout(samples_shuffled, group_ids, valid):
     B = len(samples_shuffled)
     return Rollout(rollout_logp=torch.zeros(B, 2), mask=torch.ones(B, 2), group_id=T(group_ids),
-                   samples=[{"text": "", "shuffled": s} for s in samples_shuffled], payload=None,
-                   valid=T(valid))
+                   samples=[{"text": ""} for _ in samples_shuffled], payload=None,
+                   valid=T(valid), probe=T(samples_shuffled))
 
 
-def test_rollout_temporal_bonus_reads_flags_validity_and_nan():
+def test_rollout_temporal_bonus_reads_probes_validity_and_nan():
     ro = _rollout([False, False, False, True, True], [1, 1, 1, 1, 1], [True, True, False, False, False])
     # sample 2 is invalid (e.g. failed reward) and would be correct: no bonus, not in p;
     # shuffled sample 4 has no correctness value (NaN): left out of p~

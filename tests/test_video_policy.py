@@ -19,7 +19,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("decord")
 pytest.importorskip("cv2")
 
-from mmrl.algos.tgrpo import TGRPOConfig  # noqa: E402
+from mmrl.config import TGRPOConfig  # noqa: E402
 from mmrl.data.synthetic_video import make_video_dataset  # noqa: E402
 from mmrl.data.video import VideoSamplingConfig, load_video  # noqa: E402
 from mmrl.data.video_cache import frame_cache_for  # noqa: E402
@@ -240,6 +240,8 @@ def test_shuffled_samples_layout_masking_and_patch_pairs(sampled):
     assert ro.batch_size == 9
     assert [s["shuffled"] for s in ro.samples] == [False, False, True] * 3
     assert ro.valid.tolist() == [True, True, False] * 3  # no gradient, outside the group statistics
+    assert ro.probe.tolist() == [False, False, True] * 3  # marked as probes: dropped from scoring by without_probes()
+    assert ro.without_probes().batch_size == 6
     assert ro.prompt_index.tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2]
     assert ro.group_id.tolist() == [101] * 3 + [202] * 3 + [303] * 3
     for k in range(3):

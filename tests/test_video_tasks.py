@@ -270,16 +270,23 @@ def test_bad_inputs_are_counted_skips_naming_the_file(tmp_path, vids, monkeypatc
 def test_config_errors():
     for overrides, msg in [(["task.data_format=charades"], "needs an annotation file"),
                            (["task.reward_kind=iou"], "reward_kind"),
-                           (["task.tgrpo.shuffled_group=-2"], "shuffled_group"),
+                           (["algo.tgrpo.shuffled_group=-2"], "shuffled_group"),
                            (["task.video.max_frames=1"], "task.video"),
-                           (["task.tgrpo.shuffled_group=2", "task.tgrpo.correct_reward=accuracy"],
-                            "not a reward of task=video_temporal_grounding; choose from temporal, format"),
                            (["model=tiny_lm"], "vision-language model")]:
         with pytest.raises(ConfigError, match=msg):
             cfg = load_config(["task=video_temporal_grounding", *overrides])
             VideoTemporalGroundingTask(cfg.task, cfg)
+    # T-GRPO is an algorithm option; its correctness reward must be one of the task's rewards
+    from mmrl.trainer import check_algo_against_task
+
+    cfg = load_config(["task=video_temporal_grounding", "algo.tgrpo.shuffled_group=2", "algo.tgrpo.correct_reward=accuracy"])
+    names = [s.name for s in VideoTemporalGroundingTask(cfg.task, cfg).reward_specs()]
+    with pytest.raises(ConfigError, match="not a reward of task=video_temporal_grounding; choose from temporal, format"):
+        check_algo_against_task(cfg.algo, names, "video_temporal_grounding")
+    tg = load_config(["task=video_temporal_grounding"])
+    assert tg.algo.tgrpo.correct_reward == "temporal" and tg.algo.tgrpo.threshold == 0.5
     qa = load_config(["task=video_qa"])
-    assert qa.task.video.max_frames == 16 and qa.task.tgrpo.correct_reward == "accuracy"
+    assert qa.task.video.max_frames == 16 and qa.algo.tgrpo.correct_reward == "accuracy"
     with pytest.raises(ConfigError, match="option_order"):
         load_config(["task=video_qa", "task.option_order=sorted"])
 
@@ -304,7 +311,7 @@ def test_two_step_training_run_with_tgrpo_and_a_bad_video(tmp_path, vids):
 
     cfg = load_config(["task=video_temporal_grounding", f"trainer.output_dir={tmp_path}", "trainer.run_name=e2e",
                        "task.num_train=6", "task.num_eval=2", f"task.video.cache_dir={tmp_path / 'frames'}",
-                       "task.tgrpo.shuffled_group=2", "trainer.max_steps=2", "trainer.batch_size=3",
+                       "algo.tgrpo.shuffled_group=2", "trainer.max_steps=2", "trainer.batch_size=3",
                        "trainer.sft_steps=2", "trainer.eval_every=0", "trainer.eval_at_end=true", "trainer.eval_size=2",
                        "trainer.lr=0.01", "algo.group_size=3", "model.max_new_tokens=6", *TG_BASE,
                        # Qwen2.5-VL (time via second_per_grid_ts) on 4 s videos at 4 fps: 8 frames of 84x56

@@ -28,13 +28,15 @@ group's spread. This is the same as adding ``alpha * (std_g + eps)`` to the corr
 while keeping the group's mean and std of the un-bonused rewards. Consequences: an all-correct
 group (plain GRPO advantage 0) still reinforces its answers by ``alpha`` when granted; shuffled
 samples never get a bonus, never count in ``mean_g`` / ``std_g`` (they are ``valid=False``) and never
-get a gradient. The trainer applies it through ``Rollout.adv_bonus`` (filled after scoring by the
-policy's ``advantage_bonus`` hook, which calls :func:`rollout_temporal_bonus`).
+get a gradient.
+
+Who does what: the policy draws the probes (``Rollout.probe``, ``valid=False``) when ``algo.tgrpo.shuffled_group``
+is set; after scoring, the trainer calls :func:`rollout_temporal_bonus` and stores the result in
+``Rollout.adv_bonus``; :func:`mmrl.algos.advantages.outcome_advantages` adds it after normalisation. Evaluation
+and training both drop probes with ``Rollout.without_probes()``.
 """
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
 from typing import Any, Mapping, NamedTuple
 
 import torch
@@ -44,43 +46,11 @@ from .filtering import group_moments
 from .masked import AlgoInputError
 
 __all__ = [
-    "TGRPOConfig",
     "TemporalBonus",
     "temporal_bonus",
     "naive_reward_bonus",
     "rollout_temporal_bonus",
 ]
-
-
-@dataclass
-class TGRPOConfig:
-    """T-GRPO settings (Video-R1's temporal contrast; see :mod:`mmrl.algos.tgrpo`)."""
-
-    shuffled_group: int = 0
-    """Extra samples per video prompt on shuffled temporal patches (Video-R1: G/2); 0 turns T-GRPO off."""
-    alpha: float = 0.3
-    """Advantage bonus of a correct ordered sample in a granted group (Video-R1: 0.3)."""
-    mu: float = 0.8
-    """A group is granted when p_ordered >= mu * p_shuffled (Video-R1: 0.8)."""
-    correct_reward: str = "accuracy"
-    """Name of the task's reward function whose value is the correctness c_i (the reward/<name> metric)."""
-    threshold: float = 0.1
-    """A sample is correct when c_i > threshold (Video-R1: 0.1)."""
-
-    def validate(self) -> None:
-        """Raise ConfigError on bad values."""
-        from mmrl.config import ConfigError
-
-        if self.shuffled_group < 0:
-            raise ConfigError(f"tgrpo.shuffled_group must be >= 0 (0 disables T-GRPO), got {self.shuffled_group}")
-        if not (math.isfinite(self.alpha) and self.alpha >= 0):
-            raise ConfigError(f"tgrpo.alpha must be a finite number >= 0, got {self.alpha}")
-        if not (math.isfinite(self.mu) and self.mu >= 0):
-            raise ConfigError(f"tgrpo.mu must be a finite number >= 0, got {self.mu}")
-        if not math.isfinite(self.threshold):
-            raise ConfigError(f"tgrpo.threshold must be finite, got {self.threshold}")
-        if not self.correct_reward:
-            raise ConfigError("tgrpo.correct_reward must name one of the task's reward functions")
 
 
 class TemporalBonus(NamedTuple):
@@ -145,14 +115,14 @@ def naive_reward_bonus(rewards: Tensor, bonus: Tensor) -> Tensor:
     return rewards.float() + bonus.float()
 
 
-def rollout_temporal_bonus(rollout: Any, reward_terms: Mapping[str, Tensor], cfg: TGRPOConfig) -> tuple[Tensor, dict]:
+def rollout_temporal_bonus(rollout: Any, reward_terms: Mapping[str, Tensor], cfg: Any) -> tuple[Tensor, dict]:
     """:func:`temporal_bonus` for a scored :class:`~mmrl.policies.base.Rollout`: ``(bonus [B], metrics)``.
 
-    Shuffled samples are those whose sample dict has ``shuffled=True``; the correctness is
-    ``reward_terms[cfg.correct_reward]`` (NaN = no value: left out). Ordered samples must also be
-    ``rollout.valid``. Metrics: ``tgrpo/p_ordered``, ``tgrpo/p_shuffled`` (means over compared
-    groups), ``tgrpo/granted_frac`` (granted / compared groups), ``tgrpo/bonus_frac`` (ordered
-    samples that got the bonus).
+    ``cfg`` holds ``alpha``, ``mu``, ``threshold`` and ``correct_reward`` (``algo.tgrpo``). Probe samples
+    (``rollout.probe``) are the shuffled ones; the correctness is ``reward_terms[cfg.correct_reward]`` (NaN = no
+    value: left out). Ordered samples must also be ``rollout.valid``. Metrics: ``tgrpo/p_ordered``,
+    ``tgrpo/p_shuffled`` (means over compared groups), ``tgrpo/granted_frac`` (granted / compared groups),
+    ``tgrpo/bonus_frac`` (ordered samples that got the bonus).
     """
     if cfg.correct_reward not in reward_terms:
         raise AlgoInputError(
@@ -160,8 +130,7 @@ def rollout_temporal_bonus(rollout: Any, reward_terms: Mapping[str, Tensor], cfg
             f"{', '.join(sorted(reward_terms))}")
     values = reward_terms[cfg.correct_reward].float()
     finite = torch.isfinite(values)
-    is_shuffled = torch.tensor([bool(s.get("shuffled", False)) if isinstance(s, Mapping) else False
-                                for s in rollout.samples], dtype=torch.bool)
+    is_shuffled = rollout.probe.bool()
     ordered = ~is_shuffled & rollout.valid.bool() & finite
     shuffled = is_shuffled & finite
     res = temporal_bonus(torch.nan_to_num(values, nan=0.0), rollout.group_id, ordered, shuffled,

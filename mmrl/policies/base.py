@@ -16,9 +16,10 @@ current parameters (:meth:`Policy.log_probs`); everything else is shared.
 """
 from __future__ import annotations
 
+import abc
 import contextlib
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, ContextManager, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, ContextManager, Iterator, Sequence
 
 import torch
 from torch import Tensor
@@ -125,9 +126,13 @@ class Rollout:
     """[B, T] per-action rewards, for policies whose environment rewards every step."""
     valid: Tensor | None = None
     """[B] bool; False for samples that must not train (failed episode, NaN latents...)."""
+    probe: Tensor | None = None
+    """[B] bool; True for samples drawn only to inform the algorithm, never trained nor scored in evaluation
+    (T-GRPO's shuffled-frame probes, :mod:`mmrl.algos.tgrpo`). A policy that draws probes also marks them
+    ``valid=False``. Default: no probes."""
     adv_bonus: Tensor | None = None
-    """[B] added to each sample's advantage after group normalisation (e.g. T-GRPO's temporal bonus,
-    :mod:`mmrl.algos.tgrpo`); filled after scoring by the policy's optional ``advantage_bonus`` hook."""
+    """[B] added to each sample's advantage after group normalisation (T-GRPO's temporal bonus); filled by the
+    trainer from :func:`mmrl.algos.tgrpo.rollout_temporal_bonus` after scoring."""
     metrics: dict[str, float] = field(default_factory=dict)
     """Rollout-side metrics (engine time, skips, env steps/s...), logged as they are."""
 
@@ -138,6 +143,14 @@ class Rollout:
             raise ValueError("group_id, samples and the [B, T] tensors must have the same batch size")
         if self.valid is None:
             self.valid = torch.ones(self.mask.shape[0], dtype=torch.bool)
+        if self.probe is None:
+            self.probe = torch.zeros(self.mask.shape[0], dtype=torch.bool)
+
+    def without_probes(self) -> "Rollout":
+        """The rollout without its probe samples (what training statistics and evaluation score)."""
+        if not bool(self.probe.any()):
+            return self
+        return self.index(torch.nonzero(~self.probe).flatten())
 
     @property
     def batch_size(self) -> int:
@@ -207,30 +220,108 @@ class LogProbOutput:
     """[b, T] a policy-specific KL to the reference (e.g. latent-mean KL for diffusion), if any."""
 
 
-@runtime_checkable
-class Policy(Protocol):
-    """What a modality adapter implements. See docs/architecture.md."""
+class PolicyCapabilityError(RuntimeError):
+    """A trainer stage asked a policy for a capability it does not have (e.g. SFT without a supervised loss)."""
+
+
+@dataclass
+class PolicySpec:
+    """What a policy builder may need from the task, given explicitly instead of probed from the task object.
+
+    A task fills the fields its policies read (:meth:`mmrl.tasks.base.Task.policy_spec`); builders check the
+    ones they need and raise a clear error naming the task when one is missing.
+    """
+
+    task_name: str = ""
+    """The task's registered name (for error messages)."""
+    vocabulary: str | None = None
+    """Characters of a character-level task (``model.path=tiny`` text LMs build their tokenizer from them)."""
+    env_spec: Any = None
+    """VLA: the environment's :class:`~mmrl.policies.vla.VLAEnvSpec` (observation keys, action size, pool)."""
+    action_stats: dict | None = None
+    """VLA: per-dimension action statistics for the action tokenizer (``q01``/``q99``, or ``min``/``max``)."""
+    prepare_model: Callable[[str, Any], str] | None = None
+    """Diffusion: ``(base model path, model config) -> path to load``, applied before loading (e.g. t2i_color
+    pre-trains the tiny pipeline on its synthetic images and returns the cached result)."""
+
+
+class Policy(abc.ABC):
+    """What a modality adapter implements; the trainer, SFT and evaluation use nothing else. See docs/architecture.md.
+
+    Required: :meth:`rollout`, :meth:`log_probs`, :meth:`reference`, :meth:`trainable_parameters`,
+    :meth:`save_pretrained`, :meth:`load_pretrained` and the ``model`` attribute. The other members are
+    optional capabilities with working defaults; an adapter overrides the ones it has.
+    """
 
     model: torch.nn.Module
-    """The trainable module (wrapped by accelerate for data parallel)."""
+    """The trainable module (accelerate may wrap it for data parallel; the trainer only wraps and moves it)."""
 
-    def rollout(self, batch: PromptBatch, group_size: int) -> Rollout:
-        """Sample ``group_size`` completions per prompt; return ``[B*G, T]`` tensors in prompt-major order."""
+    owns_kl: bool = False
+    """True when :meth:`log_probs` returns the policy's own KL to the reference in ``LogProbOutput.kl`` (e.g. the
+    latent-mean KL of diffusion). The trainer then skips its reference pass and puts that KL in the loss; with
+    ``algo.kl_in_reward`` the trainer's token KL is used as usual."""
 
+    # ------------------------------------------------------------------ required
+    @abc.abstractmethod
+    def rollout(self, batch: PromptBatch, group_size: int, *, greedy: bool = False) -> Rollout:
+        """Sample ``group_size`` completions (episodes, images) per prompt; ``[B*G, T]`` tensors in prompt-major
+        order. ``greedy`` (evaluation): argmax actions, or the deterministic sampler. ``Rollout.probe`` marks extra
+        samples that only inform the algorithm (T-GRPO's shuffled-frame probes): they are never trained."""
+
+    @abc.abstractmethod
     def log_probs(self, rollout: Rollout, *, entropy: bool = False, values: bool = False) -> LogProbOutput:
-        """Recompute the log-probs of ``rollout``'s actions under the current parameters (with grad)."""
+        """Recompute the log-probs of ``rollout``'s actions under the current parameters (with grad), on the same
+        distribution the rollout sampled from (suppressed tokens masked, same temperature)."""
 
+    @abc.abstractmethod
     def reference(self) -> ContextManager:
         """A context in which :meth:`log_probs` evaluates the frozen reference policy."""
 
+    @abc.abstractmethod
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         """Parameters the optimizer updates."""
 
+    @abc.abstractmethod
     def save_pretrained(self, path: str) -> None:
         """Write the model in its ecosystem's format (HF safetensors, PEFT adapter...)."""
 
+    @abc.abstractmethod
     def load_pretrained(self, path: str) -> None:
         """Load what :meth:`save_pretrained` wrote, exactly."""
+
+    # ------------------------------------------------------------------ optional, with defaults
+    def to_device(self, device: torch.device) -> None:
+        """Move the trainable module to ``device`` (the trainer calls it once, for an accelerator device)."""
+        self.model.to(device)
+
+    def on_train_step(self, step: int) -> None:
+        """Called before each RL step's rollout with the step index (e.g. diffusion's sliding window of trained
+        denoising steps). Default: nothing."""
+
+    def sample_meta(self, items: Sequence[dict]) -> list[dict]:
+        """What the policy knows of each item after its own preprocessing (e.g. a VLM's model-input image size and
+        box frame), passed to :meth:`mmrl.tasks.base.Task.sft_target`. Default: empty dicts."""
+        return [{} for _ in items]
+
+    def sft_loss(self, batch: PromptBatch, targets: Sequence[str]) -> Tensor:
+        """Supervised loss of ``targets`` given ``batch`` (the warm start, ``trainer.sft_steps``). Default: this
+        policy has none (:attr:`supports_sft` is False)."""
+        raise PolicyCapabilityError(f"the {type(self).__name__} policy has no supervised loss (sft_loss); "
+                                    "set trainer.sft_steps=0")
+
+    @property
+    def supports_sft(self) -> bool:
+        """True when the policy overrides :meth:`sft_loss`."""
+        return type(self).sft_loss is not Policy.sft_loss
+
+    @contextlib.contextmanager
+    def evaluation_outputs(self) -> Iterator[None]:
+        """A context around evaluation rollouts in which the policy keeps what evaluation outputs need beyond the
+        samples (VLA: every episode's frames, for the eval videos). Default: nothing to keep."""
+        yield
+
+    def close(self) -> None:
+        """Release external resources (simulator workers...). Default: nothing to release."""
 
 
 class FrozenCopyReference:

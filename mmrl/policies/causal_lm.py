@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from mmrl.policies.base import FrozenCopyReference, LogProbOutput, PromptBatch, Rollout
+from mmrl.policies.base import FrozenCopyReference, LogProbOutput, PolicySpec, PromptBatch, Rollout
 from mmrl.policies.token_policy import (
     HFTokenPolicy,
     LMWithValueHead,
@@ -153,16 +153,16 @@ def load_causal_lm(path: str, dtype: str = "float32"):
     return lm, tok
 
 
-def build_causal_lm_policy(run_cfg, task) -> CausalLMPolicy:
-    """Policy builder registered for ``model.type=causal_lm``."""
+def build_causal_lm_policy(run_cfg, spec: PolicySpec) -> CausalLMPolicy:
+    """Policy builder registered for ``model.type=causal_lm``; ``model.path=tiny`` reads ``spec.vocabulary``."""
     cfg = run_cfg.model
     path = cfg.path
     if path == "tiny":
         from mmrl.models.tiny_lm import build_tiny_causal_lm
 
-        chars = getattr(task, "vocabulary", None)
+        chars = spec.vocabulary
         if not chars:
-            raise ValueError(f"model.path=tiny needs a task with a character vocabulary; task {task.name} has none")
+            raise ValueError(f"model.path=tiny needs a task with a character vocabulary; task {spec.task_name} has none")
         path = str(build_tiny_causal_lm(chars, hidden=cfg.tiny_hidden, layers=cfg.tiny_layers, heads=cfg.tiny_heads,
                                         seed=run_cfg.trainer.seed))
     lm, tok = load_causal_lm(path, cfg.dtype)

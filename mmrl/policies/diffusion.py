@@ -46,7 +46,7 @@ from typing import Any, Iterator
 import torch
 from torch import Tensor
 
-from mmrl.policies.base import FrozenCopyReference, LogProbOutput, PromptBatch, Rollout
+from mmrl.policies.base import FrozenCopyReference, LogProbOutput, Policy, PolicySpec, PromptBatch, Rollout
 from mmrl.rollout.noise import mix_seed
 
 log = logging.getLogger(__name__)
@@ -417,7 +417,7 @@ def latents_to_pil(images: Tensor) -> list:
 
 # ---------------------------------------------------------------- the policy
 
-class DiffusionPolicy:
+class DiffusionPolicy(Policy):
     """A :class:`~mmrl.policies.base.Policy` whose actions are the SDE denoising steps of a diffusers pipeline.
 
     Args:
@@ -464,7 +464,7 @@ class DiffusionPolicy:
                                   logprob_reduction=cfg.logprob_reduction)
         self.eval_sampler = SDESampler(self.backend.scheduler(), kind=cfg.sampler, noise_level=cfg.noise_level,
                                        logprob_reduction=cfg.logprob_reduction)
-        self.latent_kl = cfg.kl == "latent" and kl_coef > 0
+        self.owns_kl = cfg.kl == "latent" and kl_coef > 0
         self._frozen_ref = FrozenCopyReference(self) if (reference and not cfg.lora.enabled) else None
         self._negative: dict[str, Tensor] | None = None
         self._in_reference = False
@@ -500,7 +500,7 @@ class DiffusionPolicy:
                 self.ema.shadow = [s.to(dev) for s in self.ema.shadow]
             self._negative = None
 
-    def set_train_step(self, step: int) -> None:
+    def on_train_step(self, step: int) -> None:
         """Tell the policy the trainer's step (sliding_window); otherwise it counts parameter updates."""
         self._train_step = int(step)
         self._explicit_step = True
@@ -675,7 +675,7 @@ class DiffusionPolicy:
         b, T = mask.shape
         if pl.num_steps != T or pl.latents.shape[1] != T + 1:
             raise DiffusionPolicyError(f"payload has {pl.num_steps} steps, rollout mask {T}")
-        want_kl = kl if kl is not None else (self.latent_kl and torch.is_grad_enabled() and not self._in_reference)
+        want_kl = kl if kl is not None else (self.owns_kl and torch.is_grad_enabled() and not self._in_reference)
         self._set_schedule(self.sampler, T)
         dev = self.device
         cond_all = {k: v[pl.prompt_of.to(v.device)] for k, v in pl.cond.items()}
@@ -843,20 +843,19 @@ class DiffusionPolicy:
         self._param_version = None
 
 
-def build_diffusion_policy(run_cfg, task) -> DiffusionPolicy:
+def build_diffusion_policy(run_cfg, spec: PolicySpec) -> DiffusionPolicy:
     """Policy builder registered for ``model.type=diffusion``.
 
-    A task may adapt the base pipeline first through ``task.prepare_diffusion_model(path, model_cfg)
-    -> path`` (e.g. t2i_color pre-trains the tiny model on its synthetic images, cached on disk).
+    A task may adapt the base pipeline first through ``spec.prepare_model(path, model_cfg) -> path``
+    (e.g. t2i_color pre-trains the tiny model on its synthetic images, cached on disk).
     """
     from mmrl.models.tiny_diffusion import load_diffusion_pipeline, resolve_diffusion_path
 
     cfg = run_cfg.model
     torch.manual_seed(run_cfg.trainer.seed)
     path = resolve_diffusion_path(cfg.path)
-    prepare = getattr(task, "prepare_diffusion_model", None)
-    if callable(prepare):
-        path = prepare(path, cfg)
+    if spec.prepare_model is not None:
+        path = spec.prepare_model(path, cfg)
     pipe = load_diffusion_pipeline(path, cfg.dtype, expected_kind=cfg.pipeline)
     kl_coef = run_cfg.algo.kl_coef
     return DiffusionPolicy(pipe, cfg, reference=kl_coef > 0, kl_coef=kl_coef)

@@ -13,6 +13,8 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pad_sequence
 
+from mmrl.policies.base import Policy
+
 
 def token_logp_and_entropy(
     logits: Tensor, tokens: Tensor, *, temperature: float = 1.0, entropy: bool = False
@@ -129,7 +131,7 @@ def load_value_head(module: LMWithValueHead, path: Path) -> None:
         module.value_head.load_state_dict(load_file(str(f)))
 
 
-class HFTokenPolicy:
+class HFTokenPolicy(Policy):
     """What every token policy over an HF model shares: the trainable module (HF model + optional
     value head), the reference policy, parameters and HF-format saving/loading.
 

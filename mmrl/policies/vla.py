@@ -28,12 +28,13 @@ save/load) is inherited from :class:`~mmrl.policies.vlm.VLMPolicy`.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -41,7 +42,7 @@ from torch import Tensor
 
 from mmrl.data.coords import input_size_from_grid
 from mmrl.policies.action_tokenizer import ActionTokenizer, group_logp, group_mask, group_size
-from mmrl.policies.base import LogProbOutput, PromptBatch, Rollout
+from mmrl.policies.base import LogProbOutput, PolicySpec, PromptBatch, Rollout
 from mmrl.policies.token_policy import token_logp_and_entropy
 from mmrl.policies.vlm import PromptInputs, VLMPolicy, build_messages, encode_images
 from mmrl.rollout.init_states import INIT_STATES_FILE, InitStateRecord, init_state_key
@@ -198,9 +199,19 @@ class VLAPolicy(VLMPolicy):
         self._pool = None
         self.record_frames = False
         """Keep every episode's frames in its sample (for evaluation videos); greedy rollouts always keep them.
-        The trainer turns this on while it evaluates."""
+        On inside :meth:`evaluation_outputs` (the trainer's evaluation)."""
         self._slot_tasks: list[str | None] = []
         self._templates: dict[tuple[str, tuple[int, ...]], PromptInputs] = {}
+
+    @contextlib.contextmanager
+    def evaluation_outputs(self) -> Iterator[None]:
+        """Every episode keeps its frames (for the evaluation videos) inside this context."""
+        before = self.record_frames
+        self.record_frames = True
+        try:
+            yield
+        finally:
+            self.record_frames = before
 
     # ------------------------------------------------------------------ action tokenizer
     def _make_action_tokenizer(self, stats: dict) -> ActionTokenizer:
@@ -535,20 +546,21 @@ class VLAPolicy(VLMPolicy):
             self.init_states.load(Path(path) / INIT_STATES_FILE)
 
 
-def build_vla_policy(run_cfg, task) -> VLAPolicy:
-    """Policy builder registered for ``model.type=vla``; the task gives the env and the action statistics."""
+def build_vla_policy(run_cfg, spec: PolicySpec) -> VLAPolicy:
+    """Policy builder registered for ``model.type=vla``; the task's spec gives the env and the action statistics."""
     from mmrl.models.presets import resolve_vlm
     from mmrl.models.tiny_vlm import load_vlm
     from mmrl.policies.vlm import _target_device
 
-    for hook in ("env_spec", "action_stats"):
-        if not hasattr(task, hook):
-            raise VLAInputError(f"model.type=vla needs a VLA task (with {hook}()); task {task.name} has none")
+    for name in ("env_spec", "action_stats"):
+        if getattr(spec, name) is None:
+            raise VLAInputError(f"model.type=vla needs a VLA task (its policy spec gives {name}); task {spec.task_name} "
+                                "gives none")
     cfg = run_cfg.model
     lm, processor = load_vlm(resolve_vlm(cfg.path), dtype=cfg.dtype, device=_target_device(run_cfg),
                              attn_implementation=cfg.attn_implementation)
     world = int(__import__("os").environ.get("WORLD_SIZE", "1"))
     slots = max(1, run_cfg.trainer.batch_size // world) * run_cfg.algo.group_size
-    return VLAPolicy(lm, processor, cfg, task.action_stats(), task.env_spec(),
+    return VLAPolicy(lm, processor, cfg, spec.action_stats, spec.env_spec,
                      value_head=run_cfg.algo.advantage == "gae", reference=run_cfg.algo.kl_coef > 0, min_envs=slots,
                      check_init_states=run_cfg.task.check_init_states)

@@ -29,8 +29,8 @@ frame cache, processor keyword arguments, T-GRPO's shuffled copies, sample field
 forward, so all of them compute the same time-aware rotary positions. With ``tgrpo`` set (T-GRPO,
 :mod:`mmrl.algos.tgrpo`) a rollout adds ``tgrpo.shuffled_group`` samples per video prompt on
 shuffled temporal patches, batched into the same ``generate`` call; they are marked
-``shuffled=True``, ``valid=False`` (no gradient, outside the group statistics) and only feed
-:meth:`VLMPolicy.advantage_bonus`.
+``shuffled=True`` in their samples and ``Rollout.probe`` (``valid=False``: no gradient, outside the group
+statistics); they only feed :func:`mmrl.algos.tgrpo.rollout_temporal_bonus`.
 """
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ from torch import Tensor
 
 from mmrl.data.coords import box_frame_for, input_size_from_grid
 from mmrl.data.media import ORIG_SIZE_KEY, load_image
-from mmrl.policies.base import FrozenCopyReference, LogProbOutput, PromptBatch, Rollout
+from mmrl.policies.base import FrozenCopyReference, LogProbOutput, PolicySpec, PromptBatch, Rollout
 from mmrl.policies.token_policy import (
     HFTokenPolicy,
     LMWithValueHead,
@@ -337,8 +337,9 @@ class VLMPolicy(HFTokenPolicy):
         from mmrl.models.tiny_vlm import model_family, vision_special_token_ids
 
         self.cfg = cfg
-        self.tgrpo = tgrpo if tgrpo is not None and getattr(tgrpo, "shuffled_group", 0) > 0 else None
-        """T-GRPO settings (:class:`mmrl.algos.tgrpo.TGRPOConfig`) or None; see :meth:`advantage_bonus`."""
+        self.tgrpo = tgrpo if tgrpo is not None and tgrpo.shuffled_group > 0 else None
+        """T-GRPO settings (``algo.tgrpo``, :class:`mmrl.config.TGRPOConfig`) or None: how many shuffled-frame probes
+        a sampled rollout adds per video prompt (``Rollout.probe``); the bonus is computed by the algorithm layer."""
         self.processor = processor
         self.processing = processor
         self.tokenizer = processor.tokenizer
@@ -577,18 +578,9 @@ class VLMPolicy(HFTokenPolicy):
             samples=samples,
             payload={"prompts": rep_prompts, "completion_ids": [ids[i, :n] for i, n in enumerate(lengths)]},
             valid=torch.tensor([not shuf for _, _, shuf in plan], dtype=torch.bool),
+            probe=torch.tensor([shuf for _, _, shuf in plan], dtype=torch.bool),
             metrics=metrics,
         )
-
-    def advantage_bonus(self, rollout: Rollout, reward_terms: dict[str, Tensor]) -> tuple[Tensor, dict] | None:
-        """T-GRPO's temporal bonus ``[B]`` (added to the advantages after group normalisation) and
-        its metrics; None when T-GRPO is off. Called by the trainer after scoring; see
-        :func:`mmrl.algos.tgrpo.temporal_bonus`."""
-        if self.tgrpo is None:
-            return None
-        from mmrl.algos.tgrpo import rollout_temporal_bonus
-
-        return rollout_temporal_bonus(rollout, reward_terms, self.tgrpo)
 
     def log_probs(self, rollout: Rollout, *, entropy: bool = False, values: bool = False) -> LogProbOutput:
         logits, c_ids, v = self._completion_forward(rollout.payload["prompts"], rollout.payload["completion_ids"],
@@ -676,7 +668,7 @@ def _target_device(run_cfg) -> str:
     return f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
 
 
-def build_vlm_policy(run_cfg, task) -> VLMPolicy:
+def build_vlm_policy(run_cfg, spec: PolicySpec | None = None) -> VLMPolicy:
     """Policy builder registered for ``model.type=vlm``."""
     from mmrl.models.presets import resolve_vlm
     from mmrl.models.tiny_vlm import load_vlm
@@ -685,4 +677,4 @@ def build_vlm_policy(run_cfg, task) -> VLMPolicy:
     lm, processor = load_vlm(resolve_vlm(cfg.path), dtype=cfg.dtype, device=_target_device(run_cfg),
                              attn_implementation=cfg.attn_implementation)
     return VLMPolicy(lm, processor, cfg, value_head=run_cfg.algo.advantage == "gae",
-                     reference=run_cfg.algo.kl_coef > 0, tgrpo=getattr(getattr(task, "cfg", None), "tgrpo", None))
+                     reference=run_cfg.algo.kl_coef > 0, tgrpo=run_cfg.algo.tgrpo)
