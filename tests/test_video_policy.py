@@ -164,7 +164,9 @@ def test_recomputed_logp_equals_plain_forward_from_processor_outputs(sampled):
         with torch.no_grad():
             logits = policy.module.lm(input_ids=ids, attention_mask=torch.ones_like(ids), **kw).logits
         L = p.input_ids.numel()
-        ref = (logits[0, L - 1: L - 1 + c.numel()] / policy.cfg.temperature).log_softmax(-1).gather(-1, c[:, None])[:, 0]
+        z = logits[0, L - 1: L - 1 + c.numel()] / policy.cfg.temperature
+        z[:, policy.suppress_ids] = float("-inf")  # the sampled distribution: vision special tokens removed
+        ref = z.log_softmax(-1).gather(-1, c[:, None])[:, 0]
         assert float((out.logp[i, : c.numel()] - ref).abs().max()) < TOL
 
 

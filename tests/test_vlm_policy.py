@@ -72,8 +72,9 @@ def max_gap(a, b, mask) -> float:
     return float(((a - b).abs() * mask).max())
 
 
-def independent_logp(policy: VLMPolicy, rollout, i: int) -> torch.Tensor:
-    """Log-probs of sample i from a plain unpadded HF forward with the processor's pixel values."""
+def independent_logp(policy: VLMPolicy, rollout, i: int, *, suppress: bool = True) -> torch.Tensor:
+    """Log-probs of sample i from a plain unpadded HF forward with the processor's pixel values, under the sampled
+    distribution: tempered logits with the policy's suppressed (vision special) token ids removed."""
     p = rollout.payload["prompts"][i]
     c = rollout.payload["completion_ids"][i]
     ids = torch.cat([p.input_ids, c])[None]
@@ -84,7 +85,13 @@ def independent_logp(policy: VLMPolicy, rollout, i: int) -> torch.Tensor:
     with torch.no_grad():
         logits = policy.module.lm(input_ids=ids, attention_mask=torch.ones_like(ids), **kw).logits
     L = p.input_ids.numel()
-    lp = (logits[0, L - 1: L - 1 + c.numel()] / policy.cfg.temperature).log_softmax(-1)
+    z = logits[0, L - 1: L - 1 + c.numel()] / policy.cfg.temperature
+    if suppress:
+        keep = torch.ones(z.shape[-1], dtype=torch.bool)
+        keep[policy.suppress_ids] = False
+        lp = z - z[:, keep].logsumexp(-1, keepdim=True)  # renormalised over the allowed ids, by hand
+    else:
+        lp = z.log_softmax(-1)
     return lp.gather(-1, c[:, None])[:, 0]
 
 
@@ -180,13 +187,21 @@ def test_vision_special_tokens_are_never_sampled(folders):
         ro = policy.rollout(mixed_batch((1, 2)), 2)
         with torch.no_grad():
             out = policy.log_probs(ro)
+        full = [independent_logp(policy, ro, i, suppress=False) for i in range(2)]
+        renorm = [independent_logp(policy, ro, i) for i in range(2)]
     finally:
         hook.remove()
     ids = torch.cat(ro.payload["completion_ids"])
     assert ids.numel() > 0 and not torch.isin(ids, torch.tensor(banned)).any()
-    # the behaviour log-prob is that of the full (unsuppressed) distribution: tiny, and recomputed alike
-    assert float(ro.rollout_logp[ro.mask.bool()].max()) < -20
+    # the behaviour and the training log-probs are those of the distribution sampled from (suppressed ids removed,
+    # renormalised), not of the full softmax, where the boosted vision tokens take almost all the mass
+    m = ro.mask.bool()
+    assert float(ro.rollout_logp[m].max()) > -20
     assert max_gap(out.logp, ro.rollout_logp, ro.mask) < TOL
+    for i in range(2):
+        n = int(ro.mask[i].sum())
+        assert float((out.logp[i, :n] - renorm[i]).abs().max()) < TOL
+        assert float(full[i].max()) < -20  # what the old unmasked formula gave
 
 
 def test_greedy_is_deterministic_and_seeds_reproduce(q25):
@@ -379,7 +394,10 @@ def test_sft_loss_matches_cross_entropy(q25):
             logits = q25.module.lm(input_ids=ids, pixel_values=p.pixel_values, image_grid_thw=p.image_grid_thw,
                                    mm_token_type_ids=mm).logits[0]
             L = p.input_ids.numel()
-            nll -= float(logits[L - 1: L - 1 + c.numel()].log_softmax(-1).gather(-1, c[:, None]).sum())
+            z = logits[L - 1: L - 1 + c.numel()]
+            keep = torch.ones(z.shape[-1], dtype=torch.bool)
+            keep[q25.suppress_ids] = False  # the sampled distribution: vision special tokens removed
+            nll -= float((z - z[:, keep].logsumexp(-1, keepdim=True)).gather(-1, c[:, None]).sum())
             n += c.numel()
     assert abs(float(loss.detach()) - nll / n) < 1e-4
     loss.backward()
@@ -440,7 +458,7 @@ def test_presets_compose_and_build(folders):
         assert (m.type, m.name, m.path) == ("vlm", name, name)
     cfg = load_config(["model=tiny_qwen3_vl", "algo.advantage=gae", "algo.kl_coef=0.01", "trainer.device=cpu",
                        "model.max_new_tokens=4"])
-    policy = build_vlm_policy(cfg, task=None)
+    policy = build_vlm_policy(cfg)
     assert policy.family == "qwen3_vl" and policy.module.value_head is not None and policy._frozen_ref is not None
     ro = policy.rollout(mixed_batch((1,)), 2)
     with torch.no_grad():

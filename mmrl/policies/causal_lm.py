@@ -82,6 +82,7 @@ class CausalLMPolicy(HFTokenPolicy):
             pad_id=self.pad_id,
             temperature=self.cfg.temperature,
             top_p=self.cfg.top_p,
+            suppress_ids=self.suppress_ids,
             greedy=greedy,
         )
         lm.train(was_training)
@@ -119,7 +120,8 @@ class CausalLMPolicy(HFTokenPolicy):
         P = p_ids.shape[1]
         # logits at position t predict token t+1: completion token j sits at P + j, predicted by P + j - 1
         comp_logits = logits[:, P - 1 : P - 1 + T]
-        logp, ent = token_logp_and_entropy(comp_logits, c_ids.to(self.device), temperature=temperature, entropy=entropy)
+        logp, ent = token_logp_and_entropy(comp_logits, c_ids.to(self.device), temperature=temperature, entropy=entropy,
+                                           suppress_ids=self.suppress_ids)
         v = vals[:, P - 1 : P - 1 + T] if vals is not None else None
         return logp, ent, v
 

@@ -1,13 +1,17 @@
 """Shared machinery of token policies (text LMs, VLMs, VLAs): log-probs, entropy, value head, LoRA.
 
 A token policy's actions are completion tokens. Given logits over the completion positions,
-``logp = log_softmax(logits / T)[token]`` and ``entropy = -sum p log p`` of the same tempered
-distribution (the sampling temperature is part of the policy).
+``logp = log_softmax(mask(logits / T))[token]`` and ``entropy = -sum p log p`` of the same tempered distribution,
+where ``mask`` sets the policy's suppressed token ids (e.g. vision special tokens) to -inf: the distribution the
+rollout sampled from (the sampling temperature and the suppressed ids are part of the policy). Training on the
+unmasked softmax would follow the gradient of another distribution, and the PPO ratio against an engine's
+log-probs would be off by ``log(1 - p_suppressed)``.
 """
 from __future__ import annotations
 
 import contextlib
 from pathlib import Path
+from typing import Sequence
 
 import torch
 from torch import Tensor, nn
@@ -16,18 +20,33 @@ from torch.nn.utils.rnn import pad_sequence
 from mmrl.policies.base import Policy
 
 
+def suppress_logits(logits: Tensor, suppress_ids: Sequence[int] | Tensor | None) -> Tensor:
+    """``logits`` [..., V] with the ``suppress_ids`` columns set to -inf (the same mask the sampler applies)."""
+    if suppress_ids is None or len(suppress_ids) == 0:
+        return logits
+    ids = torch.as_tensor(suppress_ids, dtype=torch.long, device=logits.device)
+    return logits.index_fill(-1, ids, float("-inf"))
+
+
 def token_logp_and_entropy(
-    logits: Tensor, tokens: Tensor, *, temperature: float = 1.0, entropy: bool = False
+    logits: Tensor, tokens: Tensor, *, temperature: float = 1.0, entropy: bool = False,
+    suppress_ids: Sequence[int] | Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None]:
-    """Log-prob of ``tokens`` [B, T] under ``log_softmax(logits / T)`` [B, T, V]; optional entropy."""
+    """Log-prob of ``tokens`` [B, T] under ``log_softmax(suppress(logits / T))`` [B, T, V]; optional entropy of the
+    same distribution (suppressed ids have probability 0 and add nothing)."""
     logits = logits.float()
     if temperature > 0 and temperature != 1.0:
         logits = logits / temperature
+    logits = suppress_logits(logits, suppress_ids)
     logp_all = logits.log_softmax(-1)
     logp = logp_all.gather(-1, tokens[..., None]).squeeze(-1)
     ent = None
     if entropy:
-        ent = -(logp_all.exp() * logp_all).sum(-1)
+        p = logp_all.exp()
+        # suppressed ids have p = 0 and logp = -inf: their term is 0, and -inf must not enter the product (its
+        # gradient would be 0 * -inf = NaN)
+        finite_logp = torch.where(p > 0, logp_all, torch.zeros((), dtype=p.dtype, device=p.device))
+        ent = -(p * finite_logp).sum(-1)
     return logp, ent
 
 
@@ -142,6 +161,8 @@ class HFTokenPolicy(Policy):
     model: LMWithValueHead
     processing: object
     _frozen_ref: object | None = None
+    suppress_ids: list[int] = []
+    """Token ids the policy never samples (masked to -inf in sampling, training log-probs and entropy alike)."""
 
     @property
     def module(self) -> LMWithValueHead:

@@ -585,7 +585,8 @@ class VLMPolicy(HFTokenPolicy):
     def log_probs(self, rollout: Rollout, *, entropy: bool = False, values: bool = False) -> LogProbOutput:
         logits, c_ids, v = self._completion_forward(rollout.payload["prompts"], rollout.payload["completion_ids"],
                                                     rollout.mask, want_values=values)
-        logp, ent = token_logp_and_entropy(logits, c_ids, temperature=self.cfg.temperature, entropy=entropy)
+        logp, ent = token_logp_and_entropy(logits, c_ids, temperature=self.cfg.temperature, entropy=entropy,
+                                           suppress_ids=self.suppress_ids)
         return LogProbOutput(logp=logp, entropy=ent, values=v)
 
     def sft_loss(self, batch: PromptBatch, targets: Sequence[str]) -> Tensor:
@@ -599,7 +600,7 @@ class VLMPolicy(HFTokenPolicy):
         lengths = torch.tensor([c.numel() for c in comps])
         mask = (torch.arange(int(lengths.max()))[None, :] < lengths[:, None]).float()
         logits, c_ids, _ = self._completion_forward(prompts, comps, mask, want_values=False)
-        logp, _ = token_logp_and_entropy(logits, c_ids, temperature=1.0)
+        logp, _ = token_logp_and_entropy(logits, c_ids, temperature=1.0, suppress_ids=self.suppress_ids)
         m = mask.to(logp.device)
         return -(logp * m).sum() / m.sum()
 

@@ -1,10 +1,13 @@
 """Token sampling for HF `generate` with per-sample seeds and behaviour log-probs.
 
 :class:`SeededTokenSampler` is a logits processor used with greedy decoding: at every step it
-applies temperature, top-p and token suppression, adds Gumbel noise drawn from each row's own seed
-(Gumbel-max trick: ``argmax(logits/T + G)`` is a sample of ``softmax(logits/T)``), and records the
-behaviour log-prob ``log_softmax(logits/T)`` of the token it picks — the same formula the trainer
-uses, so the rollout-vs-trainer gap measures numerics only. No per-step logits are kept, so memory
+applies temperature, token suppression and top-p, adds Gumbel noise drawn from each row's own seed
+(Gumbel-max trick: ``argmax(z + G)`` is a sample of ``softmax(z)``), and records the behaviour log-prob
+``log_softmax(z)`` of the token it picks, with ``z = logits/T`` and the suppressed ids at -inf — the
+distribution it samples from and the same formula the trainer uses
+(:func:`mmrl.policies.token_policy.token_logp_and_entropy` with the policy's ``suppress_ids``), so the
+rollout-vs-trainer gap measures numerics only. Top-p truncation is a sampling device and, as in the
+usual GRPO/PPO recipes, not part of the recorded log-prob. No per-step logits are kept, so memory
 does not grow with vocabulary x length.
 """
 from __future__ import annotations
@@ -71,16 +74,18 @@ class SeededTokenSampler:
     def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
         temp = self.temperature if self.temperature > 0 else 1.0
         scaled = scores.float() / temp
-        masked = scaled
+        masked = suppressed = scaled
         if self.suppress_ids:
-            masked = scaled.index_fill(-1, torch.as_tensor(self.suppress_ids, device=scaled.device), float("-inf"))
+            masked = suppressed = scaled.index_fill(-1, torch.as_tensor(self.suppress_ids, device=scaled.device),
+                                                    float("-inf"))
         if not self.greedy:
             if self.top_p < 1.0:
                 masked = masked.masked_fill(top_p_mask(masked, self.top_p), float("-inf"))
             masked = masked + self._noise(masked.shape[-1], masked.device)
         choice = masked.argmax(-1, keepdim=True)
-        # behaviour log-prob of the choice under log_softmax(logits / T) (the trainer's formula)
-        self.logps.append((scaled.gather(-1, choice) - scaled.logsumexp(-1, keepdim=True))[:, 0])
+        # behaviour log-prob of the choice under log_softmax of the suppressed, tempered logits (the trainer's formula)
+        allowed = suppressed if self.suppress_ids else scaled
+        self.logps.append((allowed.gather(-1, choice) - allowed.logsumexp(-1, keepdim=True))[:, 0])
         self.step += 1
         return masked  # its argmax is the sampled token; greedy decoding picks exactly that
 
