@@ -377,14 +377,16 @@ def check_choice(value: str, choices, where: str) -> None:
 
 def validate_algo(algo: AlgoConfig) -> None:
     """Cross-check algorithm names against the registries."""
-    from mmrl.algos import ADVANTAGE_ESTIMATORS, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
+    from mmrl.algos import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, advantage_choices
 
-    check_choice(algo.advantage, ADVANTAGE_ESTIMATORS.names(), "algo.advantage")
+    check_choice(algo.advantage, advantage_choices(), "algo.advantage")
     check_choice(algo.policy_loss, POLICY_LOSSES.names(), "algo.policy_loss")
     check_choice(algo.loss_agg, AGGREGATIONS.names(), "algo.loss_agg")
     check_choice(algo.kl_estimator, KL_ESTIMATORS.names(), "algo.kl_estimator")
     check_choice(algo.adv_scale, ("group", "batch", "none"), "algo.adv_scale")
     check_choice(algo.old_logp, ("auto", "recompute", "rollout"), "algo.old_logp")
+    if not algo.adv_eps >= 0:
+        raise ConfigError(f"algo.adv_eps must be >= 0 (an all-equal group gets advantage 0 even with 0), got {algo.adv_eps}")
     if algo.group_size < 1 or algo.ppo_epochs < 1 or algo.num_minibatches < 1:
         raise ConfigError("algo.group_size, algo.ppo_epochs and algo.num_minibatches must be >= 1")
 

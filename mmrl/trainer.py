@@ -29,7 +29,6 @@ import torch
 from torch import Tensor
 
 from mmrl import algos
-from mmrl.algos import ADVANTAGE_ESTIMATORS, OUTCOME_ESTIMATORS, POLICY_LOSSES
 from mmrl.checkpoint import latest_checkpoint, load_training_state, resolve_checkpoint, save_checkpoint
 from mmrl.config import ConfigError, RunConfig, load_config, save_config, to_dict
 from mmrl.data.sampler import PromptSampler, shard
@@ -56,6 +55,16 @@ class _StepStats:
     def add(self, key: str, value: float) -> None:
         self.sums[key] = self.sums.get(key, 0.0) + value
 
+    def add_rollout_gap(self, logp: Tensor, rollout_logp: Tensor, mask: Tensor, *, cap: float,
+                        count_ratios: bool) -> None:
+        """|trainer - rollout engine| log-prob gap (summed) and the extreme importance ratios of a micro-batch."""
+        self.add("rollout/logp_abs_diff_sum", float(((logp - rollout_logp).abs() * mask).sum()))
+        self.add("rollout/tokens", float(mask.sum()))
+        if count_ratios:
+            ist = algos.importance_stats(logp, rollout_logp, mask, cap=cap)
+            self.sums["rollout/is_ratio_max"] = max(self.sums.get("rollout/is_ratio_max", 0.0), ist["ratio_max"])
+            self.sums["rollout/is_ratio_min"] = min(self.sums.get("rollout/is_ratio_min", math.inf), ist["ratio_min"])
+
 
 def _finite_or_none(x) -> float | None:
     """``float(x)`` for a finite number, None for NaN / inf (JSON has no NaN)."""
@@ -75,18 +84,6 @@ def _lr_lambda(schedule: str, warmup: int, total: int) -> Callable[[int], float]
         return 0.5 * (1.0 + math.cos(math.pi * progress))
 
     return f
-
-
-def _call_estimator(name: str, rewards: Tensor, group_id: Tensor, valid: Tensor, algo) -> Tensor:
-    fn = ADVANTAGE_ESTIMATORS.get(name)
-    kwargs: dict[str, Any] = {"eps": algo.adv_eps}
-    if name == "grpo":
-        kwargs["scale"] = algo.adv_scale
-    if name == "reinforce_pp":
-        kwargs["baseline"] = algo.reinforce_baseline
-    if name in ("drgrpo", "rloo"):
-        kwargs = {}
-    return fn(rewards, group_id, valid, **kwargs)
 
 
 def check_algo_against_task(algo, reward_names: list[str], task_name: str) -> None:
@@ -140,6 +137,8 @@ class Trainer:
         self.rewards = RewardManager(task.reward_specs(), error_threshold=tr.reward_error_threshold,
                                      window=tr.reward_error_window)
         check_algo_against_task(cfg.algo, [s.name for s in self.rewards.specs], task.name)
+        if cfg.algo.advantage == "reinforce_pp" and self.world > 1:
+            raise ConfigError("algo.advantage=reinforce_pp whitens over the batch; use it with one process")
         if tr.batch_size % self.world:
             raise ConfigError(f"trainer.batch_size={tr.batch_size} must be divisible by the {self.world} processes")
         self.sampler = PromptSampler(len(self.train_items), tr.batch_size, tr.seed)
@@ -374,36 +373,10 @@ class Trainer:
         return logp, v
 
     def _advantages(self, ro: Rollout, kl_tok: Tensor | None) -> tuple[Tensor, Tensor | None]:
-        """Token-level advantages [B, T] (and returns for the critic)."""
-        algo = self.cfg.algo
+        """Token-level advantages [B, T] (and returns for the critic): :func:`mmrl.algos.token_advantages`."""
         mask = ro.mask * ro.valid[:, None].float()
-        rewards = ro.rewards.float()
-        if algo.advantage in OUTCOME_ESTIMATORS:
-            if algo.kl_in_reward and kl_tok is not None:
-                rewards = rewards - algo.kl_coef * (kl_tok * mask).sum(1)
-            if algo.advantage == "reinforce_pp" and self.world > 1:
-                raise ConfigError("algo.advantage=reinforce_pp whitens over the batch; use it with one process")
-            adv = _call_estimator(algo.advantage, rewards, ro.group_id, ro.valid, algo)
-            if ro.adv_bonus is not None:  # after normalisation, so the group statistics cannot cancel it
-                adv = adv + ro.adv_bonus.to(adv) * ro.valid.to(adv)
-            if algo.adv_clip is not None:
-                adv = adv.clamp(-algo.adv_clip, algo.adv_clip)
-            return algos.broadcast_to_tokens(adv, mask), None
-        # GAE: outcome reward on the last valid action, plus per-action rewards when the policy has them
-        T = mask.shape[1]
-        tok_r = torch.zeros_like(mask)
-        last = (mask * torch.arange(1, T + 1)).argmax(1)
-        has = mask.sum(1) > 0
-        tok_r[has, last[has]] = rewards[has]
-        if ro.token_rewards is not None:
-            tok_r = tok_r + ro.token_rewards * mask
-        if algo.kl_in_reward and kl_tok is not None:
-            tok_r = tok_r - algo.kl_coef * kl_tok * mask
-        adv, returns = algos.gae(tok_r, ro.values, mask, gamma=algo.gamma, lam=algo.lam)
-        adv = algos.masked_whiten(adv, mask) * mask
-        if algo.adv_clip is not None:
-            adv = adv.clamp(-algo.adv_clip, algo.adv_clip)
-        return adv, returns
+        return algos.token_advantages(ro.rewards, ro.group_id, ro.valid, mask, self.cfg.algo, kl_tok=kl_tok,
+                                      bonus=ro.adv_bonus, values=ro.values, token_rewards=ro.token_rewards)
 
     # ------------------------------------------------------------------ one RL step
     def train_step(self) -> dict[str, float]:
@@ -422,7 +395,7 @@ class Trainer:
             # statistic already; dropping them here saves their old-log-prob, reference and training forwards
             ro = ro.index(keep)
         metrics["update/samples"] = float(ro.batch_size)
-        use_gae = algo.advantage == "gae"
+        use_gae = algo.advantage == algos.CRITIC_ESTIMATOR
         mode = algo.old_logp
         if mode == "auto":
             mode = "current" if algo.ppo_epochs == 1 and algo.num_minibatches == 1 else "recompute"
@@ -462,8 +435,7 @@ class Trainer:
                 *, current_old: bool) -> dict[str, float]:
         algo = self.cfg.algo
         tr = self.cfg.trainer
-        use_gae = algo.advantage == "gae"
-        loss_fn = POLICY_LOSSES.get(algo.policy_loss)
+        use_gae = algo.advantage == algos.CRITIC_ESTIMATOR
         need_entropy = True  # cheap relative to the forward; logged every step
         st = _StepStats()
         n_opt_steps = 0
@@ -492,48 +464,20 @@ class Trainer:
                         out = self.policy.log_probs(sub, entropy=need_entropy, values=use_gae)
                         logp = out.logp.float()
                         dev = logp.device
-                        a = adv[mi].to(dev)
                         old = logp.detach() if current_old else old_logp[mi].to(dev)
-                        w = algos.token_weights(m, algo.loss_agg, num_tokens=max(num_tokens, 1.0),
-                                                num_seqs=max(num_seqs, 1.0), max_len=algo.loss_max_len)
-                        if dummy:
-                            w = w * 0.0
-                        pl = loss_fn(logp, old, a, m, clip_low=algo.clip_low, clip_high=algo.clip_high,
-                                     dual_clip=algo.dual_clip)
-                        tok_loss = pl.loss
-                        if algo.truncated_is:
-                            beh = ro.rollout_logp[mi].to(dev)
-                            tok_loss = tok_loss * algos.truncated_is_weights(old, beh, m, cap=algo.is_cap)
-                        loss = (tok_loss * w).sum()
-                        st.add("loss/policy", float(loss.detach()))
-                        if algo.kl_coef > 0 and not algo.kl_in_reward:
-                            kl = out.kl if out.kl is not None else algos.kl_estimate(
-                                logp, ro.ref_logp[mi].to(dev), algo.kl_estimator)
-                            kl_term = (kl * w).sum()
-                            loss = loss + algo.kl_coef * kl_term
-                            st.add("policy/kl", float(kl_term.detach()))
-                        if out.entropy is not None:
-                            ent = (out.entropy.float() * w).sum()
-                            st.add("policy/entropy", float(ent.detach()))
-                            if algo.entropy_coef:
-                                loss = loss - algo.entropy_coef * ent
-                        if use_gae:
-                            vl = algos.value_loss(out.values.float(), ro.values[mi].to(dev), returns[mi].to(dev), m,
-                                                  clip=algo.value_clip)
-                            v_term = (vl * w).sum()
-                            loss = loss + algo.vf_coef * v_term
-                            st.add("loss/value", float(v_term.detach()))
-                        st.add("loss/clipfrac", float((pl.clipped.float() * w).sum()))
-                        st.add("policy/ratio_mean", float((pl.ratio.detach() * w).sum()))
-                        if epoch == 0 and n_opt_steps == 0:
-                            beh = ro.rollout_logp[mi].to(dev)
-                            gap = ((logp.detach() - beh).abs() * m).sum()
-                            st.add("rollout/logp_abs_diff_sum", float(gap))
-                            st.add("rollout/tokens", float(m.sum()))
-                            if not dummy:
-                                ist = algos.importance_stats(logp.detach(), beh, m, cap=algo.is_cap)
-                                st.sums["rollout/is_ratio_max"] = max(st.sums.get("rollout/is_ratio_max", 0.0), ist["ratio_max"])
-                                st.sums["rollout/is_ratio_min"] = min(st.sums.get("rollout/is_ratio_min", math.inf), ist["ratio_min"])
+                        beh = ro.rollout_logp[mi].to(dev)
+                        loss, terms = algos.rl_objective(
+                            logp, old_logp=old, advantages=adv[mi].to(dev), mask=m, cfg=algo, num_tokens=num_tokens,
+                            num_seqs=num_seqs, rollout_logp=beh,
+                            ref_logp=ro.ref_logp[mi].to(dev) if ro.ref_logp is not None else None,
+                            policy_kl=out.kl, entropy=out.entropy,
+                            values=out.values if use_gae else None,
+                            old_values=ro.values[mi].to(dev) if use_gae else None,
+                            returns=returns[mi].to(dev) if use_gae else None, scale=0.0 if dummy else 1.0)
+                        for name, value in terms.items():
+                            st.add(name, float(value))
+                        if epoch == 0 and n_opt_steps == 0:  # before any update: trainer vs rollout engine
+                            st.add_rollout_gap(logp.detach(), beh, m, cap=algo.is_cap, count_ratios=not dummy)
                         loss = loss * self.world  # DDP averages gradients over ranks
                         self.accelerator.backward(loss)
                 # the total norm is non-finite iff some gradient is: one pass checks and clips

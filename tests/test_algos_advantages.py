@@ -4,9 +4,12 @@ import math
 import pytest
 import torch
 
+from mmrl.config import AlgoConfig
 from mmrl.algos import (
     ADVANTAGE_ESTIMATORS,
-    OUTCOME_ESTIMATORS,
+    advantage_choices,
+    outcome_advantages,
+    token_advantages,
     AlgoInputError,
     broadcast_to_tokens,
     drgrpo,
@@ -76,20 +79,29 @@ def test_reinforce_pp_group_baseline_hand_computed():
     close(reinforce_pp(REWARDS, GROUPS, baseline="group"), [a, -a, -a, a, 0, 0, 0, 0])
 
 
+OUTCOME_ESTIMATORS = ("grpo", "drgrpo", "rloo", "reinforce_pp")
+
+
+def _estimator(name: str, **cfg):
+    """The registered estimator ``name`` with its uniform signature, bound to an algo config."""
+    algo = AlgoConfig(advantage=name, **cfg)
+    fn = ADVANTAGE_ESTIMATORS.get(name)
+    return lambda r, ids, valid=None: fn(r, ids, torch.ones_like(r, dtype=torch.bool) if valid is None else valid, algo)
+
+
 @pytest.mark.parametrize("name", OUTCOME_ESTIMATORS)
 def test_all_equal_groups_give_zero(name):
-    fn = ADVANTAGE_ESTIMATORS.get(name)
+    fn = _estimator(name, reinforce_baseline="group")
     r = torch.tensor([3.0, 3.0, 3.0, -1.0, -1.0])
     ids = torch.tensor([0, 0, 0, 1, 1])
-    kwargs = {"baseline": "group"} if name == "reinforce_pp" else {}
-    out = fn(r, ids, **kwargs)
+    out = fn(r, ids)
     assert out.dtype == torch.float32
-    close(out, torch.zeros(5))
+    assert torch.equal(out, torch.zeros(5))  # exactly
 
 
 @pytest.mark.parametrize("name", ["grpo", "drgrpo", "rloo"])
 def test_single_member_groups_give_zero(name):
-    fn = ADVANTAGE_ESTIMATORS.get(name)
+    fn = _estimator(name)
     out = fn(torch.tensor([1.0, 5.0, -2.0]), torch.tensor([10, 20, 30]))
     close(out, torch.zeros(3))
     assert torch.isfinite(out).all()
@@ -128,7 +140,7 @@ def test_invalid_samples_excluded_and_zero():
 def test_all_invalid_gives_zeros():
     r = torch.tensor([1.0, 2.0])
     for name in OUTCOME_ESTIMATORS:
-        out = ADVANTAGE_ESTIMATORS.get(name)(r, torch.tensor([0, 0]), torch.tensor([False, False]))
+        out = _estimator(name)(r, torch.tensor([0, 0]), torch.tensor([False, False]))
         close(out, torch.zeros(2))
 
 
@@ -149,7 +161,7 @@ def test_non_contiguous_interleaved_ids_match_reference_loop():
 
 def test_empty_batch():
     for name in OUTCOME_ESTIMATORS:
-        out = ADVANTAGE_ESTIMATORS.get(name)(torch.zeros(0), torch.zeros(0, dtype=torch.long))
+        out = _estimator(name)(torch.zeros(0), torch.zeros(0, dtype=torch.long))
         assert out.shape == (0,)
 
 
@@ -176,8 +188,45 @@ def test_bad_inputs_raise():
 
 
 def test_registry_and_outcome_names():
-    assert set(OUTCOME_ESTIMATORS) | {"gae"} == set(ADVANTAGE_ESTIMATORS.names())
-    assert ADVANTAGE_ESTIMATORS.get("gae") is gae
+    assert set(ADVANTAGE_ESTIMATORS.names()) == set(OUTCOME_ESTIMATORS)
+    assert advantage_choices() == sorted(OUTCOME_ESTIMATORS + ("gae",))
+
+
+def test_registered_estimators_read_the_algo_config():
+    r, ids = REWARDS, GROUPS
+    close(_estimator("grpo", adv_scale="batch", adv_eps=0.0)(r, ids), grpo(r, ids, eps=0.0, scale="batch"))
+    close(_estimator("reinforce_pp", reinforce_baseline="group")(r, ids), reinforce_pp(r, ids, baseline="group"))
+    close(_estimator("drgrpo")(r, ids), drgrpo(r, ids))
+    close(_estimator("rloo")(r, ids), rloo(r, ids))
+
+
+def test_a_new_estimator_is_one_registered_function():
+    """The trainer reaches an estimator only through the registry: registering is all it takes."""
+    name = "test_signed_reward"
+
+    @ADVANTAGE_ESTIMATORS.register(name)
+    def signed(rewards, group_ids, valid, cfg):
+        return torch.where(valid, torch.sign(rewards), torch.zeros_like(rewards))
+
+    try:
+        algo = AlgoConfig(advantage=name, adv_clip=0.5)
+        out = outcome_advantages(torch.tensor([2.0, -3.0, 0.0]), torch.tensor([0, 0, 1]),
+                                 torch.tensor([True, True, False]), algo, bonus=torch.tensor([0.25, 0.0, 9.0]))
+        close(out, [0.5, -0.5, 0.0])  # sign + bonus, clipped; invalid rows 0 (bonus ignored)
+        assert name in advantage_choices()
+    finally:
+        ADVANTAGE_ESTIMATORS._entries.pop(name)
+
+
+def test_token_advantages_outcome_and_kl_in_reward_by_hand():
+    # group [1, 0] with per-token KL summed into the reward: r' = [1 - 0.5 * 0.4, 0 - 0.5 * 0.0] = [0.8, 0]
+    algo = AlgoConfig(advantage="drgrpo", kl_coef=0.5, kl_in_reward=True)
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
+    kl = torch.tensor([[0.1, 0.3, 7.0], [0.0, 9.0, 9.0]])  # masked tokens never count
+    adv, ret = token_advantages(torch.tensor([1.0, 0.0]), torch.tensor([3, 3]), torch.tensor([True, True]), mask, algo,
+                                kl_tok=kl)
+    assert ret is None
+    close(adv, [[0.4, 0.4, 0.0], [-0.4, 0.0, 0.0]])
 
 
 # ---------------------------------------------------------------- GAE

@@ -15,11 +15,13 @@ from .registry import (
 )
 from .masked import AlgoInputError, masked_mean, masked_sum, masked_var, masked_whiten
 from .filtering import group_moments, group_stats, nonzero_variance_groups, success_rate_band
-from .advantages import OUTCOME_ESTIMATORS, broadcast_to_tokens, drgrpo, gae, grpo, reinforce_pp, rloo
+from .advantages import broadcast_to_tokens, drgrpo, gae, grpo, reinforce_pp, rloo
+from .estimators import CRITIC_ESTIMATOR, advantage_choices, outcome_advantages, token_advantages
 from .losses import PolicyLossOutput, gspo, ppo_clip, value_loss
 from .aggregation import AGGREGATION_MODES, aggregate, token_weights
 from .kl import kl_estimate
 from .importance import importance_stats, truncated_is_weights
+from .objective import rl_objective
 
 __all__ = [
     # registries and errors
@@ -37,7 +39,10 @@ __all__ = [
     "masked_var",
     "masked_whiten",
     # advantages
-    "OUTCOME_ESTIMATORS",
+    "CRITIC_ESTIMATOR",
+    "advantage_choices",
+    "outcome_advantages",
+    "token_advantages",
     "grpo",
     "drgrpo",
     "rloo",
@@ -57,6 +62,8 @@ __all__ = [
     "kl_estimate",
     "truncated_is_weights",
     "importance_stats",
+    # the objective of one micro-batch
+    "rl_objective",
     # filtering
     "group_moments",
     "group_stats",

@@ -30,8 +30,9 @@ exactly A = 0 for every estimator, in any dtype and for any ``eps >= 0`` (``eps 
 std gives 0, never 0/0). The group mean is computed so that it is exactly the common value
 (:func:`mmrl.algos.filtering.group_moments`).
 
-``OUTCOME_ESTIMATORS`` names the estimators with the outcome signature; ``gae`` is registered
-in the same registry but takes token-level inputs.
+These are the pure functions, with keyword arguments. ``algo.advantage`` selects them through
+:mod:`mmrl.algos.estimators`, where each is registered behind the one signature
+``fn(rewards, group_ids, valid, cfg)``.
 """
 from __future__ import annotations
 
@@ -42,10 +43,8 @@ from torch import Tensor
 
 from .filtering import GroupMoments, group_moments
 from .masked import AlgoInputError, as_bool_mask, as_float, masked_mean, masked_var
-from .registry import ADVANTAGE_ESTIMATORS
 
 __all__ = [
-    "OUTCOME_ESTIMATORS",
     "grpo",
     "drgrpo",
     "rloo",
@@ -53,8 +52,6 @@ __all__ = [
     "gae",
     "broadcast_to_tokens",
 ]
-
-OUTCOME_ESTIMATORS: Tuple[str, ...] = ("grpo", "drgrpo", "rloo", "reinforce_pp")
 
 _GRPO_SCALES = ("group", "batch", "none")
 _RPP_BASELINES = ("none", "group")
@@ -80,7 +77,6 @@ def _centred(gm: GroupMoments) -> Tensor:
     return _zero_invalid(gm.rewards - gm.mean[gm.inverse], gm)
 
 
-@ADVANTAGE_ESTIMATORS.register("grpo")
 def grpo(
     rewards: Tensor,
     group_ids: Tensor,
@@ -107,7 +103,6 @@ def grpo(
     return _zero_invalid(adv, gm)
 
 
-@ADVANTAGE_ESTIMATORS.register("drgrpo")
 def drgrpo(
     rewards: Tensor,
     group_ids: Tensor,
@@ -119,7 +114,6 @@ def drgrpo(
     return grpo(rewards, group_ids, valid, eps=eps, scale="none")
 
 
-@ADVANTAGE_ESTIMATORS.register("rloo")
 def rloo(
     rewards: Tensor,
     group_ids: Tensor,
@@ -136,7 +130,6 @@ def rloo(
     return _zero_invalid(adv, gm)
 
 
-@ADVANTAGE_ESTIMATORS.register("reinforce_pp")
 def reinforce_pp(
     rewards: Tensor,
     group_ids: Tensor,
@@ -168,7 +161,6 @@ def reinforce_pp(
     return _zero_invalid(adv, gm)
 
 
-@ADVANTAGE_ESTIMATORS.register("gae")
 def gae(
     token_rewards: Tensor,
     values: Tensor,

@@ -1,0 +1,97 @@
+"""The RL objective of one micro-batch: policy loss, IS correction, KL, entropy and value loss, aggregated.
+
+With ``w`` the per-token aggregation weights of ``cfg.loss_agg`` (:func:`mmrl.algos.aggregation.token_weights`,
+normalised by the whole minibatch's token / sequence counts so that gradient accumulation and data parallel give
+the update of one big batch), the scalar loss is
+
+    L = sum(w * l_pg * is_w)                      policy loss (ppo_clip / gspo), times truncated IS weights
+      + kl_coef * sum(w * kl)                     KL to the reference in the loss (not with kl_in_reward)
+      - entropy_coef * sum(w * H)                 entropy bonus
+      + vf_coef * sum(w * l_v)                    value loss (critic, GAE only)
+
+where ``is_w = min(exp(old_logp - rollout_logp), is_cap)`` with ``algo.truncated_is`` (the trainer's anchor over
+the engine's behaviour log-probs) and ``kl`` is the policy's own KL when it has one (``Policy.owns_kl``), else
+``kl_estimate(logp, ref_logp, cfg.kl_estimator)``. The statistics are the same weighted sums (summed over
+micro-batches they are minibatch means).
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, Optional, Tuple
+
+from torch import Tensor
+
+from .aggregation import token_weights
+from .estimators import CRITIC_ESTIMATOR
+from .importance import truncated_is_weights
+from .kl import kl_estimate
+from .losses import value_loss
+from .registry import POLICY_LOSSES
+
+__all__ = ["rl_objective"]
+
+
+def rl_objective(
+    logp: Tensor,
+    *,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    cfg: Any,
+    num_tokens: float,
+    num_seqs: float,
+    rollout_logp: Optional[Tensor] = None,
+    ref_logp: Optional[Tensor] = None,
+    policy_kl: Optional[Tensor] = None,
+    entropy: Optional[Tensor] = None,
+    values: Optional[Tensor] = None,
+    old_values: Optional[Tensor] = None,
+    returns: Optional[Tensor] = None,
+    scale: float = 1.0,
+) -> Tuple[Tensor, Dict[str, Tensor]]:
+    """``(loss, stats)`` of one micro-batch (module docstring). All tensors are ``[b, T]``.
+
+    Args:
+        logp: current log-probs (with grad). old_logp: the PPO anchor. advantages: token advantages.
+        mask: 1 on trained tokens. cfg: the algorithm config (``mmrl.config.AlgoConfig``).
+        num_tokens, num_seqs: trained tokens / sequences of the whole minibatch (all ranks).
+        rollout_logp: behaviour log-probs of the rollout engine (needed with ``cfg.truncated_is``).
+        ref_logp: reference log-probs (KL in the loss, unless ``policy_kl`` is given).
+        policy_kl: the policy's own per-token KL (``Policy.owns_kl``).
+        entropy: per-token entropy (logged; a bonus with ``cfg.entropy_coef``).
+        values, old_values, returns: critic outputs, rollout-time values and GAE returns (``advantage=gae``).
+        scale: multiplies every weight (0 for a zero-weight placeholder micro-batch that keeps ranks in step).
+
+    Stats (detached 0-d tensors): ``loss/policy``, ``loss/clipfrac``, ``policy/ratio_mean`` and, when present,
+    ``policy/kl``, ``policy/entropy``, ``loss/value``.
+    """
+    w = token_weights(mask, cfg.loss_agg, num_tokens=max(num_tokens, 1.0), num_seqs=max(num_seqs, 1.0),
+                      max_len=cfg.loss_max_len) * scale
+    pl = POLICY_LOSSES.get(cfg.policy_loss)(logp, old_logp, advantages, mask, clip_low=cfg.clip_low,
+                                            clip_high=cfg.clip_high, dual_clip=cfg.dual_clip)
+    tok_loss = pl.loss
+    if cfg.truncated_is:
+        if rollout_logp is None:
+            raise ValueError("algo.truncated_is needs the rollout's behaviour log-probs (rollout_logp)")
+        tok_loss = tok_loss * truncated_is_weights(old_logp, rollout_logp, mask, cap=cfg.is_cap)
+    loss = (tok_loss * w).sum()
+    stats: Dict[str, Tensor] = {"loss/policy": loss.detach()}
+    if cfg.kl_coef > 0 and not cfg.kl_in_reward:
+        if policy_kl is None and ref_logp is None:
+            raise ValueError("a KL penalty in the loss needs ref_logp (or the policy's own KL)")
+        kl = policy_kl if policy_kl is not None else kl_estimate(logp, ref_logp, cfg.kl_estimator)
+        kl_term = (kl * w).sum()
+        loss = loss + cfg.kl_coef * kl_term
+        stats["policy/kl"] = kl_term.detach()
+    if entropy is not None:
+        ent = (entropy.float() * w).sum()
+        stats["policy/entropy"] = ent.detach()
+        if cfg.entropy_coef:
+            loss = loss - cfg.entropy_coef * ent
+    if cfg.advantage == CRITIC_ESTIMATOR:
+        vl = value_loss(values.float(), old_values, returns, mask, clip=cfg.value_clip)
+        v_term = (vl * w).sum()
+        loss = loss + cfg.vf_coef * v_term
+        stats["loss/value"] = v_term.detach()
+    stats["loss/clipfrac"] = (pl.clipped.float() * w).sum().detach()
+    stats["policy/ratio_mean"] = (pl.ratio.detach() * w).sum()
+    return loss, stats
