@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-import difflib
 import functools
 import inspect
 import textwrap
@@ -18,11 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mmrl.errors import ConfigError, check_choice, suggest  # noqa: F401  (ConfigError, check_choice: re-exported)
+
 CONFIG_GROUPS = ("task", "model", "algo", "trainer")
-
-
-class ConfigError(ValueError):
-    """A configuration problem the user can fix (bad key, bad value, unknown option)."""
 
 
 @dataclass
@@ -276,10 +273,6 @@ def describe_fields(cls: type, prefix: str) -> list[str]:
 
 # ---------------------------------------------------------------- validation
 
-def _suggest(name: str, choices) -> str:
-    close = difflib.get_close_matches(name, list(choices), n=1)
-    return f" (did you mean '{close[0]}'?)" if close else ""
-
 
 def _coerce(value: Any, tp: Any, where: str) -> Any:
     origin = typing.get_origin(tp)
@@ -343,7 +336,7 @@ def from_dict(cls: type, data: dict | None, where: str) -> Any:
     for key in data:
         if key not in names:
             raise ConfigError(
-                f"unknown key '{where}.{key}'{_suggest(key, names)}; valid keys of {where}: {', '.join(names)}"
+                f"unknown key '{where}.{key}'{suggest(key, names)}; valid keys of {where}: {', '.join(names)}"
             )
     kwargs = {}
     for f in dataclasses.fields(cls):
@@ -367,12 +360,6 @@ def to_dict(obj: Any) -> Any:
     if isinstance(obj, dict):
         return {k: to_dict(v) for k, v in obj.items()}
     return obj
-
-
-def check_choice(value: str, choices, where: str) -> None:
-    """Raise ConfigError unless ``value`` is one of ``choices``."""
-    if value not in choices:
-        raise ConfigError(f"{where}: '{value}' is not valid{_suggest(value, choices)}; choose from {', '.join(choices)}")
 
 
 def validate_algo(algo: AlgoConfig) -> None:
@@ -443,7 +430,7 @@ def compose_dict(overrides: list[str] | None = None) -> dict:
         if key in CONFIG_GROUPS:
             options = group_options(key)
             if value not in options:
-                raise ConfigError(f"unknown {key} '{value}'{_suggest(value, options)}; valid choices: {', '.join(options)}")
+                raise ConfigError(f"unknown {key} '{value}'{suggest(value, options)}; valid choices: {', '.join(options)}")
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(configs_dir()), version_base=None):

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import importlib
 
-from mmrl.config import ConfigError
+from mmrl.errors import ConfigError
 
 TASKS: dict[str, str] = {
     "toy_arithmetic": "mmrl.tasks.toy_arithmetic:ToyArithmeticTask",

@@ -295,7 +295,7 @@ class VideoQATask(VideoTaskBase):
 
     def rollout_metrics(self, items: Sequence[Mapping], samples: Sequence[Mapping]) -> dict[str, float]:
         """``monitor/no_answer_rate``: ordered samples without an ``<answer>`` block."""
-        from mmrl.rewards.format import find_tag_content
+        from mmrl.parsing.tags import find_tag_content
 
         ordered = [s for s in samples if not s.get("shuffled")]
         if not ordered:

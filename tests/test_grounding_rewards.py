@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from mmrl.data.coords import BoxArrayError
-from mmrl.rewards.boxes import ParsedBoxes, parse_boxes
+from mmrl.parsing.boxes import ParsedBoxes, parse_boxes
 from mmrl.rewards.format import extract_tag, find_tag_content, format_reward, is_clean_answer
 from mmrl.rewards.grounding import (
     box_area,

@@ -15,7 +15,7 @@ from PIL import Image
 from mmrl.config import ConfigError
 from mmrl.data.coords import FrameError, box_frame_for, convert_boxes, smart_resize
 from mmrl.data.grounding_data import DataFormatError
-from mmrl.rewards.boxes import parse_boxes
+from mmrl.parsing.boxes import parse_boxes
 from mmrl.rewards.manager import RewardManager
 from mmrl.tasks.base import SkipItem
 from mmrl.tasks.vqa_grounding import VQAGroundingConfig, VQAGroundingTask

@@ -46,13 +46,13 @@ def parse_box_answer(answer: object, source: str = "") -> list[tuple[list[float]
     ``answer`` is a string (``"[x1, y1, x2, y2]"``, ``{"bbox_2d": ..., "label": ...}`` objects,
     lists of either, optionally inside ``<answer>...</answer>`` or a fenced json block) or the
     same structure as a JSON value. Reading is delegated to the model-answer parser
-    :func:`mmrl.rewards.boxes.parse_boxes`; unlike a model answer, a ground truth must read
+    :func:`mmrl.parsing.boxes.parse_boxes`; unlike a model answer, a ground truth must read
     cleanly, so any repair (a dropped or truncated box) is an error. ``[]`` means no box.
 
     Raises:
         InvalidSampleError: nothing readable, or a box had to be repaired or dropped.
     """
-    from mmrl.rewards.boxes import STATUS_OK, parse_boxes
+    from mmrl.parsing.boxes import STATUS_OK, parse_boxes
 
     text = answer if isinstance(answer, str) else json.dumps(answer, default=_json_default)
     parsed = parse_boxes(text)

@@ -172,7 +172,7 @@ class DiffusionConfig:
     """Trade compute for memory in the denoiser's training forward."""
 
     def validate(self) -> None:
-        from mmrl.config import ConfigError, check_choice
+        from mmrl.errors import ConfigError, check_choice
 
         check_choice(self.pipeline, ("sd3", "flux", "sd"), "model.pipeline")
         check_choice(self.sampler, ("flow_sde", "dance_sde", "cps", "ddim", "ode"), "model.sampler")
@@ -228,7 +228,7 @@ class VLAConfig(VLMConfig):
     """Upper bound on policy calls per episode; None: ceil(env max steps / chunk)."""
 
     def validate(self) -> None:
-        from mmrl.config import ConfigError, check_choice
+        from mmrl.errors import ConfigError, check_choice
 
         check_choice(self.logp_granularity, ("token", "action", "chunk"), "model.logp_granularity")
         if self.chunk < 1 or not 2 <= self.n_bins <= 256:

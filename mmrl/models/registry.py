@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import importlib
 
-from mmrl.config import ConfigError
+from mmrl.errors import ConfigError
 
 # type -> (config class path, policy builder path)
 MODEL_TYPES: dict[str, tuple[str, str]] = {

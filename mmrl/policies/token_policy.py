@@ -17,6 +17,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pad_sequence
 
+from mmrl.models.lora import is_peft  # noqa: F401  (re-exported: the policies use it from here)
 from mmrl.policies.base import Policy
 
 
@@ -122,10 +123,6 @@ def apply_lora(lm: nn.Module, lora_cfg, *, exclude_prefixes: tuple[str, ...] = (
         raise ValueError(f"LoRA found no modules named {lora_cfg.target_modules} outside {exclude_prefixes}")
     cfg = LoraConfig(r=lora_cfg.r, lora_alpha=lora_cfg.alpha, lora_dropout=lora_cfg.dropout, target_modules=targets)
     return get_peft_model(lm, cfg)
-
-
-def is_peft(lm: nn.Module) -> bool:
-    return hasattr(lm, "disable_adapter") and hasattr(lm, "peft_config")
 
 
 @contextlib.contextmanager

@@ -56,6 +56,7 @@ from mmrl.policies.token_policy import (
     right_pad,
     token_logp_and_entropy,
 )
+from mmrl.policies.vlm_errors import PromptTooLongError, VLMInputError
 from mmrl.rollout.noise import mix_seed
 from mmrl.rollout.token_sampler import generate_completions
 
@@ -73,14 +74,6 @@ __all__ = [
 
 VISION_EXCLUDE = ("visual",)
 """Module-name prefixes of the vision tower (never given LoRA adapters)."""
-
-
-class VLMInputError(ValueError):
-    """A task item the VLM policy cannot read (no prompt, bad image list...)."""
-
-
-class PromptTooLongError(VLMInputError):
-    """A prompt (text + image tokens) longer than ``model.max_prompt_tokens``."""
 
 
 # ============================================================================ preprocessing

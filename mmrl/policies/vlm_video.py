@@ -33,7 +33,7 @@ from mmrl.data.video import (
     processor_video_inputs,
     size_multiple_of,
 )
-from mmrl.policies.vlm import VLMInputError
+from mmrl.policies.vlm_errors import VLMInputError
 
 __all__ = [
     "VideoInputError",

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from mmrl.data.coords import BoxArrayError, as_box_array
-from mmrl.rewards.boxes import STATUS_FAILED, STATUS_REPAIRED, ParsedBoxes
+from mmrl.parsing.boxes import STATUS_FAILED, STATUS_REPAIRED, ParsedBoxes
 
 IOU_KINDS: tuple[str, ...] = ("iou", "iou_sq", "giou01", "acc@<threshold>")
 FULL_IMAGE_FRACTION = 0.9

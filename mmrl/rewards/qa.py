@@ -20,7 +20,7 @@ import re
 import string
 from typing import Any, Mapping, Sequence
 
-from mmrl.rewards.format import find_tag_content
+from mmrl.parsing.tags import find_tag_content
 
 __all__ = [
     "QUESTION_TYPES",
@@ -45,7 +45,7 @@ QUESTION_TYPES: tuple[str, ...] = ("multiple_choice", "numeric", "free_form", "e
 def extract_tagged(text: str, tag: str = "answer") -> str:
     """The answer content of a completion: ``<tag>`` content if any tag occurs, else all of it.
 
-    Delegates to :func:`mmrl.rewards.format.find_tag_content` (last opening tag, up to
+    Delegates to :func:`mmrl.parsing.tags.find_tag_content` (last opening tag, up to
     the next closing tag; a truncated block runs to the end, a missing opening tag
     takes the text before the closing tag; case-insensitive). Without any ``tag`` the
     whole ``text`` (stripped) is returned so untagged answers can still be scored;

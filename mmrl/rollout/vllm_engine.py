@@ -325,7 +325,7 @@ def engine_state_dict(lm) -> dict[str, Tensor]:
     """What the engine loads: the full state dict (LoRA merged for a PEFT model) under the names a
     checkpoint written by ``save_pretrained`` has (transformers' save-time renaming), which is what
     vLLM's loader maps to its own modules."""
-    from mmrl.policies.token_policy import is_peft
+    from mmrl.models.lora import is_peft
 
     if is_peft(lm):
         base = lm.get_base_model()
@@ -485,7 +485,7 @@ class VLLMEngine:
     def from_policy(cls, policy, **overrides) -> "VLLMEngine":
         """An engine for a :class:`~mmrl.policies.vlm.VLMPolicy`: its model folder, processor and the
         ``model.vllm_*`` settings."""
-        from mmrl.policies.token_policy import is_peft
+        from mmrl.models.lora import is_peft
 
         cfg = policy.cfg
         lm = policy.module.lm

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from mmrl.data.coords import FrameError, as_box_array, check_size, clip_boxes, convert_boxes
-from mmrl.rewards.boxes import STATUS_FAILED, ParsedBoxes, parse_boxes
+from mmrl.parsing.boxes import STATUS_FAILED, ParsedBoxes, parse_boxes
 from mmrl.rewards.format import extract_tag
 from mmrl.rewards.format import format_reward as tag_format_reward
 from mmrl.rewards.grounding import (

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from mmrl.rewards.format import check_tag_name, find_tag_content
+from mmrl.parsing.tags import check_tag_name, find_tag_content
 
 STATUS_OK = "ok"
 STATUS_REPAIRED = "repaired"
