@@ -9,6 +9,7 @@ from __future__ import annotations
 import abc
 from typing import Any, ClassVar, Sequence
 
+from mmrl.errors import ConfigError
 from mmrl.policies.base import PolicySpec
 from mmrl.rewards.manager import RewardSpec
 
@@ -57,6 +58,11 @@ class Task(abc.ABC):
         """Records of the supervised warm start (``trainer.sft_steps``). Default: the training records; a task may
         warm-start on other items (VLA: one item per expert-demo observation)."""
         return self.train_items()
+
+    def collect_demos(self, path: str | None = None) -> list:
+        """Record expert demos (``mmrl collect``) into ``path``. Default: this task has no scripted expert."""
+        raise ConfigError(f"task {self.name} has no scripted expert to collect demos from (tasks with one: "
+                          "vla_reach, vla_lift)")
 
     def policy_spec(self) -> PolicySpec:
         """What the policy builder needs from this task (vocabulary, environment, action statistics, model hook).
