@@ -492,15 +492,47 @@ class VLMPolicy(HFTokenPolicy):
             raise VLMInputError("the shuffled copy of a video prompt has other tokens than the prompt")
         return out
 
-    def rollout(self, batch: PromptBatch, group_size: int, *, greedy: bool = False) -> Rollout:
-        prompts = self.preprocess(batch.items)
+    def _rollout_plan(self, batch: PromptBatch, prompts: list[PromptInputs], group_size: int,
+                      greedy: bool) -> tuple[list[tuple[int, PromptInputs, bool]], list[int]]:
+        """Per prompt: G samples on the prompt, then (T-GRPO, sampled rollouts only) ``tgrpo.shuffled_group`` probes
+        on its shuffled copy. Returns ``(prompt index, prompt inputs, is probe)`` per sample and each sample's seed
+        (probes draw from their own seed stream)."""
         n_shuffled = self.tgrpo.shuffled_group if (self.tgrpo is not None and not greedy) else 0
-        # per prompt: G samples on the prompt, then (T-GRPO) n_shuffled on its shuffled copy
-        plan: list[tuple[int, PromptInputs, bool]] = []  # (prompt index, prompt inputs, shuffled)
+        plan: list[tuple[int, PromptInputs, bool]] = []
         for i, p in enumerate(prompts):
             plan += [(i, p, False)] * group_size
             if n_shuffled and p.num_videos:
                 plan += [(i, self._shuffled_prompt(batch.items[i], p, batch.seeds[i]), True)] * n_shuffled
+        counters: dict[tuple[int, bool], int] = {}
+        seeds = []
+        for i, _, shuf in plan:
+            j = counters[(i, shuf)] = counters.get((i, shuf), -1) + 1
+            seeds.append(mix_seed(batch.seeds[i], 0x5F0FF1E, j) if shuf else mix_seed(batch.seeds[i], j))
+        return plan, seeds
+
+    def _sample_dict(self, text: str, length: int, truncated: bool, p: PromptInputs, probe: bool) -> dict:
+        """What rewards read of one sample: the text plus the sizes and frame the box rewards convert with (and the
+        video fields for video prompts)."""
+        sample = {
+            "text": text,
+            "length": length,
+            "truncated": truncated,
+            "orig_size": p.orig_sizes[0] if p.orig_sizes else None,
+            "input_size": p.input_sizes[0] if p.input_sizes else None,
+            "orig_sizes": list(p.orig_sizes),
+            "input_sizes": list(p.input_sizes),
+            "family": self.family,
+            "box_frame": self.box_frame,
+        }
+        if p.num_videos:
+            from mmrl.policies.vlm_video import video_sample_fields
+
+            sample.update(video_sample_fields(p.videos, p.visual_tokens), shuffled=probe)
+        return sample
+
+    def rollout(self, batch: PromptBatch, group_size: int, *, greedy: bool = False) -> Rollout:
+        prompts = self.preprocess(batch.items)
+        plan, seeds = self._rollout_plan(batch, prompts, group_size, greedy)
         distinct = list({id(q): q for _, q, _ in plan}.values())
         lm = self.module.lm
         self._set_train_mode(False)
@@ -512,11 +544,6 @@ class VLMPolicy(HFTokenPolicy):
             for q in distinct:
                 q.features, q.video_features = by_id[id(q)]
         rep_prompts = [q for _, q, _ in plan]
-        counters: dict[tuple[int, bool], int] = {}
-        seeds = []
-        for i, _, shuf in plan:
-            j = counters[(i, shuf)] = counters.get((i, shuf), -1) + 1
-            seeds.append(mix_seed(batch.seeds[i], 0x5F0FF1E, j) if shuf else mix_seed(batch.seeds[i], j))
         if self.engine is not None:  # model.rollout_engine=vllm: same prompts, same pixels, engine log-probs
             comp = self.engine.sample_for_policy(self, rep_prompts, seeds, greedy=greedy)
         else:
@@ -537,24 +564,8 @@ class VLMPolicy(HFTokenPolicy):
         texts = self.tokenizer.batch_decode(ids, skip_special_tokens=True)
         lengths = comp.mask.sum(1).long().tolist()
         truncated = comp.truncated.tolist()
-        samples = []
-        for k, (i, p, shuf) in enumerate(plan):
-            sample = {
-                "text": texts[k],
-                "length": lengths[k],
-                "truncated": bool(truncated[k]),
-                "orig_size": p.orig_sizes[0] if p.orig_sizes else None,
-                "input_size": p.input_sizes[0] if p.input_sizes else None,
-                "orig_sizes": list(p.orig_sizes),
-                "input_sizes": list(p.input_sizes),
-                "family": self.family,
-                "box_frame": self.box_frame,
-            }
-            if p.num_videos:
-                from mmrl.policies.vlm_video import video_sample_fields
-
-                sample.update(video_sample_fields(p.videos, p.visual_tokens), shuffled=shuf)
-            samples.append(sample)
+        samples = [self._sample_dict(texts[k], lengths[k], bool(truncated[k]), p, shuf)
+                   for k, (_, p, shuf) in enumerate(plan)]
         prompt_index = torch.tensor([i for i, _, _ in plan], dtype=torch.long)
         metrics = {"rollout/truncated_frac": float(comp.truncated.float().mean())}
         if self.engine is not None:
@@ -563,6 +574,7 @@ class VLMPolicy(HFTokenPolicy):
             from mmrl.policies.vlm_video import video_rollout_metrics
 
             metrics.update(video_rollout_metrics([s for s in samples if not s.get("shuffled")]))
+        probe = torch.tensor([shuf for _, _, shuf in plan], dtype=torch.bool)
         return Rollout(
             rollout_logp=comp.logp.cpu(),
             mask=comp.mask.cpu(),
@@ -570,8 +582,8 @@ class VLMPolicy(HFTokenPolicy):
             prompt_index=prompt_index,
             samples=samples,
             payload={"prompts": rep_prompts, "completion_ids": [ids[i, :n] for i, n in enumerate(lengths)]},
-            valid=torch.tensor([not shuf for _, _, shuf in plan], dtype=torch.bool),
-            probe=torch.tensor([shuf for _, _, shuf in plan], dtype=torch.bool),
+            valid=~probe,
+            probe=probe,
             metrics=metrics,
         )
 
