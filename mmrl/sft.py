@@ -16,7 +16,7 @@ import torch
 from mmrl.config import ConfigError
 from mmrl.data.sampler import PromptSampler
 from mmrl.policies.base import PromptBatch
-from mmrl.tasks.base import SkipItem
+from mmrl.evaluation import prepare_batch
 
 log = logging.getLogger(__name__)
 
@@ -47,13 +47,8 @@ def run_sft(trainer, steps: int) -> dict[str, float]:
     for k in range(steps):
         t0 = time.perf_counter()
         indices, seeds = sampler.next_batch()
-        items, sd = [], []
-        for i, s in zip(indices, seeds):
-            try:
-                items.append(task.prepare_item(source[i]))
-                sd.append(s)
-            except SkipItem as e:
-                log.warning("SFT: skipping item %d: %s", i, e)
+        prepared, _ = prepare_batch(task, indices, seeds, source, what="SFT item")
+        items, sd = prepared.items, prepared.seeds
         targets = sft_targets(task, policy, items)
         keep = [j for j, t in enumerate(targets) if t is not None]
         if not keep:

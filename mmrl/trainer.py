@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 from torch import Tensor
@@ -32,11 +32,11 @@ from mmrl import algos
 from mmrl.checkpoint import latest_checkpoint, load_training_state, resolve_checkpoint, save_checkpoint
 from mmrl.config import ConfigError, RunConfig, load_config, save_config, to_dict
 from mmrl.data.sampler import PromptSampler, shard
+from mmrl.evaluation import evaluate_policy, prepare_batch
 from mmrl.algos.tgrpo import rollout_temporal_bonus
 from mmrl.policies.base import Policy, PromptBatch, Rollout
 from mmrl.rewards.manager import RewardManager
 from mmrl.rollout.noise import mix_seed
-from mmrl.tasks.base import SkipItem
 from mmrl.tracking import Tracker, plot_metrics
 
 log = logging.getLogger(__name__)
@@ -245,17 +245,7 @@ class Trainer:
 
     # ------------------------------------------------------------------ data
     def _prepare(self, indices: list[int], seeds: list[int], items_source) -> tuple[PromptBatch, int]:
-        items, idx, sd = [], [], []
-        skipped = 0
-        for i, s in zip(indices, seeds):
-            try:
-                items.append(self.task.prepare_item(items_source[i]))
-                idx.append(i)
-                sd.append(s)
-            except SkipItem as e:
-                skipped += 1
-                log.warning("skipping item %d: %s", i, e)
-        return PromptBatch(items=items, indices=idx, seeds=sd), skipped
+        return prepare_batch(self.task, indices, seeds, items_source)
 
     def _next_prompts(self) -> tuple[PromptBatch, int]:
         indices, seeds = self.sampler.next_batch()
@@ -514,47 +504,15 @@ class Trainer:
     # ------------------------------------------------------------------ evaluation
     def evaluate(self, items=None, *, limit: int | None = None) -> dict[str, float]:
         """Greedy (or ``trainer.eval_greedy=false``: seeded sampled, ``trainer.eval_samples`` per item) rollouts
-        over the eval set; task metrics plus reward means under ``eval/``."""
+        over the eval set; task metrics plus reward means under ``eval/`` (:func:`mmrl.evaluation.evaluate_policy`)."""
         tr = self.cfg.trainer
         items = list(items if items is not None else self.task.eval_items())
         limit = limit if limit is not None else tr.eval_size
         if limit is not None:
             items = items[:limit]
-        with self.policy.evaluation_outputs():  # e.g. VLA: keep the episodes' frames for evaluation videos
-            return self._evaluate(items)
-
-    def _evaluate(self, items: list) -> dict[str, float]:
-        tr = self.cfg.trainer
-        bs = max(1, tr.batch_size)
-        all_items, all_samples, per_fn, rewards, skipped = [], [], {}, [], 0
-        for lo in range(0, len(items), bs):
-            idx = list(range(lo, min(len(items), lo + bs)))
-            seeds = [mix_seed(self.cfg.trainer.seed, 0xE7A1, i) for i in idx]
-            batch, sk = self._prepare(idx, seeds, items)
-            skipped += sk
-            if not len(batch):
-                continue
-            g = tr.eval_samples
-            with torch.no_grad():
-                ro = self.policy.rollout(batch, g, greedy=tr.eval_greedy)
-            ro = ro.without_probes()  # sampled eval with T-GRPO: its shuffled-frame probes are not scored
-            rep = [it for it in batch.items for _ in range(g)]  # prompt-major, like every rollout
-            res = self.rewards([it.get("prompt", "") for it in rep], ro.samples, self.task.reward_columns(rep))
-            all_items += rep
-            all_samples += ro.samples
-            rewards.append(res.total)
-            for k, v in res.per_fn.items():
-                per_fn.setdefault(k, []).append(v)
-        out: dict[str, float] = {"eval/skipped": float(skipped), "eval/n": float(len(all_items))}
-        if all_items:
-            per_fn_t = {k: torch.cat(v) for k, v in per_fn.items()}
-            out["eval/reward"] = float(torch.cat(rewards).mean())
-            for k, v in per_fn_t.items():
-                ok = torch.isfinite(v)
-                out[f"eval/reward/{k}"] = float(v[ok].mean()) if ok.any() else math.nan
-            out.update(self.task.eval_metrics(all_items, all_samples, per_fn_t))
-        self.last_eval = out
-        return out
+        self.last_eval = evaluate_policy(self.task, self.policy, self.rewards, items, seed=tr.seed,
+                                         batch_size=tr.batch_size, samples=tr.eval_samples, greedy=tr.eval_greedy)
+        return self.last_eval
 
     # ------------------------------------------------------------------ the loop
     def _on_signal(self, signum, frame) -> None:
