@@ -4,7 +4,9 @@ One sample is one *episode*. For a prompt item ``{"prompt": instruction, "init_s
 "env_task": name}`` the ``G`` samples of the group are ``G`` episodes started from the same initial
 state (SimpleVLA-RL's groups). All ``B * G`` episodes run in one persistent
 :class:`~mmrl.simulators.env_pool.EnvPool` (created at the first rollout, closed by :meth:`close`
-or at exit). At every policy call, the frames of the still-running episodes go through ONE batched
+or at exit). The episode loop itself (resets, fingerprint checks, chunked env steps, frame
+recording) is :func:`mmrl.rollout.episodes.run_episodes`; this policy supplies its ``act``. At every
+policy call, the frames of the still-running episodes go through ONE batched
 image-processor call, ONE vision-tower forward and ONE ``generate`` of exactly
 ``chunk * action_dim`` tokens restricted to the action vocabulary (:class:`ActionTokenSampler`:
 every other id is impossible, the behaviour log-prob is ``log_softmax`` over the bins at the
@@ -45,8 +47,8 @@ from mmrl.policies.action_tokenizer import ActionTokenizer, group_logp, group_ma
 from mmrl.policies.base import LogProbOutput, PolicySpec, PromptBatch, Rollout
 from mmrl.policies.token_policy import token_logp_and_entropy
 from mmrl.policies.vlm import PromptInputs, VLMPolicy, build_messages, encode_images
+from mmrl.rollout.episodes import Act, ActOutput, EpisodeRecord, EpisodeRun, EpisodeSpec, run_episodes
 from mmrl.rollout.init_states import INIT_STATES_FILE, InitStateRecord, init_state_key
-from mmrl.rollout.noise import mix_seed
 from mmrl.rollout.token_sampler import SeededTokenSampler, top_p_mask
 
 log = logging.getLogger(__name__)
@@ -158,18 +160,6 @@ def sample_action_tokens(lm, inputs: dict, *, seeds: Sequence[int], action_ids: 
 
 
 # ============================================================================ the policy
-
-
-@dataclass
-class _Episode:
-    """What a rollout records for one episode."""
-
-    frames: list = field(default_factory=list)
-    bins: list = field(default_factory=list)
-    logp: list = field(default_factory=list)
-    features: list = field(default_factory=list)
-    last_frame: Any = None
-    failure: str | None = None
 
 
 class VLAPolicy(VLMPolicy):
@@ -339,110 +329,101 @@ class VLAPolicy(VLMPolicy):
             raise VLAInputError(f"item {k} needs a non-negative int 'init_state', got {s!r}")
 
     def rollout(self, batch: PromptBatch, group_size: int, *, greedy: bool = False) -> Rollout:
-        """Run ``group_size`` episodes per item from the item's initial state; see the module docstring."""
+        """Run ``group_size`` episodes per item from the item's initial state; see the module docstring.
+
+        The env-side episode loop is :func:`mmrl.rollout.episodes.run_episodes`; this policy supplies
+        its ``act`` (:meth:`_act_fn`) and builds the :class:`Rollout` from the episode records."""
         for k, it in enumerate(batch.items):
             self._check_item(it, k)
         G = int(group_size)
-        n = len(batch) * G
         plan = [(i, j) for i in range(len(batch)) for j in range(G)]
         items = [batch.items[i] for i, _ in plan]
-        pool = self._ensure_pool(n)
+        episodes = [EpisodeSpec(init_state=int(it["init_state"]), key=init_state_key(it), seed=(batch.seeds[i], j))
+                    for it, (i, j) in zip(items, plan)]
+        pool = self._ensure_pool(len(plan))
         t0 = time.perf_counter()
         self._assign_tasks(pool, [it.get("env_task") for it in items])
-        obs = pool.reset([int(it["init_state"]) for it in items], env_indices=list(range(n)))
-        for k, it in enumerate(items):
-            if pool.episode_valid[k]:
-                self.init_states.observe(init_state_key(it), pool.reset_info[k].get("init_state_hash"))
-        t_env = time.perf_counter() - t0
-        env_steps0 = pool.stats()["env_steps"]
-        eps = [_Episode() for _ in range(n)]
-        keep_features = not self.vision_trainable
-        lm = self.module.lm
+        t_assign = time.perf_counter() - t0
         self._set_train_mode(False)
-        tpc, chunk, D = self.tokens_per_call, self.cfg.chunk, self.env_spec.action_dim
-        t_gen = 0.0
-        calls = 0
-        for call in range(self.max_policy_calls()):
-            live = [k for k in range(n) if pool.active[k]]
-            if not live:
-                break
-            calls += 1
-            frames = obs[pool.image_key][live]
-            t1 = time.perf_counter()
-            prompts = self.observation_prompts(frames, [items[k]["prompt"] for k in live])
+        run = run_episodes(pool, episodes, self._act_fn(items, greedy=greedy), max_calls=self.max_policy_calls(),
+                           init_states=self.init_states, record_frames=greedy or self.record_frames)
+        run.timing["env"] += t_assign
+        return self._build_rollout(batch, plan, items, run)
+
+    def _act_fn(self, items: Sequence[dict], *, greedy: bool) -> Act:
+        """The episode loop's ``act``: ONE image-processor call, ONE vision forward and ONE constrained
+        ``generate`` for the running episodes, decoded into action chunks."""
+        lm = self.module.lm
+        keep_features = not self.vision_trainable
+
+        def act(slots: list[int], frames: np.ndarray, seeds: list[int]) -> ActOutput:
+            prompts = self.observation_prompts(frames, [items[k]["prompt"] for k in slots])
             with torch.no_grad():
                 feats = encode_images(lm, prompts, self.device)
-            seeds = [mix_seed(batch.seeds[plan[k][0]], plan[k][1], call) for k in live]
             bins, logp = sample_action_tokens(
-                lm, self._prompt_inputs(prompts, feats), seeds=seeds, action_ids=self.action_ids, num_tokens=tpc,
-                pad_id=self.pad_id, temperature=self.cfg.temperature, top_p=self.cfg.top_p, greedy=greedy)
-            actions = self.action_tokenizer.decode(self.action_tokenizer.unflatten_chunk(bins.numpy()))  # [live, chunk, D]
-            t_gen += time.perf_counter() - t1
-            full = np.zeros((pool.num_envs, chunk, D), dtype=np.float32)
-            full[live] = actions
-            t1 = time.perf_counter()
-            obs, _r, _te, _tr, infos = pool.step(full)
-            t_env += time.perf_counter() - t1
-            for r, k in enumerate(live):
-                ep = eps[k]
-                ep.frames.append(frames[r])
-                ep.bins.append(bins[r])
-                ep.logp.append(logp[r])
-                if keep_features:
-                    ep.features.append(feats[r])
-                if infos[k].get("failure"):
-                    ep.failure = infos[k]["failure"]
-        still = [k for k in range(n) if pool.active[k]]
-        if still:  # the env did not truncate within max_policy_calls: count as ended without success
-            log.warning("%d episodes still running after %d policy calls (model.max_policy_calls); stopped",
-                        len(still), calls)
-        for k in range(n):
-            eps[k].last_frame = obs[pool.image_key][k].copy() if (greedy or self.record_frames) else None
-        return self._build_rollout(batch, plan, items, eps, pool, greedy=greedy, still=set(still),
-                                   timing={"generation": t_gen, "env": t_env,
-                                           "env_steps": pool.stats()["env_steps"] - env_steps0})
+                lm, self._prompt_inputs(prompts, feats), seeds=seeds, action_ids=self.action_ids,
+                num_tokens=self.tokens_per_call, pad_id=self.pad_id, temperature=self.cfg.temperature,
+                top_p=self.cfg.top_p, greedy=greedy)
+            actions = self.action_tokenizer.decode(self.action_tokenizer.unflatten_chunk(bins.numpy()))  # [N, chunk, D]
+            return ActOutput(actions=actions, bins=bins, logp=logp, features=feats if keep_features else None)
 
-    def _build_rollout(self, batch, plan, items, eps, pool, *, greedy, still, timing) -> Rollout:
+        return act
+
+    def _build_rollout(self, batch: PromptBatch, plan: list[tuple[int, int]], items: list[dict],
+                       run: EpisodeRun) -> Rollout:
+        """The ``[B, T]`` tensors, samples, payload and metrics of the recorded episodes."""
+        eps = run.records
         n = len(plan)
         tpc = self.tokens_per_call
-        T_tok = max([len(e.bins) for e in eps] + [1]) * tpc
+        T_tok = max([e.policy_calls for e in eps] + [1]) * tpc
         old = torch.zeros(n, T_tok)
         mask = torch.zeros(n, T_tok)
-        valid = torch.zeros(n, dtype=torch.bool)
-        samples = []
-        payload: dict[str, list] = {"frames": [], "bins": [], "instruction": [], "features": []}
         for k, ep in enumerate(eps):
-            steps = len(ep.bins)
-            if steps:
-                old[k, : steps * tpc] = torch.stack(ep.logp).reshape(-1)
-                mask[k, : steps * tpc] = 1.0
-            ok = bool(pool.episode_valid[k]) and steps > 0
-            valid[k] = ok
-            success = bool(pool.success[k]) and ok and k not in still
-            frames = np.stack(ep.frames) if steps else np.zeros((0, *pool.image_shape), dtype=np.uint8)
-            payload["frames"].append(torch.from_numpy(frames))
-            payload["bins"].append(torch.stack(ep.bins) if steps else torch.zeros(0, tpc, dtype=torch.long))
-            payload["instruction"].append(items[k]["prompt"])
-            payload["features"].append(ep.features if ep.features else None)
-            failure = ep.failure or (pool.reset_info[k].get("failure") if not pool.episode_valid[k] else None)
-            sample = {"success": success, "valid": ok, "length": int(pool.episode_steps[k]), "policy_calls": steps,
-                      "failure": failure, "task": items[k].get("task", items[k].get("env_task")),
-                      "init_state": int(items[k]["init_state"])}
-            if ep.last_frame is not None:  # evaluation (greedy or record_frames): keep the frames for videos
-                sample["frames"] = np.concatenate([frames, ep.last_frame[None]])
-            samples.append(sample)
+            if ep.policy_calls:
+                old[k, : ep.policy_calls * tpc] = torch.stack(ep.logp).reshape(-1)
+                mask[k, : ep.policy_calls * tpc] = 1.0
+        valid = torch.tensor([ep.valid for ep in eps], dtype=torch.bool)
+        samples, payload = self._episode_samples(items, eps, run.image_shape)
         if self._group > 1:
             tok = self.action_tokenizer
             old = group_logp(old, self.cfg.logp_granularity, tok.action_dim, tok.chunk, mask=mask)
             mask = group_mask(mask, self.cfg.logp_granularity, tok.action_dim, tok.chunk).float()
+        prompt_index = torch.tensor([i for i, _ in plan], dtype=torch.long)
+        return Rollout(rollout_logp=old, mask=mask, group_id=torch.tensor(batch.seeds, dtype=torch.long)[prompt_index],
+                       prompt_index=prompt_index, samples=samples, payload=payload, valid=valid,
+                       metrics=self._rollout_metrics(samples, valid, mask, run.timing))
+
+    def _episode_samples(self, items: list[dict], eps: list[EpisodeRecord],
+                         image_shape: tuple[int, ...] | None) -> tuple[list[dict], dict[str, list]]:
+        """Per episode: the sample dict (success, length, failure, ...; frames when recorded) and the payload."""
+        tpc = self.tokens_per_call
+        samples = []
+        payload: dict[str, list] = {"frames": [], "bins": [], "instruction": [], "features": []}
+        for k, ep in enumerate(eps):
+            steps = ep.policy_calls
+            frames = np.stack(ep.frames) if steps else np.zeros((0, *image_shape), dtype=np.uint8)
+            payload["frames"].append(torch.from_numpy(frames))
+            payload["bins"].append(torch.stack(ep.bins) if steps else torch.zeros(0, tpc, dtype=torch.long))
+            payload["instruction"].append(items[k]["prompt"])
+            payload["features"].append(ep.features if ep.features else None)
+            sample = {"success": ep.success, "valid": ep.valid, "length": ep.length, "policy_calls": steps,
+                      "failure": ep.failure, "task": items[k].get("task", items[k].get("env_task")),
+                      "init_state": int(items[k]["init_state"])}
+            if ep.last_frame is not None:  # evaluation (greedy or record_frames): keep the frames for videos
+                sample["frames"] = np.concatenate([frames, ep.last_frame[None]])
+            samples.append(sample)
+        return samples, payload
+
+    def _rollout_metrics(self, samples: list[dict], valid: Tensor, mask: Tensor, timing: dict) -> dict[str, float]:
+        n = len(samples)
         ok = valid.float()
         n_ok = max(1.0, float(ok.sum()))
         lengths = torch.tensor([s["length"] for s in samples], dtype=torch.float32)
         succ = torch.tensor([s["success"] for s in samples], dtype=torch.float32)
-        metrics = {
+        return {
             "rollout/success_rate": float((succ * ok).sum() / n_ok),
             "rollout/episode_length": float((lengths * ok).sum() / n_ok),
-            "rollout/policy_calls": float(mask.shape[1] * self._group / tpc),
+            "rollout/policy_calls": float(mask.shape[1] * self._group / self.tokens_per_call),
             "rollout/invalid_frac": 1.0 - float(ok.mean()),
             "count/failed_episodes": float(n - int(ok.sum())),
             "env/steps_per_s": timing["env_steps"] / timing["env"] if timing["env"] > 0 else 0.0,
@@ -450,9 +431,6 @@ class VLAPolicy(VLMPolicy):
             "time/generation": timing["generation"],
             "time/env": timing["env"],
         }
-        prompt_index = torch.tensor([i for i, _ in plan], dtype=torch.long)
-        return Rollout(rollout_logp=old, mask=mask, group_id=torch.tensor(batch.seeds, dtype=torch.long)[prompt_index],
-                       prompt_index=prompt_index, samples=samples, payload=payload, valid=valid, metrics=metrics)
 
     # ------------------------------------------------------------------ log-probs
     def _step_forward(self, frames: Tensor, instructions: list[str], features: list | None, bins: Tensor, *,
