@@ -21,7 +21,7 @@ import os
 import time
 from typing import Any, Mapping, Sequence
 
-from .env_pool import EnvGroup, EnvPoolError, PoolCore, WorkerOutcome, WorkerStartError, import_env_modules
+from .env_pool import EnvGroup, EnvPoolError, PoolCore, PoolOptions, WorkerOutcome, WorkerStartError, import_env_modules
 
 __all__ = ["RayEnvPool", "import_ray"]
 
@@ -67,9 +67,9 @@ class RayEnvPool(PoolCore):
 
     Args:
         env_name, num_envs, num_workers, env_kwargs, step_timeout_s, image_key,
-        invalidate_on_sim_error, import_modules: as for ``EnvPool``.
+        invalidate_on_sim_error, import_modules, start_timeout_s: see
+            :class:`~mmrl.simulators.env_pool.PoolOptions` (an actor counts as a worker).
         num_cpus_per_worker: Ray CPU resource per actor.
-        start_timeout_s: time allowed for an actor to build its envs.
         ray_init_kwargs: passed to ``ray.init`` when Ray is not initialised yet.
     """
 
@@ -90,19 +90,21 @@ class RayEnvPool(PoolCore):
     ) -> None:
         self._ray = import_ray()
         super().__init__(
-            env_name,
-            num_envs,
-            num_workers=num_workers,
-            env_kwargs=env_kwargs,
-            step_timeout_s=step_timeout_s,
-            image_key=image_key,
-            invalidate_on_sim_error=invalidate_on_sim_error,
-            import_modules=import_modules,
+            PoolOptions(
+                env_name,
+                num_envs,
+                num_workers=num_workers,
+                env_kwargs=env_kwargs,
+                step_timeout_s=step_timeout_s,
+                image_key=image_key,
+                invalidate_on_sim_error=invalidate_on_sim_error,
+                import_modules=import_modules,
+                start_timeout_s=start_timeout_s,
+            )
         )
         ray = self._ray
         if not ray.is_initialized():
             ray.init(**dict(ray_init_kwargs or {}))
-        self.start_timeout_s = float(start_timeout_s)
         self._actor_cls = ray.remote(num_cpus=num_cpus_per_worker, max_restarts=0)(_EnvGroupActor)
         self._actors: list[Any] = [None] * self.num_workers
         self._pids: list[int | None] = [None] * self.num_workers
