@@ -18,8 +18,10 @@ import io
 import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from PIL import Image
@@ -249,6 +251,112 @@ def _xywh_to_xyxy_raw(bbox: object, source: str, i: int) -> list:
     return [x, y, x + w, y + h]
 
 
+class _CocoInstances(NamedTuple):
+    """A COCO instances object, indexed by id (``cats`` maps category ids to names)."""
+
+    name: str
+    images: dict
+    anns: dict
+    cats: dict
+
+
+def _load_instances(instances_json: str | Path | Mapping) -> _CocoInstances:
+    """Read (if a path) and index a COCO instances object."""
+    if isinstance(instances_json, Mapping):
+        inst_name, inst = "instances", instances_json
+    else:
+        inst_name, inst = str(instances_json), _load_json_file(Path(instances_json), "instances file")
+    if not isinstance(inst, Mapping) or "images" not in inst or "annotations" not in inst:
+        raise DataFormatError(inst_name, "expected a COCO instances object with 'images' and 'annotations'")
+    images = _index(inst["images"], "id", inst_name, "images")
+    anns = _index(inst["annotations"], "id", inst_name, "annotations")
+    cats = {c["id"]: c.get("name") for c in inst.get("categories", []) if isinstance(c, Mapping) and "id" in c}
+    return _CocoInstances(inst_name, images, anns, cats)
+
+
+def _check_ref(ref: object, source: str) -> Mapping:
+    """``ref`` itself, once it is known to be an object with the keys every ref needs."""
+    if not isinstance(ref, Mapping):
+        raise DataFormatError(source, f"a ref must be an object, got {type(ref).__name__}")
+    for key in ("ref_id", "ann_id", "image_id", "sentences"):
+        if key not in ref:
+            raise DataFormatError(source, f"ref has no {key!r}")
+    return ref
+
+
+def _ref_image(ref: Mapping, coco: _CocoInstances, source: str) -> Mapping:
+    """The COCO image of a ref, with its ``file_name``, ``width`` and ``height``."""
+    image = coco.images.get(ref["image_id"])
+    if image is None:
+        raise DataFormatError(source, f"image_id {ref['image_id']} is not in {coco.name}")
+    for key in ("file_name", "width", "height"):
+        if key not in image:
+            raise DataFormatError(source, f"image {ref['image_id']} in {coco.name} has no {key!r}")
+    return image
+
+
+def _ref_boxes(ref: Mapping, coco: _CocoInstances, source: str) -> tuple[list, list[dict[str, Any]]]:
+    """``(ann_ids, boxes)`` of a ref: ``-1`` ids (no target) dropped; boxes still xywh, labelled
+    with their category name when there is one."""
+    ann_ids = ref["ann_id"] if isinstance(ref["ann_id"], list) else [ref["ann_id"]]
+    ann_ids = [a for a in ann_ids if a != -1]
+    boxes = []
+    for aid in ann_ids:
+        ann = coco.anns.get(aid)
+        if ann is None:
+            raise DataFormatError(source, f"ann_id {aid} is not in {coco.name}")
+        entry: dict[str, Any] = {"bbox": ann.get("bbox")}  # xywh here, xyxy after _refcoco_convert()
+        if coco.cats.get(ann.get("category_id")):
+            entry["label"] = coco.cats[ann["category_id"]]
+        boxes.append(entry)
+    return ann_ids, boxes
+
+
+def _ref_records(ref: Mapping, coco: _CocoInstances, source: str, one_sample_per_sentence: bool) -> list[tuple[str, dict]]:
+    """The ``(source, canonical record)`` pairs of one ref: one per sentence, or one for the ref."""
+    ref_id = ref["ref_id"]
+    image = _ref_image(ref, coco, source)
+    ann_ids, boxes = _ref_boxes(ref, coco, source)
+    sentences = _ref_sentences(ref, source)
+    if not sentences:
+        raise DataFormatError(source, "ref has no non-empty sentence")
+    meta = {"ref_id": ref_id, "ann_ids": ann_ids, "image_id": ref["image_id"], "split": ref.get("split")}
+    per_sample = (
+        [(f"{ref_id}_{k}", s, f"{source}.sentences[{k}]", {}) for k, s in enumerate(sentences)]
+        if one_sample_per_sentence
+        else [(str(ref_id), sentences[0], source, {"sentences": sentences})]
+    )
+    common = {"image": image["file_name"], "image_size": [image["width"], image["height"]]}
+    return [
+        (src, {"id": sid, **common, "question": sent, "boxes": boxes, "bbox_frame": "pixels", **meta, **more})
+        for sid, sent, src, more in per_sample
+    ]
+
+
+def _refcoco_records(
+    ref_list: list, refs_name: str, coco: _CocoInstances, split: str | None, one_sample_per_sentence: bool
+) -> list[tuple[str, dict]]:
+    """The records of every ref in ``split`` (all refs when None); none in the split is an error."""
+    records: list[tuple[str, dict]] = []
+    splits_seen: set[str] = set()
+    for i, ref in enumerate(ref_list):
+        ref = _check_ref(ref, f"{refs_name}[{i}]")
+        splits_seen.add(str(ref.get("split")))
+        if split is not None and ref.get("split") != split:
+            continue
+        records.extend(_ref_records(ref, coco, f"{refs_name}[ref_id={ref['ref_id']}]", one_sample_per_sentence))
+    if split is not None and not records:
+        raise DataFormatError(refs_name, f"no refs in split {split!r} (splits present: {', '.join(sorted(splits_seen))})")
+    return records
+
+
+def _refcoco_convert(record: object, source: str) -> object:
+    """``convert`` hook of :func:`samples_from_records`: the refs' xywh boxes to xyxy."""
+    rec = dict(record)  # type: ignore[arg-type]
+    rec["boxes"] = [{**entry, "bbox": _xywh_to_xyxy_raw(entry["bbox"], source, j)} for j, entry in enumerate(rec["boxes"])]
+    return rec
+
+
 def load_refcoco(
     instances_json: str | Path | Mapping,
     refs: str | Path | Sequence[Mapping],
@@ -281,84 +389,12 @@ def load_refcoco(
             ref in ``split`` (the message lists the splits present), a pickle without
             ``allow_pickle``.
     """
-    if isinstance(instances_json, Mapping):
-        inst_name, inst = "instances", instances_json
-    else:
-        inst_name, inst = str(instances_json), _load_json_file(Path(instances_json), "instances file")
-    if not isinstance(inst, Mapping) or "images" not in inst or "annotations" not in inst:
-        raise DataFormatError(inst_name, "expected a COCO instances object with 'images' and 'annotations'")
-    images = _index(inst["images"], "id", inst_name, "images")
-    anns = _index(inst["annotations"], "id", inst_name, "annotations")
-    cats = {c["id"]: c.get("name") for c in inst.get("categories", []) if isinstance(c, Mapping) and "id" in c}
+    coco = _load_instances(instances_json)
     refs_name, ref_list = _load_refs(refs, allow_pickle)
-
-    records: list[tuple[str, dict]] = []
-    splits_seen: set[str] = set()
-    for i, ref in enumerate(ref_list):
-        source = f"{refs_name}[{i}]"
-        if not isinstance(ref, Mapping):
-            raise DataFormatError(source, f"a ref must be an object, got {type(ref).__name__}")
-        for key in ("ref_id", "ann_id", "image_id", "sentences"):
-            if key not in ref:
-                raise DataFormatError(source, f"ref has no {key!r}")
-        splits_seen.add(str(ref.get("split")))
-        if split is not None and ref.get("split") != split:
-            continue
-        ref_id = ref["ref_id"]
-        source = f"{refs_name}[ref_id={ref_id}]"
-        image = images.get(ref["image_id"])
-        if image is None:
-            raise DataFormatError(source, f"image_id {ref['image_id']} is not in {inst_name}")
-        for key in ("file_name", "width", "height"):
-            if key not in image:
-                raise DataFormatError(source, f"image {ref['image_id']} in {inst_name} has no {key!r}")
-        ann_ids = ref["ann_id"] if isinstance(ref["ann_id"], list) else [ref["ann_id"]]
-        ann_ids = [a for a in ann_ids if a != -1]
-        boxes = []
-        for aid in ann_ids:
-            ann = anns.get(aid)
-            if ann is None:
-                raise DataFormatError(source, f"ann_id {aid} is not in {inst_name}")
-            entry: dict[str, Any] = {"bbox": ann.get("bbox")}  # xywh here, xyxy after convert()
-            if cats.get(ann.get("category_id")):
-                entry["label"] = cats[ann["category_id"]]
-            boxes.append(entry)
-        sentences = _ref_sentences(ref, source)
-        if not sentences:
-            raise DataFormatError(source, "ref has no non-empty sentence")
-        meta = {"ref_id": ref_id, "ann_ids": ann_ids, "image_id": ref["image_id"], "split": ref.get("split")}
-        per_sample = (
-            [(f"{ref_id}_{k}", s, f"{source}.sentences[{k}]", {}) for k, s in enumerate(sentences)]
-            if one_sample_per_sentence
-            else [(str(ref_id), sentences[0], source, {"sentences": sentences})]
-        )
-        for sid, sent, src, more in per_sample:
-            records.append(
-                (
-                    src,
-                    {
-                        "id": sid,
-                        "image": image["file_name"],
-                        "image_size": [image["width"], image["height"]],
-                        "question": sent,
-                        "boxes": boxes,
-                        "bbox_frame": "pixels",
-                        **meta,
-                        **more,
-                    },
-                )
-            )
-    if split is not None and not records:
-        raise DataFormatError(refs_name, f"no refs in split {split!r} (splits present: {', '.join(sorted(splits_seen))})")
-
-    def convert(record: object, source: str) -> object:
-        rec = dict(record)  # type: ignore[arg-type]
-        rec["boxes"] = [{**entry, "bbox": _xywh_to_xyxy_raw(entry["bbox"], source, j)} for j, entry in enumerate(rec["boxes"])]
-        return rec
-
+    records = _refcoco_records(ref_list, refs_name, coco, split, one_sample_per_sentence)
     return samples_from_records(
         records,
-        convert=convert,
+        convert=_refcoco_convert,
         origin=refs_name,
         base_dir=image_root,
         on_invalid_box=on_invalid_box,
@@ -407,6 +443,62 @@ def _hf_boxes(value: object, source: str) -> list:
     return [_to_python(v) for v in value]
 
 
+@dataclass(frozen=True)
+class _HfColumns:
+    """The columns :func:`from_hf_dataset` reads (``label`` and ``id`` are optional)."""
+
+    image: str
+    question: str
+    bbox: str
+    label: str | None
+    id: str | None
+
+    @property
+    def needed(self) -> list[str]:
+        return [c for c in (self.image, self.question, self.bbox, self.label, self.id) if c is not None]
+
+
+def _check_hf_columns(ds: object, cols: _HfColumns, name: str) -> None:
+    """Fail early when the dataset declares ``column_names`` and a needed one is not among them."""
+    columns = getattr(ds, "column_names", None)
+    if isinstance(columns, list):
+        absent = [c for c in cols.needed if c not in columns]
+        if absent:
+            raise DataFormatError(name, f"missing column(s) {', '.join(map(repr, absent))} (columns: {', '.join(columns)})")
+
+
+def _hf_labels(row: Mapping, label_column: str | None, n: int, source: str) -> list[str | None]:
+    """One label per box: None without a label column, else one string for all or a list of ``n``."""
+    if label_column is None:
+        return [None] * n
+    lab = _to_python(row[label_column])
+    if isinstance(lab, str) or lab is None:
+        return [lab] * n
+    if isinstance(lab, list) and len(lab) == n:
+        return lab
+    raise DataFormatError(source, f"{label_column!r} must be a string or a list of {n} labels, got {lab!r}")
+
+
+def _hf_row_record(row: object, source: str, *, cols: _HfColumns, bbox_format: str, bbox_frame: str) -> dict[str, Any]:
+    """The canonical record of one row (boxes converted to xyxy)."""
+    if not isinstance(row, Mapping):
+        raise DataFormatError(source, f"a row must be a mapping, got {type(row).__name__}")
+    absent = [c for c in cols.needed if c not in row]
+    if absent:
+        raise DataFormatError(source, f"missing column(s) {', '.join(map(repr, absent))} (columns: {', '.join(map(str, row))})")
+    raw = _hf_boxes(row[cols.bbox], source)
+    if bbox_format == "xywh":
+        raw = [_xywh_to_xyxy_raw(b, source, i) for i, b in enumerate(raw)]
+    labels = _hf_labels(row, cols.label, len(raw), source)
+    return {
+        "image": _hf_image(row[cols.image], source),
+        "question": row[cols.question],
+        "boxes": [{"bbox": b, **({"label": lab} if lab is not None else {})} for b, lab in zip(raw, labels)],
+        "bbox_frame": bbox_frame,
+        "id": row[cols.id] if cols.id is not None else source,
+    }
+
+
 def from_hf_dataset(
     ds: Iterable[Mapping],
     *,
@@ -443,43 +535,11 @@ def from_hf_dataset(
     """
     if bbox_format not in _BBOX_FORMATS:
         raise ValueError(f"bbox_format must be one of {', '.join(_BBOX_FORMATS)}, got {bbox_format!r}")
-    needed = [c for c in (image_column, question_column, bbox_column, label_column, id_column) if c is not None]
-    columns = getattr(ds, "column_names", None)
-    if isinstance(columns, list):
-        absent = [c for c in needed if c not in columns]
-        if absent:
-            raise DataFormatError(name, f"missing column(s) {', '.join(map(repr, absent))} (columns: {', '.join(columns)})")
-
-    def convert(row: object, source: str) -> dict[str, Any]:
-        if not isinstance(row, Mapping):
-            raise DataFormatError(source, f"a row must be a mapping, got {type(row).__name__}")
-        absent = [c for c in needed if c not in row]
-        if absent:
-            raise DataFormatError(source, f"missing column(s) {', '.join(map(repr, absent))} (columns: {', '.join(map(str, row))})")
-        raw = _hf_boxes(row[bbox_column], source)
-        if bbox_format == "xywh":
-            raw = [_xywh_to_xyxy_raw(b, source, i) for i, b in enumerate(raw)]
-        labels: list[str | None] = [None] * len(raw)
-        if label_column is not None:
-            lab = _to_python(row[label_column])
-            if isinstance(lab, str) or lab is None:
-                labels = [lab] * len(raw)
-            elif isinstance(lab, list) and len(lab) == len(raw):
-                labels = lab
-            else:
-                raise DataFormatError(source, f"{label_column!r} must be a string or a list of {len(raw)} labels, got {lab!r}")
-        record: dict[str, Any] = {
-            "image": _hf_image(row[image_column], source),
-            "question": row[question_column],
-            "boxes": [{"bbox": b, **({"label": lab} if lab is not None else {})} for b, lab in zip(raw, labels)],
-            "bbox_frame": bbox_frame,
-            "id": row[id_column] if id_column is not None else source,
-        }
-        return record
-
+    cols = _HfColumns(image_column, question_column, bbox_column, label_column, id_column)
+    _check_hf_columns(ds, cols, name)
     return samples_from_records(
         ((f"{name}[{i}]", row) for i, row in enumerate(ds)),
-        convert=convert,
+        convert=partial(_hf_row_record, cols=cols, bbox_format=bbox_format, bbox_frame=bbox_frame),
         origin=name,
         base_dir=image_root,
         on_invalid_box=on_invalid_box,

@@ -21,6 +21,8 @@ import hashlib
 import json
 import os
 import tempfile
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -60,6 +62,217 @@ def _flash_frames(rng: np.random.Generator, num_frames: int, count: int, length:
     return out
 
 
+@dataclass(frozen=True)
+class _Scene:
+    """Every random choice and all the geometry of one video: what is drawn, where and when."""
+
+    width: int
+    height: int
+    fps: int
+    num_frames: int
+    event_color: str
+    moving_color: str
+    event_frames: list[int]  # [a, b): frames that show the circle
+    flash_count: int
+    flashes: list[list[int]]  # [start, stop) frames of each flash of the square
+    square_box: list[int]  # x0, y0, x1, y1 (exclusive)
+    center: tuple[int, int]  # (cx, cy) of the circle
+    radius: int
+    tri: int  # side of the moving triangle
+    band_y: int  # top of the band the triangle moves along
+
+
+def _bgr(rgb: tuple[int, int, int]) -> tuple[int, int, int]:
+    """OpenCV writes BGR."""
+    return rgb[::-1]
+
+
+def _check_video_args(
+    width: int, height: int, fps: int, duration_s: float, event_grid: int, event_scale: float, mover_scale: float
+) -> int:
+    """The number of frames, after checking every argument of :func:`make_event_video`."""
+    if width < 48 or height < 48:
+        raise SyntheticVideoError(f"make_event_video: size must be at least 48x48, got {width}x{height}")
+    if not (isinstance(fps, int) and fps >= 1):
+        raise SyntheticVideoError(f"make_event_video: fps must be a positive int, got {fps!r}")
+    num_frames = round(duration_s * fps)
+    if abs(num_frames - duration_s * fps) > 1e-6 or num_frames < 16:
+        raise SyntheticVideoError(
+            f"make_event_video: duration_s * fps = {duration_s * fps:g} must be a whole number of frames >= 16"
+        )
+    if not (isinstance(event_grid, int) and 1 <= event_grid <= num_frames // 4):
+        raise SyntheticVideoError(f"make_event_video: event_grid must be an int in [1, {num_frames // 4}], got {event_grid!r}")
+    for name, value in (("event_scale", event_scale), ("mover_scale", mover_scale)):
+        if not 0.05 <= value <= 0.3:
+            raise SyntheticVideoError(f"make_event_video: {name} must be in [0.05, 0.3], got {value!r}")
+    return num_frames
+
+
+def _pick_colors(rng: np.random.Generator) -> tuple[str, str]:
+    """``(event_color, moving_color)``: two different palette colours."""
+    names = list(PALETTE)
+    event_color = names[int(rng.integers(len(names)))]
+    others = [c for c in names if c != event_color]
+    return event_color, others[int(rng.integers(len(others)))]
+
+
+def _event_frames(rng: np.random.Generator, num_frames: int, event_grid: int) -> list[int]:
+    """``[a, b)``: L frames starting at a0, inside (0, N); with a grid g both are multiples of g."""
+    g, cells = event_grid, num_frames // event_grid
+    min_len, max_len = max(2, round(0.15 * cells)), max(3, round(0.45 * cells))
+    event_len = int(rng.integers(min_len, max_len + 1))
+    a0 = int(rng.integers(1, cells - event_len))
+    return [a0 * g, (a0 + event_len) * g]
+
+
+def _flash_schedule(rng: np.random.Generator, num_frames: int, fps: int, event_grid: int) -> tuple[int, list[list[int]]]:
+    """``(count, [[start, stop), ...])`` of the square's flashes, each ~0.25 s long; with a grid,
+    one grid cell long and on the grid."""
+    if event_grid == 1:
+        flash_len = max(1, round(0.25 * fps))
+        max_count = max(1, min(4, num_frames // (2 * flash_len + 2)))
+        flash_count = int(rng.integers(1, max_count + 1))
+        return flash_count, _flash_frames(rng, num_frames, flash_count, flash_len)
+    g, cells = event_grid, num_frames // event_grid
+    flash_count = int(rng.integers(1, min(4, cells // 2) + 1))
+    return flash_count, [[a * g, b * g] for a, b in _flash_frames(rng, cells, flash_count, 1)]
+
+
+def _sample_layout(rng: np.random.Generator, width: int, height: int, event_scale: float, mover_scale: float) -> dict[str, Any]:
+    """Square in the top-left corner, circle (random centre) in the upper right part, triangle
+    along the bottom band: the ``_Scene`` fields ``square_box, center, radius, tri, band_y``."""
+    side = max(6, round(0.15 * min(width, height)))
+    radius = max(5, round(event_scale * min(width, height)))
+    cx = int(rng.integers(max(round(0.4 * width), 2 + side) + radius, width - radius - 2))
+    cy = int(rng.integers(radius + 2, max(round(0.6 * height) - radius, radius + 3)))
+    tri = max(6, round(mover_scale * height))
+    return {"square_box": [2, 2, 2 + side, 2 + side], "center": (cx, cy), "radius": radius, "tri": tri,
+            "band_y": height - tri - 3}
+
+
+def _sample_scene(
+    rng: np.random.Generator, width: int, height: int, fps: int, num_frames: int,
+    event_grid: int, event_scale: float, mover_scale: float,
+) -> _Scene:
+    """Draw everything random about one video, in a fixed order (colours, event, flashes, circle centre)."""
+    event_color, moving_color = _pick_colors(rng)
+    event_frames = _event_frames(rng, num_frames, event_grid)
+    flash_count, flashes = _flash_schedule(rng, num_frames, fps, event_grid)
+    layout = _sample_layout(rng, width, height, event_scale, mover_scale)
+    return _Scene(width=width, height=height, fps=fps, num_frames=num_frames, event_color=event_color,
+                  moving_color=moving_color, event_frames=event_frames, flash_count=flash_count, flashes=flashes,
+                  **layout)
+
+
+def _mover_points(scene: _Scene, i: int) -> np.ndarray:
+    """Corners of the triangle in frame ``i``: it moves left to right along the bottom band."""
+    tri, band_y = scene.tri, scene.band_y
+    x = round(3 + (scene.width - tri - 6) * i / (scene.num_frames - 1))
+    return np.array([[x, band_y + tri], [x + tri, band_y + tri], [x + tri // 2, band_y]], np.int32)
+
+
+def _render_frame(scene: _Scene, i: int, background: np.ndarray, circle: np.ndarray) -> np.ndarray:
+    """Frame ``i`` (BGR): the square if it flashes, the circle during the event, the triangle always."""
+    import cv2
+
+    frame = background.copy()
+    if any(a <= i < b for a, b in scene.flashes):
+        x0, y0, x1, y1 = scene.square_box
+        frame[y0:y1, x0:x1] = _bgr(_SQUARE_RGB)
+    if scene.event_frames[0] <= i < scene.event_frames[1]:
+        frame[circle] = _bgr(PALETTE[scene.event_color])
+    cv2.fillPoly(frame, [_mover_points(scene, i)], _bgr(PALETTE[scene.moving_color]))
+    return frame
+
+
+def _render_frames(scene: _Scene) -> Iterator[np.ndarray]:
+    """All the frames of the video, in order."""
+    yy, xx = np.mgrid[0:scene.height, 0:scene.width]
+    cx, cy = scene.center
+    circle = (xx - cx) ** 2 + (yy - cy) ** 2 <= scene.radius**2
+    background = np.empty((scene.height, scene.width, 3), np.uint8)
+    background[:] = _bgr(BACKGROUND)
+    for i in range(scene.num_frames):
+        yield _render_frame(scene, i, background, circle)
+
+
+def _write_mp4(path: Path, frames: Iterable[np.ndarray], fps: int, width: int, height: int) -> None:
+    """Write ``frames`` (BGR) to ``path`` with OpenCV's ``mp4v``: to a temporary name, then renamed."""
+    import cv2
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".mp4", dir=path.parent)
+    os.close(fd)
+    writer = cv2.VideoWriter(tmp, cv2.VideoWriter_fourcc(*"mp4v"), float(fps), (width, height))
+    try:
+        if not writer.isOpened():
+            raise SyntheticVideoError(f"make_event_video: OpenCV cannot write mp4v video to {path}")
+        for frame in frames:
+            writer.write(frame)
+        writer.release()
+        os.replace(tmp, path)
+    finally:
+        writer.release()
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _questions(path: Path, scene: _Scene, options: list[str]) -> dict[str, dict[str, Any]]:
+    """The ``temporal``, ``color`` and ``count`` questions about the video, as dataset records."""
+    fps = scene.fps
+    s, e = scene.event_frames[0] / fps, scene.event_frames[1] / fps
+    common = {"video": str(path), "duration": scene.num_frames / fps}
+    return {
+        "temporal": {
+            **common,
+            "task": "temporal_grounding",
+            "question": f"When does the {scene.event_color} circle appear in the video? "
+            "Output the start and end time in seconds.",
+            "event": f"the {scene.event_color} circle appears",
+            "segments": [[s, e]],
+        },
+        "color": {
+            **common,
+            "task": "video_qa",
+            "question_type": "multiple_choice",
+            "question": "What colour is the moving shape?",
+            "options": options,
+            "answer": "ABCD"[options.index(scene.moving_color)],
+        },
+        "count": {
+            **common,
+            "task": "video_qa",
+            "question_type": "numeric",
+            "question": "How many times does the square flash?",
+            "answer": scene.flash_count,
+        },
+    }
+
+
+def _ground_truth(path: Path, seed: int, scene: _Scene, options: list[str]) -> dict[str, Any]:
+    """The dict :func:`make_event_video` returns."""
+    fps = scene.fps
+    return {
+        "video": str(path),
+        "seed": int(seed),
+        "duration": scene.num_frames / fps,
+        "fps": fps,
+        "num_frames": scene.num_frames,
+        "size": [scene.width, scene.height],
+        "segments": [[scene.event_frames[0] / fps, scene.event_frames[1] / fps]],
+        "event": f"the {scene.event_color} circle appears",
+        "event_color": scene.event_color,
+        "event_center": list(scene.center),
+        "event_radius": scene.radius,
+        "event_frames": scene.event_frames,
+        "moving_color": scene.moving_color,
+        "flash_count": scene.flash_count,
+        "flash_frames": scene.flashes,
+        "square_box": scene.square_box,
+        "questions": _questions(path, scene, options),
+    }
+
+
 def make_event_video(
     path: str | Path,
     *,
@@ -95,135 +308,17 @@ def make_event_video(
     Raises:
         SyntheticVideoError: bad arguments, or OpenCV could not write the file.
     """
-    import cv2
+    import cv2  # noqa: F401  (a missing OpenCV fails here, before the argument checks)
 
     width, height = int(size[0]), int(size[1])
-    if width < 48 or height < 48:
-        raise SyntheticVideoError(f"make_event_video: size must be at least 48x48, got {width}x{height}")
-    if not (isinstance(fps, int) and fps >= 1):
-        raise SyntheticVideoError(f"make_event_video: fps must be a positive int, got {fps!r}")
-    num_frames = round(duration_s * fps)
-    if abs(num_frames - duration_s * fps) > 1e-6 or num_frames < 16:
-        raise SyntheticVideoError(
-            f"make_event_video: duration_s * fps = {duration_s * fps:g} must be a whole number of frames >= 16"
-        )
-    if not (isinstance(event_grid, int) and 1 <= event_grid <= num_frames // 4):
-        raise SyntheticVideoError(f"make_event_video: event_grid must be an int in [1, {num_frames // 4}], got {event_grid!r}")
-    for name, value in (("event_scale", event_scale), ("mover_scale", mover_scale)):
-        if not 0.05 <= value <= 0.3:
-            raise SyntheticVideoError(f"make_event_video: {name} must be in [0.05, 0.3], got {value!r}")
+    num_frames = _check_video_args(width, height, fps, duration_s, event_grid, event_scale, mover_scale)
     rng = np.random.default_rng(seed)
-    names = list(PALETTE)
-    event_color = names[int(rng.integers(len(names)))]
-    others = [c for c in names if c != event_color]
-    moving_color = others[int(rng.integers(len(others)))]
-
-    # event: L frames starting at a0, inside (0, N); with a grid g both are multiples of g
-    g, cells = event_grid, num_frames // event_grid
-    min_len, max_len = max(2, round(0.15 * cells)), max(3, round(0.45 * cells))
-    event_len = int(rng.integers(min_len, max_len + 1))
-    a0 = int(rng.integers(1, cells - event_len))
-    event_frames = [a0 * g, (a0 + event_len) * g]
-
-    # square: flashes, each ~0.25 s long; with a grid, one grid cell long and on the grid
-    if g == 1:
-        flash_len = max(1, round(0.25 * fps))
-        max_count = max(1, min(4, num_frames // (2 * flash_len + 2)))
-        flash_count = int(rng.integers(1, max_count + 1))
-        flashes = _flash_frames(rng, num_frames, flash_count, flash_len)
-    else:
-        flash_count = int(rng.integers(1, min(4, cells // 2) + 1))
-        flashes = [[a * g, b * g] for a, b in _flash_frames(rng, cells, flash_count, 1)]
-
-    side = max(6, round(0.15 * min(width, height)))
-    square_box = [2, 2, 2 + side, 2 + side]  # x0, y0, x1, y1 (exclusive)
-    radius = max(5, round(event_scale * min(width, height)))
-    cx = int(rng.integers(max(round(0.4 * width), 2 + side) + radius, width - radius - 2))
-    cy = int(rng.integers(radius + 2, max(round(0.6 * height) - radius, radius + 3)))
-    tri = max(6, round(mover_scale * height))
-    band_y = height - tri - 3
-
-    yy, xx = np.mgrid[0:height, 0:width]
-    circle = (xx - cx) ** 2 + (yy - cy) ** 2 <= radius**2
-    bgr = lambda rgb: rgb[::-1]  # noqa: E731  (OpenCV writes BGR)
-    background = np.empty((height, width, 3), np.uint8)
-    background[:] = bgr(BACKGROUND)
-
+    scene = _sample_scene(rng, width, height, fps, num_frames, event_grid, event_scale, mover_scale)
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".mp4", dir=path.parent)
-    os.close(fd)
-    writer = cv2.VideoWriter(tmp, cv2.VideoWriter_fourcc(*"mp4v"), float(fps), (width, height))
-    try:
-        if not writer.isOpened():
-            raise SyntheticVideoError(f"make_event_video: OpenCV cannot write mp4v video to {path}")
-        for i in range(num_frames):
-            frame = background.copy()
-            if any(a <= i < b for a, b in flashes):
-                frame[square_box[1]:square_box[3], square_box[0]:square_box[2]] = bgr(_SQUARE_RGB)
-            if event_frames[0] <= i < event_frames[1]:
-                frame[circle] = bgr(PALETTE[event_color])
-            x = round(3 + (width - tri - 6) * i / (num_frames - 1))
-            pts = np.array([[x, band_y + tri], [x + tri, band_y + tri], [x + tri // 2, band_y]], np.int32)
-            cv2.fillPoly(frame, [pts], bgr(PALETTE[moving_color]))
-            writer.write(frame)
-        writer.release()
-        os.replace(tmp, path)
-    finally:
-        writer.release()
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-    duration = num_frames / fps
-    s, e = event_frames[0] / fps, event_frames[1] / fps
-    event = f"the {event_color} circle appears"
-    options = list(names)
-    rng.shuffle(options)
-    answer_letter = "ABCD"[options.index(moving_color)]
-    common = {"video": str(path), "duration": duration}
-    return {
-        "video": str(path),
-        "seed": int(seed),
-        "duration": duration,
-        "fps": fps,
-        "num_frames": num_frames,
-        "size": [width, height],
-        "segments": [[s, e]],
-        "event": event,
-        "event_color": event_color,
-        "event_center": [cx, cy],
-        "event_radius": radius,
-        "event_frames": event_frames,
-        "moving_color": moving_color,
-        "flash_count": flash_count,
-        "flash_frames": flashes,
-        "square_box": square_box,
-        "questions": {
-            "temporal": {
-                **common,
-                "task": "temporal_grounding",
-                "question": f"When does the {event_color} circle appear in the video? "
-                "Output the start and end time in seconds.",
-                "event": event,
-                "segments": [[s, e]],
-            },
-            "color": {
-                **common,
-                "task": "video_qa",
-                "question_type": "multiple_choice",
-                "question": "What colour is the moving shape?",
-                "options": options,
-                "answer": answer_letter,
-            },
-            "count": {
-                **common,
-                "task": "video_qa",
-                "question_type": "numeric",
-                "question": "How many times does the square flash?",
-                "answer": flash_count,
-            },
-        },
-    }
+    _write_mp4(path, _render_frames(scene), fps, width, height)
+    options = list(PALETTE)
+    rng.shuffle(options)  # the last random draw, after the scene's
+    return _ground_truth(path, seed, scene, options)
 
 
 def _video_seed(seed: int, index: int) -> int:
