@@ -1,0 +1,73 @@
+"""Checkpoint files of the diffusion policy: LoRA adapters or the full denoiser, and the EMA."""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from mmrl.policies.diffusion.ema import ParamEMA
+
+log = logging.getLogger("mmrl.policies.diffusion")
+
+ADAPTER_FILE = "adapter_model.safetensors"
+EMA_FILE = "ema.safetensors"
+
+
+def save_lora(module: torch.nn.Module, pipe: Any, denoiser_name: str, path: Path) -> None:
+    """The LoRA adapters as mmrl's ``adapter_model.safetensors`` and (best effort) diffusers' own file."""
+    from peft.utils import get_peft_model_state_dict
+    from safetensors.torch import save_file
+
+    state = {k: v.detach().contiguous().cpu() for k, v in get_peft_model_state_dict(module).items()}
+    save_file(state, str(path / ADAPTER_FILE))
+    try:
+        type(pipe).save_lora_weights(str(path), **{f"{denoiser_name}_lora_layers": state})
+    except Exception as e:  # the mmrl file above is what load_pretrained reads
+        log.warning("could not also write diffusers LoRA weights: %s", e)
+
+
+def load_lora(module: torch.nn.Module, path: Path) -> None:
+    """Set the LoRA adapters of ``module`` from ``path/adapter_model.safetensors`` (no unexpected keys)."""
+    from peft.utils import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    f = path / ADAPTER_FILE
+    if not f.exists():
+        raise FileNotFoundError(f"{f} not found: not a LoRA checkpoint of a diffusion policy")
+    res = set_peft_model_state_dict(module, load_file(str(f)))
+    unexpected = getattr(res, "unexpected_keys", [])
+    if unexpected:
+        raise RuntimeError(f"checkpoint {path} does not match the LoRA adapters: unexpected {unexpected[:5]}")
+
+
+def load_denoiser(module: torch.nn.Module, folder: Path) -> None:
+    """A fully fine-tuned denoiser from ``folder`` (all ``*.safetensors`` shards, strictly)."""
+    from safetensors.torch import load_file
+
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no denoiser weights in {folder}")
+    state: dict[str, Tensor] = {}
+    for fp in files:
+        state.update(load_file(str(fp)))
+    module.load_state_dict(state, strict=True)
+
+
+def save_ema(ema: ParamEMA, path: Path) -> None:
+    from safetensors.torch import save_file
+
+    save_file({f"p{i}": s.detach().contiguous().cpu() for i, s in enumerate(ema.shadow)}, str(path / EMA_FILE))
+
+
+def load_ema(ema: ParamEMA, path: Path) -> None:
+    """The EMA shadow from ``path/ema.safetensors`` when the checkpoint has one (else left as is)."""
+    from safetensors.torch import load_file
+
+    ema_f = path / EMA_FILE
+    if ema_f.exists():
+        saved = load_file(str(ema_f))
+        for i, s in enumerate(ema.shadow):
+            s.copy_(saved[f"p{i}"].to(s.device, s.dtype))
