@@ -66,42 +66,16 @@ class RayEnvPool(PoolCore):
     ``close``, ``worker_pids``).
 
     Args:
-        env_name, num_envs, num_workers, env_kwargs, step_timeout_s, image_key,
-        invalidate_on_sim_error, import_modules, start_timeout_s: see
+        env_name, num_envs, **options: the pool settings, every field of
             :class:`~mmrl.simulators.env_pool.PoolOptions` (an actor counts as a worker).
         num_cpus_per_worker: Ray CPU resource per actor.
         ray_init_kwargs: passed to ``ray.init`` when Ray is not initialised yet.
     """
 
-    def __init__(
-        self,
-        env_name: str | Sequence[str],
-        num_envs: int,
-        *,
-        num_workers: int,
-        env_kwargs: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
-        step_timeout_s: float = 10.0,
-        image_key: str = "image",
-        invalidate_on_sim_error: bool = True,
-        import_modules: Sequence[str] = (),
-        num_cpus_per_worker: float = 1.0,
-        start_timeout_s: float = 120.0,
-        ray_init_kwargs: Mapping[str, Any] | None = None,
-    ) -> None:
+    def __init__(self, env_name: str | Sequence[str], num_envs: int, *, num_cpus_per_worker: float = 1.0,
+                 ray_init_kwargs: Mapping[str, Any] | None = None, **options: Any) -> None:
         self._ray = import_ray()
-        super().__init__(
-            PoolOptions(
-                env_name,
-                num_envs,
-                num_workers=num_workers,
-                env_kwargs=env_kwargs,
-                step_timeout_s=step_timeout_s,
-                image_key=image_key,
-                invalidate_on_sim_error=invalidate_on_sim_error,
-                import_modules=import_modules,
-                start_timeout_s=start_timeout_s,
-            )
-        )
+        super().__init__(PoolOptions(env_name, num_envs, **options))
         ray = self._ray
         if not ray.is_initialized():
             ray.init(**dict(ray_init_kwargs or {}))

@@ -6,7 +6,7 @@ import time
 import weakref
 from multiprocessing import connection as mp_connection
 from multiprocessing import shared_memory
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -22,39 +22,16 @@ class EnvPool(PoolCore):
     """Persistent multi-process env pool; see the :mod:`mmrl.simulators.env_pool` docstring.
 
     Args:
-        env_name, num_envs, num_workers, env_kwargs, step_timeout_s, image_key,
-        start_timeout_s, invalidate_on_sim_error, import_modules: see :class:`PoolOptions`.
+        env_name, num_envs, **options: the pool settings, every field of :class:`PoolOptions` (``num_workers``,
+            ``env_kwargs``, ``step_timeout_s``, ``image_key``, ``start_timeout_s``, ``invalidate_on_sim_error``,
+            ``import_modules``), documented there once for both backends.
         start_method: multiprocessing start method (``spawn`` or ``forkserver``; ``fork`` is
             accepted but hangs with GL contexts created in the parent).
     """
 
-    def __init__(
-        self,
-        env_name: str | Sequence[str],
-        num_envs: int,
-        *,
-        num_workers: int,
-        env_kwargs: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
-        step_timeout_s: float = 10.0,
-        start_method: str = "spawn",
-        image_key: str = "image",
-        start_timeout_s: float = 120.0,
-        invalidate_on_sim_error: bool = True,
-        import_modules: Sequence[str] = (),
-    ) -> None:
-        super().__init__(
-            PoolOptions(
-                env_name,
-                num_envs,
-                num_workers=num_workers,
-                env_kwargs=env_kwargs,
-                step_timeout_s=step_timeout_s,
-                image_key=image_key,
-                invalidate_on_sim_error=invalidate_on_sim_error,
-                import_modules=import_modules,
-                start_timeout_s=start_timeout_s,
-            )
-        )
+    def __init__(self, env_name: str | Sequence[str], num_envs: int, *, start_method: str = "spawn",
+                 **options: Any) -> None:
+        super().__init__(PoolOptions(env_name, num_envs, **options))
         if start_method not in mp.get_all_start_methods():
             raise ValueError(f"start_method {start_method!r} is not available; valid: {mp.get_all_start_methods()}")
         self.start_method = start_method
