@@ -12,16 +12,19 @@ from __future__ import annotations
 
 from mmrl.config import ConfigError
 
+import dataclasses
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from mmrl.data.video import VideoSamplingBaseConfig, VideoSamplingConfig
 from mmrl.tasks.base import SkipItem, Task
 
 __all__ = [
     "VideoInputConfig",
+    "VideoTaskConfig",
     "VideoTaskBase",
     "size_multiple_for_model",
     "synthetic_video_folder",
@@ -38,29 +41,19 @@ class AnnotationError(ValueError):
 
 
 @dataclass
-class VideoInputConfig:
-    """How videos are sampled for the model (see docs/video_input.md for the rule and budgets)."""
+class VideoInputConfig(VideoSamplingBaseConfig):
+    """How videos are sampled for the model (see docs/video_input.md for the rule and budgets).
 
-    fps: float = 2.0
-    """Target frames per second of video time (before the frame-count clamps)."""
-    min_frames: int = 4
-    """Fewest frames per video."""
+    The fields and their meaning are those of :class:`~mmrl.data.video.VideoSamplingBaseConfig`;
+    ``max_frames``, ``max_pixels_per_frame`` and ``size_multiple`` have task defaults of their own.
+    """
+
     max_frames: int = 8
     """Most frames per video (longer videos get a lower effective fps)."""
     max_pixels_per_frame: int = 56 * 56
     """Pixel cap per frame (sides are multiples of the model's patch*merge: 28, or 32 for Qwen3-VL)."""
-    total_pixel_budget: int | None = None
-    """Optional cap on frames * pixels per frame (VideoChat-R1 style)."""
     size_multiple: int | None = None
     """Frame sides are multiples of this; None: from the model family (28 Qwen2/2.5-VL, 32 Qwen3-VL)."""
-    reader: str = "decord"
-    """Decoder: decord or torchcodec (no automatic fallback)."""
-    fallback_fps: float | None = None
-    """Frame rate to assume for containers without one; None skips such videos (never guessed)."""
-    decode_timeout_s: float | None = 10.0
-    """A decode that takes longer is killed and the item skipped; None decodes in-process without a timeout."""
-    cache_dir: str | None = None
-    """Decoded-frame cache folder; None: $MMRL_CACHE/video_frames; "": memory only."""
 
     def validate(self) -> None:
         """Raise ConfigError on values VideoSamplingConfig would refuse."""
@@ -69,15 +62,78 @@ class VideoInputConfig:
         except ValueError as exc:
             raise ConfigError(f"task.video: {exc}") from None
 
-    def sampling(self, size_multiple: int, frame_factor: int = 2):
+    def sampling(self, size_multiple: int, frame_factor: int = 2) -> VideoSamplingConfig:
         """The :class:`~mmrl.data.video.VideoSamplingConfig` of these settings."""
-        from mmrl.data.video import VideoSamplingConfig
+        shared = {f.name: getattr(self, f.name) for f in dataclasses.fields(VideoSamplingBaseConfig)}
+        shared.update(fps=float(self.fps), size_multiple=int(self.size_multiple or size_multiple))
+        return VideoSamplingConfig(**shared, frame_factor=frame_factor)
 
-        return VideoSamplingConfig(
-            fps=float(self.fps), min_frames=self.min_frames, max_frames=self.max_frames,
-            max_pixels_per_frame=self.max_pixels_per_frame, total_pixel_budget=self.total_pixel_budget,
-            frame_factor=frame_factor, size_multiple=int(self.size_multiple or size_multiple), reader=self.reader,
-            fallback_fps=self.fallback_fps, decode_timeout_s=self.decode_timeout_s, cache_dir=self.cache_dir)
+
+@dataclass
+class VideoTaskConfig:
+    """Settings every video task has: data source, synthetic event videos, frame sampling, format reward.
+
+    ``task=video_qa`` (:class:`~mmrl.tasks.video_qa.VideoQAConfig`) and ``task=video_temporal_grounding``
+    (:class:`~mmrl.tasks.video_temporal_grounding.VideoTemporalGroundingConfig`) extend it; each sets
+    ``name`` and its ``DATA_FORMATS``. See docs/tasks/video.md.
+    """
+
+    DATA_FORMATS = ("synthetic", "jsonl")  # not a field: the task's accepted data_format values
+
+    name: str = ""
+    """Task selector."""
+    data_format: str = "synthetic"
+    """synthetic (generated event videos, no download), jsonl (one object per line: a question for video_qa,
+    {"video", "query", "segments"} for video_temporal_grounding; docs/tasks/video.md) or, video_temporal_grounding
+    only, charades (Charades-STA 'vid start end##sentence' lines)."""
+    data: str | None = None
+    """Training annotation file (data_format jsonl or charades)."""
+    eval_data: str | None = None
+    """Evaluation annotation file; None holds out the last num_eval training items."""
+    video_root: str | None = None
+    """jsonl: relative video paths are relative to this folder (default: the JSONL's folder); charades: folder of
+    the videos (<video_root>/<id><video_ext>)."""
+    num_train: int = 256
+    """synthetic: number of training videos (video_qa: even ones ask the colour, odd ones the flash count)."""
+    num_eval: int = 32
+    """Evaluation items: synthetic videos, or items held out of `data` when eval_data is None."""
+    seed: int = 0
+    """synthetic: seed of the training videos."""
+    eval_seed: int = 1
+    """synthetic: seed of the evaluation videos (unseen in training)."""
+    video_duration_s: float = 4.0
+    """synthetic: length of each video."""
+    video_fps: int = 4
+    """synthetic: frame rate of the written files (events start and end on this grid)."""
+    video_size: list[int] = field(default_factory=lambda: [128, 96])
+    """synthetic: [W, H] of the written files."""
+    event_grid: int = 1
+    """synthetic: events (the grounding event, each flash of the QA square) start on and last whole multiples of
+    this many frames of the file (2 with video.fps equal to video_fps = one temporal patch of the model, so an event
+    is exactly resolvable)."""
+    event_scale: float = 0.11
+    """synthetic: radius of the event circle as a fraction of the shorter frame side (0.05 - 0.3)."""
+    video: VideoInputConfig = field(default_factory=VideoInputConfig)
+    """How videos are sampled for the model (fps, frame count, pixel budget, decoder, timeout, cache)."""
+    format_weight: float = 0.1
+    """Weight of the format reward (reward/format: one <answer>...</answer> block in the task's answer format that
+    parses as written, nothing after it, completion finished)."""
+    format_gate: bool = True
+    """The task's answer reward counts only for completions that pass the format check. Without the gate an answer
+    followed by junk scores like a clean one, RL reinforces the junk and the policy stops ending its completions
+    (docs/tasks/video.md)."""
+
+    def validate(self) -> None:
+        """Raise ConfigError on inconsistent shared settings (subclasses add their own checks)."""
+        if self.data_format not in self.DATA_FORMATS:
+            raise ConfigError(
+                f"task.data_format: {self.data_format!r} is not valid; choose from {', '.join(self.DATA_FORMATS)}")
+        if self.data_format != "synthetic" and not self.data:
+            raise ConfigError(f"task.data: data_format={self.data_format} needs an annotation file (task.data=PATH)")
+        if self.num_train < 1 or self.num_eval < 0:
+            raise ConfigError("task.num_train must be >= 1 and task.num_eval >= 0")
+        if not math.isfinite(self.format_weight):
+            raise ConfigError("task.format_weight must be a finite number")
 
 
 def size_multiple_for_model(run_cfg: Any) -> int:

@@ -24,6 +24,7 @@ from mmrl.tasks.video_common import (
     AnnotationError,
     VideoInputConfig,
     VideoTaskBase,
+    VideoTaskConfig,
     finite_number,
     per_sample_items,
     read_jsonl,
@@ -35,67 +36,33 @@ _LETTERS = "ABCDEFGHIJ"
 
 
 @dataclass
-class VideoQAConfig:
-    """Video question answering with verifiable rewards (see docs/tasks/video.md)."""
+class VideoQAConfig(VideoTaskConfig):
+    """Video question answering with verifiable rewards (see docs/tasks/video.md).
+
+    Data source, synthetic videos, ``video`` sampling and the format reward: :class:`VideoTaskConfig`.
+    """
+
+    DATA_FORMATS = DATA_FORMATS
 
     name: str = "video_qa"
-    """Task selector."""
-    data_format: str = "synthetic"
-    """synthetic (generated event videos, no download) or jsonl (one question object per line)."""
-    data: str | None = None
-    """Training JSONL (data_format=jsonl)."""
-    eval_data: str | None = None
-    """Evaluation JSONL; None holds out the last num_eval training items."""
-    video_root: str | None = None
-    """jsonl: relative video paths are relative to this folder (default: the JSONL's folder)."""
-    num_train: int = 256
-    """synthetic: number of training videos (even ones ask the colour, odd ones the flash count)."""
-    num_eval: int = 32
-    """Evaluation items: synthetic videos, or items held out of `data`."""
-    seed: int = 0
-    """synthetic: seed of the training videos."""
-    eval_seed: int = 1
-    """synthetic: seed of the evaluation videos."""
-    video_duration_s: float = 4.0
-    """synthetic: length of each video."""
-    video_fps: int = 4
-    """synthetic: frame rate of the written files."""
-    video_size: list[int] = field(default_factory=lambda: [128, 96])
-    """synthetic: [W, H] of the written files."""
-    event_grid: int = 1
-    """synthetic: with a value g > 1 every flash of the square lasts g frames and starts on a multiple of g (2 with
-    video.fps equal to video_fps = one flash per temporal patch of the model)."""
-    event_scale: float = 0.11
-    """synthetic: radius of the event circle as a fraction of the shorter frame side (0.05 - 0.3)."""
+    video: VideoInputConfig = field(default_factory=lambda: VideoInputConfig(fps=4.0, max_frames=16))
+    """How videos are sampled (default: every frame of the 4 s synthetic videos, so no flash is missed)."""
     mover_scale: float = 0.12
     """synthetic: side of the moving triangle (the colour question's subject) as a fraction of the frame height."""
     option_order: str = "shuffled"
     """synthetic multiple choice: shuffled (each question lists the colours in its own order, so the answer letter must
     be looked up in the prompt) or fixed (always the palette order red, green, blue, yellow: the letter follows from
     the colour alone)."""
-    video: VideoInputConfig = field(default_factory=lambda: VideoInputConfig(fps=4.0, max_frames=16))
-    """How videos are sampled (default: every frame of the 4 s synthetic videos, so no flash is missed)."""
     accuracy_weight: float = 1.0
     """Weight of the answer reward (reward/accuracy)."""
-    format_weight: float = 0.1
-    """Weight of the format reward (reward/format: one <answer>...</answer> block, nothing after it, completion ended)."""
-    format_gate: bool = True
-    """The answer reward counts only for completions that pass the format check (otherwise RL reinforces answers
-    followed by junk; see docs/tasks/video.md)."""
 
     def validate(self) -> None:
         """Raise ConfigError on inconsistent settings."""
-        if self.data_format not in DATA_FORMATS:
-            raise ConfigError(f"task.data_format: {self.data_format!r} is not valid; choose from {', '.join(DATA_FORMATS)}")
-        if self.data_format == "jsonl" and not self.data:
-            raise ConfigError("task.data: data_format=jsonl needs a JSONL file (task.data=PATH)")
-        if self.num_train < 1 or self.num_eval < 0:
-            raise ConfigError("task.num_train must be >= 1 and task.num_eval >= 0")
+        super().validate()
         if self.option_order not in ("shuffled", "fixed"):
             raise ConfigError(f"task.option_order: {self.option_order!r} is not valid; choose from shuffled, fixed")
-        for name in ("accuracy_weight", "format_weight"):
-            if not math.isfinite(getattr(self, name)):
-                raise ConfigError(f"task.{name} must be a finite number")
+        if not math.isfinite(self.accuracy_weight):
+            raise ConfigError("task.accuracy_weight must be a finite number")
 
 
 # ----------------------------------------------------------------------------- prompts

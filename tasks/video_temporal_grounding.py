@@ -16,7 +16,7 @@ from mmrl.config import ConfigError
 
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -24,8 +24,8 @@ from mmrl.rewards.manager import RewardSpec
 from mmrl.tasks.base import SkipItem
 from mmrl.tasks.video_common import (
     AnnotationError,
-    VideoInputConfig,
     VideoTaskBase,
+    VideoTaskConfig,
     finite_number,
     per_sample_items,
     read_jsonl,
@@ -37,44 +37,17 @@ _CHARADES_LINE = re.compile(r"^\s*(\S+)\s+(\S+)\s+(\S+)\s*##(.*)$")
 
 
 @dataclass
-class VideoTemporalGroundingConfig:
-    """Temporal grounding with temporal-IoU rewards (see docs/tasks/video.md)."""
+class VideoTemporalGroundingConfig(VideoTaskConfig):
+    """Temporal grounding with temporal-IoU rewards (see docs/tasks/video.md).
+
+    Data source, synthetic videos, ``video`` sampling and the format reward: :class:`VideoTaskConfig`.
+    """
+
+    DATA_FORMATS = DATA_FORMATS
 
     name: str = "video_temporal_grounding"
-    """Task selector."""
-    data_format: str = "synthetic"
-    """synthetic (generated event videos, no download), charades (Charades-STA 'vid start end##sentence' lines)
-    or jsonl (one {"video", "query", "segments"} object per line; docs/tasks/video.md)."""
-    data: str | None = None
-    """Training annotation file (charades, jsonl)."""
-    eval_data: str | None = None
-    """Evaluation annotation file; None holds out the last num_eval training items."""
-    video_root: str | None = None
-    """charades: folder of the videos (<video_root>/<id><video_ext>); jsonl: relative paths are relative to it
-    (default: the JSONL's folder)."""
     video_ext: str = ".mp4"
     """charades: file extension of the videos."""
-    num_train: int = 256
-    """synthetic: number of training videos."""
-    num_eval: int = 32
-    """Evaluation items: synthetic videos, or items held out of `data` when eval_data is None."""
-    seed: int = 0
-    """synthetic: seed of the training videos."""
-    eval_seed: int = 1
-    """synthetic: seed of the evaluation videos (unseen in training)."""
-    video_duration_s: float = 4.0
-    """synthetic: length of each video."""
-    video_fps: int = 4
-    """synthetic: frame rate of the written files (the event starts and ends on this grid)."""
-    video_size: list[int] = field(default_factory=lambda: [128, 96])
-    """synthetic: [W, H] of the written files."""
-    event_grid: int = 1
-    """synthetic: the event starts and lasts whole multiples of this many frames of the file (2 with video.fps equal to
-    video_fps = one temporal patch of the model, so the answer is exactly resolvable)."""
-    event_scale: float = 0.11
-    """synthetic: radius of the event circle as a fraction of the shorter frame side (0.05 - 0.3)."""
-    video: VideoInputConfig = field(default_factory=VideoInputConfig)
-    """How videos are sampled for the model (fps, frame count, pixel budget, decoder, timeout, cache)."""
     reward_kind: str = "tiou"
     """tiou (temporal IoU), tiou_dist (Time-R1: IoU * (1-|ds|/D) * (1-|de|/D)), giou01 ((GIoU+1)/2, partial credit
     for near misses) or f1 (multi-segment F1 at tau)."""
@@ -82,12 +55,6 @@ class VideoTemporalGroundingConfig:
     """IoU threshold of a match for reward_kind=f1."""
     iou_weight: float = 1.0
     """Weight of the temporal reward (reward/temporal)."""
-    format_weight: float = 0.1
-    """Weight of the format reward (reward/format: one <answer>start to end</answer> block that parses as written,
-    nothing after it, completion finished)."""
-    format_gate: bool = True
-    """The temporal reward counts only for completions that pass the format check. Without the gate an answer
-    followed by junk scores like a clean one, RL reinforces the junk and the policy stops ending its completions."""
     on_reversed: str = "reject"
     """A predicted segment with start > end: reject (scores 0) or swap."""
     annotation_tolerance_s: float = 0.5
@@ -97,10 +64,7 @@ class VideoTemporalGroundingConfig:
         """Raise ConfigError on inconsistent settings."""
         from mmrl.rewards.temporal import REWARD_KINDS
 
-        if self.data_format not in DATA_FORMATS:
-            raise ConfigError(f"task.data_format: {self.data_format!r} is not valid; choose from {', '.join(DATA_FORMATS)}")
-        if self.data_format != "synthetic" and not self.data:
-            raise ConfigError(f"task.data: data_format={self.data_format} needs an annotation file (task.data=PATH)")
+        super().validate()
         if self.data_format == "charades" and not self.video_root:
             raise ConfigError("task.video_root: data_format=charades needs the folder of the videos")
         if self.reward_kind not in REWARD_KINDS:
@@ -109,13 +73,10 @@ class VideoTemporalGroundingConfig:
             raise ConfigError(f"task.on_reversed: {self.on_reversed!r} is not valid; choose from reject, swap")
         if not 0.0 < self.tau <= 1.0:
             raise ConfigError(f"task.tau must be in (0, 1], got {self.tau}")
-        if self.num_train < 1 or self.num_eval < 0:
-            raise ConfigError("task.num_train must be >= 1 and task.num_eval >= 0")
         if not (math.isfinite(self.annotation_tolerance_s) and self.annotation_tolerance_s >= 0):
             raise ConfigError("task.annotation_tolerance_s must be a finite number >= 0")
-        for name in ("iou_weight", "format_weight"):
-            if not math.isfinite(getattr(self, name)):
-                raise ConfigError(f"task.{name} must be a finite number")
+        if not math.isfinite(self.iou_weight):
+            raise ConfigError("task.iou_weight must be a finite number")
 
 
 # ----------------------------------------------------------------------------- prompts and targets

@@ -48,7 +48,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -60,6 +60,7 @@ __all__ = [
     "VideoError",
     "VideoDecodeTimeout",
     "VideoReaderUnavailable",
+    "VideoSamplingBaseConfig",
     "VideoSamplingConfig",
     "VideoClip",
     "SamplingPlan",
@@ -133,11 +134,13 @@ _INSTALL_HINTS = {
 
 
 @dataclass
-class VideoSamplingConfig:
-    """How frames are chosen and sized. Train-time and eval-time profiles are two instances.
+class VideoSamplingBaseConfig:
+    """The sampling settings a user chooses (frame rate, frame count, pixel budget, decoder, timeout, cache).
 
-    Every field that changes the decoded frames is part of the frame cache key (see
-    :meth:`frame_fields`); ``decode_timeout_s``, ``decoder_threads`` and ``cache_dir`` are not.
+    Declared once here and shared by :class:`VideoSamplingConfig` (which adds the per-call fields
+    ``clip_start`` / ``clip_end`` / ``frame_factor`` / ``decoder_threads``) and by the video tasks'
+    ``task.video`` (:class:`mmrl.tasks.video_common.VideoInputConfig`, which has its own defaults for
+    ``max_frames``, ``max_pixels_per_frame`` and ``size_multiple``).
     """
 
     fps: float = 2.0
@@ -150,30 +153,42 @@ class VideoSamplingConfig:
     max_pixels_per_frame: int = 128 * 28 * 28
     """Pixel cap per resized frame (height * width); sides are multiples of ``size_multiple``."""
     total_pixel_budget: int | None = None
-    """Optional cap on ``frames * pixels per frame``: first frames shrink (down to one
+    """Optional cap on ``frames * pixels per frame`` (VideoChat-R1 style): first frames shrink (down to one
     ``size_multiple`` square per side), then the frame count drops."""
+    size_multiple: int = DEFAULT_SIZE_MULTIPLE
+    """Frame sides are multiples of this: the processor's patch_size * merge_size
+    (28 for Qwen2/2.5-VL, 32 for Qwen3-VL; see :func:`size_multiple_of`)."""
+    reader: str = "decord"
+    """Decoder library: decord or torchcodec. A missing one raises VideoReaderUnavailable; no fallback to the other."""
+    fallback_fps: float | None = None
+    """Frame rate to assume when the container has none (missing, 0 or NaN). None: such a
+    video raises VideoError (the tasks skip it). Must be set explicitly; never guessed."""
+    decode_timeout_s: float | None = 10.0
+    """Seconds one decode may take in the worker process before it is killed and
+    VideoDecodeTimeout raised (the tasks skip the item). None or 0: decode in this process, without a timeout."""
+    cache_dir: str | None = None
+    """Frame cache folder for :func:`mmrl.data.video_cache.get_or_decode`. None:
+    ``$MMRL_CACHE/video_frames`` or ``~/.cache/mmrl/video_frames``; "": no disk cache (memory only)."""
+
+
+@dataclass
+class VideoSamplingConfig(VideoSamplingBaseConfig):
+    """How frames are chosen and sized. Train-time and eval-time profiles are two instances.
+
+    The user-facing fields are those of :class:`VideoSamplingBaseConfig`; this class adds the
+    window and the model's temporal patch. Every field that changes the decoded frames is part of
+    the frame cache key (see :meth:`frame_fields`); ``decode_timeout_s``, ``decoder_threads`` and
+    ``cache_dir`` are not.
+    """
+
     clip_start: float | None = None
     """Start of the window in seconds (None: 0). At or past the end of the video -> VideoError."""
     clip_end: float | None = None
     """End of the window in seconds (None: the duration); past the end it is clamped to the duration."""
     frame_factor: int = 2
     """The frame count is a multiple of this (the model's temporal patch size)."""
-    size_multiple: int = DEFAULT_SIZE_MULTIPLE
-    """Frame sides are multiples of this: the processor's patch_size * merge_size
-    (28 for Qwen2/2.5-VL, 32 for Qwen3-VL; see :func:`size_multiple_of`)."""
-    reader: Literal["decord", "torchcodec"] = "decord"
-    """Decoder library. A missing one raises VideoReaderUnavailable; no fallback to the other."""
-    fallback_fps: float | None = None
-    """Frame rate to assume when the container has none (missing, 0 or NaN). None: such a
-    video raises VideoError. Must be set explicitly; never guessed."""
-    decode_timeout_s: float | None = 10.0
-    """Seconds one decode may take in the worker process before it is killed and
-    VideoDecodeTimeout raised. None or 0: decode in this process, without a timeout."""
     decoder_threads: int = 1
     """Threads the decoder library may use (1 suits the shared 2-core machines)."""
-    cache_dir: str | None = None
-    """Frame cache folder for :func:`mmrl.data.video_cache.get_or_decode`. None:
-    ``$MMRL_CACHE/video_frames`` or ``~/.cache/mmrl/video_frames``; "": no disk cache."""
 
     FRAME_FIELDS = (
         "fps", "min_frames", "max_frames", "max_pixels_per_frame", "total_pixel_budget",

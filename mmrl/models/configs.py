@@ -21,13 +21,42 @@ class LoraConfig:
 
 
 @dataclass
-class CausalLMConfig:
+class BaseModelConfig:
+    """Fields every model family has. Abstract: each ``model.type`` has its own subclass (see
+    :mod:`mmrl.models.registry`), which sets ``type``, ``name`` and ``path``."""
+
+    type: str = ""
+    """Model family selector."""
+    name: str = ""
+    """Preset label (informational)."""
+    path: str = ""
+    """HF model id, local folder or tiny preset."""
+    dtype: str = "float32"
+    """Parameter dtype: float32 (use on CPU) or bfloat16 (GPU); diffusion pipelines keep the SDE maths in float32."""
+    gradient_checkpointing: bool = False
+    """Trade compute for memory in the training forward."""
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    """LoRA adapters (VLMs: on the language model; the vision tower never gets adapters)."""
+
+
+@dataclass
+class TokenModelConfig(BaseModelConfig):
+    """Fields of the models that sample completions token by token (causal LMs, VLMs, VLAs)."""
+
+    temperature: float = 1.0
+    """Sampling temperature of rollouts (log-probs use the same temperature)."""
+    top_p: float = 1.0
+    """Nucleus sampling threshold."""
+    max_new_tokens: int = 16
+    """Completion length limit."""
+
+
+@dataclass
+class CausalLMConfig(TokenModelConfig):
     """A text-only causal LM policy (any `AutoModelForCausalLM`, or the tiny offline one)."""
 
     type: str = "causal_lm"
-    """Model family selector."""
     name: str = "tiny_lm"
-    """Preset label (informational)."""
     path: str = "tiny"
     """HF model id or local path; "tiny" builds the tiny offline LM from the task's vocabulary."""
     tiny_hidden: int = 64
@@ -36,40 +65,19 @@ class CausalLMConfig:
     """Tiny LM: transformer layers."""
     tiny_heads: int = 4
     """Tiny LM: attention heads."""
-    dtype: str = "float32"
-    """Parameter dtype: float32 (use on CPU) or bfloat16."""
-    temperature: float = 1.0
-    """Sampling temperature of rollouts (log-probs use the same temperature)."""
-    top_p: float = 1.0
-    """Nucleus sampling threshold."""
-    max_new_tokens: int = 16
-    """Completion length limit."""
-    gradient_checkpointing: bool = False
-    """Trade compute for memory in the training forward."""
-    lora: LoraConfig = field(default_factory=LoraConfig)
-    """LoRA adapters."""
 
 
 @dataclass
-class VLMConfig:
+class VLMConfig(TokenModelConfig):
     """A Qwen-VL policy (Qwen2-VL, Qwen2.5-VL, Qwen3-VL) through transformers, or a tiny offline one."""
 
     type: str = "vlm"
-    """Model family selector."""
     name: str = "tiny_qwen2_5_vl"
-    """Preset label (informational)."""
     path: str = "tiny_qwen2_5_vl"
     """A preset name (tiny_qwen2_vl, qwen2_5_vl_7b, ...), an HF id or a local folder (see mmrl.models.presets)."""
-    dtype: str = "float32"
-    """Parameter dtype: float32 (use on CPU) or bfloat16 (GPU)."""
+    max_new_tokens: int = 64
     attn_implementation: str = "sdpa"
     """Attention kernel passed to transformers: sdpa, eager or flash_attention_2."""
-    temperature: float = 1.0
-    """Sampling temperature of rollouts (log-probs use the same temperature)."""
-    top_p: float = 1.0
-    """Nucleus sampling threshold."""
-    max_new_tokens: int = 64
-    """Completion length limit."""
     min_pixels: int | None = None
     """Lower bound on the pixels of a resized image; None keeps the processor's own. Applied to the processor once at
     load, so the trainer and any rollout engine share it."""
@@ -78,10 +86,6 @@ class VLMConfig:
     processor's own. Applied once at load, like min_pixels."""
     freeze_vision_tower: bool = True
     """Keep the vision encoder frozen (its features are then computed once per prompt and reused by training)."""
-    gradient_checkpointing: bool = False
-    """Trade compute for memory in the training forward."""
-    lora: LoraConfig = field(default_factory=LoraConfig)
-    """LoRA adapters on the language model (the vision tower never gets adapters)."""
     max_prompt_tokens: int | None = None
     """Refuse prompts (text + image tokens) longer than this with a clear error; None disables the check."""
     rollout_engine: str = "hf"
@@ -102,22 +106,18 @@ def _diffusion_lora() -> LoraConfig:
 
 
 @dataclass
-class DiffusionConfig:
+class DiffusionConfig(BaseModelConfig):
     """A text-to-image diffusion / flow policy over a diffusers pipeline (SD3, Flux, SD-UNet).
 
-    Each action is one SDE denoising step; see docs/diffusion_sde.md and mmrl/policies/diffusion.py.
+    Each action is one SDE denoising step; see docs/diffusion_sde.md and mmrl/policies/diffusion/.
     """
 
     type: str = "diffusion"
-    """Model family selector."""
     name: str = "tiny_sd3"
-    """Preset label (informational)."""
     path: str = "tiny_sd3"
     """A tiny preset (tiny_sd3, tiny_flux, tiny_sd_unet, built offline), a local pipeline folder or an HF id."""
     pipeline: str = "sd3"
     """Pipeline family: sd3, flux or sd (UNet + DDIM); checked against the loaded pipeline."""
-    dtype: str = "float32"
-    """Weights dtype of the pipeline: float32 (CPU) or bfloat16; the SDE maths is always float32."""
     sampler: str = "flow_sde"
     """Step kind: flow_sde (Flow-GRPO), dance_sde (DanceGRPO), cps, ddim (DDPO; sd only) or ode (no training)."""
     noise_level: float | None = None
@@ -168,8 +168,6 @@ class DiffusionConfig:
     """Keep an exponential moving average of the trainable parameters, used for evaluation samples."""
     ema_decay: float = 0.95
     """EMA decay per training step."""
-    gradient_checkpointing: bool = False
-    """Trade compute for memory in the denoiser's training forward."""
 
     def validate(self) -> None:
         from mmrl.errors import ConfigError, check_choice
@@ -207,9 +205,7 @@ class VLAConfig(VLMConfig):
     """
 
     type: str = "vla"
-    """Model family selector."""
     name: str = "tiny_vla"
-    """Preset label (informational)."""
     path: str = "tiny_qwen2_5_vl"
     """A VLM preset, HF id or folder; its tokenizer's reserved <|act_i|> tokens (else its last n_bins ids) are the bins."""
     temperature: float = 1.0
