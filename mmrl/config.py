@@ -119,8 +119,14 @@ class AlgoConfig:
     """Value-loss coefficient (critic, GAE only)."""
     value_clip: float | None = 0.2
     """Value clipping range for the critic; None disables."""
-    tgrpo: TGRPOConfig = field(default_factory=TGRPOConfig)
-    """T-GRPO (Video-R1): shuffled-frame probes and a temporal advantage bonus for video prompts; off by default."""
+    tgrpo: TGRPOConfig | None = None
+    """T-GRPO (Video-R1): shuffled-frame probes and a temporal advantage bonus for video prompts; None (off) unless
+    set, e.g. ``algo.tgrpo.shuffled_group=4`` (the video task presets spell out its settings)."""
+
+    @property
+    def tgrpo_enabled(self) -> bool:
+        """T-GRPO is configured and draws probes."""
+        return self.tgrpo is not None and self.tgrpo.enabled
 
 
 @dataclass

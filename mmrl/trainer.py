@@ -88,7 +88,7 @@ def _lr_lambda(schedule: str, warmup: int, total: int) -> Callable[[int], float]
 
 def check_algo_against_task(algo, reward_names: list[str], task_name: str) -> None:
     """ConfigError for algorithm settings that name something the task does not have (T-GRPO's correctness reward)."""
-    if algo.tgrpo.enabled and algo.tgrpo.correct_reward not in reward_names:
+    if algo.tgrpo_enabled and algo.tgrpo.correct_reward not in reward_names:
         raise ConfigError(f"algo.tgrpo.correct_reward={algo.tgrpo.correct_reward!r} is not a reward of task={task_name}; "
                           f"choose from {', '.join(reward_names)}")
 
@@ -261,7 +261,7 @@ class Trainer:
         ro.rewards = res.total
         ro.valid = ro.valid & res.valid
         ro.metrics.update(res.metrics)
-        if self.cfg.algo.tgrpo.enabled:  # T-GRPO: the bonus from the policy's shuffled-frame probes
+        if self.cfg.algo.tgrpo_enabled:  # T-GRPO: the bonus from the policy's shuffled-frame probes
             ro.adv_bonus, bonus_metrics = rollout_temporal_bonus(ro, res.per_fn, self.cfg.algo.tgrpo)
             ro.metrics.update(bonus_metrics)
         ro.metrics.update(self.task.rollout_metrics(rep, ro.samples))
