@@ -605,7 +605,8 @@ class VLMPolicy(HFTokenPolicy):
         lengths = torch.tensor([c.numel() for c in comps])
         mask = (torch.arange(int(lengths.max()))[None, :] < lengths[:, None]).float()
         logits, c_ids, _ = self._completion_forward(prompts, comps, mask, want_values=False)
-        logp, _ = token_logp_and_entropy(logits, c_ids, temperature=1.0, suppress_ids=self.suppress_ids)
+        # plain cross-entropy of the reference answer (not a sampled action: the full softmax, as before)
+        logp, _ = token_logp_and_entropy(logits, c_ids, temperature=1.0)
         m = mask.to(logp.device)
         return -(logp * m).sum() / m.sum()
 
