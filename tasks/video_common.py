@@ -7,6 +7,11 @@ item's ``video`` path by the decoded :class:`~mmrl.data.video.VideoClip`. A vide
 decoded (missing, corrupt, truncated, zero frames, no fps, clip outside the video, decode
 timeout) raises :class:`~mmrl.tasks.base.SkipItem` naming the file: the trainer skips it and
 counts it in ``data/skipped``.
+
+Bad annotation files stop the run before training with one line (``mmrl train: error: ...``): a missing
+``task.data`` / ``task.eval_data`` file, a malformed line (:class:`AnnotationError`, ``file:line``), a file with no
+usable rows. Items whose prompt is longer than ``task.max_prompt_chars`` are dropped at load time and counted
+(:meth:`VideoTaskBase.finish_items`: one warning line, ``data/load_skipped``), never truncated.
 """
 from __future__ import annotations
 
@@ -14,6 +19,7 @@ from mmrl.config import ConfigError
 
 import dataclasses
 import json
+import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,9 +41,13 @@ __all__ = [
 
 _FAMILY_SIZE_MULTIPLE = {"qwen2_vl": 28, "qwen2_5_vl": 28, "qwen3_vl": 32}
 
+log = logging.getLogger(__name__)
 
-class AnnotationError(ValueError):
-    """A malformed annotation file; the message names ``file:line`` and what is wrong."""
+
+class AnnotationError(ConfigError):
+    """A malformed annotation file; the message names ``file:line`` and what is wrong.
+
+    A :class:`~mmrl.errors.ConfigError` (hence a ``ValueError``): ``mmrl train`` prints it as one line, exit code 2."""
 
 
 @dataclass
@@ -122,6 +132,10 @@ class VideoTaskConfig:
     """The task's answer reward counts only for completions that pass the format check. Without the gate an answer
     followed by junk scores like a clean one, RL reinforces the junk and the policy stops ending its completions
     (docs/tasks/video.md)."""
+    max_prompt_chars: int = 4000
+    """Items whose prompt (query / question, options and answer format) has more characters are dropped at load
+    time, never truncated (one warning line with the count; data/load_skipped). A 33,000-character Charades sentence
+    made one step take minutes."""
 
     def validate(self) -> None:
         """Raise ConfigError on inconsistent shared settings (subclasses add their own checks)."""
@@ -130,10 +144,15 @@ class VideoTaskConfig:
                 f"task.data_format: {self.data_format!r} is not valid; choose from {', '.join(self.DATA_FORMATS)}")
         if self.data_format != "synthetic" and not self.data:
             raise ConfigError(f"task.data: data_format={self.data_format} needs an annotation file (task.data=PATH)")
+        if self.data_format == "synthetic" and (self.data or self.eval_data):
+            raise ConfigError(f"task.data_format=synthetic ignores task.data / task.eval_data ({self.data or self.eval_data}); "
+                              f"set task.data_format to the file's format ({', '.join(self.DATA_FORMATS[1:])})")
         if self.num_train < 1 or self.num_eval < 0:
             raise ConfigError("task.num_train must be >= 1 and task.num_eval >= 0")
         if not math.isfinite(self.format_weight):
             raise ConfigError("task.format_weight must be a finite number")
+        if self.max_prompt_chars < 1:
+            raise ConfigError(f"task.max_prompt_chars must be >= 1, got {self.max_prompt_chars}")
 
 
 def size_multiple_for_model(run_cfg: Any) -> int:
@@ -205,6 +224,52 @@ class VideoTaskBase(Task):
         multiple = cfg.video.size_multiple or (size_multiple_for_model(run_cfg) if run_cfg is not None else 28)
         self.sampling = cfg.video.sampling(multiple)
         """The :class:`~mmrl.data.video.VideoSamplingConfig` every item of this run is decoded with."""
+        self.load_skipped: dict[str, int] = {}
+        """Per split: items dropped at load time (prompts over ``task.max_prompt_chars``); the training count is
+        logged as ``data/load_skipped``."""
+        if cfg.data_format != "synthetic":
+            for key in ("data", "eval_data"):
+                path = getattr(cfg, key)
+                if path and not Path(path).expanduser().is_file():
+                    what = "is a directory, not a file" if Path(path).expanduser().is_dir() else "file not found"
+                    raise ConfigError(f"task.{key}={path}: {what}; give the path of an existing {cfg.data_format} "
+                                      "annotation file")
+
+    def data_path(self, split: str) -> tuple[str, str]:
+        """``(config key, path)`` of the annotation file ``split`` is read from."""
+        if split == "train" or self.cfg.eval_data is None:
+            return "data", self.cfg.data
+        return "eval_data", self.cfg.eval_data
+
+    def check_rows(self, recs: Sequence[dict], split: str) -> None:
+        """ConfigError (one line naming the file) when an annotation file gives no rows at all."""
+        if not recs:
+            key, path = self.data_path(split)
+            raise ConfigError(f"task.{key}={path}: no usable rows (the file has no annotation lines); "
+                              "give a non-empty annotation file")
+
+    def finish_items(self, items: list[dict], split: str) -> list[dict]:
+        """``items`` without those whose prompt is over ``task.max_prompt_chars`` (one warning line with the count;
+        counted in :attr:`load_skipped`). ConfigError when nothing usable is left of a split that needs items."""
+        limit = self.cfg.max_prompt_chars
+        kept = [it for it in items if len(it["prompt"]) <= limit]
+        dropped = len(items) - len(kept)
+        self.load_skipped[split] = dropped
+        if dropped:
+            first = next(it for it in items if len(it["prompt"]) > limit)
+            log.warning("%s %s: skipped %d of %d items with prompts over task.max_prompt_chars=%d (first: %s, %d "
+                        "characters)", self.name, split, dropped, len(items), limit, first.get("source", first.get("id")),
+                        len(first["prompt"]))
+        if not kept and items and (split == "train" or self.cfg.num_eval > 0):
+            key, path = self.data_path(split)
+            raise ConfigError(f"task.{key}={path}: no usable {split} items: all {len(items)} have prompts over "
+                              f"task.max_prompt_chars={limit}; raise it or fix the annotation file")
+        return kept
+
+    def load_metrics(self) -> dict[str, float]:
+        """``data/load_skipped``: training items dropped at load time (only when some were)."""
+        n = self.load_skipped.get("train", 0)
+        return {"data/load_skipped": float(n)} if n else {}
 
     @property
     def frame_cache(self):

@@ -233,6 +233,7 @@ class VideoQATask(VideoTaskBase):
             return out
         path = cfg.data if split == "train" or cfg.eval_data is None else cfg.eval_data
         recs = load_video_qa_jsonl(path, cfg.video_root)
+        self.check_rows(recs, split)
         if cfg.eval_data is None:
             if len(recs) <= cfg.num_eval:
                 raise ConfigError(f"task.data {path} has {len(recs)} items: too few to hold out task.num_eval="
@@ -242,8 +243,8 @@ class VideoQATask(VideoTaskBase):
         return recs
 
     def build_items(self, split: str) -> list[dict]:
-        return [{**r, "prompt": build_prompt(r["question"], r["question_type"], r.get("options"))}
-                for r in self._records(split)]
+        return self.finish_items([{**r, "prompt": build_prompt(r["question"], r["question_type"], r.get("options"))}
+                                  for r in self._records(split)], split)
 
     def reward_specs(self) -> list[RewardSpec]:
         """accuracy (accuracy_weight) + format (format_weight)."""
@@ -266,8 +267,9 @@ class VideoQATask(VideoTaskBase):
 
         ordered = [s for s in samples if not s.get("shuffled")]
         if not ordered:
-            return {}
-        return {"monitor/no_answer_rate": sum(find_tag_content(s["text"], "answer") is None for s in ordered) / len(ordered)}
+            return self.load_metrics()
+        return {"monitor/no_answer_rate": sum(find_tag_content(s["text"], "answer") is None for s in ordered) / len(ordered),
+                **self.load_metrics()}
 
     def eval_metrics(self, items: Sequence[Mapping], samples: list, per_fn: dict) -> dict[str, float]:
         """eval/accuracy and eval/accuracy/<question_type> (a sample is correct when its answer reward

@@ -268,6 +268,7 @@ class VideoTemporalGroundingTask(VideoTaskBase):
             recs = load_charades_sta(path, cfg.video_root, video_ext=cfg.video_ext)
         else:
             recs = load_temporal_jsonl(path, cfg.video_root)
+        self.check_rows(recs, split)
         if cfg.eval_data is None:
             if len(recs) <= cfg.num_eval:
                 raise ConfigError(f"task.data {path} has {len(recs)} items: too few to hold out task.num_eval="
@@ -277,7 +278,7 @@ class VideoTemporalGroundingTask(VideoTaskBase):
         return recs
 
     def build_items(self, split: str) -> list[dict]:
-        return [{**r, "prompt": build_prompt(r["query"])} for r in self._records(split)]
+        return self.finish_items([{**r, "prompt": build_prompt(r["query"])} for r in self._records(split)], split)
 
     def check_annotation(self, item: dict, clip) -> dict:
         """Segments -> the model's clock (seconds from the clip start), checked against the clip.
@@ -325,7 +326,7 @@ class VideoTemporalGroundingTask(VideoTaskBase):
 
         pairs = [(it, s) for it, s in zip(per_sample_items(items, samples), samples) if not s.get("shuffled")]
         if not pairs:
-            return {}
+            return self.load_metrics()
         fails, fracs = 0, []
         for it, s in pairs:
             parsed = parse_segments(s["text"], duration=it["duration"])
@@ -334,7 +335,7 @@ class VideoTemporalGroundingTask(VideoTaskBase):
             else:
                 a, b = parsed.segments[0]
                 fracs.append((b - a) / it["duration"])
-        out = {"monitor/parse_fail_rate": fails / len(pairs)}
+        out = {"monitor/parse_fail_rate": fails / len(pairs), **self.load_metrics()}
         if fracs:
             out["monitor/pred_length_frac"] = sum(fracs) / len(fracs)
         return out

@@ -29,6 +29,9 @@ from PIL import Image
 from mmrl.data.grounding_data import (
     DataFormatError,
     GroundingSamples,
+    KIND_IMAGE,
+    KIND_NOT_NUMBERS,
+    KIND_REVERSED,
     InvalidSampleError,
     format_box_values,
     is_number,
@@ -60,7 +63,7 @@ def parse_box_answer(answer: object, source: str = "") -> list[tuple[list[float]
     parsed = parse_boxes(text)
     if parsed.status != STATUS_OK:
         what = "no [x1, y1, x2, y2] box found" if not parsed.ok else "the boxes could only be read after repairs"
-        raise InvalidSampleError(source, f"{what} in the answer {answer!r}")
+        raise InvalidSampleError(source, f"{what} in the answer {answer!r}", KIND_NOT_NUMBERS)
     return [(box, label) for box, label in zip(parsed.boxes.tolist(), parsed.labels)]
 
 
@@ -143,6 +146,7 @@ def load_vlm_r1_rec(
     swap_reversed: bool = False,
     clip_to_image: bool = True,
     check_images: bool = False,
+    read_image_sizes: bool = False,
 ) -> GroundingSamples:
     """Load a VLM-R1 REC file.
 
@@ -159,7 +163,9 @@ def load_vlm_r1_rec(
     the bare referring expression (``normal_caption`` when present, else the prompt without
     ``<image>`` and the instruction above); ``keep_instruction=True`` keeps the prompt text.
     Ids are ``"<file name>:<line>"`` (the record's own id is kept as ``extra["vlm_r1_id"]``).
-    Image paths are resolved against ``image_root``.
+    Image paths are resolved against ``image_root``. The records carry no image size, so the
+    out-of-image checks need ``read_image_sizes=True`` (image headers, read once per file) or
+    ``check_images=True``; ``task=vqa_grounding`` passes ``read_image_sizes=True``.
     """
     path = Path(path)
     if not path.is_file():
@@ -173,6 +179,7 @@ def load_vlm_r1_rec(
         swap_reversed=swap_reversed,
         clip_to_image=clip_to_image,
         check_images=check_images,
+        read_image_sizes=read_image_sizes,
     )
 
 
@@ -244,10 +251,11 @@ def _ref_sentences(ref: Mapping, source: str) -> list[str]:
 
 def _xywh_to_xyxy_raw(bbox: object, source: str, i: int) -> list:
     if not isinstance(bbox, (list, tuple)) or len(bbox) != 4 or not all(is_number(v) for v in bbox):
-        raise InvalidSampleError(source, f"box {i} is not 4 numbers [x, y, w, h] ({bbox!r})")
+        raise InvalidSampleError(source, f"box {i} is not 4 numbers [x, y, w, h] ({bbox!r})", KIND_NOT_NUMBERS)
     x, y, w, h = (float(v) for v in bbox)
     if w < 0 or h < 0:
-        raise InvalidSampleError(source, f"box {i} has a negative width or height in xywh ({format_box_values(bbox)})")
+        raise InvalidSampleError(source, f"box {i} has a negative width or height in xywh ({format_box_values(bbox)})",
+                                 KIND_REVERSED)
     return [x, y, x + w, y + h]
 
 
@@ -422,7 +430,7 @@ def _hf_image(value: object, source: str) -> object:
                 img = Image.open(io.BytesIO(value["bytes"]))
                 img.load()
             except (OSError, Image.UnidentifiedImageError) as exc:
-                raise InvalidSampleError(source, f"cannot decode image bytes ({exc})") from exc
+                raise InvalidSampleError(source, f"cannot decode image bytes ({exc})", KIND_IMAGE) from exc
             return img
         if isinstance(value.get("path"), str):
             return value["path"]

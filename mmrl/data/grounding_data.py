@@ -17,7 +17,11 @@ Two kinds of problem:
 - :class:`InvalidSampleError` (a subclass) — one sample is unusable (a box that is not 4 finite
   numbers, reversed or empty, outside the image, or a missing image file with
   ``check_images=True``). Raised with ``on_invalid_box="error"``; skipped and counted in
-  :class:`LoadReport` with ``on_invalid_box="skip_sample"``.
+  :class:`LoadReport` with ``on_invalid_box="skip_sample"`` (one warning line per file:
+  ``skipped K of N rows of <file>: <kind> (first: <source>: <reason>)``).
+
+Both are :class:`~mmrl.errors.ConfigError` subclasses (and ``ValueError``), so ``mmrl train``
+reports them as one line naming ``file:line`` and exits with code 2.
 """
 from __future__ import annotations
 
@@ -34,6 +38,8 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from mmrl.errors import ConfigError
+
 logger = logging.getLogger(__name__)
 
 #: Frames a data file may use. ``"input_pixels"`` depends on the model's resizing and
@@ -48,22 +54,37 @@ _KNOWN_KEYS = frozenset(_REQUIRED_KEYS) | {"id", "image_size"}
 _ON_INVALID = ("error", "skip_sample")
 
 
-class DataFormatError(ValueError):
+class DataFormatError(ConfigError):
     """A record is not in the expected format. The message starts with ``source`` ("file:line").
+
+    A :class:`~mmrl.errors.ConfigError` (hence a ``ValueError``): the command line prints it as one line.
 
     Attributes:
         source: where the record came from, e.g. ``"data/train.jsonl:17"``.
         reason: what is wrong, e.g. ``"box 0 has x2 < x1 ([50, 10, 20, 40])"``.
+        kind: a short category for skip counts (e.g. ``"box outside the image"``); empty when not given.
     """
 
-    def __init__(self, source: str, reason: str) -> None:
+    def __init__(self, source: str, reason: str, kind: str = "") -> None:
         self.source = source
         self.reason = reason
+        self.kind = kind
         super().__init__(f"{source}: {reason}" if source else reason)
 
 
 class InvalidSampleError(DataFormatError):
     """A well-formed record whose content is unusable (bad box, missing image); skippable."""
+
+
+#: ``InvalidSampleError.kind`` values of the checks below (the skip counts of :class:`LoadReport` use them).
+KIND_NOT_NUMBERS = "box not 4 numbers"
+KIND_NOT_FINITE = "box not finite"
+KIND_REVERSED = "reversed box"
+KIND_EMPTY = "empty box"
+KIND_OUTSIDE = "box outside the image"
+KIND_PARTLY_OUTSIDE = "box partly outside the image"
+KIND_IMAGE = "unreadable image"
+KIND_IMAGE_SIZE = "image size mismatch"
 
 
 @dataclass
@@ -142,6 +163,7 @@ class LoadReport:
         skipped: ``(source, reason)`` of each skipped sample.
         clipped: ``"source: box i"`` for each box clipped to the image.
         swapped: ``"source: box i"`` for each box whose reversed corners were swapped.
+        skip_kinds: number of skipped samples per kind (``"box outside the image"``, ``"reversed box"``...).
     """
 
     origin: str = ""
@@ -149,6 +171,17 @@ class LoadReport:
     skipped: list[tuple[str, str]] = field(default_factory=list)
     clipped: list[str] = field(default_factory=list)
     swapped: list[str] = field(default_factory=list)
+    skip_kinds: dict[str, int] = field(default_factory=dict)
+
+    def skip_line(self) -> str:
+        """``skipped K of N rows of <origin>: <kind>[, <kind>: n ...] (first: <source>: <reason>)``; empty without skips."""
+        if not self.skipped:
+            return ""
+        kinds = self.skip_kinds or {"invalid sample": len(self.skipped)}
+        what = next(iter(kinds)) if len(kinds) == 1 else ", ".join(f"{k}: {n}" for k, n in kinds.items())
+        src, reason = self.skipped[0]
+        return (f"skipped {len(self.skipped)} of {self.n_records} rows of {self.origin}: {what} "
+                f"(first: {src}: {reason})")
 
     def summary(self) -> str:
         """One line: counts of records, skips, clips and swaps."""
@@ -240,29 +273,31 @@ def check_boxes(
     for i, raw in enumerate(raw_boxes):
         if not isinstance(raw, (list, tuple, np.ndarray)) or len(raw) != 4 or not all(is_number(v) for v in raw):
             shown = format_box_values(raw) if isinstance(raw, (list, tuple)) else repr(raw)
-            raise InvalidSampleError(source, f"box {i} is not 4 numbers ({shown})")
+            raise InvalidSampleError(source, f"box {i} is not 4 numbers ({shown})", KIND_NOT_NUMBERS)
         vals = [float(v) for v in raw]
         if not all(math.isfinite(v) for v in vals):
-            raise InvalidSampleError(source, f"box {i} has a non-finite value ({format_box_values(raw)})")
+            raise InvalidSampleError(source, f"box {i} has a non-finite value ({format_box_values(raw)})", KIND_NOT_FINITE)
         x1, y1, x2, y2 = vals
         for lo, hi, axis in ((x1, x2, "x"), (y1, y2, "y")):
             if hi < lo and not swap_reversed:
                 raise InvalidSampleError(
                     source,
                     f"box {i} has {axis}2 < {axis}1 ({format_box_values(raw)}); pass swap_reversed=True to swap corners",
+                    KIND_REVERSED,
                 )
         if x2 < x1 or y2 < y1:
             x1, x2 = min(x1, x2), max(x1, x2)
             y1, y2 = min(y1, y2), max(y1, y2)
             swapped.append(i)
         if x2 == x1 or y2 == y1:
-            raise InvalidSampleError(source, f"box {i} has zero width or height ({format_box_values(raw)})")
+            raise InvalidSampleError(source, f"box {i} has zero width or height ({format_box_values(raw)})", KIND_EMPTY)
         if limits is not None:
             w, h = limits
             if x2 <= 0 or y2 <= 0 or x1 >= w or y1 >= h:
                 raise InvalidSampleError(
                     source,
                     f"box {i} lies entirely outside the image ({format_box_values(raw)} vs {frame} extent {w:g}x{h:g})",
+                    KIND_OUTSIDE,
                 )
             if x1 < 0 or y1 < 0 or x2 > w or y2 > h:
                 if not clip_to_image:
@@ -270,6 +305,7 @@ def check_boxes(
                         source,
                         f"box {i} extends outside the image ({format_box_values(raw)} vs {frame} extent "
                         f"{w:g}x{h:g}); pass clip_to_image=True to clip it",
+                        KIND_PARTLY_OUTSIDE,
                     )
                 x1, y1, x2, y2 = max(x1, 0.0), max(y1, 0.0), min(x2, w), min(y2, h)
                 clipped.append(i)
@@ -286,6 +322,19 @@ def _check_image_size(value: object, source: str) -> tuple[int, int]:
     if not ok:
         raise DataFormatError(source, f"image_size must be [W, H] with positive integers, got {value!r}")
     return int(value[0]), int(value[1])
+
+
+def _header_size(path: str, cache: dict) -> tuple[int, int] | None:
+    """``(W, H)`` from the image file's header (cached per path), or None when it cannot be read: a missing or
+    corrupt image is left to the time the image is loaded (a counted skip there)."""
+    if path not in cache:
+        from mmrl.data.media import MediaError, image_size
+
+        try:
+            cache[path] = image_size(path)
+        except MediaError:
+            cache[path] = None
+    return cache[path]
 
 
 def _resolve_image(value: object, base_dir: Path | None, source: str) -> str | Image.Image:
@@ -309,6 +358,8 @@ class _Options:
     swap_reversed: bool
     clip_to_image: bool
     check_images: bool
+    read_image_sizes: bool = False
+    size_cache: dict = field(default_factory=dict)
 
 
 def _parse_record(record: object, source: str, default_id: str, opts: _Options) -> tuple[GroundingSample, BoxCheck]:
@@ -358,10 +409,13 @@ def _parse_record(record: object, source: str, default_id: str, opts: _Options) 
         try:
             file_size = image_size(image)
         except MediaError as exc:
-            raise InvalidSampleError(source, f"image {exc.path}: {exc.reason}") from exc
+            raise InvalidSampleError(source, f"image {exc.path}: {exc.reason}", KIND_IMAGE) from exc
         if size is not None and size != file_size:
-            raise InvalidSampleError(source, f"image_size {list(size)} differs from the file's size {list(file_size)}")
+            raise InvalidSampleError(source, f"image_size {list(size)} differs from the file's size {list(file_size)}",
+                                     KIND_IMAGE_SIZE)
         size = file_size
+    elif opts.read_image_sizes and size is None and frame == "pixels" and raw:
+        size = _header_size(image, opts.size_cache)
     checked = check_boxes(
         raw,  # type: ignore[arg-type]
         frame=frame,
@@ -395,6 +449,7 @@ def samples_from_records(
     swap_reversed: bool = False,
     clip_to_image: bool = True,
     check_images: bool = False,
+    read_image_sizes: bool = False,
 ) -> GroundingSamples:
     """Validate canonical records and build samples (the path every loader goes through).
 
@@ -411,6 +466,10 @@ def samples_from_records(
         clip_to_image: clip boxes that extend outside the image instead of failing.
         check_images: verify each image file exists and is readable (header only) and take
             its size from the file.
+        read_image_sizes: for a record with pixel boxes and no ``image_size``, read the image
+            size from the file's header (once per file) so that the out-of-image checks apply
+            (VLM-R1 files carry no sizes); unlike ``check_images``, an unreadable image is not an
+            error here (it is a counted skip when the image is loaded for training).
 
     Raises:
         DataFormatError: structural problems (always), and sample problems with "error".
@@ -424,6 +483,7 @@ def samples_from_records(
         swap_reversed=swap_reversed,
         clip_to_image=clip_to_image,
         check_images=check_images,
+        read_image_sizes=read_image_sizes,
     )
     report = LoadReport(origin=origin)
     out = GroundingSamples(report=report)
@@ -437,6 +497,8 @@ def samples_from_records(
             if on_invalid_box == "error":
                 raise
             report.skipped.append((exc.source, exc.reason))
+            kind = exc.kind or "invalid sample"
+            report.skip_kinds[kind] = report.skip_kinds.get(kind, 0) + 1
             continue
         if sample.id in seen_ids:
             raise DataFormatError(source, f"duplicate id {sample.id!r} (first seen at {seen_ids[sample.id]})")
@@ -444,7 +506,9 @@ def samples_from_records(
         report.swapped.extend(f"{source}: box {i}" for i in checked.swapped)
         report.clipped.extend(f"{source}: box {i}" for i in checked.clipped)
         out.append(sample)
-    if report.skipped or report.clipped or report.swapped:
+    if report.skipped:
+        logger.warning("%s", report.skip_line())
+    if report.clipped or report.swapped:
         logger.warning("%s", report.summary())
     return out
 
@@ -456,6 +520,7 @@ def load_grounding_jsonl(
     swap_reversed: bool = False,
     clip_to_image: bool = True,
     check_images: bool = False,
+    read_image_sizes: bool = False,
 ) -> GroundingSamples:
     """Load and validate a canonical grounding JSONL file.
 
@@ -463,7 +528,8 @@ def load_grounding_jsonl(
     ignored. Records without an ``id`` get ``"<path>:<line>"``. The returned list has a
     ``.report`` (:class:`LoadReport`) with skipped samples, clipped and swapped boxes.
     Missing image files are only detected with ``check_images=True`` (otherwise they become
-    counted skips when the image is loaded for training).
+    counted skips when the image is loaded for training). ``read_image_sizes=True`` reads the
+    size of images whose record has none (pixel boxes), for the out-of-image checks.
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
@@ -493,6 +559,7 @@ def load_grounding_jsonl(
         swap_reversed=swap_reversed,
         clip_to_image=clip_to_image,
         check_images=check_images,
+        read_image_sizes=read_image_sizes,
     )
 
 

@@ -35,6 +35,7 @@ statistics); they only feed :func:`mmrl.algos.tgrpo.rollout_temporal_bonus`.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -74,6 +75,8 @@ __all__ = [
 
 VISION_EXCLUDE = ("visual",)
 """Module-name prefixes of the vision tower (never given LoRA adapters)."""
+
+log = logging.getLogger(__name__)
 
 
 # ============================================================================ preprocessing
@@ -190,8 +193,12 @@ def apply_pixel_limits(processor: Any, min_pixels: int | None, max_pixels: int |
     ip.size = {"shortest_edge": lo, "longest_edge": hi}
 
 
-def preprocess(processor: Any, items: Sequence[dict], *, max_prompt_tokens: int | None = None) -> list[PromptInputs]:
+def preprocess(processor: Any, items: Sequence[dict], *, max_prompt_tokens: int | None = None,
+               skip_too_long: bool = False) -> list[PromptInputs | None]:
     """Chat template + one processor call per item; see :class:`PromptInputs`.
+
+    A prompt over ``max_prompt_tokens`` raises :class:`PromptTooLongError`, or with ``skip_too_long`` gives None
+    in its place (the rollout leaves it out and counts it in ``data/too_long``).
 
     Video items are read with :func:`mmrl.policies.vlm_video.item_clips` (frame cache) and reach the
     processor only through :func:`mmrl.policies.vlm_video.video_processor_kwargs`.
@@ -212,6 +219,11 @@ def preprocess(processor: Any, items: Sequence[dict], *, max_prompt_tokens: int 
         enc = processor(text=[text], images=images or None, **video_kw, return_tensors="pt")
         ids = enc["input_ids"][0]
         if max_prompt_tokens is not None and ids.numel() > max_prompt_tokens:
+            if skip_too_long:
+                log.warning("skipping prompt %d of the batch (id %s): %d tokens (text + image + video) > "
+                            "model.max_prompt_tokens=%d", i, item.get("id", "?"), ids.numel(), max_prompt_tokens)
+                out.append(None)
+                continue
             raise PromptTooLongError(
                 f"prompt {i} has {ids.numel()} tokens (text + image + video) > model.max_prompt_tokens="
                 f"{max_prompt_tokens}; lower model.max_pixels (or the video frame budget) or raise model.max_prompt_tokens")
@@ -375,9 +387,11 @@ class VLMPolicy(HFTokenPolicy):
         """True when some vision-tower parameter gets gradients (features must then be recomputed)."""
         return any(p.requires_grad for p in vision_tower(self.module.lm).parameters())
 
-    def preprocess(self, items: Sequence[dict]) -> list[PromptInputs]:
-        """Chat template + one processor call per item (reusable by a rollout engine)."""
-        return preprocess(self.processor, items, max_prompt_tokens=self.cfg.max_prompt_tokens)
+    def preprocess(self, items: Sequence[dict], *, skip_too_long: bool = False) -> list[PromptInputs | None]:
+        """Chat template + one processor call per item (reusable by a rollout engine); ``skip_too_long``: None for a
+        prompt over ``model.max_prompt_tokens`` instead of :class:`PromptTooLongError`."""
+        return preprocess(self.processor, items, max_prompt_tokens=self.cfg.max_prompt_tokens,
+                          skip_too_long=skip_too_long)
 
     def sample_meta(self, items: Sequence[dict]) -> list[dict]:
         """What the policy knows of each item after preprocessing: original and model-input image
@@ -500,6 +514,8 @@ class VLMPolicy(HFTokenPolicy):
         n_shuffled = self.tgrpo.shuffled_group if (self.tgrpo is not None and not greedy) else 0
         plan: list[tuple[int, PromptInputs, bool]] = []
         for i, p in enumerate(prompts):
+            if p is None:  # over model.max_prompt_tokens: no samples; the other prompts keep their index and seed
+                continue
             plan += [(i, p, False)] * group_size
             if n_shuffled and p.num_videos:
                 plan += [(i, self._shuffled_prompt(batch.items[i], p, batch.seeds[i]), True)] * n_shuffled
@@ -531,8 +547,14 @@ class VLMPolicy(HFTokenPolicy):
         return sample
 
     def rollout(self, batch: PromptBatch, group_size: int, *, greedy: bool = False) -> Rollout:
-        prompts = self.preprocess(batch.items)
+        prompts = self.preprocess(batch.items, skip_too_long=True)  # None: over model.max_prompt_tokens, skipped
+        n_too_long = float(sum(p is None for p in prompts))
         plan, seeds = self._rollout_plan(batch, prompts, group_size, greedy)
+        if not plan:  # every prompt too long: an empty rollout (the trainer logs an empty step, evaluation skips it)
+            empty = torch.zeros(0, 0)
+            return Rollout(rollout_logp=empty, mask=empty.clone(), group_id=torch.zeros(0, dtype=torch.long),
+                           prompt_index=torch.zeros(0, dtype=torch.long), samples=[],
+                           payload={"prompts": [], "completion_ids": []}, metrics={"data/too_long": n_too_long})
         distinct = list({id(q): q for _, q, _ in plan}.values())
         lm = self.module.lm
         self._set_train_mode(False)
@@ -567,10 +589,10 @@ class VLMPolicy(HFTokenPolicy):
         samples = [self._sample_dict(texts[k], lengths[k], bool(truncated[k]), p, shuf)
                    for k, (_, p, shuf) in enumerate(plan)]
         prompt_index = torch.tensor([i for i, _, _ in plan], dtype=torch.long)
-        metrics = {"rollout/truncated_frac": float(comp.truncated.float().mean())}
+        metrics = {"rollout/truncated_frac": float(comp.truncated.float().mean()), "data/too_long": n_too_long}
         if self.engine is not None:
             metrics.update(self.engine.metrics)  # vllm/sync_time, vllm/sync_max_abs_diff, ...
-        if any(p.num_videos for p in prompts):
+        if any(p is not None and p.num_videos for p in prompts):
             from mmrl.policies.vlm_video import video_rollout_metrics
 
             metrics.update(video_rollout_metrics([s for s in samples if not s.get("shuffled")]))

@@ -45,6 +45,8 @@ BOX_FRAME_CHOICES: tuple[str, ...] = ("auto", *ANSWER_FRAMES)
 _SIMPLE_IOU_KINDS = ("iou", "iou_sq", "giou01")
 _ACC_KIND = re.compile(r"^acc@(\d*\.?\d+)$")
 _MIN_SYNTHETIC_SIDE = 96
+ON_INVALID_BOX: tuple[str, ...] = ("error", "skip", "skip_sample")
+"""task.on_invalid_box values; skip_sample is the loaders' name of skip (accepted as a synonym)."""
 
 
 @dataclass
@@ -71,7 +73,10 @@ class VQAGroundingConfig:
     allow_pickle: bool = False
     """refcoco: allow reading a pickled refs file (unpickling can run code: only for files you trust)."""
     on_invalid_box: str = "error"
-    """A bad box in a data file: error (raise naming file:line) or skip_sample (skip it, counted in the load report)."""
+    """An unusable row of a data file (a box that is not 4 numbers, reversed, empty, or lies entirely outside its
+    image; VLM-R1 image sizes are read from the image headers for this check): error (stop before training with one
+    line naming file:line, the box and the image size) or skip (drop the row at load time; one warning line
+    "skipped K of N rows of <file>: <reason>", and the count is logged as data/load_skipped). skip_sample = skip."""
     num_train: int = 512
     """synthetic: number of training scenes."""
     num_eval: int = 64
@@ -119,7 +124,8 @@ class VQAGroundingConfig:
     """Pay the format reward for an empty answer [] on items that have a target. False (default) pays it only on
     negatives: otherwise [] is a cheap answer GRPO collapses onto (the empty-answer hack, Visual-RFT #176)."""
     max_prompt_chars: int = 1000
-    """Items whose prompt is longer are dropped at load time (counted in a warning)."""
+    """Items whose prompt (instruction + question) has more characters are dropped at load time, never truncated
+    (one warning line with the count; counted in data/load_skipped). Guards tokenisation against runaway text."""
 
     def validate(self) -> None:
         """Raise ConfigError on inconsistent settings."""
@@ -127,6 +133,9 @@ class VQAGroundingConfig:
             raise ConfigError(f"task.data_format: {self.data_format!r} is not valid; choose from {', '.join(DATA_FORMATS)}")
         if self.data_format != "synthetic" and not self.data:
             raise ConfigError(f"task.data: data_format={self.data_format} needs a data file (task.data=PATH)")
+        if self.data_format == "synthetic" and (self.data or self.eval_data):
+            raise ConfigError(f"task.data_format=synthetic ignores task.data / task.eval_data ({self.data or self.eval_data}); "
+                              f"set task.data_format to the file's format ({', '.join(DATA_FORMATS[1:])})")
         if self.data_format in ("vlm_r1", "refcoco") and not self.image_root:
             raise ConfigError(f"task.image_root: data_format={self.data_format} needs the image folder")
         if self.data_format == "refcoco" and not self.refs:
@@ -147,8 +156,8 @@ class VQAGroundingConfig:
                 raise ConfigError(f"task.{name} must be a finite number")
         if self.duplicate_penalty_weight < 0:
             raise ConfigError("task.duplicate_penalty_weight is the penalty's magnitude; give a value >= 0")
-        if self.on_invalid_box not in ("error", "skip_sample"):
-            raise ConfigError(f"task.on_invalid_box: {self.on_invalid_box!r} is not valid; choose from error, skip_sample")
+        if self.on_invalid_box not in ON_INVALID_BOX:
+            raise ConfigError(f"task.on_invalid_box: {self.on_invalid_box!r} is not valid; choose from error, skip")
         if self.num_train < 1 or self.num_eval < 0:
             raise ConfigError("task.num_train must be >= 1 and task.num_eval >= 0")
         if self.max_prompt_chars < 1:
@@ -220,6 +229,36 @@ def resolve_answer_frame(box_frame: str, run_cfg: Any) -> str:
     return MODEL_BOX_FRAMES[family]
 
 
+# ----------------------------------------------------------------------------- data files
+
+
+def check_data_files(cfg: VQAGroundingConfig) -> None:
+    """ConfigError (one line naming the key and the path) for a data file that does not exist, before any
+    model is built: ``task.data``, ``task.eval_data`` and, for refcoco, ``task.refs``."""
+    if cfg.data_format == "synthetic":
+        return
+    keys = ("data", "eval_data", "refs") if cfg.data_format == "refcoco" else ("data", "eval_data")
+    for key in keys:
+        path = getattr(cfg, key)
+        if path and not Path(path).expanduser().is_file():
+            what = "is a directory, not a file" if Path(path).expanduser().is_dir() else "file not found"
+            raise ConfigError(f"task.{key}={path}: {what}; give the path of an existing {cfg.data_format} file")
+
+
+def _loader_mode(on_invalid_box: str) -> str:
+    """The loaders' ``on_invalid_box`` for the task's value."""
+    return "error" if on_invalid_box == "error" else "skip_sample"
+
+
+def _with_task_hint(exc: Exception) -> Exception:
+    """An InvalidSampleError raised by a loader, with the task-level remedy instead of the loader's keyword hint."""
+    from mmrl.data.grounding_data import InvalidSampleError
+
+    reason = exc.reason.split("; pass ")[0]
+    return InvalidSampleError(exc.source, f"{reason}; fix or remove the row, or set task.on_invalid_box=skip to skip "
+                                          "such rows", exc.kind)
+
+
 # ----------------------------------------------------------------------------- the task
 
 
@@ -247,6 +286,11 @@ class VQAGroundingTask(Task):
         self._files: dict[str, list] = {}
         self.load_reports: dict[str, str] = {}
         """Summary line of each data file load (LoadReport.summary) and of the items dropped here."""
+        self.load_skipped: dict[str, int] = {}
+        """Per split: rows left out at load time for bad data (unusable boxes with on_invalid_box=skip, prompts over
+        max_prompt_chars); the training count is logged as ``data/load_skipped``."""
+        self._file_skips: dict[str, int] = {}
+        check_data_files(cfg)
 
     # ------------------------------------------------------------------ data
     def _load_samples(self, split: str) -> list:
@@ -268,19 +312,25 @@ class VQAGroundingTask(Task):
             )
         if cfg.data_format == "refcoco":
             from mmrl.data.grounding_converters import load_refcoco
+            from mmrl.data.grounding_data import InvalidSampleError
 
-            samples = load_refcoco(
-                cfg.data,
-                cfg.refs,
-                cfg.image_root,
-                split=cfg.train_split if split == "train" else cfg.eval_split,
-                allow_pickle=cfg.allow_pickle,
-                on_invalid_box=cfg.on_invalid_box,
-            )
+            try:
+                samples = load_refcoco(
+                    cfg.data,
+                    cfg.refs,
+                    cfg.image_root,
+                    split=cfg.train_split if split == "train" else cfg.eval_split,
+                    allow_pickle=cfg.allow_pickle,
+                    on_invalid_box=_loader_mode(cfg.on_invalid_box),
+                )
+            except InvalidSampleError as exc:
+                raise _with_task_hint(exc) from None
             self.load_reports[split] = samples.report.summary()
+            self.load_skipped[split] = len(samples.report.skipped)
             return list(samples)
         path = cfg.data if split == "train" or cfg.eval_data is None else cfg.eval_data
         samples = self._load_file(path)
+        self.load_skipped[split] = self._file_skips.get(path, 0) if (split == "train" or cfg.eval_data) else 0
         if cfg.eval_data is None:
             if len(samples) <= cfg.num_eval:
                 raise ConfigError(
@@ -295,15 +345,22 @@ class VQAGroundingTask(Task):
         if path in self._files:
             return self._files[path]
         cfg = self.cfg
-        if cfg.data_format == "jsonl":
-            from mmrl.data.grounding_data import load_grounding_jsonl
+        from mmrl.data.grounding_data import InvalidSampleError
 
-            samples = load_grounding_jsonl(path, on_invalid_box=cfg.on_invalid_box)
-        else:
-            from mmrl.data.grounding_converters import load_vlm_r1_rec
+        mode = _loader_mode(cfg.on_invalid_box)
+        try:  # pixel boxes without a recorded image size: sizes from the image headers, so a box outside is caught
+            if cfg.data_format == "jsonl":
+                from mmrl.data.grounding_data import load_grounding_jsonl
 
-            samples = load_vlm_r1_rec(path, cfg.image_root, on_invalid_box=cfg.on_invalid_box)
+                samples = load_grounding_jsonl(path, on_invalid_box=mode, read_image_sizes=True)
+            else:
+                from mmrl.data.grounding_converters import load_vlm_r1_rec
+
+                samples = load_vlm_r1_rec(path, cfg.image_root, on_invalid_box=mode, read_image_sizes=True)
+        except InvalidSampleError as exc:
+            raise _with_task_hint(exc) from None
         self.load_reports[str(path)] = samples.report.summary()
+        self._file_skips[path] = len(samples.report.skipped)
         self._files[path] = list(samples)
         return self._files[path]
 
@@ -356,6 +413,7 @@ class VQAGroundingTask(Task):
             line = f"{split}: dropped " + "; ".join(dropped)
             self.load_reports[f"{split}/dropped"] = line
             log.warning("vqa_grounding %s", line)
+        self.load_skipped[split] = self.load_skipped.get(split, 0) + len(too_long)
         if not items and (split == "train" or self.cfg.num_eval > 0):
             raise ConfigError(f"task=vqa_grounding: no usable {split} items (see the warnings above)")
         return items
@@ -435,7 +493,11 @@ class VQAGroundingTask(Task):
         ``items[i]`` is the prepared item of ``samples[i]``; one item per prompt is also accepted
         when ``len(samples)`` is a multiple (prompt-major groups).
         """
-        return rollout_monitors(self._per_sample_items(items, samples), samples, strict=self.settings.strict_frame)
+        out = rollout_monitors(self._per_sample_items(items, samples), samples,
+                               strict=self.settings.strict_frame) if samples else {}
+        if self.load_skipped.get("train"):
+            out["data/load_skipped"] = float(self.load_skipped["train"])
+        return out
 
     def eval_metrics(self, items: Sequence[Mapping], samples: list, per_fn: dict) -> dict[str, float]:
         """eval/acc@0.5, eval/mean_iou, eval/precision, eval/recall, eval/f1, eval/parse_fail_rate, eval/score."""
