@@ -10,11 +10,18 @@ Layout (LeRobot-style)::
 
 A checkpoint is written into a hidden temporary folder and renamed into place, so a crash mid-write
 never leaves a "latest" checkpoint that cannot load.
+
+A checkpoint is data, not code: every ``.pt`` file is read with ``torch.load(..., weights_only=True)``
+(tensors, numbers, strings, lists, tuples, dicts). The RNG state is saved in that form (numpy's
+Mersenne-Twister key as an int64 tensor), so new checkpoints need no allow-list; only ``rng.pt`` of
+older checkpoints (a numpy uint32 array) may rebuild numpy arrays. A file that carries any other
+pickled object is refused with :class:`UnsafeCheckpointError` and never unpickled.
 """
 from __future__ import annotations
 
 import json
 import os
+import pickle
 import random
 import re
 import shutil
@@ -24,12 +31,33 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from mmrl.errors import ConfigError
+
 MARKER = "COMPLETE"
 _STEP_RE = re.compile(r"^step_(\d+)$")
 
 
+class UnsafeCheckpointError(ConfigError):
+    """A checkpoint file that is not plain data (it would unpickle Python objects, i.e. run code), or unreadable."""
+
+
+def _numpy_state_to_plain(state: tuple) -> dict:
+    """``np.random.get_state()`` as tensors and numbers (loadable with ``weights_only=True``), losslessly."""
+    name, keys, pos, has_gauss, cached = state
+    return {"bit_generator": str(name), "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)),
+            "pos": int(pos), "has_gauss": int(has_gauss), "cached_gaussian": float(cached)}
+
+
+def _numpy_state_from_plain(state) -> tuple:
+    if not isinstance(state, dict):  # a checkpoint written before the plain format: the numpy tuple itself
+        return state
+    keys = state["keys"].numpy().astype(np.uint32)
+    return (state["bit_generator"], keys, state["pos"], state["has_gauss"], state["cached_gaussian"])
+
+
 def rng_state() -> dict:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    state = {"python": random.getstate(), "numpy": _numpy_state_to_plain(np.random.get_state()),
+             "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -37,10 +65,42 @@ def rng_state() -> dict:
 
 def set_rng_state(state: dict) -> None:
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    np.random.set_state(_numpy_state_from_plain(state["numpy"]))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+# rng.pt of checkpoints written before the RNG state was saved as plain data held numpy's state as a uint32
+# ndarray: array reconstruction and that dtype (nothing that calls user code) are allowed for that file only.
+_reconstruct = np.empty(0).__reduce__()[0]  # numpy.core (1.x) / numpy._core (2.x) .multiarray._reconstruct
+_LEGACY_RNG_GLOBALS = [(_reconstruct, "numpy.core.multiarray._reconstruct"),
+                       (_reconstruct, "numpy._core.multiarray._reconstruct"),
+                       np.ndarray, np.dtype, type(np.dtype(np.uint32))]
+
+
+def safe_load(path: str | Path, *, allow: list | tuple = ()):
+    """``torch.load(path, weights_only=True)``; a file with other pickled objects raises :class:`UnsafeCheckpointError`.
+
+    ``allow``: extra globals (types / functions) this one file may reference.
+    """
+    path = Path(path)
+    try:
+        with torch.serialization.safe_globals(list(allow)):
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        try:
+            found = ", ".join(torch.serialization.get_unsafe_globals_in_checkpoint(path)) or "unknown"
+        except Exception:  # not a zip checkpoint: the names cannot be listed
+            found = "unknown"
+        raise UnsafeCheckpointError(
+            f"refusing to load {path}: it holds pickled Python objects ({found}), not only tensors and numbers; "
+            "mmrl will not unpickle code from a checkpoint (only load checkpoints written by mmrl)"
+        ) from None
+    except Exception as e:  # truncated / not a torch file
+        first = (str(e).strip().splitlines() or [""])[0]
+        first = f"{type(e).__name__}: {first}" if first else type(e).__name__
+        raise UnsafeCheckpointError(f"cannot read checkpoint file {path}: {first}") from None
 
 
 def save_checkpoint(
@@ -109,7 +169,7 @@ def resolve_checkpoint(path: str | Path) -> Path:
 def load_training_state(ckpt: Path, *, optimizer, scheduler) -> dict:
     """Restore optimizer, scheduler and RNG; return the saved trainer state dict."""
     ts = Path(ckpt) / "training_state"
-    optimizer.load_state_dict(torch.load(ts / "optimizer.pt", weights_only=False))
-    scheduler.load_state_dict(torch.load(ts / "scheduler.pt", weights_only=False))
-    set_rng_state(torch.load(ts / "rng.pt", weights_only=False))
+    optimizer.load_state_dict(safe_load(ts / "optimizer.pt"))
+    scheduler.load_state_dict(safe_load(ts / "scheduler.pt"))
+    set_rng_state(safe_load(ts / "rng.pt", allow=_LEGACY_RNG_GLOBALS))
     return json.loads((ts / "state.json").read_text())

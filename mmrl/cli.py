@@ -1,7 +1,7 @@
 """`mmrl` command line: train, eval, tasks.
 
     mmrl train task=vqa_grounding algo=dapo trainer.max_steps=50
-    mmrl eval task=vqa_grounding checkpoint=runs/<name>
+    mmrl eval checkpoint=runs/<name>                  # the run's own config.yaml (+ overrides); docs/evaluation.md
     mmrl tasks
     mmrl train --help
 
@@ -19,7 +19,7 @@ USAGE = """usage: mmrl <command> [key=value ...]
 
 commands:
   train   run RL training (e.g. `mmrl train task=vqa_grounding trainer.max_steps=50`)
-  eval    evaluate a checkpoint (`mmrl eval task=X checkpoint=PATH`)
+  eval    evaluate a run as trained (`mmrl eval checkpoint=runs/<run> [eval.name=NAME] [key=value ...]`)
   tasks   list the tasks with one-line descriptions
 
 `mmrl <command> --help` lists every config group option and field.
@@ -27,7 +27,7 @@ commands:
 
 
 def _help(command: str) -> str:
-    from mmrl.config import AlgoConfig, TrainerConfig, describe_fields, group_options
+    from mmrl.config import AlgoConfig, RewardConfig, TrainerConfig, describe_fields, group_options
     from mmrl.models.registry import model_config_class, model_types
     from mmrl.tasks import get_task_class, task_names
 
@@ -39,6 +39,8 @@ def _help(command: str) -> str:
     lines += describe_fields(AlgoConfig, "algo")
     lines += ["", "trainer fields:"]
     lines += describe_fields(TrainerConfig, "trainer")
+    lines += ["", "reward fields (your own reward functions, docs/rewards.md):"]
+    lines += describe_fields(RewardConfig, "reward")
     for t in model_types():
         lines += ["", f"model fields (model.type={t}):"]
         lines += describe_fields(model_config_class(t), "model")
@@ -79,6 +81,22 @@ def cmd_train(overrides: list[str]) -> int:
     trainer = Trainer(cfg)
     run_dir = trainer.setup_run_dir()
     final = trainer.fit()
+    signum = trainer.stopped_by_signal
+    if signum is not None:  # checkpointed, but not finished: a job script must see the difference (130 / 143)
+        if trainer.is_main:
+            import shlex
+            import signal
+            from pathlib import Path
+
+            from mmrl.checkpoint import latest_checkpoint
+
+            keep = [o for o in overrides if not o.startswith(("trainer.run_name=", "trainer.resume="))]
+            again = ([f"trainer.run_name={run_dir.name}", "trainer.resume=auto"]
+                     if Path(run_dir).parent == Path(cfg.trainer.output_dir) else [f"trainer.resume={run_dir}"])
+            print(f"mmrl train: stopped by {signal.Signals(signum).name} at step {trainer.step}; checkpoint saved in "
+                  f"{latest_checkpoint(run_dir) or run_dir}; resume with: {shlex.join(['mmrl', 'train', *keep, *again])}",
+                  file=sys.stderr)
+        return 128 + signum
     if trainer.is_main:
         shown = {k: round(v, 4) for k, v in final.items() if k.startswith(("eval/", "reward/mean")) and isinstance(v, float)}
         print(f"run directory: {run_dir}")
@@ -87,17 +105,22 @@ def cmd_train(overrides: list[str]) -> int:
 
 
 def cmd_eval(overrides: list[str]) -> int:
-    from mmrl.config import load_config
-    from mmrl.trainer import Trainer
+    """`mmrl eval checkpoint=runs/<run> [eval.name=NAME] [key=value ...]` (docs/evaluation.md): the run's saved config
+    plus overrides; writes <run>/eval/<NAME>/{results.json,predictions.jsonl}. stdout: the metrics as JSON;
+    stderr: a (metric, value) table and the one-line summary."""
+    from mmrl.evaluation import evaluate_checkpoint
 
-    cfg = load_config(overrides)
-    if not cfg.checkpoint:
-        from mmrl.config import ConfigError
-
-        raise ConfigError("mmrl eval needs checkpoint=PATH (a checkpoint folder or a run directory)")
-    trainer = Trainer(cfg)
-    metrics = trainer.evaluate()
+    ev = evaluate_checkpoint(overrides)
+    metrics = ev.metrics
     print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in metrics.items()}, indent=1))
+    width = max([len("metric"), *(len(k) for k in metrics)])
+    rows = [f"{'metric'.ljust(width)}  value"] + [f"{k.ljust(width)}  {v:.4f}" if isinstance(v, float) else
+                                                  f"{k.ljust(width)}  {v}" for k, v in sorted(metrics.items())]
+    skipped = int(metrics.get("eval/skipped", 0))
+    rows.append(f"evaluated {ev.n_items} items ({int(metrics.get('eval/n', 0))} samples"
+                + (f", {skipped} items skipped" if skipped else "") + f") of {ev.data} with checkpoint {ev.checkpoint}"
+                + (f" (step {ev.step})" if ev.step is not None else "") + f"; results in {ev.out_dir}")
+    print("\n".join(rows), file=sys.stderr)
     return 0
 
 

@@ -220,6 +220,44 @@ class TrainerConfig:
 
 
 @dataclass
+class RewardConfig:
+    """Reward functions given by the user, next to or instead of the task's own (docs/rewards.md)."""
+
+    fns: list[str] = field(default_factory=list)
+    """User rewards: FILE.py:FUNCTION (path relative to the working directory), MODULE:FUNCTION, or an http(s)://
+    URL scoring batches remotely, e.g. 'reward.fns=[my_rewards.py:short_answer]'."""
+    weights: list[float] = field(default_factory=list)
+    """Weight of each entry of reward.fns, in order; empty: 1.0 each."""
+    mode: str = "add"
+    """add (the user's rewards next to the task's own) or replace (only the user's rewards)."""
+    timeout_s: float = 30.0
+    """Remote rewards: seconds one HTTP request may take before it is abandoned (then retried)."""
+    max_retries: int = 2
+    """Remote rewards: extra attempts after a failed request (timeout, connection error, HTTP 5xx/429), with backoff."""
+    max_concurrency: int = 4
+    """Remote rewards: at most this many requests in flight at once."""
+    batch_size: int = 64
+    """Remote rewards: samples per request (a step's batch is split into chunks of this size)."""
+
+    def validate(self) -> None:
+        """Raise ConfigError on bad values (the specs themselves are resolved when the trainer is built)."""
+        import math
+
+        check_choice(self.mode, ("add", "replace"), "reward.mode")
+        if self.weights and len(self.weights) != len(self.fns):
+            raise ConfigError(f"reward.weights has {len(self.weights)} values for {len(self.fns)} reward.fns; "
+                              "give one weight per function, or none (1.0 each)")
+        if any(not math.isfinite(w) for w in self.weights):
+            raise ConfigError(f"reward.weights must be finite numbers, got {self.weights}")
+        if self.mode == "replace" and not self.fns:
+            raise ConfigError("reward.mode=replace needs at least one function in reward.fns")
+        if not (math.isfinite(self.timeout_s) and self.timeout_s > 0):
+            raise ConfigError(f"reward.timeout_s must be a positive number of seconds, got {self.timeout_s}")
+        if self.max_retries < 0 or self.max_concurrency < 1 or self.batch_size < 1:
+            raise ConfigError("reward.max_retries must be >= 0, reward.max_concurrency and reward.batch_size >= 1")
+
+
+@dataclass
 class RunConfig:
     """A whole run: task, model, algorithm and trainer settings."""
 
@@ -233,6 +271,8 @@ class RunConfig:
     """Loop settings."""
     checkpoint: str | None = None
     """Checkpoint to evaluate (`mmrl eval`) or to initialise the policy from."""
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    """User reward functions (file, module or remote URL) added to or replacing the task's."""
 
 
 # ---------------------------------------------------------------- field docs
@@ -455,8 +495,8 @@ def build_run_config(raw: dict) -> RunConfig:
 
     raw = dict(raw)
     for key in raw:
-        if key not in ("task", "model", "algo", "trainer", "checkpoint"):
-            raise ConfigError(f"unknown key '{key}'; valid top-level keys: task, model, algo, trainer, checkpoint")
+        if key not in ("task", "model", "algo", "trainer", "reward", "checkpoint"):
+            raise ConfigError(f"unknown key '{key}'; valid top-level keys: task, model, algo, trainer, reward, checkpoint")
     task_raw = dict(raw.get("task") or {})
     if "name" not in task_raw:
         raise ConfigError("task.name is missing: select a task with task=<name> (see `mmrl tasks`)")
@@ -471,6 +511,7 @@ def build_run_config(raw: dict) -> RunConfig:
         algo=from_dict(AlgoConfig, raw.get("algo"), "algo"),
         trainer=from_dict(TrainerConfig, raw.get("trainer"), "trainer"),
         checkpoint=raw.get("checkpoint"),
+        reward=from_dict(RewardConfig, raw.get("reward"), "reward"),
     )
     validate_algo(cfg.algo)
     validate_trainer(cfg.trainer)
@@ -505,3 +546,57 @@ def load_saved_config(path: str | Path) -> RunConfig:
     import yaml
 
     return build_run_config(yaml.safe_load(Path(path).read_text()))
+
+
+def trained_with(saved: dict) -> str:
+    """``task=A model=B`` (plus ``(path P)`` when the model path is not the preset name) of a saved config dict."""
+    task = (saved.get("task") or {}).get("name", "?")
+    model = saved.get("model") or {}
+    name, path = model.get("name") or model.get("type", "?"), model.get("path")
+    return f"task={task} model={name}" + (f" (path {path})" if path and str(path) != str(name) else "")
+
+
+def load_run_config(run_dir: str | Path, overrides: list[str] | None = None) -> RunConfig:
+    """The config a run was trained with (``<run_dir>/config.yaml``, written by :func:`save_config`) with command-line
+    ``key=value`` overrides merged on top (OmegaConf dotlist), validated like :func:`load_config` (an unknown key is
+    the usual :class:`ConfigError`). Used by ``mmrl eval checkpoint=<run>`` (docs/evaluation.md).
+
+    Group selections: ``task=X`` / ``model=Y`` equal to the run's are no-ops; others raise ConfigError naming the
+    task and model the run was trained with (its weights belong to that model). ``algo=`` / ``trainer=`` presets
+    are refused (set their fields instead). FileNotFoundError: the run has no readable config.yaml."""
+    import yaml
+    from omegaconf import OmegaConf
+
+    path = Path(run_dir) / "config.yaml"
+    try:
+        saved = yaml.safe_load(path.read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        raise FileNotFoundError(f"{path}: {type(e).__name__}") from None
+    if not isinstance(saved, dict) or not isinstance(saved.get("task"), dict) or not isinstance(saved.get("model"), dict):
+        raise FileNotFoundError(f"{path}: not a run config saved by mmrl")
+    dotlist = []
+    for ov in overrides or []:
+        if "=" not in ov:
+            raise ConfigError(f"override '{ov}' is not of the form key=value")
+        key, value = ov.split("=", 1)
+        key = key.lstrip("+")
+        if key.startswith("~"):
+            raise ConfigError(f"'{ov}': deleting keys is not supported on a saved run config; set {key[1:]}=null instead")
+        if key in ("task", "model"):
+            own = saved[key].get("name")
+            if value != own:
+                raise ConfigError(f"checkpoint {run_dir} was trained with {trained_with(saved)}; it does not fit "
+                                  f"{key}={value}: drop {key}= to evaluate it with its own {key}")
+            continue
+        if key in CONFIG_GROUPS:
+            raise ConfigError(f"'{ov}': a {key} preset cannot be applied on top of the run's saved config; "
+                              f"set its fields instead ({key}.FIELD=VALUE)")
+        dotlist.append(f"{key}={value}")
+    try:
+        conf = OmegaConf.create(saved)
+        conf.merge_with_dotlist(dotlist)
+        raw = OmegaConf.to_container(conf, resolve=True)
+    except Exception as e:  # noqa: BLE001 - OmegaConf's grammar / interpolation errors: one line
+        raise ConfigError(f"cannot apply {dotlist} to {path}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+    _greedy_override_means_one_sample(raw, [o.lstrip("+") for o in overrides or []])
+    return build_run_config(raw)

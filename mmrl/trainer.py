@@ -35,7 +35,9 @@ from mmrl.data.sampler import PromptSampler, shard
 from mmrl.evaluation import evaluate_policy, prepare_batch
 from mmrl.algos.tgrpo import rollout_temporal_bonus
 from mmrl.policies.base import Policy, PromptBatch, Rollout
+from mmrl.preflight import warn_if_cannot_learn
 from mmrl.rewards.manager import RewardManager
+from mmrl.rewards.user import compose_reward_specs
 from mmrl.rollout.noise import mix_seed
 from mmrl.tracking import Tracker, plot_metrics
 
@@ -110,6 +112,7 @@ class Trainer:
         self.rank = self.accelerator.process_index
         self.world = self.accelerator.num_processes
         self.is_main = self.accelerator.is_main_process
+        warn_if_cannot_learn(cfg, enabled=self.is_main)  # valid settings that learn nothing (group_size=1, lr=0, ...)
         torch.manual_seed(tr.seed)
         init_from = None
         if cfg.checkpoint:  # checked before the task and policy are built (demo collection can take minutes)
@@ -123,6 +126,15 @@ class Trainer:
 
             task = get_task_class(cfg.task.name)(cfg.task, cfg)
         self.task = task
+        # rewards (user files, modules, servers) and the algorithm's needs are checked before the model is loaded
+        self.rewards = RewardManager(compose_reward_specs(task.reward_specs(), cfg.reward),
+                                     error_threshold=tr.reward_error_threshold,
+                                     window=tr.reward_error_window)
+        check_algo_against_task(cfg.algo, [s.name for s in self.rewards.specs], task.name)
+        if cfg.algo.advantage == "reinforce_pp" and self.world > 1:
+            raise ConfigError("algo.advantage=reinforce_pp whitens over the batch; use it with one process")
+        if tr.batch_size % self.world:
+            raise ConfigError(f"trainer.batch_size={tr.batch_size} must be divisible by the {self.world} processes")
         if policy is None:
             from mmrl.models.registry import policy_builder
 
@@ -134,13 +146,6 @@ class Trainer:
             self.policy.to_device(self.accelerator.device)
 
         self.train_items = list(task.train_items())
-        self.rewards = RewardManager(task.reward_specs(), error_threshold=tr.reward_error_threshold,
-                                     window=tr.reward_error_window)
-        check_algo_against_task(cfg.algo, [s.name for s in self.rewards.specs], task.name)
-        if cfg.algo.advantage == "reinforce_pp" and self.world > 1:
-            raise ConfigError("algo.advantage=reinforce_pp whitens over the batch; use it with one process")
-        if tr.batch_size % self.world:
-            raise ConfigError(f"trainer.batch_size={tr.batch_size} must be divisible by the {self.world} processes")
         self.sampler = PromptSampler(len(self.train_items), tr.batch_size, tr.seed)
         params = self._params = self.policy.trainable_parameters()
         if not params:
@@ -164,6 +169,11 @@ class Trainer:
         self.callbacks: list[Callable[["Trainer", dict], None]] = []
         self.last_eval: dict[str, float] = {}
 
+    @property
+    def stopped_by_signal(self) -> int | None:
+        """The signal number (SIGINT, SIGTERM) that stopped the last :meth:`fit` early, after its checkpoint; else None."""
+        return self._stop_signal
+
     # ------------------------------------------------------------------ construction
     @classmethod
     def from_config(cls, cfg: RunConfig | list[str] | None = None, **kw) -> "Trainer":
@@ -180,11 +190,20 @@ class Trainer:
         run_dir = Path(tr.output_dir) / name
         resume_from: Path | None = None
         if tr.resume not in ("never", "auto"):
-            resume_from = resolve_checkpoint(tr.resume)
+            try:
+                resume_from = resolve_checkpoint(tr.resume)
+            except FileNotFoundError as e:
+                why = str(e) if Path(tr.resume).exists() else f"{tr.resume} does not exist"
+                raise ConfigError(f"trainer.resume={tr.resume}: {why}; trainer.resume takes auto (continue "
+                                  "trainer.run_name's run), never, a checkpoint folder (<run dir>/checkpoints/step_N) "
+                                  "or a run directory") from None
             run_dir = resume_from.parent.parent
         elif run_dir.exists() and any(run_dir.iterdir()):
             if tr.resume == "auto":
                 resume_from = latest_checkpoint(run_dir)
+                if resume_from is None and self.is_main:
+                    log.warning("trainer.resume=auto: run directory %s has no complete checkpoint to continue; "
+                                "training from step 0 in it", run_dir)
             elif not tr.overwrite:
                 raise ConfigError(
                     f"run directory {run_dir} exists; pass trainer.resume=auto to continue it, "
@@ -196,6 +215,13 @@ class Trainer:
                 if self.is_main:
                     shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
                     (run_dir / "metrics.jsonl").unlink(missing_ok=True)
+        elif tr.resume == "auto" and self.is_main:
+            if tr.run_name:
+                log.info("trainer.resume=auto: no run %s to continue yet; starting it", run_dir)
+            else:  # a timestamped name is new every time: auto can never find a run without trainer.run_name
+                log.warning("trainer.resume=auto without trainer.run_name: no run to continue (a run without a name gets a "
+                            "new timestamped directory, here %s); to continue a run pass trainer.run_name=<its folder "
+                            "name in %s> trainer.resume=auto (or trainer.resume=<its run dir>)", run_dir, tr.output_dir)
         self.accelerator.wait_for_everyone()
         if self.is_main:
             run_dir.mkdir(parents=True, exist_ok=True)
@@ -290,7 +316,7 @@ class Trainer:
         kept: list[Rollout] = []
         n_groups_kept = 0
         target_groups = self.cfg.trainer.batch_size // self.world
-        skipped = seen = 0
+        skipped = seen = too_long_total = 0
         rounds = 0
         t0 = time.perf_counter()
         for rounds in range(1, 2 + (algo.max_resample if algo.filter_groups else 0)):
@@ -300,6 +326,9 @@ class Trainer:
             if not len(batch):
                 continue
             ro = self.policy.rollout(batch, algo.group_size)
+            too_long = int(ro.metrics.get("data/too_long", 0))  # prompts the policy could not take: skipped items too
+            skipped += too_long
+            too_long_total += too_long
             self._score(batch, ro)
             if rounds == 1:
                 metrics.update(ro.metrics)
@@ -314,6 +343,8 @@ class Trainer:
         metrics["time/rollout"] = time.perf_counter() - t0
         self.skipped_total += skipped
         self.seen_total += seen
+        if too_long_total:
+            metrics["data/too_long"] = float(too_long_total)  # every resampling round, not only the first
         metrics["data/skipped"] = float(skipped)
         metrics["data/skipped_total"] = float(self.skipped_total)
         if self.seen_total >= 2 * self.cfg.trainer.batch_size and \
@@ -519,7 +550,8 @@ class Trainer:
         if self._stop_signal is not None:  # second signal: stop now
             raise KeyboardInterrupt
         self._stop_signal = signum
-        log.warning("received signal %d: finishing the current step, saving a checkpoint and exiting", signum)
+        log.warning("received %s: finishing the current step, saving a checkpoint and exiting",
+                    signal.Signals(signum).name)
 
     def _warm_start(self) -> None:
         """Supervised warm start before RL, with evaluations before and after (logged at step 0)."""
@@ -590,8 +622,8 @@ class Trainer:
             if self.tracker is not None:
                 self.tracker.close()
         if self._stop_signal is not None:
-            log.warning("stopped by signal %d at step %d; checkpoint saved in %s", self._stop_signal, self.step,
-                        self.run_dir)
+            log.warning("stopped by %s at step %d; checkpoint saved in %s", signal.Signals(self._stop_signal).name,
+                        self.step, self.run_dir)
         if tr.plot and self.is_main:
             plot_metrics(self.run_dir / "metrics.jsonl", self.run_dir / "curves.png", title=self.cfg.task.name)
         return {**last, **self.last_eval}

@@ -315,7 +315,11 @@ def load_diffusion_pipeline(path_or_id: str, dtype: str = "float32", *, expected
     path = resolve_diffusion_path(path_or_id)
     local = Path(path).exists()
     kwargs: dict[str, Any] = {"dtype": torch_dtype, "local_files_only": local}
-    pipe = DiffusionPipeline.from_pretrained(path, **kwargs)
+    from mmrl.models.availability import check_model_folder, model_load_errors
+
+    check_model_folder(path, "model_index.json", what="diffusion pipeline")
+    with model_load_errors(path, what="diffusion pipeline"):  # not downloaded / hub offline: one line
+        pipe = DiffusionPipeline.from_pretrained(path, **kwargs)
     if hasattr(pipe, "set_progress_bar_config"):
         pipe.set_progress_bar_config(disable=True)
     kind = pipeline_kind(pipe)

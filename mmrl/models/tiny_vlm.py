@@ -470,11 +470,14 @@ def load_vlm(
     if is_local and not (local / "config.json").is_file():
         raise TinyVLMError(f"{local} exists but has no config.json: not a saved model folder")
     source = str(local) if is_local else str(path_or_id)
-    model = AutoModelForImageTextToText.from_pretrained(
-        source, dtype=torch_dtype, attn_implementation=attn_implementation, local_files_only=is_local
-    )
+    from mmrl.models.availability import model_load_errors
+
+    with model_load_errors(source):  # weights not downloaded / hub offline: one ModelNotAvailableError line
+        model = AutoModelForImageTextToText.from_pretrained(
+            source, dtype=torch_dtype, attn_implementation=attn_implementation, local_files_only=is_local
+        )
+        processor = AutoProcessor.from_pretrained(source, local_files_only=is_local)
     model.to(device)
-    processor = AutoProcessor.from_pretrained(source, local_files_only=is_local)
     processor.tokenizer.padding_side = "left"
     return model, processor
 

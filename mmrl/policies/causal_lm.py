@@ -147,11 +147,15 @@ def load_causal_lm(path: str, dtype: str = "float32"):
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
+    from mmrl.models.availability import check_model_folder, model_load_errors
+
+    check_model_folder(path, "config.json")
     local = Path(path).exists()
-    tok = AutoTokenizer.from_pretrained(path, local_files_only=local, padding_side="left")
+    with model_load_errors(path):  # weights not downloaded / hub offline: one ModelNotAvailableError line
+        tok = AutoTokenizer.from_pretrained(path, local_files_only=local, padding_side="left")
+        lm = AutoModelForCausalLM.from_pretrained(path, dtype=_dtype(dtype), local_files_only=local)
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
-    lm = AutoModelForCausalLM.from_pretrained(path, dtype=_dtype(dtype), local_files_only=local)
     return lm, tok
 
 
