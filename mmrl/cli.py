@@ -174,6 +174,11 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(e, (TrainingAborted, RewardError, InitStateDriftError)):
             print(f"mmrl {command}: aborted: {e}", file=sys.stderr)
             return 1
+        prompt_too_long = sys.modules.get("mmrl.policies.vlm_errors")  # loaded only if a VLM policy ran
+        if prompt_too_long is not None and isinstance(e, prompt_too_long.PromptTooLongError):
+            # RL and evaluation skip and count such prompts; the supervised warm start cannot train on them
+            print(f"mmrl {command}: error: {e}", file=sys.stderr)
+            return 2
         raise
 
 

@@ -191,6 +191,14 @@ def test_every_prompt_too_long_gives_an_empty_step(data, tmp_path):
     assert p.returncode == 1 and "data items were skipped" in error_line(p.stderr)
 
 
+def test_too_long_prompt_in_the_warm_start_is_one_line(data, tmp_path, capsys):
+    # RL and evaluation skip such prompts; SFT cannot train on them: one line naming the limit, exit 2
+    rc, err = in_process(capsys, "task=vqa_grounding", "task.data_format=jsonl", f"task.data={data / 'long.jsonl'}",
+                         f"task.eval_data={data / 'long_eval.jsonl'}", "model.max_prompt_tokens=20",
+                         "trainer.sft_steps=1", "trainer.eval_at_end=false", out=tmp_path)
+    assert rc == 2 and "model.max_prompt_tokens=20" in error_line(err)
+
+
 def test_policy_rollout_leaves_out_too_long_prompts():
     import torch
 
