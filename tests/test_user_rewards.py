@@ -287,3 +287,19 @@ def test_remote_reward_in_a_training_run(tmp_path, server):
     for row, step_requests in zip(rows, (srv.requests[:4], srv.requests[4:])):  # the logged mean is the server's
         scores = [len(c) / 10 for r in step_requests for c in r["completions"]]
         assert row[f"reward/{name}"] == pytest.approx(sum(scores) / len(scores), abs=1e-6)
+
+
+def test_a_function_defined_in_the_notebook_is_main_colon_name(monkeypatch):
+    """In a notebook or script the user's function lives in __main__: reward.fns=[__main__:fn] finds it."""
+    import sys
+
+    from mmrl.config import load_config
+    from mmrl.rewards.user import compose_reward_specs
+
+    def notebook_reward(prompts, completions, **columns):
+        return [float(len(c)) for c in completions]
+
+    monkeypatch.setattr(sys.modules["__main__"], "notebook_reward", notebook_reward, raising=False)
+    cfg = load_config(["task=toy_arithmetic", "reward.fns=[__main__:notebook_reward]", "reward.mode=replace"])
+    (spec,) = compose_reward_specs([], cfg.reward)
+    assert spec.name == "notebook_reward" and spec.fn(["p", "q"], [{"text": "abc"}, {"text": ""}]) == [3.0, 0.0]
