@@ -293,9 +293,6 @@ def test_a_function_defined_in_the_notebook_is_main_colon_name(monkeypatch):
     """In a notebook or script the user's function lives in __main__: reward.fns=[__main__:fn] finds it."""
     import sys
 
-    from mmrl.config import load_config
-    from mmrl.rewards.user import compose_reward_specs
-
     def notebook_reward(prompts, completions, **columns):
         return [float(len(c)) for c in completions]
 
