@@ -131,8 +131,6 @@ class Trainer:
                                      error_threshold=tr.reward_error_threshold,
                                      window=tr.reward_error_window)
         check_algo_against_task(cfg.algo, [s.name for s in self.rewards.specs], task.name)
-        if cfg.algo.advantage == "reinforce_pp" and self.world > 1:
-            raise ConfigError("algo.advantage=reinforce_pp whitens over the batch; use it with one process")
         if tr.batch_size % self.world:
             raise ConfigError(f"trainer.batch_size={tr.batch_size} must be divisible by the {self.world} processes")
         if policy is None:
@@ -394,10 +392,25 @@ class Trainer:
         return logp, v
 
     def _advantages(self, ro: Rollout, kl_tok: Tensor | None) -> tuple[Tensor, Tensor | None]:
-        """Token-level advantages [B, T] (and returns for the critic): :func:`mmrl.algos.token_advantages`."""
+        """Token-level advantages [B, T] (and returns for the critic): :func:`mmrl.algos.token_advantages`.
+
+        With several processes, outcome estimators see the whole global batch: every rank gathers the (small) per-sample
+        rewards, group ids, validity and bonus, computes the advantages of all samples and keeps its own. Batch-level
+        statistics (``grpo`` with ``adv_scale=batch``, ``reinforce_pp``'s whitening) are then those of one process."""
+        algo = self.cfg.algo
         mask = ro.mask * ro.valid[:, None].float()
-        return algos.token_advantages(ro.rewards, ro.group_id, ro.valid, mask, self.cfg.algo, kl_tok=kl_tok,
-                                      bonus=ro.adv_bonus, values=ro.values, token_rewards=ro.token_rewards)
+        if self.world == 1 or algo.advantage == algos.CRITIC_ESTIMATOR:
+            return algos.token_advantages(ro.rewards, ro.group_id, ro.valid, mask, algo, kl_tok=kl_tok,
+                                          bonus=ro.adv_bonus, values=ro.values, token_rewards=ro.token_rewards)
+        rewards = algos.fold_kl_into_rewards(ro.rewards, mask, algo, kl_tok)
+        bonus = ro.adv_bonus if ro.adv_bonus is not None else torch.zeros_like(rewards)
+        local = (rewards.cpu(), ro.group_id.cpu(), ro.valid.cpu(), bonus.float().cpu())
+        parts: list = [None] * self.world
+        torch.distributed.all_gather_object(parts, local)
+        offset = sum(p[0].shape[0] for p in parts[: self.rank])
+        r, g, v, b = (torch.cat([p[k] for p in parts]) for k in range(4))
+        adv = algos.outcome_advantages(r, g, v, algo, bonus=b)[offset: offset + ro.batch_size]
+        return algos.broadcast_to_tokens(adv.to(mask.device), mask), None
 
     # ------------------------------------------------------------------ one RL step
     def train_step(self) -> dict[str, float]:

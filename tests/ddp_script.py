@@ -6,12 +6,12 @@ import torch
 from mmrl.config import load_config
 from mmrl.trainer import Trainer
 
-out, steps = sys.argv[1], int(sys.argv[2])
+out, steps, extra = sys.argv[1], int(sys.argv[2]), sys.argv[3:]  # extra: more key=value overrides
 torch.set_num_threads(1)
 cfg = load_config([
     "task=toy_arithmetic", f"trainer.output_dir={out}", "trainer.run_name=run", f"trainer.max_steps={steps}",
     "trainer.batch_size=4", "algo.group_size=4", "trainer.eval_at_end=false", "trainer.progress=false",
-    "trainer.tensorboard=false", "trainer.plot=false", "trainer.device=cpu", "algo.loss_agg=token_mean",
+    "trainer.tensorboard=false", "trainer.plot=false", "trainer.device=cpu", "algo.loss_agg=token_mean", *extra,
 ])
 tr = Trainer(cfg)
 tr.fit()

@@ -16,7 +16,13 @@ from .registry import (
 from .masked import AlgoInputError, masked_mean, masked_sum, masked_var, masked_whiten
 from .filtering import group_moments, group_stats, nonzero_variance_groups, success_rate_band
 from .advantages import broadcast_to_tokens, drgrpo, gae, grpo, reinforce_pp, rloo
-from .estimators import CRITIC_ESTIMATOR, advantage_choices, outcome_advantages, token_advantages
+from .estimators import (
+    CRITIC_ESTIMATOR,
+    advantage_choices,
+    fold_kl_into_rewards,
+    outcome_advantages,
+    token_advantages,
+)
 from .losses import PolicyLossOutput, gspo, ppo_clip, value_loss
 from .aggregation import AGGREGATION_MODES, aggregate, token_weights
 from .kl import kl_estimate
@@ -42,6 +48,7 @@ __all__ = [
     "CRITIC_ESTIMATOR",
     "advantage_choices",
     "outcome_advantages",
+    "fold_kl_into_rewards",
     "token_advantages",
     "grpo",
     "drgrpo",

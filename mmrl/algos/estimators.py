@@ -22,7 +22,7 @@ from .advantages import broadcast_to_tokens, drgrpo, gae, grpo, reinforce_pp, rl
 from .masked import masked_whiten
 from .registry import ADVANTAGE_ESTIMATORS
 
-__all__ = ["CRITIC_ESTIMATOR", "advantage_choices", "outcome_advantages", "token_advantages"]
+__all__ = ["CRITIC_ESTIMATOR", "advantage_choices", "fold_kl_into_rewards", "outcome_advantages", "token_advantages"]
 
 CRITIC_ESTIMATOR = "gae"
 """The name of the critic-based estimator (token-level; everything else in ``algo.advantage`` is an outcome one)."""
@@ -70,6 +70,14 @@ def outcome_advantages(rewards: Tensor, group_ids: Tensor, valid: Tensor, cfg: A
     return adv
 
 
+def fold_kl_into_rewards(rewards: Tensor, mask: Tensor, cfg: Any, kl_tok: Optional[Tensor]) -> Tensor:
+    """Outcome rewards with ``-kl_coef * sum_t KL_t`` folded in when ``cfg.kl_in_reward`` (else unchanged), float."""
+    rewards = rewards.float()
+    if cfg.kl_in_reward and kl_tok is not None:
+        rewards = rewards - cfg.kl_coef * (kl_tok * mask).sum(1)
+    return rewards
+
+
 def token_advantages(
     rewards: Tensor,
     group_ids: Tensor,
@@ -97,13 +105,11 @@ def token_advantages(
     Outcome estimators broadcast the per-sample advantage to the sample's tokens. GAE puts the outcome reward on the
     last valid action (plus ``token_rewards``), runs :func:`mmrl.algos.advantages.gae` and whitens over the batch.
     """
+    if cfg.advantage != CRITIC_ESTIMATOR:
+        adv = outcome_advantages(fold_kl_into_rewards(rewards, mask, cfg, kl_tok), group_ids, valid, cfg, bonus=bonus)
+        return broadcast_to_tokens(adv, mask), None
     rewards = rewards.float()
     fold_kl = cfg.kl_in_reward and kl_tok is not None
-    if cfg.advantage != CRITIC_ESTIMATOR:
-        if fold_kl:
-            rewards = rewards - cfg.kl_coef * (kl_tok * mask).sum(1)
-        adv = outcome_advantages(rewards, group_ids, valid, cfg, bonus=bonus)
-        return broadcast_to_tokens(adv, mask), None
     T = mask.shape[1]
     tok_r = torch.zeros_like(mask)
     last = (mask * torch.arange(1, T + 1, device=mask.device)).argmax(1)
