@@ -21,6 +21,7 @@ commands:
   train   run RL training (e.g. `mmrl train task=vqa_grounding trainer.max_steps=50`)
   eval    evaluate a run as trained (`mmrl eval checkpoint=runs/<run> [eval.name=NAME] [key=value ...]`)
   tasks   list the tasks with one-line descriptions
+  plan    per-device memory, nothing loaded (`mmrl plan model=qwen2_5_vl_7b plan.world_size=8`; docs/scaling.md)
 
 `mmrl <command> --help` lists every config group option and field.
 """
@@ -140,13 +141,26 @@ def cmd_collect(overrides: list[str]) -> int:
     return 0
 
 
+def cmd_plan(overrides: list[str]) -> int:
+    """`mmrl plan [train overrides] [plan.device_gb=80] [plan.world_size=1] [plan.strategy=ddp|fsdp2]
+    [plan.offload=none|optimizer|params] [plan.optim=fp32|model] [plan.text_tokens=128] [plan.images=N]
+    [plan.image_tokens=N] [plan.overhead_gb=1] [plan.json=true]` (docs/scaling.md): the per-device memory of the run
+    and, when it does not fit, the cheapest changes that do. Loads no weights; the ``plan.*`` keys are taken out
+    before the rest is read as `mmrl train` would. Exit 0 whether or not it fits (it is a report)."""
+    from mmrl.planning.report import build_plan, format_report, report_json
+
+    cfg, settings, inp, info, bd, sugg = build_plan(overrides)
+    print(report_json(inp, info, bd, sugg) if settings.json else format_report(cfg, settings, inp, info, bd, sugg))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(USAGE)
         return 0
     command, rest = argv[0], argv[1:]
-    commands = {"train": cmd_train, "eval": cmd_eval, "tasks": None, "collect": cmd_collect}
+    commands = {"train": cmd_train, "eval": cmd_eval, "tasks": None, "collect": cmd_collect, "plan": cmd_plan}
     if command not in commands:
         print(f"mmrl: unknown command '{command}'; valid commands: {', '.join(commands)}", file=sys.stderr)
         return 2

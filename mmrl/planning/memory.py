@@ -1,0 +1,421 @@
+"""Per-device memory of an RL training run: pure functions of numbers (docs/scaling.md has every formula).
+
+Nothing here imports torch or reads a config: :func:`plan_memory` takes a :class:`PlanInputs` (an
+:class:`~mmrl.planning.architectures.Architecture` plus the run's numbers) and returns a :class:`MemoryBreakdown` in
+bytes. ``mmrl plan`` (mmrl/cli.py) builds the inputs from a validated run config (:mod:`mmrl.planning.report`).
+
+Conventions (docs/scaling.md, "Conventions"):
+
+* AdamW keeps two moments per trainable parameter. ``optim_dtype="fp32"``: the moments are fp32 (8 B / parameter)
+  and a 16-bit model being fully fine-tuned also has an fp32 master copy (+4 B): the usual mixed-precision recipe
+  (FSDP2 / DeepSpeed), 12 B per trainable 16-bit parameter. ``optim_dtype="model"``: moments in the parameter's own
+  dtype and no master copy: what ``torch.optim.AdamW`` does on a bf16 model as the trainer builds it today.
+  LoRA adapters are fp32 whatever the model dtype (PEFT's ``autocast_adapter_dtype``), so they never need a master
+  copy. AdamW's per-tensor ``step`` scalars (4 B per parameter tensor) are ignored.
+* Gradients have the dtype of their parameter.
+* ``fsdp2`` shards parameters, gradients and optimizer state (frozen parameters included) over the world size;
+  ``ddp`` replicates them. FSDP2 also holds gathered (unsharded) units: the root unit (embeddings, lm_head, final
+  norm, vision tower outside its blocks) for the whole pass, and two decoder layers (the current one and the
+  prefetched next one).
+* ``offload="optimizer"`` moves the optimizer state to CPU; ``offload="params"`` (fsdp2 only, FSDP2's
+  ``CPUOffloadPolicy``) moves the sharded parameters, gradients and optimizer state; gathered units stay on device.
+* The reference model of the KL term: with LoRA the adapter-disabled model (0 B); with full fine-tuning a frozen
+  deep copy of the whole model in the model dtype, made before the model is wrapped, hence a full replica on every
+  device even with fsdp2.
+* total = persistent + max(training transient, rollout transient), where persistent = parameters + optimizer state +
+  reference + FSDP2 gather buffers + runtime overhead (+ vLLM's reservation without sleep mode), training = gradients
+  + activations + logits of one micro-batch, rollout = KV cache + prefill working set of the rollout batch (or vLLM's
+  reservation with sleep mode). Gradients are freed after every optimizer step (``zero_grad(set_to_none=True)``), so
+  they never coexist with the rollout; the optimizer state persists from the first step on.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+from mmrl.planning.architectures import Architecture, TextArch, lora_params
+
+__all__ = [
+    "GIB",
+    "LOGIT_BYTES_PER_ELEMENT",
+    "MemoryBreakdown",
+    "ParamCounts",
+    "PlanInputs",
+    "StateBytes",
+    "activation_bytes",
+    "dtype_bytes",
+    "kv_cache_bytes",
+    "layer_activation_bytes",
+    "logits_bytes",
+    "model_state_bytes",
+    "param_counts",
+    "plan_memory",
+    "prefill_bytes",
+]
+
+GIB = 1024 ** 3
+
+LOGIT_BYTES_PER_ELEMENT = 21
+"""Bytes per (completion position x vocabulary entry) of one sample's loss head while the backward runs:
+``token_logp_and_entropy`` keeps ``log_softmax`` (4 B, fp32), ``p = exp`` (4 B) and the masked log-probs (4 B) for
+the entropy term, plus the ``p > 0`` mask (1 B); the backward through them holds two more fp32 tensors of that shape
+(8 B) while every layer's activations are still alive."""
+
+
+def dtype_bytes(dtype: str) -> int:
+    """Bytes of one element of ``float32`` / ``bfloat16`` / ``float16``."""
+    return {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2}[dtype]
+
+
+# ============================================================================ parameters, gradients, optimizer
+
+
+@dataclass(frozen=True)
+class ParamCounts:
+    """Parameters split by whether they train, with their element sizes."""
+
+    trainable: int
+    frozen: int
+    trainable_bytes: int  # bytes per trainable parameter (LoRA adapters: 4)
+    frozen_bytes: int  # bytes per frozen parameter (the model dtype)
+
+    @property
+    def total(self) -> int:
+        return self.trainable + self.frozen
+
+
+def param_counts(arch: Architecture, *, dtype_bytes: int, lora: bool = False, lora_r: int = 16,
+                 lora_targets: tuple[str, ...] = (), freeze_vision: bool = True, value_head: bool = False,
+                 ) -> ParamCounts:
+    """Trainable vs frozen parameters of a token model (VLM / causal LM) or a diffusion denoiser.
+
+    LoRA: adapters (fp32) train, the whole base model is frozen. Full fine-tuning: every LM parameter trains; the
+    vision tower too unless ``freeze_vision``. A critic (``value_head``, algo.advantage=gae) adds hidden + 1 fp32
+    parameters that train. Diffusion: the denoiser (or its adapters) trains; text encoders and VAE are frozen."""
+    if arch.diffusion is not None:
+        d = arch.diffusion
+        if lora:
+            return ParamCounts(lora_r * d.lora_params_per_rank, d.denoiser_params + d.frozen_params, 4, dtype_bytes)
+        return ParamCounts(d.denoiser_params, d.frozen_params, dtype_bytes, dtype_bytes)
+    text, vision = arch.text, arch.vision
+    lm = text.params()
+    vis = vision.params() if vision is not None else 0
+    head = text.hidden + 1 if value_head else 0
+    if lora:
+        # the value head is fp32 like the adapters
+        return ParamCounts(lora_params(text, lora_targets, lora_r) + head, lm + vis, 4, dtype_bytes)
+    trainable = lm + (0 if freeze_vision else vis)
+    frozen = vis if freeze_vision else 0
+    # an fp32 head next to 16-bit weights is counted at the model's width (hidden + 1 parameters: negligible)
+    trainable += head
+    return ParamCounts(trainable, frozen, dtype_bytes, dtype_bytes)
+
+
+@dataclass(frozen=True)
+class StateBytes:
+    params: int
+    grads: int
+    optimizer: int
+
+
+def model_state_bytes(counts: ParamCounts, *, strategy: str = "ddp", world_size: int = 1, offload: str = "none",
+                      optim_dtype: str = "fp32") -> StateBytes:
+    """Parameters, gradients and AdamW state on one device (bytes).
+
+    params = trainable * trainable_bytes + frozen * frozen_bytes; grads = trainable * trainable_bytes;
+    optimizer = trainable * (2 * moment + master), moment = 4 (optim_dtype fp32) or trainable_bytes (model),
+    master = 4 when optim_dtype is fp32 and the trainable parameters are 16-bit, else 0.
+    fsdp2 divides each by world_size (rounded up); offload removes what it moves to CPU."""
+    if strategy not in ("ddp", "fsdp2"):
+        raise ValueError(f"strategy must be ddp or fsdp2, got {strategy!r}")
+    if offload not in ("none", "optimizer", "params"):
+        raise ValueError(f"offload must be none, optimizer or params, got {offload!r}")
+    if offload == "params" and strategy != "fsdp2":
+        raise ValueError("offload=params needs strategy=fsdp2 (FSDP2's CPUOffloadPolicy)")
+    tb = counts.trainable_bytes
+    params = counts.trainable * tb + counts.frozen * counts.frozen_bytes
+    grads = counts.trainable * tb
+    if optim_dtype == "fp32":
+        per = 8 + (4 if tb < 4 else 0)
+    elif optim_dtype == "model":
+        per = 2 * tb
+    else:
+        raise ValueError(f"optim_dtype must be fp32 or model, got {optim_dtype!r}")
+    optimizer = counts.trainable * per
+    n = world_size if strategy == "fsdp2" else 1
+    params, grads, optimizer = (math.ceil(x / n) for x in (params, grads, optimizer))
+    if offload in ("optimizer", "params"):
+        optimizer = 0
+    if offload == "params":
+        params = grads = 0
+    return StateBytes(params, grads, optimizer)
+
+
+# ============================================================================ activations
+
+
+def layer_activation_bytes(seq: int, *, hidden: int, heads: int, kv_heads: int, head_dim: int, intermediate: int,
+                           dtype_bytes: int, eager_attention: bool = False, gated_mlp: bool = True,
+                           lora_inputs: int = 0, lora_rank_sum: int = 0) -> int:
+    """Bytes one decoder layer keeps for the backward, for one sample of ``seq`` tokens (b = dtype_bytes).
+
+    Per token (the Korthikanti et al. 2022 accounting -- 34 s h + 5 a s^2 bytes for a GPT layer in fp16 -- redone for
+    a Qwen layer: RMSNorms computed in fp32, grouped-query attention, SwiGLU, no dropout):
+
+    * each of the 2 RMSNorms: its fp32 input (4 h) + the normalised value before the weight (b h) + its output, the
+      input of the next linears (b h): 2 h (4 + 2 b)
+    * attention: q (b a d), k and v (b kv d each) and the output (b a d) kept by the fused kernel (sdpa / flash: no
+      s x s matrix), plus the contiguous output that o_proj keeps (b a d): b (3 a d + 2 kv d)
+    * MLP: gate output, its SiLU, up output and their product (the input of down_proj): 4 b f (GELU MLP: 2 b f)
+    * eager attention adds the softmax (fp32) and its cast, a s^2 (4 + b) per sample
+    * LoRA adds r (fp32) per adapted module, and with a 16-bit model the fp32 copy of each adapted module's input that
+      PEFT casts for its fp32 adapters (``lora_inputs`` = the sum of the adapted modules' input widths, 0 in fp32)
+    """
+    b = dtype_bytes
+    per_token = 2 * hidden * (4 + 2 * b) + b * (3 * heads * head_dim + 2 * kv_heads * head_dim)
+    per_token += (4 if gated_mlp else 2) * b * intermediate
+    per_token += 4 * lora_inputs + 4 * lora_rank_sum
+    total = seq * per_token
+    if eager_attention:
+        total += heads * seq * seq * (4 + b)
+    return total
+
+
+def activation_bytes(*, layers: int, per_layer: int, seq: int, hidden: int, samples: int, dtype_bytes: int,
+                     checkpointing: bool) -> int:
+    """Activations of one micro-batch of ``samples`` sequences through ``layers`` decoder layers (bytes).
+
+    Without checkpointing: samples * (layers * per_layer + final norm); with (non-reentrant) checkpointing each layer
+    keeps only its input (s h b) and one layer is recomputed at a time: samples * (layers * s h b + per_layer + final
+    norm). The final RMSNorm keeps s h (4 + b)."""
+    final_norm = seq * hidden * (4 + dtype_bytes)
+    if checkpointing:
+        per_sample = layers * seq * hidden * dtype_bytes + per_layer + final_norm
+    else:
+        per_sample = layers * per_layer + final_norm
+    return samples * per_sample
+
+
+def logits_bytes(completion_tokens: int, vocab: int, samples: int,
+                 bytes_per_element: int = LOGIT_BYTES_PER_ELEMENT) -> int:
+    """The loss head of one micro-batch: samples * completion positions * vocab * bytes_per_element (fp32 log-softmax,
+    probabilities and masked log-probs kept for the entropy, plus the backward's two fp32 tensors; see
+    :data:`LOGIT_BYTES_PER_ELEMENT`)."""
+    return samples * completion_tokens * vocab * bytes_per_element
+
+
+def kv_cache_bytes(*, layers: int, kv_heads: int, head_dim: int, tokens: int, samples: int, dtype_bytes: int) -> int:
+    """HF generate's KV cache at the last step: 2 (k and v) * layers * kv_heads * head_dim * (prompt + new tokens) *
+    samples * dtype bytes."""
+    return 2 * layers * kv_heads * head_dim * tokens * samples * dtype_bytes
+
+
+def prefill_bytes(*, prompt_tokens: int, samples: int, hidden: int, intermediate: int, dtype_bytes: int) -> int:
+    """The no-grad prefill's largest working set: one layer's MLP (gate, up and their product: 3 f) and the hidden
+    states in flight (residual, normalised input, attention output, layer output: 4 h), per prompt token of every
+    sample generated at once."""
+    return samples * prompt_tokens * (3 * intermediate + 4 * hidden) * dtype_bytes
+
+
+# ============================================================================ the whole plan
+
+
+@dataclass(frozen=True)
+class PlanInputs:
+    """Everything the planner needs, as numbers (from a run config: :func:`mmrl.planning.report.plan_inputs`)."""
+
+    arch: Architecture
+    dtype_bytes: int = 2
+    lora: bool = False
+    lora_r: int = 16
+    lora_targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    freeze_vision: bool = True
+    value_head: bool = False
+    gradient_checkpointing: bool = False
+    eager_attention: bool = False
+    strategy: str = "ddp"
+    world_size: int = 1
+    offload: str = "none"
+    optim_dtype: str = "fp32"
+    micro_batch: int = 1  # samples in one training forward
+    rollout_samples: int = 1  # samples generated at once on one device
+    rollout_forward_batch: int = 0  # diffusion: samples per no-grad denoiser forward (0: all rollout samples)
+    text_tokens: int = 0  # prompt text tokens (diffusion: text tokens in the joint attention)
+    image_tokens: int = 0  # prompt vision tokens (all images of a prompt)
+    images: int = 0  # images per prompt (image_tokens / images per image)
+    new_tokens: int = 16  # completion length (model.max_new_tokens)
+    kl_reference: bool = False  # algo.kl_coef > 0
+    engine: str = "hf"  # hf | vllm
+    vllm_fraction: float = 0.3
+    vllm_sleep: bool = True
+    device_bytes: int = 80 * GIB
+    overhead_bytes: int = 0  # CUDA context, NCCL buffers, allocator slack
+    # diffusion only
+    rows_per_sample: int = 1  # trained denoising steps x CFG branches per sample
+    image_latent_tokens: int = 0  # denoiser tokens of one image (latent / patch)
+    latent_elements: int = 0  # elements of one latent (for the stored chain)
+    num_steps: int = 0  # sampler steps (latents stored per sample: num_steps + 1)
+    cfg_branches: int = 1
+
+    def with_(self, **kw) -> "PlanInputs":
+        return replace(self, **kw)
+
+    @property
+    def prompt_tokens(self) -> int:
+        return self.text_tokens + self.image_tokens
+
+    @property
+    def seq(self) -> int:
+        """Tokens of one training sequence: prompt (image + text) + completion."""
+        return self.prompt_tokens + self.new_tokens
+
+
+@dataclass
+class MemoryBreakdown:
+    """Per-device bytes of each term, the total, and the numbers behind them."""
+
+    params: int
+    grads: int
+    optimizer: int
+    activations: int
+    logits: int
+    rollout: int  # KV cache + prefill working set (hf), or vLLM's reservation (vllm)
+    reference: int
+    fsdp_buffers: int
+    overhead: int
+    vllm_persistent: int
+    counts: ParamCounts
+    per_layer: int = 0  # activation bytes of one layer for one sample
+    kv_cache: int = 0
+    prefill: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def persistent(self) -> int:
+        return self.params + self.optimizer + self.reference + self.fsdp_buffers + self.overhead + self.vllm_persistent
+
+    @property
+    def training(self) -> int:
+        return self.grads + self.activations + self.logits
+
+    @property
+    def total(self) -> int:
+        return self.persistent + max(self.training, self.rollout)
+
+    def fits(self, device_bytes: int) -> bool:
+        return self.total <= device_bytes
+
+
+def _lora_activation_terms(text: TextArch, inp: PlanInputs) -> tuple[int, int]:
+    """(sum of adapted modules' input widths if PEFT casts them to fp32, sum of ranks) for one layer."""
+    if not inp.lora:
+        return 0, 0
+    shapes = text.linear_shapes()
+    targets = [n for n in shapes if n in set(inp.lora_targets)]
+    inputs = sum(shapes[n][0] for n in targets) if inp.dtype_bytes != 4 else 0
+    return inputs, inp.lora_r * len(targets)
+
+
+def _fsdp_buffers(arch: Architecture, inp: PlanInputs) -> int:
+    """FSDP2's unsharded units: the root (everything outside the decoder layers and vision blocks) for the whole pass
+    plus two decoder layers (current + prefetched), in the model dtype."""
+    if inp.strategy != "fsdp2" or inp.world_size <= 1:
+        return 0
+    b = inp.dtype_bytes
+    if arch.text is not None:
+        t = arch.text
+        root = t.params() - t.layers * t.layer_params()
+        if arch.vision is not None:  # patch embedding, mergers, position embeddings: the tower minus its blocks
+            v = arch.vision
+            root += 0 if v.depth == 0 else _vision_root(arch)
+        return (root + 2 * t.layer_params()) * b
+    return 2 * arch.decoder_layer_params() * b
+
+
+def _vision_root(arch: Architecture) -> int:
+    from mmrl.planning.architectures import vision_params
+
+    v = arch.vision
+    one_block = (vision_params(replace(v, depth=2)) - vision_params(replace(v, depth=1)))
+    return v.params() - v.depth * one_block
+
+
+def plan_memory(inp: PlanInputs) -> MemoryBreakdown:
+    """The per-device memory of one training run (bytes per term; see the module docstring for the conventions)."""
+    arch = inp.arch
+    counts = param_counts(arch, dtype_bytes=inp.dtype_bytes, lora=inp.lora, lora_r=inp.lora_r,
+                          lora_targets=inp.lora_targets, freeze_vision=inp.freeze_vision, value_head=inp.value_head)
+    state = model_state_bytes(counts, strategy=inp.strategy, world_size=inp.world_size, offload=inp.offload,
+                              optim_dtype=inp.optim_dtype)
+    b = inp.dtype_bytes
+    notes: list[str] = []
+    reference = 0
+    if inp.kl_reference and not inp.lora:  # a frozen deep copy of the (unsharded) trainable module
+        if arch.diffusion is not None:
+            reference = arch.diffusion.denoiser_params * b
+        else:
+            reference = counts.trainable * counts.trainable_bytes + counts.frozen * counts.frozen_bytes
+    if arch.diffusion is not None:
+        return _plan_diffusion(inp, counts, state, reference, notes)
+
+    t = arch.text
+    lora_in, lora_r = _lora_activation_terms(t, inp)
+    per_layer = layer_activation_bytes(inp.seq, hidden=t.hidden, heads=t.heads, kv_heads=t.kv_heads,
+                                       head_dim=t.head_dim, intermediate=t.intermediate, dtype_bytes=b,
+                                       eager_attention=inp.eager_attention, lora_inputs=lora_in, lora_rank_sum=lora_r)
+    acts = activation_bytes(layers=t.layers, per_layer=per_layer, seq=inp.seq, hidden=t.hidden,
+                            samples=inp.micro_batch, dtype_bytes=b, checkpointing=inp.gradient_checkpointing)
+    if arch.vision is not None and not inp.freeze_vision and inp.image_tokens:
+        v = arch.vision
+        patches = inp.image_tokens * v.merge ** 2
+        v_layer = layer_activation_bytes(patches, hidden=v.hidden, heads=v.heads, kv_heads=v.heads,
+                                         head_dim=v.hidden // v.heads, intermediate=v.intermediate, dtype_bytes=b,
+                                         eager_attention=inp.eager_attention, gated_mlp=v.family == "qwen2_5_vl")
+        acts += activation_bytes(layers=v.depth, per_layer=v_layer, seq=patches, hidden=v.hidden,
+                                 samples=inp.micro_batch, dtype_bytes=b, checkpointing=inp.gradient_checkpointing)
+        notes.append("vision tower trains: its activations are included")
+    logits = logits_bytes(inp.new_tokens, t.vocab, inp.micro_batch)
+    kv = prefill = 0
+    vllm_persistent = 0
+    if inp.engine == "vllm":
+        reservation = int(inp.vllm_fraction * inp.device_bytes)
+        if inp.vllm_sleep:
+            rollout = reservation
+        else:
+            rollout, vllm_persistent = 0, reservation
+    else:
+        kv = kv_cache_bytes(layers=t.layers, kv_heads=t.kv_heads, head_dim=t.head_dim, tokens=inp.seq,
+                            samples=inp.rollout_samples, dtype_bytes=b)
+        prefill = prefill_bytes(prompt_tokens=inp.prompt_tokens, samples=inp.rollout_samples, hidden=t.hidden,
+                                intermediate=t.intermediate, dtype_bytes=b)
+        rollout = kv + prefill
+    return MemoryBreakdown(params=state.params, grads=state.grads, optimizer=state.optimizer, activations=acts,
+                           logits=logits, rollout=rollout, reference=reference, fsdp_buffers=_fsdp_buffers(arch, inp),
+                           overhead=inp.overhead_bytes, vllm_persistent=vllm_persistent, counts=counts,
+                           per_layer=per_layer, kv_cache=kv, prefill=prefill, notes=notes)
+
+
+def _plan_diffusion(inp: PlanInputs, counts: ParamCounts, state: StateBytes, reference: int,
+                    notes: list[str]) -> MemoryBreakdown:
+    """Diffusion: every trained (sample, step) row of a micro-batch keeps its denoiser activations until the backward
+    (``log_probs`` returns all trained steps at once); a row is image latent tokens (+ joint text tokens) through the
+    transformer blocks with a GELU MLP of 4 h. The rollout keeps the latent chain (fp32) of every sample plus a
+    no-grad block's working set. The SD1.5 UNet is approximated with the same rule over its 16 attention blocks at
+    width 640 (rough: docs/scaling.md)."""
+    d = inp.arch.diffusion
+    b = inp.dtype_bytes
+    seq = inp.image_latent_tokens + inp.text_tokens
+    per_layer = layer_activation_bytes(seq, hidden=d.hidden, heads=d.heads, kv_heads=d.heads, head_dim=d.head_dim,
+                                       intermediate=4 * d.hidden, dtype_bytes=b, eager_attention=inp.eager_attention,
+                                       gated_mlp=False)
+    rows = inp.micro_batch * inp.rows_per_sample
+    acts = activation_bytes(layers=d.layers, per_layer=per_layer, seq=seq, hidden=d.hidden, samples=rows,
+                            dtype_bytes=b, checkpointing=inp.gradient_checkpointing)
+    if d.unet:
+        notes.append("SD1.5 UNet activations use the transformer rule at width 640 (rough)")
+    chain = inp.rollout_samples * (inp.num_steps + 1) * inp.latent_elements * 4
+    working = (inp.rollout_forward_batch or inp.rollout_samples) * inp.cfg_branches * per_layer
+    return MemoryBreakdown(params=state.params, grads=state.grads, optimizer=state.optimizer, activations=acts,
+                           logits=0, rollout=chain + working, reference=reference,
+                           fsdp_buffers=_fsdp_buffers(inp.arch, inp), overhead=inp.overhead_bytes, vllm_persistent=0,
+                           counts=counts, per_layer=per_layer, kv_cache=0, prefill=chain + working, notes=notes)

@@ -1,0 +1,349 @@
+"""``mmrl plan``: the run config + ``plan.*`` settings -> planner inputs -> a printed table (docs/scaling.md).
+
+``plan.*`` keys are a namespace of their own: :func:`split_plan_overrides` takes them out of the command line before
+the rest goes to :func:`mmrl.config.load_config`, exactly as ``mmrl train`` would read it.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from mmrl.planning.advice import Suggestion, suggest
+from mmrl.planning.architectures import Architecture, image_tokens_for, resolve_architecture
+from mmrl.planning.memory import GIB, LOGIT_BYTES_PER_ELEMENT, MemoryBreakdown, PlanInputs, dtype_bytes, plan_memory
+
+__all__ = ["PlanSettings", "build_plan", "format_report", "plan_inputs", "report_json", "split_plan_overrides"]
+
+# Processor defaults when model.max_pixels is null: Qwen2/2.5-VL's image processor max_pixels 12845056 and Qwen3-VL's
+# longest_edge 16777216 (16384 vision tokens either way); the tiny builds' own budget is 256 tokens.
+_DEFAULT_MAX_TOKENS_REAL = 16384
+
+
+@dataclass
+class PlanSettings:
+    """``plan.*`` keys of ``mmrl plan`` (not part of the run config)."""
+
+    device_gb: float = 80.0
+    """Memory of one device in GiB (an "80 GB" H100 / A100 has 79.6 GiB; leave some headroom)."""
+    world_size: int = 1
+    """Devices (processes) the run is spread over."""
+    strategy: str = "ddp"
+    """ddp (replicated parameters / gradients / optimizer state) or fsdp2 (sharded over world_size)."""
+    offload: str = "none"
+    """none, optimizer (AdamW state on CPU) or params (fsdp2: parameters, gradients and optimizer state on CPU)."""
+    optim: str = "fp32"
+    """AdamW state: fp32 (fp32 moments, + an fp32 master copy for 16-bit full fine-tuning; 12 B / parameter) or model
+    (moments in the parameter dtype, no master copy: torch AdamW on a bf16 model, as the trainer builds it today)."""
+    text_tokens: int = 128
+    """Text tokens of a prompt (chat template + question)."""
+    images: int | None = None
+    """Images per prompt; default 1 for vlm / vla models, 0 otherwise."""
+    image_tokens: int | None = None
+    """Vision tokens of one image; default model.max_pixels / (patch * merge)**2 (the processor's own budget when
+    max_pixels is null)."""
+    overhead_gb: float | None = None
+    """Fixed per-device overhead in GiB (CUDA context, NCCL buffers, allocator slack); default 1.0, and 0 for a CPU run
+    (trainer.device=cpu or a float32 model)."""
+    json: bool = False
+    """Print the breakdown as JSON (bytes) instead of the table."""
+
+    def validate(self) -> None:
+        from mmrl.errors import ConfigError, check_choice
+
+        check_choice(self.strategy, ("ddp", "fsdp2"), "plan.strategy")
+        check_choice(self.offload, ("none", "optimizer", "params"), "plan.offload")
+        check_choice(self.optim, ("fp32", "model"), "plan.optim")
+        if self.offload == "params" and self.strategy != "fsdp2":
+            raise ConfigError("plan.offload=params needs plan.strategy=fsdp2 (FSDP2's CPUOffloadPolicy)")
+        if not self.device_gb > 0 or self.world_size < 1 or self.text_tokens < 0 or (self.overhead_gb or 0) < 0:
+            raise ConfigError("plan.device_gb must be > 0, plan.world_size >= 1, plan.text_tokens and "
+                              "plan.overhead_gb >= 0")
+        if (self.images is not None and self.images < 0) or (self.image_tokens is not None and self.image_tokens < 0):
+            raise ConfigError("plan.images and plan.image_tokens must be >= 0")
+
+
+def split_plan_overrides(overrides: list[str]) -> tuple[PlanSettings, list[str]]:
+    """``plan.*`` overrides -> :class:`PlanSettings` (validated, unknown keys named); the rest unchanged."""
+    import yaml
+
+    from mmrl.config import from_dict
+
+    raw: dict[str, Any] = {}
+    rest = []
+    for ov in overrides:
+        key = ov.lstrip("+").split("=", 1)[0]
+        if key == "plan" or key.startswith("plan."):
+            from mmrl.errors import ConfigError
+
+            if "=" not in ov or key == "plan":
+                raise ConfigError(f"override '{ov}' is not of the form plan.KEY=value")
+            value = ov.split("=", 1)[1]
+            raw[key[len("plan."):]] = yaml.safe_load(value) if value else None
+        else:
+            rest.append(ov)
+    return from_dict(PlanSettings, raw, "plan"), rest
+
+
+# ============================================================================ config -> inputs
+
+
+def _vocab_hint(cfg) -> int | None:
+    """The tiny LM's vocabulary: the task's characters + <pad>, <bos>, <eos> (only toy tasks have one)."""
+    try:
+        from mmrl.tasks import get_task_class
+
+        vocab = get_task_class(cfg.task.name)(cfg.task, cfg).policy_spec().vocabulary
+    except Exception:  # noqa: BLE001 - a task without a vocabulary (or that cannot be built offline): no hint
+        return None
+    return len(set(vocab)) + 3 if vocab else None
+
+
+def _trained_steps(m) -> int:
+    if m.train_steps == "all_but_last":
+        return m.num_steps - 1
+    if m.train_steps == "random_fraction":
+        return max(1, math.ceil(m.train_fraction * (m.num_steps - 1)))
+    return m.window_size
+
+
+def _overhead_gb(cfg, settings: PlanSettings) -> float:
+    if settings.overhead_gb is not None:
+        return settings.overhead_gb
+    return 0.0 if cfg.trainer.device == "cpu" or cfg.model.dtype == "float32" else 1.0
+
+
+def plan_inputs(cfg, settings: PlanSettings, arch: Architecture | None = None) -> tuple[PlanInputs, dict]:
+    """:class:`PlanInputs` of a validated run config and the ``plan.*`` settings, plus the derived numbers the report
+    prints (``info``)."""
+    from mmrl.errors import ConfigError
+
+    m, tr, algo = cfg.model, cfg.trainer, cfg.algo
+    if arch is None:
+        vocab = _vocab_hint(cfg) if m.type == "causal_lm" and m.path == "tiny" else None
+        arch = resolve_architecture(m, vocab_hint=vocab)
+    world = settings.world_size
+    if tr.batch_size % world:
+        raise ConfigError(f"trainer.batch_size={tr.batch_size} must be divisible by plan.world_size={world}")
+    prompts = tr.batch_size // world
+    group = algo.group_size
+    samples = prompts * group  # trained samples per device per step
+    minibatch = math.ceil(samples / algo.num_minibatches)
+    micro = math.ceil(minibatch / tr.grad_accum)
+    info: dict[str, Any] = {"prompts_per_device": prompts, "samples_per_device": samples, "minibatch": minibatch,
+                            "micro_batch": micro}
+    common = dict(
+        arch=arch, dtype_bytes=dtype_bytes(m.dtype), lora=bool(m.lora.enabled), lora_r=int(m.lora.r),
+        lora_targets=tuple(m.lora.target_modules), gradient_checkpointing=bool(m.gradient_checkpointing),
+        eager_attention=getattr(m, "attn_implementation", "sdpa") == "eager", strategy=settings.strategy,
+        world_size=world, offload=settings.offload, optim_dtype=settings.optim, micro_batch=micro,
+        kl_reference=algo.kl_coef > 0, device_bytes=int(settings.device_gb * GIB),
+        overhead_bytes=int(_overhead_gb(cfg, settings) * GIB), value_head=algo.advantage == "gae")
+    if arch.diffusion is not None:
+        d = arch.diffusion
+        res = m.resolution or (512 if d.unet else 1024)
+        latent_side = res // d.vae_factor
+        cfg_branches = 2 if (m.guidance_scale > 1.0 and not d.guidance_embeds) else 1
+        steps = _trained_steps(m)
+        inp = PlanInputs(**common, rollout_samples=samples, rollout_forward_batch=m.sample_batch_size or samples,
+                         image_latent_tokens=(latent_side // d.patch) ** 2,
+                         latent_elements=d.latent_channels * latent_side * latent_side, num_steps=m.num_steps,
+                         rows_per_sample=steps * cfg_branches, cfg_branches=cfg_branches, new_tokens=0,
+                         text_tokens=d.text_tokens + (m.max_sequence_length if d.joint_t5 else 0))
+        info.update(resolution=res, trained_steps=steps, cfg_branches=cfg_branches)
+        return inp, info
+    images = settings.images if settings.images is not None else (1 if m.type in ("vlm", "vla") else 0)
+    per_image = 0
+    if arch.vision is not None and images:
+        if settings.image_tokens is not None:
+            per_image = settings.image_tokens
+        else:
+            tiny = str(m.path).startswith("tiny")
+            default_tokens = 256 if tiny else _DEFAULT_MAX_TOKENS_REAL
+            per_image = image_tokens_for(arch.vision, getattr(m, "max_pixels", None),
+                                         default_tokens * arch.vision.pixels_per_token)
+    probes = 0
+    if algo.tgrpo is not None and algo.tgrpo.shuffled_group > 0:
+        probes = prompts * algo.tgrpo.shuffled_group  # video prompts: shuffled-frame probes are rolled out too
+    inp = PlanInputs(**common, freeze_vision=bool(getattr(m, "freeze_vision_tower", True)),
+                     rollout_samples=samples + probes, text_tokens=settings.text_tokens, images=images,
+                     image_tokens=images * per_image, new_tokens=int(m.max_new_tokens),
+                     engine=getattr(m, "rollout_engine", "hf"),
+                     vllm_fraction=float(getattr(m, "vllm_gpu_memory_utilization", 0.3)),
+                     vllm_sleep=bool(getattr(m, "vllm_sleep", True)))
+    info.update(per_image_tokens=per_image)
+    return inp, info
+
+
+def build_plan(overrides: list[str]) -> tuple[Any, PlanSettings, PlanInputs, dict, MemoryBreakdown, list[Suggestion]]:
+    """Everything ``mmrl plan`` prints, from its command line."""
+    from mmrl.config import ConfigError, load_config
+    from mmrl.planning.architectures import UnknownArchitectureError
+
+    settings, rest = split_plan_overrides(overrides)
+    cfg = load_config(rest)
+    if cfg.model.type == "vla":
+        raise ConfigError("VLA runs are not modelled (their training forward batches every episode step); "
+                          "plan the underlying VLM with model=<preset> instead")
+    try:
+        inp, info = plan_inputs(cfg, settings)
+    except UnknownArchitectureError as e:
+        raise ConfigError(str(e)) from None
+    bd = plan_memory(inp)
+    spp = info["micro_batch"] * cfg.trainer.grad_accum
+    sugg = suggest(inp, grad_accum=cfg.trainer.grad_accum, samples_per_step=spp, batch_size=cfg.trainer.batch_size)
+    return cfg, settings, inp, info, bd, sugg
+
+
+# ============================================================================ formatting
+
+
+_UNIT = [GIB, "GiB"]  # set per report: MiB when the whole total is under 1 GiB (tiny models)
+
+
+def _g(x: int | float) -> str:
+    return f"{x / _UNIT[0]:.2f}"
+
+
+def _n(x: int) -> str:
+    """A parameter count: 7.62e9 style for big ones, exact for small ones."""
+    return f"{x:,}" if x < 10_000_000 else f"{x / 1e9:.3f}e9"
+
+
+def _optim_formula(inp: PlanInputs, bd: MemoryBreakdown) -> str:
+    c = bd.counts
+    if inp.optim_dtype == "fp32":
+        per = "8 B fp32 moments" + (" + 4 B fp32 master" if c.trainable_bytes < 4 else "")
+    else:
+        per = f"2 x {c.trainable_bytes} B moments"
+    return f"{_n(c.trainable)} trainable x ({per})"
+
+
+def format_report(cfg, settings: PlanSettings, inp: PlanInputs, info: dict, bd: MemoryBreakdown,
+                  suggestions: list[Suggestion]) -> str:
+    arch = inp.arch
+    m = cfg.model
+    c = bd.counts
+    b = inp.dtype_bytes
+    shard = inp.world_size if inp.strategy == "fsdp2" else 1
+    sh = f" / {shard}" if shard > 1 else ""
+    _UNIT[:] = [GIB, "GiB"] if bd.total >= GIB else [1024 ** 2, "MiB"]
+    unit = _UNIT[1]
+    lines = [f"mmrl plan: task={cfg.task.name} model={arch.name} -- sizes from {arch.source}"]
+    if arch.diffusion is not None:
+        d = arch.diffusion
+        lines.append(f"  {_n(arch.total_params())} parameters (denoiser {_n(d.denoiser_params)}, text encoders + VAE "
+                     f"{_n(d.frozen_params)}); {m.dtype}")
+    else:
+        vis = arch.vision.params() if arch.vision else 0
+        lines.append(f"  {_n(arch.total_params())} parameters (LM {_n(arch.text.params())}"
+                     + (f", vision tower {_n(vis)}" if vis else "") + f"); {m.dtype}")
+    if inp.lora:
+        mode = f"LoRA r={inp.lora_r} on {','.join(inp.lora_targets)} (adapters fp32, base frozen)"
+    elif arch.diffusion is not None:
+        mode = "full fine-tuning of the denoiser"
+    else:
+        mode = "full fine-tuning" + (", vision tower frozen" if inp.freeze_vision and arch.vision else "")
+    lines.append(f"  {mode}; trainable {_n(c.trainable)}, frozen {_n(c.frozen)}")
+    optim = "AdamW fp32 moments" + (" + fp32 master weights" if inp.optim_dtype == "fp32" and c.trainable_bytes < 4
+                                    else "") if inp.optim_dtype == "fp32" else "AdamW moments in the parameter dtype"
+    lines.append(f"  {inp.world_size} x {settings.device_gb:g} GiB, {inp.strategy}, offload {inp.offload}; {optim}; "
+                 f"gradient checkpointing {'on' if inp.gradient_checkpointing else 'off'}")
+    if arch.diffusion is not None:
+        lines.append(f"  {info['resolution']} px: {inp.image_latent_tokens} latent tokens + {inp.text_tokens} "
+                     f"text tokens per row; {info['trained_steps']} trained steps x {info['cfg_branches']} CFG "
+                     f"branch(es) = {inp.rows_per_sample} rows per sample")
+    else:
+        lines.append(f"  sequence: {inp.image_tokens} image + {inp.text_tokens} text + {inp.new_tokens} new = "
+                     f"{inp.seq} tokens" + (f" ({inp.images} image(s) x {info.get('per_image_tokens', 0)} tokens)"
+                                            if inp.images else ""))
+    lines.append(f"  micro-batch {inp.micro_batch} samples = {cfg.trainer.batch_size} prompts x {cfg.algo.group_size} "
+                 f"/ {inp.world_size} devices / {cfg.algo.num_minibatches} minibatch(es) / {cfg.trainer.grad_accum} "
+                 f"grad_accum; rollout {inp.rollout_samples} samples at once")
+    lines.append("")
+    rows: list[tuple[str, int, str]] = []
+    ptxt = f"{_n(c.trainable)} x {c.trainable_bytes} B + {_n(c.frozen)} x {c.frozen_bytes} B{sh}"
+    rows.append(("parameters", bd.params, "on CPU (offload=params)" if inp.offload == "params" else ptxt))
+    rows.append(("gradients", bd.grads, "on CPU (offload=params)" if inp.offload == "params"
+                 else f"{_n(c.trainable)} x {c.trainable_bytes} B{sh}"))
+    rows.append(("optimizer state", bd.optimizer, "on CPU" if inp.offload != "none" else _optim_formula(inp, bd) + sh))
+    if arch.diffusion is not None:
+        d = arch.diffusion
+        seq = inp.image_latent_tokens + inp.text_tokens
+        how = (f"{inp.micro_batch * inp.rows_per_sample} rows x " +
+               (f"({d.layers} x {seq} x {d.hidden} x {b} B + one block {bd.per_layer:,} B)"
+                if inp.gradient_checkpointing else f"{d.layers} blocks x {bd.per_layer:,} B") + " (+ final norm)")
+        rows.append(("activations", bd.activations, how))
+        rows.append(("rollout (latents + no-grad block)", bd.rollout, f"{inp.rollout_samples} x {inp.num_steps + 1} "
+                     f"latents x {inp.latent_elements} x 4 B + {inp.cfg_branches} x {inp.rollout_forward_batch} rows "
+                     "x one block"))
+    else:
+        t = arch.text
+        if inp.gradient_checkpointing:
+            how = (f"{inp.micro_batch} x ({t.layers} layers x {inp.seq} x {t.hidden} x {b} B + one layer "
+                   f"{bd.per_layer:,} B) (+ final norm)")
+        else:
+            how = f"{inp.micro_batch} x {t.layers} layers x {bd.per_layer:,} B (+ final norm)"
+        how += f"; one layer = {inp.seq} tokens x {bd.per_layer // max(inp.seq, 1):,} B"
+        rows.append(("activations", bd.activations, how))
+        rows.append(("logits (loss head)", bd.logits,
+                     f"{inp.micro_batch} x {inp.new_tokens} x {t.vocab} x {LOGIT_BYTES_PER_ELEMENT} B"))
+        if inp.engine == "vllm":
+            rows.append(("rollout: vLLM reservation", bd.rollout + bd.vllm_persistent,
+                         f"{inp.vllm_fraction} x {settings.device_gb:g} GiB"
+                         + (" (sleep: released outside generation)" if inp.vllm_sleep else " (held: no sleep mode)")))
+        else:
+            rows.append(("rollout: KV cache", bd.kv_cache, f"2 x {t.layers} x {t.kv_heads} kv heads x {t.head_dim} x "
+                         f"{inp.seq} tokens x {inp.rollout_samples} samples x {b} B"))
+            rows.append(("rollout: prefill", bd.prefill, f"{inp.rollout_samples} x {inp.prompt_tokens} x "
+                         f"(3 x {t.intermediate} + 4 x {t.hidden}) x {b} B"))
+    ref_how = ("algo.kl_coef=0: none" if not inp.kl_reference else
+               "LoRA: the adapter-disabled model, no copy" if inp.lora else
+               "frozen full copy in the model dtype (replicated, even with fsdp2)")
+    rows.append(("reference model (KL)", bd.reference, ref_how))
+    if inp.strategy == "fsdp2" and inp.world_size > 1:
+        rows.append(("fsdp2 gathered units", bd.fsdp_buffers, "root unit (embeddings, lm_head, ...) + 2 layers, "
+                     "unsharded"))
+    rows.append(("runtime overhead", bd.overhead, "plan.overhead_gb"))
+    w = max(len(r[0]) for r in rows) + 2
+    lines.append(f"  {'term'.ljust(w)}{unit:>8}  how")
+    for name, val, how in rows:
+        lines.append(f"  {name.ljust(w)}{_g(val):>8}  {how}")
+    lines.append("  " + "-" * (w + 8))
+    rollout_name = ("latents + no-grad block" if arch.diffusion is not None else
+                    "vLLM" if inp.engine == "vllm" else "KV cache + prefill")
+    lines.append(f"  {'persistent'.ljust(w)}{_g(bd.persistent):>8}  parameters + optimizer + reference"
+                 + (" + gathered units" if bd.fsdp_buffers else "") + " + overhead"
+                 + (" + vLLM" if bd.vllm_persistent else ""))
+    lines.append(f"  {'training peak'.ljust(w)}{_g(bd.training):>8}  gradients + activations + logits")
+    lines.append(f"  {'rollout peak'.ljust(w)}{_g(bd.rollout):>8}  {rollout_name}")
+    device = inp.device_bytes
+    verdict = ("fits" if bd.fits(device) else f"does NOT fit ({_g(bd.total - device)} {unit} over)")
+    lines.append(f"  {'total per device'.ljust(w)}{_g(bd.total):>8}  persistent + max(training, rollout): {verdict} "
+                 f"{settings.device_gb:g} GiB")
+    for note in list(arch.notes) + bd.notes:
+        lines.append(f"  note: {note}")
+    if not bd.fits(device):
+        lines.append("")
+        if not suggestions:
+            lines.append("  no change the planner knows makes it fit: more devices (plan.world_size) or a smaller "
+                         "model")
+        else:
+            lines.append("  to fit, cheapest first (cumulative):")
+            for k, s in enumerate(suggestions, 1):
+                mark = "fits" if s.fits else "still over"
+                lines.append(f"  {k}. {('+ ' if k > 1 else '') + s.override:<40} -> {_g(s.total):>7} {unit}  {mark}; "
+                             f"{s.why}")
+            if not suggestions[-1].fits:
+                lines.append("  even all of these do not fit: more devices (plan.world_size) or a smaller model")
+    return "\n".join(lines)
+
+
+def report_json(inp: PlanInputs, info: dict, bd: MemoryBreakdown, suggestions: list[Suggestion]) -> str:
+    terms = {f.name: getattr(bd, f.name) for f in fields(bd) if f.name not in ("counts", "notes")}
+    out = {"terms_bytes": terms, "persistent": bd.persistent, "training": bd.training, "total": bd.total,
+           "fits": bd.fits(inp.device_bytes), "device_bytes": inp.device_bytes, "counts": asdict(bd.counts),
+           "seq": inp.seq, "info": info,
+           "suggestions": [{"override": s.override, "total": s.total, "fits": s.fits} for s in suggestions]}
+    return json.dumps(out, indent=1)
