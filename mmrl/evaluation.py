@@ -271,20 +271,37 @@ def build_for_eval(cfg: Any) -> tuple[Task, RewardManager, Policy, torch.device]
     device is the CPU (the trainer's order)."""
     from accelerate import Accelerator
 
-    from mmrl.models.registry import policy_builder
-    from mmrl.rewards.user import compose_reward_specs
-    from mmrl.tasks import get_task_class
-
     tr = cfg.trainer
     if tr.threads > 0:
         torch.set_num_threads(tr.threads)
     device = Accelerator(cpu=(tr.device == "cpu")).device
     torch.manual_seed(tr.seed)
-    task = get_task_class(cfg.task.name)(cfg.task, cfg)  # the task sees checkpoint= (VLA: videos into the run dir)
-    rewards = RewardManager(compose_reward_specs(task.reward_specs(), cfg.reward),
-                            error_threshold=tr.reward_error_threshold, window=tr.reward_error_window)
-    policy = policy_builder(cfg.model.type)(cfg, task.policy_spec())
-    return task, rewards, policy, device
+    task = build_task(cfg)  # the task sees checkpoint= (VLA: videos into the run dir)
+    rewards = build_rewards(cfg, task)
+    return task, rewards, build_policy(cfg, task), device
+
+
+def build_task(cfg: Any) -> Task:
+    """The task of ``cfg.task.name`` with its config (what the trainer and ``mmrl eval`` build)."""
+    from mmrl.tasks import get_task_class
+
+    return get_task_class(cfg.task.name)(cfg.task, cfg)
+
+
+def build_rewards(cfg: Any, task: Task) -> RewardManager:
+    """The reward manager of a run: the task's rewards plus (or instead of) the user's ``reward.fns``."""
+    from mmrl.rewards.user import compose_reward_specs
+
+    tr = cfg.trainer
+    return RewardManager(compose_reward_specs(task.reward_specs(), cfg.reward),
+                         error_threshold=tr.reward_error_threshold, window=tr.reward_error_window)
+
+
+def build_policy(cfg: Any, task: Task) -> Policy:
+    """The policy of ``cfg.model.type``, built from the task's :class:`~mmrl.policies.base.PolicySpec`."""
+    from mmrl.models.registry import policy_builder
+
+    return policy_builder(cfg.model.type)(cfg, task.policy_spec())
 
 
 def evaluate_checkpoint(overrides: list[str]) -> CheckpointEval:

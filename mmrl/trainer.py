@@ -32,12 +32,10 @@ from mmrl import algos
 from mmrl.checkpoint import latest_checkpoint, load_training_state, resolve_checkpoint, save_checkpoint
 from mmrl.config import ConfigError, RunConfig, load_config, save_config, to_dict
 from mmrl.data.sampler import PromptSampler, shard
-from mmrl.evaluation import evaluate_policy, prepare_batch
+from mmrl.evaluation import build_policy, build_rewards, build_task, evaluate_policy, prepare_batch
 from mmrl.algos.tgrpo import rollout_temporal_bonus
 from mmrl.policies.base import Policy, PromptBatch, Rollout
 from mmrl.preflight import warn_if_cannot_learn
-from mmrl.rewards.manager import RewardManager
-from mmrl.rewards.user import compose_reward_specs
 from mmrl.rollout.noise import mix_seed
 from mmrl.tracking import Tracker, plot_metrics
 
@@ -121,23 +119,13 @@ class Trainer:
             except FileNotFoundError as e:
                 raise ConfigError(f"checkpoint={cfg.checkpoint}: {e}") from None
 
-        if task is None:
-            from mmrl.tasks import get_task_class
-
-            task = get_task_class(cfg.task.name)(cfg.task, cfg)
-        self.task = task
+        self.task = task = task if task is not None else build_task(cfg)
         # rewards (user files, modules, servers) and the algorithm's needs are checked before the model is loaded
-        self.rewards = RewardManager(compose_reward_specs(task.reward_specs(), cfg.reward),
-                                     error_threshold=tr.reward_error_threshold,
-                                     window=tr.reward_error_window)
+        self.rewards = build_rewards(cfg, task)
         check_algo_against_task(cfg.algo, [s.name for s in self.rewards.specs], task.name)
         if tr.batch_size % self.world:
             raise ConfigError(f"trainer.batch_size={tr.batch_size} must be divisible by the {self.world} processes")
-        if policy is None:
-            from mmrl.models.registry import policy_builder
-
-            policy = policy_builder(cfg.model.type)(cfg, task.policy_spec())
-        self.policy: Policy = policy
+        self.policy: Policy = policy if policy is not None else build_policy(cfg, task)
         if init_from is not None:
             self.policy.load_pretrained(Path(init_from) / "pretrained_model")
         if self.accelerator.device.type != "cpu":
