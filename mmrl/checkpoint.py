@@ -6,10 +6,14 @@ Layout (LeRobot-style)::
         pretrained_model/      # policy.save_pretrained: HF safetensors (or PEFT adapter) + tokenizer
         training_state/
             optimizer.pt  scheduler.pt  rng.pt  state.json   # step, data position, tracker id, ...
+            sharded/           # trainer.strategy=fsdp2 instead of optimizer.pt: every rank's shard of the
+                               # trained parameters and optimizer state (torch.distributed.checkpoint)
+            rng_rank1.pt ...   # several processes: each rank's RNG
         COMPLETE               # written last; a folder without it is never loaded
 
 A checkpoint is written into a hidden temporary folder and renamed into place, so a crash mid-write
-never leaves a "latest" checkpoint that cannot load.
+never leaves a "latest" checkpoint that cannot load. ``pretrained_model/`` is always the gathered,
+unsharded model, loadable anywhere.
 
 A checkpoint is data, not code: every ``.pt`` file is read with ``torch.load(..., weights_only=True)``
 (tensors, numbers, strings, lists, tuples, dicts). The RNG state is saved in that form (numpy's
@@ -25,7 +29,6 @@ import pickle
 import random
 import re
 import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -103,31 +106,55 @@ def safe_load(path: str | Path, *, allow: list | tuple = ()):
         raise UnsafeCheckpointError(f"cannot read checkpoint file {path}: {first}") from None
 
 
+def staging_dir(run_dir: Path, step: int) -> Path:
+    """Where checkpoint ``step`` is written before it is renamed into place (the same path on every rank)."""
+    return Path(run_dir) / "checkpoints" / f".tmp-step_{step:06d}"
+
+
+def start_staging(run_dir: Path, step: int) -> Path:
+    """An empty :func:`staging_dir` (a leftover of an interrupted save is removed)."""
+    tmp = staging_dir(run_dir, step)
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    (tmp / "training_state").mkdir(parents=True)
+    return tmp
+
+
+def write_training_files(tmp: Path, step: int, *, scheduler, state: dict, optimizer=None) -> None:
+    """The single-file parts of ``training_state/``: scheduler, this process's RNG, the trainer state (and the
+    optimizer, unless it is saved sharded)."""
+    ts = Path(tmp) / "training_state"
+    if optimizer is not None:
+        torch.save(optimizer.state_dict(), ts / "optimizer.pt")
+    torch.save(scheduler.state_dict(), ts / "scheduler.pt")
+    torch.save(rng_state(), ts / "rng.pt")
+    (ts / "state.json").write_text(json.dumps({**state, "step": step}, indent=1))
+
+
+def publish_checkpoint(tmp: Path, run_dir: Path, step: int, keep_last: int) -> Path:
+    """Write the completeness marker, rename the staged folder into place and prune old checkpoints."""
+    ckpt_root = Path(run_dir) / "checkpoints"
+    final = ckpt_root / f"step_{step:06d}"
+    (Path(tmp) / MARKER).write_text(f"{step}\n")
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    prune_checkpoints(ckpt_root, keep_last)
+    return final
+
+
 def save_checkpoint(
     run_dir: Path, step: int, *, policy, optimizer, scheduler, state: dict, keep_last: int = 2
 ) -> Path:
-    """Write checkpoint ``step`` atomically and prune older complete ones beyond ``keep_last``."""
-    ckpt_root = Path(run_dir) / "checkpoints"
-    ckpt_root.mkdir(parents=True, exist_ok=True)
-    final = ckpt_root / f"step_{step:06d}"
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-step_{step:06d}-", dir=ckpt_root))
+    """Write checkpoint ``step`` atomically (one process) and prune older complete ones beyond ``keep_last``."""
+    tmp = start_staging(run_dir, step)
     try:
         policy.save_pretrained(tmp / "pretrained_model")
-        ts = tmp / "training_state"
-        ts.mkdir()
-        torch.save(optimizer.state_dict(), ts / "optimizer.pt")
-        torch.save(scheduler.state_dict(), ts / "scheduler.pt")
-        torch.save(rng_state(), ts / "rng.pt")
-        (ts / "state.json").write_text(json.dumps({**state, "step": step}, indent=1))
-        (tmp / MARKER).write_text(f"{step}\n")
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
+        write_training_files(tmp, step, scheduler=scheduler, state=state, optimizer=optimizer)
+        return publish_checkpoint(tmp, run_dir, step, keep_last)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
-    prune_checkpoints(ckpt_root, keep_last)
-    return final
 
 
 def complete_checkpoints(ckpt_root: Path) -> list[Path]:
@@ -166,10 +193,13 @@ def resolve_checkpoint(path: str | Path) -> Path:
     return latest
 
 
-def load_training_state(ckpt: Path, *, optimizer, scheduler) -> dict:
-    """Restore optimizer, scheduler and RNG; return the saved trainer state dict."""
+def load_training_state(ckpt: Path, *, optimizer, scheduler, rng_file: str = "rng.pt") -> dict:
+    """Restore optimizer (``optimizer=None``: it was loaded from the sharded state), scheduler and RNG (``rng_file``
+    when this checkpoint has it: a rank's own state, else rank 0's ``rng.pt``); return the saved trainer state."""
     ts = Path(ckpt) / "training_state"
-    optimizer.load_state_dict(safe_load(ts / "optimizer.pt"))
+    if optimizer is not None:
+        optimizer.load_state_dict(safe_load(ts / "optimizer.pt"))
     scheduler.load_state_dict(safe_load(ts / "scheduler.pt"))
-    set_rng_state(safe_load(ts / "rng.pt", allow=_LEGACY_RNG_GLOBALS))
+    rng = ts / rng_file if (ts / rng_file).exists() else ts / "rng.pt"
+    set_rng_state(safe_load(rng, allow=_LEGACY_RNG_GLOBALS))
     return json.loads((ts / "state.json").read_text())

@@ -139,6 +139,17 @@ class TrainerConfig:
     """Prompts per step (global, across data-parallel processes); samples = batch_size * group_size."""
     grad_accum: int = 1
     """Micro-batches per minibatch (gradient accumulation); exact thanks to global loss normalisers."""
+    strategy: str = "ddp"
+    """With several processes (``torchrun`` / ``accelerate launch``): ``ddp`` replicates the model on every device;
+    ``fsdp2`` shards parameters, gradients and optimizer state (``torch.distributed.fsdp.fully_shard`` per transformer
+    block) and writes sharded checkpoints. See docs/scaling.md."""
+    fsdp_reshard_after_forward: bool = True
+    """fsdp2: free each block's gathered parameters after its forward (less memory, one more all-gather in backward)."""
+    fsdp_offload: bool = False
+    """fsdp2: keep sharded parameters, gradients and optimizer state in CPU memory (slower; for models that do not fit)."""
+    fsdp_param_dtype: str | None = None
+    """fsdp2 mixed precision: gather and compute parameters in this dtype (``bfloat16``); the sharded master weights
+    and the optimizer keep ``model.dtype`` and gradients are reduced in float32. None: compute in ``model.dtype``."""
     lr: float = 1e-4
     """Peak learning rate (AdamW)."""
     weight_decay: float = 0.0
@@ -427,6 +438,9 @@ def validate_algo(algo: AlgoConfig) -> None:
 def validate_trainer(tr: TrainerConfig) -> None:
     check_choice(tr.lr_schedule, ("constant", "linear", "cosine"), "trainer.lr_schedule")
     check_choice(tr.device, ("auto", "cpu", "cuda"), "trainer.device")
+    check_choice(tr.strategy, ("ddp", "fsdp2"), "trainer.strategy")
+    if tr.fsdp_param_dtype is not None:
+        check_choice(tr.fsdp_param_dtype, ("float32", "bfloat16", "float16"), "trainer.fsdp_param_dtype")
     if tr.batch_size < 1 or tr.grad_accum < 1 or tr.max_steps < 0:
         raise ConfigError("trainer.batch_size and trainer.grad_accum must be >= 1, trainer.max_steps >= 0")
     if tr.eval_samples < 1 or (tr.eval_samples > 1 and tr.eval_greedy):
@@ -434,6 +448,35 @@ def validate_trainer(tr: TrainerConfig) -> None:
                           "trainer.eval_greedy=false (greedy copies are identical)")
     if tr.sft_max_items is not None and tr.sft_max_items < 1:
         raise ConfigError(f"trainer.sft_max_items must be >= 1 (or null for all items), got {tr.sft_max_items}")
+
+
+def validate_sampling(model: Any) -> None:
+    """Sampling settings of a token model (``model.temperature`` / ``top_p``) and, with
+    ``model.rollout_engine=vllm``, the values vLLM would reject or silently change (it raises temperatures in
+    (0, 0.01) to 0.01 and refuses ones above 2), so the trainer's log-probs never use another temperature than the
+    sampler's; plus the engine's own numeric settings."""
+    import math
+
+    if not hasattr(model, "temperature"):
+        return
+    t, top_p = model.temperature, getattr(model, "top_p", 1.0)
+    if not (math.isfinite(t) and t > 0):
+        raise ConfigError(f"model.temperature must be a finite number > 0 (rollouts sample, and log-probs are "
+                          f"computed, at logits / temperature), got {t}")
+    if not (math.isfinite(top_p) and 0 < top_p <= 1):
+        raise ConfigError(f"model.top_p must be in (0, 1], got {top_p}")
+    if getattr(model, "rollout_engine", "hf") != "vllm":
+        return
+    from mmrl.rollout.vllm_engine import check_vllm_sampling
+
+    try:
+        check_vllm_sampling(t, top_p)
+    except ValueError as e:
+        raise ConfigError(f"model.temperature with model.rollout_engine=vllm: {e}") from None
+    if not 0 < model.vllm_gpu_memory_utilization <= 1:
+        raise ConfigError(f"model.vllm_gpu_memory_utilization must be in (0, 1], got {model.vllm_gpu_memory_utilization}")
+    if model.vllm_max_images_per_prompt < 1:
+        raise ConfigError(f"model.vllm_max_images_per_prompt must be >= 1, got {model.vllm_max_images_per_prompt}")
 
 
 # ---------------------------------------------------------------- composition
@@ -515,6 +558,7 @@ def build_run_config(raw: dict) -> RunConfig:
     )
     validate_algo(cfg.algo)
     validate_trainer(cfg.trainer)
+    validate_sampling(cfg.model)
     return cfg
 
 

@@ -125,6 +125,8 @@ class Trainer:
         check_algo_against_task(cfg.algo, [s.name for s in self.rewards.specs], task.name)
         if tr.batch_size % self.world:
             raise ConfigError(f"trainer.batch_size={tr.batch_size} must be divisible by the {self.world} processes")
+        if self.is_main and policy is None:
+            self._warn_if_out_of_memory()
         self.policy: Policy = policy if policy is not None else build_policy(cfg, task)
         if init_from is not None:
             self.policy.load_pretrained(Path(init_from) / "pretrained_model")
@@ -133,6 +135,13 @@ class Trainer:
 
         self.train_items = list(task.train_items())
         self.sampler = PromptSampler(len(self.train_items), tr.batch_size, tr.seed)
+        self.sharded = False  # True when trainer.strategy=fsdp2 sharded the policy over several processes
+        if self.world > 1:
+            self._wrap_for_data_parallel()
+        elif tr.strategy == "fsdp2" and self.is_main:
+            log.info("trainer.strategy=fsdp2 in one process: nothing to shard; training unsharded, checkpoints in the "
+                     "sharded format (loadable at any world size)")
+        # built after sharding: FSDP2's optimizer holds the sharded parameters
         params = self._params = self.policy.trainable_parameters()
         if not params:
             raise ConfigError("the policy has no trainable parameters")
@@ -140,8 +149,6 @@ class Trainer:
                                            weight_decay=tr.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, _lr_lambda(tr.lr_schedule, tr.warmup_steps, tr.max_steps))
-        if self.world > 1:
-            self.policy.model = self.accelerator.prepare_model(self.policy.model)
 
         self.step = 0
         self.skipped_total = 0
@@ -154,6 +161,55 @@ class Trainer:
         self.tracker: Tracker | None = None
         self.callbacks: list[Callable[["Trainer", dict], None]] = []
         self.last_eval: dict[str, float] = {}
+
+    def _warn_if_out_of_memory(self) -> None:
+        """``mmrl plan``'s verdict for this run on this device, before the model is loaded: a warning with the
+        cheapest fixes when it will not fit (:func:`mmrl.planning.report.start_of_run_warning`)."""
+        from mmrl.planning.report import device_memory_gb, start_of_run_warning
+
+        msg = start_of_run_warning(self.cfg, device_gb=device_memory_gb(self.accelerator.device), world_size=self.world)
+        if msg:
+            log.warning(msg)
+
+    def _wrap_for_data_parallel(self) -> None:
+        """``trainer.strategy``: DDP through accelerate, or FSDP2 sharding of every module the policy names."""
+        tr = self.cfg.trainer
+        launched_as = str(self.accelerator.distributed_type).rsplit(".", 1)[-1]
+        if launched_as in ("FSDP", "DEEPSPEED", "MEGATRON_LM"):
+            raise ConfigError(
+                f"accelerate was configured for {launched_as}: mmrl shards the model itself; launch with a plain "
+                "multi-process config (configs/accelerate/ddp.yaml, or torchrun) and choose trainer.strategy=ddp|fsdp2")
+        if tr.strategy == "ddp":
+            self.policy.model = self.accelerator.prepare_model(self.policy.model)
+            return
+        if getattr(self.cfg.model, "ema", False):
+            raise ConfigError("model.ema=true with trainer.strategy=fsdp2 is not supported yet (the EMA copy is not "
+                              "sharded); use trainer.strategy=ddp or model.ema=false")
+        from mmrl.parallel.fsdp import shard_module
+
+        for module in self.policy.shardable_modules():
+            shard_module(module, reshard_after_forward=tr.fsdp_reshard_after_forward, offload=tr.fsdp_offload,
+                         param_dtype=tr.fsdp_param_dtype)
+        self.sharded = True
+
+    def _gathered(self, metrics: dict | None = None):
+        """Full parameters for rollouts and evaluation under fsdp2 (no collectives inside); a no-op otherwise."""
+        if not self.sharded:
+            return contextlib.nullcontext()
+        from mmrl.parallel.fsdp import gathered_parameters
+
+        return gathered_parameters(self.policy.model, metrics,
+                                   reshard_after_forward=self.cfg.trainer.fsdp_reshard_after_forward)
+
+    def _no_sync(self, sync: bool):
+        """Skip the gradient all-reduce / reduce-scatter of micro-batches before the last one of a minibatch."""
+        if self.world == 1 or sync:
+            return contextlib.nullcontext()
+        if self.sharded:
+            from mmrl.parallel.fsdp import gradient_sync
+
+            return gradient_sync(self.policy.model, False)
+        return self.accelerator.no_sync(self.policy.model)
 
     @property
     def stopped_by_signal(self) -> int | None:
@@ -237,6 +293,8 @@ class Trainer:
             raise RuntimeError("call setup_run_dir() (or fit()) before saving")
         path = None
         self._saved_step = self.step
+        if self.cfg.trainer.strategy == "fsdp2":
+            return self._save_sharded_checkpoint()
         if self.is_main:
             path = save_checkpoint(self.run_dir, self.step, policy=self.policy, optimizer=self.optimizer,
                                    scheduler=self.scheduler, state=self.trainer_state(),
@@ -244,10 +302,48 @@ class Trainer:
         self.accelerator.wait_for_everyone()
         return path
 
+    def _save_sharded_checkpoint(self) -> Path | None:
+        """Every rank writes its shard of the trained parameters and optimizer state (DCP) and its RNG; rank 0 writes
+        the gathered ``pretrained_model/``, the scheduler and the trainer state, then publishes atomically."""
+        from mmrl.checkpoint import publish_checkpoint, rng_state, staging_dir, start_staging, write_training_files
+        from mmrl.parallel.fsdp import full_state_dict_view
+        from mmrl.parallel.sharded_checkpoint import SHARDED_DIR, rank_rng_file, save_sharded_state
+
+        tmp = start_staging(self.run_dir, self.step) if self.is_main else staging_dir(self.run_dir, self.step)
+        self.accelerator.wait_for_everyone()
+        with full_state_dict_view(self.policy.model) as writer:
+            if writer:
+                self.policy.save_pretrained(tmp / "pretrained_model")
+        save_sharded_state(tmp / "training_state" / SHARDED_DIR, self.policy.model, self.optimizer)
+        if not self.is_main:
+            torch.save(rng_state(), tmp / "training_state" / rank_rng_file(self.rank))
+        self.accelerator.wait_for_everyone()
+        path = None
+        if self.is_main:
+            state = {**self.trainer_state(), "world_size": self.world, "strategy": "fsdp2"}
+            write_training_files(tmp, self.step, scheduler=self.scheduler, state=state)
+            path = publish_checkpoint(tmp, self.run_dir, self.step, self.cfg.trainer.keep_last)
+        self.accelerator.wait_for_everyone()
+        return path
+
     def load_checkpoint(self, path: Path) -> dict:
+        """Continue from a checkpoint: the policy's weights, optimizer (single file or sharded, at any world size),
+        scheduler, RNG and data position."""
+        from mmrl.parallel.sharded_checkpoint import SHARDED_DIR, load_sharded_state, rank_rng_file
+
         path = Path(path)
-        self.policy.load_pretrained(path / "pretrained_model")
-        state = load_training_state(path, optimizer=self.optimizer, scheduler=self.scheduler)
+        sharded_state = path / "training_state" / SHARDED_DIR
+        if self.sharded:
+            if not sharded_state.exists():
+                raise ConfigError(f"{path} was written with trainer.strategy=ddp (one optimizer file); continue it with "
+                                  "trainer.strategy=ddp (an fsdp2 run resumes from fsdp2 checkpoints)")
+            # the trained parameters come from the shards; frozen ones are the model's own build
+        else:
+            self.policy.load_pretrained(path / "pretrained_model")
+        if sharded_state.exists():
+            load_sharded_state(sharded_state, self.policy.model, self.optimizer)
+        state = load_training_state(path, optimizer=None if sharded_state.exists() else self.optimizer,
+                                    scheduler=self.scheduler, rng_file=rank_rng_file(self.rank))
         self.step = state["step"]
         self.sampler.load_state_dict(state["sampler"])
         self.skipped_total = state.get("skipped_total", 0)
@@ -305,27 +401,30 @@ class Trainer:
         skipped = seen = too_long_total = 0
         rounds = 0
         t0 = time.perf_counter()
-        for rounds in range(1, 2 + (algo.max_resample if algo.filter_groups else 0)):
-            batch, sk = self._next_prompts()
-            skipped += sk
-            seen += sk + len(batch)
-            if not len(batch):
-                continue
-            ro = self.policy.rollout(batch, algo.group_size)
-            too_long = int(ro.metrics.get("data/too_long", 0))  # prompts the policy could not take: skipped items too
-            skipped += too_long
-            too_long_total += too_long
-            self._score(batch, ro)
-            if rounds == 1:
-                metrics.update(ro.metrics)
-            if algo.filter_groups:
-                keep = algos.nonzero_variance_groups(ro.rewards, ro.group_id, ro.valid)
-                ro = ro.index(torch.nonzero(keep).flatten())
-            n_groups_kept += int(torch.unique(ro.group_id).numel()) if ro.batch_size else 0
-            if ro.batch_size:
-                kept.append(ro)
-            if not algo.filter_groups or n_groups_kept >= target_groups:
-                break
+        # fsdp2: the full weights are gathered once for all rounds; ranks may need different numbers of DAPO rounds,
+        # and no collective runs inside (a per-round gather would pair rank 0's second round with nothing)
+        with self._gathered(metrics):
+            for rounds in range(1, 2 + (algo.max_resample if algo.filter_groups else 0)):
+                batch, sk = self._next_prompts()
+                skipped += sk
+                seen += sk + len(batch)
+                if not len(batch):
+                    continue
+                ro = self.policy.rollout(batch, algo.group_size)
+                too_long = int(ro.metrics.get("data/too_long", 0))  # prompts the policy could not take: skipped items too
+                skipped += too_long
+                too_long_total += too_long
+                self._score(batch, ro)
+                if rounds == 1:
+                    metrics.update(ro.metrics)
+                if algo.filter_groups:
+                    keep = algos.nonzero_variance_groups(ro.rewards, ro.group_id, ro.valid)
+                    ro = ro.index(torch.nonzero(keep).flatten())
+                n_groups_kept += int(torch.unique(ro.group_id).numel()) if ro.batch_size else 0
+                if ro.batch_size:
+                    kept.append(ro)
+                if not algo.filter_groups or n_groups_kept >= target_groups:
+                    break
         metrics["time/rollout"] = time.perf_counter() - t0
         self.skipped_total += skipped
         self.seen_total += seen
@@ -369,6 +468,10 @@ class Trainer:
         with torch.no_grad(), ctx:
             for mb in self._micro_batches(torch.arange(ro.batch_size)):
                 if mb.numel() == 0:
+                    if not self.sharded:
+                        continue
+                    # every fsdp2 forward is collective: a rank with fewer rows runs (and drops) a one-row forward
+                    self.policy.log_probs(ro.index(torch.zeros(1, dtype=torch.long)), values=values)
                     continue
                 out = self.policy.log_probs(ro.index(mb), values=values)
                 logps.append(out.logp.detach().float().cpu())
@@ -481,8 +584,7 @@ class Trainer:
                     sub = ro.index(mi)
                     m = mask[mi].to(self.accelerator.device)
                     sync = k == len(micro) - 1
-                    ctx = self.accelerator.no_sync(self.policy.model) if (self.world > 1 and not sync) else contextlib.nullcontext()
-                    with ctx:
+                    with self._no_sync(sync):
                         out = self.policy.log_probs(sub, entropy=need_entropy, values=use_gae)
                         logp = out.logp.float()
                         dev = logp.device
@@ -542,8 +644,10 @@ class Trainer:
         limit = limit if limit is not None else tr.eval_size
         if limit is not None:
             items = items[:limit]
-        self.last_eval = evaluate_policy(self.task, self.policy, self.rewards, items, seed=tr.seed,
-                                         batch_size=tr.batch_size, samples=tr.eval_samples, greedy=tr.eval_greedy)
+        with self._gathered():
+            self.last_eval = evaluate_policy(self.task, self.policy, self.rewards, items, seed=tr.seed,
+                                             batch_size=tr.batch_size, samples=tr.eval_samples,
+                                             greedy=tr.eval_greedy)
         return self.last_eval
 
     # ------------------------------------------------------------------ the loop

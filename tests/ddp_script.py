@@ -1,20 +1,32 @@
-"""Run a few toy-task steps and save the parameters (used by test_ddp under `accelerate launch`)."""
+"""Run a few steps (the toy task unless ``task=...`` is given) and save the gathered parameters (used by test_ddp
+and test_fsdp under `accelerate launch`)."""
 import sys
+from pathlib import Path
 
 import torch
 
 from mmrl.config import load_config
+from mmrl.parallel.fsdp import full_state_dict
 from mmrl.trainer import Trainer
 
-out, steps, extra = sys.argv[1], int(sys.argv[2]), sys.argv[3:]  # extra: more key=value overrides
-torch.set_num_threads(1)
-cfg = load_config([
-    "task=toy_arithmetic", f"trainer.output_dir={out}", "trainer.run_name=run", f"trainer.max_steps={steps}",
-    "trainer.batch_size=4", "algo.group_size=4", "trainer.eval_at_end=false", "trainer.progress=false",
-    "trainer.tensorboard=false", "trainer.plot=false", "trainer.device=cpu", "algo.loss_agg=token_mean", *extra,
-])
-tr = Trainer(cfg)
-tr.fit()
-if tr.is_main:
-    (__import__("pathlib").Path(out) / "world.txt").write_text(str(tr.world))
-    torch.save({k: v.detach().cpu() for k, v in tr.policy.module.state_dict().items()}, f"{out}/params.pt")
+
+def main() -> None:
+    out, steps, extra = sys.argv[1], int(sys.argv[2]), sys.argv[3:]  # extra: more key=value overrides
+    torch.set_num_threads(1)
+    task = [] if any(x.startswith("task=") for x in extra) else ["task=toy_arithmetic"]
+    cfg = load_config([
+        *task, f"trainer.output_dir={out}", "trainer.run_name=run", f"trainer.max_steps={steps}",
+        "trainer.batch_size=4", "algo.group_size=4", "trainer.eval_at_end=false", "trainer.progress=false",
+        "trainer.tensorboard=false", "trainer.plot=false", "trainer.device=cpu", "algo.loss_agg=token_mean", *extra,
+    ])
+    tr = Trainer(cfg)
+    tr.fit()
+    params = full_state_dict(tr.policy.module)  # gathered from the shards under trainer.strategy=fsdp2 (collective)
+    if tr.is_main:
+        (Path(out) / "world.txt").write_text(f"{tr.world}")
+        (Path(out) / "sharded.txt").write_text(f"{tr.sharded}")
+        torch.save(params, f"{out}/params.pt")
+
+
+if __name__ == "__main__":  # spawned children (env workers, demo collection) import this module
+    main()

@@ -1,6 +1,10 @@
 """Shared test helpers: small toy-task configs and trainers."""
 from __future__ import annotations
 
+import os
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 from mmrl.config import load_config
@@ -26,3 +30,37 @@ def toy_overrides(tmp_path: Path, *extra: str, steps: int = 4, run: str = "run")
 
 def toy_trainer(tmp_path: Path, *extra: str, steps: int = 4, run: str = "run") -> Trainer:
     return Trainer(load_config(toy_overrides(tmp_path, *extra, steps=steps, run=run)))
+
+
+DDP_SCRIPT = Path(__file__).with_name("ddp_script.py")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_script(out: Path, steps: int, *extra: str, processes: int = 1, timeout: float = 900) -> None:
+    """Run tests/ddp_script.py (a short training run that saves its gathered parameters to ``out/params.pt``) in one
+    process, or in ``processes`` CPU processes with ``accelerate launch`` (gloo)."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(DDP_SCRIPT.parent.parent))
+    env.pop("WORLD_SIZE", None)
+    cmd = [sys.executable, str(DDP_SCRIPT), str(out), str(steps), *extra]
+    if processes > 1:
+        cmd[1:1] = ["-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(processes),
+                    "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+                    "--main_process_port", str(free_port())]
+    p = subprocess.run(cmd, env=env, timeout=timeout, capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr[-4000:]
+    assert (out / "world.txt").read_text() == str(processes)
+
+
+def run_results(out: Path):
+    """(gathered parameters, grad norm per step) of a :func:`run_script` run."""
+    import torch
+
+    from mmrl.tracking import read_metrics
+
+    norms = [r["optim/grad_norm"] for r in read_metrics(out / "run" / "metrics.jsonl") if "optim/grad_norm" in r]
+    return torch.load(out / "params.pt"), norms

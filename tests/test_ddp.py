@@ -1,43 +1,15 @@
 """Data parallel through accelerate: 2 CPU processes (gloo) == 1 process with the same global batch."""
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import torch
 
-SCRIPT = Path(__file__).with_name("ddp_script.py")
-
-
-def _env():
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(SCRIPT.parent.parent))
-    env.pop("WORLD_SIZE", None)
-    return env
+from tests.helpers import run_results, run_script
 
 
 def _one_and_two(tmp_path, steps: int, *extra: str):
     """Parameters and grad norms of the same run in one process and in two (accelerate, gloo)."""
-    one, two = tmp_path / "one", tmp_path / "two"
-    subprocess.run([sys.executable, str(SCRIPT), str(one), str(steps), *extra], check=True, env=_env(), timeout=600)
-    launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-              "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port",
-              str(_free_port()), str(SCRIPT), str(two), str(steps), *extra]
-    p = subprocess.run(launch, env=_env(), timeout=600, capture_output=True, text=True)
-    assert p.returncode == 0, p.stderr[-3000:]
-    assert (one / "world.txt").read_text() == "1" and (two / "world.txt").read_text() == "2"
-    from mmrl.tracking import read_metrics
-
-    ga = [r["optim/grad_norm"] for r in read_metrics(one / "run" / "metrics.jsonl")]
-    gb = [r["optim/grad_norm"] for r in read_metrics(two / "run" / "metrics.jsonl")]
-    return torch.load(one / "params.pt"), torch.load(two / "params.pt"), ga, gb
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    run_script(tmp_path / "one", steps, *extra)
+    run_script(tmp_path / "two", steps, *extra, processes=2)
+    (a, ga), (b, gb) = run_results(tmp_path / "one"), run_results(tmp_path / "two")
+    return a, b, ga, gb
 
 
 def test_two_processes_match_one(tmp_path):

@@ -333,7 +333,10 @@ MEASURE_BASE = ["task=vqa_grounding", "model=tiny_qwen2_5_vl", "trainer.sft_step
                 "algo.group_size=8", "model.max_new_tokens=32", "trainer.eval_at_end=false",
                 "trainer.tensorboard=false",
                 "trainer.plot=false", "trainer.progress=false", "trainer.device=cpu", "trainer.threads=1",
-                "task.num_train=16", "task.num_eval=4", "task.image_sizes=[[448,448]]"]
+                "task.num_train=16", "task.num_eval=4", "task.image_sizes=[[448,448]]",
+                "model.shared_prefix=false"]
+"""The planner counts the unshared training forward (G x (prompt + completion) tokens, an upper bound of the shared
+one), so the run it is checked against is unshared too."""
 MEASURED = {
     "full fine-tuning": [],
     "LoRA": ["model.lora.enabled=true"],
@@ -467,3 +470,46 @@ def test_planner_total_within_25_percent_of_measured_peak(measured):
 
 if __name__ == "__main__":
     print("RESULT " + json.dumps(_measure_child(json.loads(sys.argv[1]))))
+
+
+# ============================================================================ the check at the start of `mmrl train`
+
+
+def test_start_of_run_warning_for_a_run_that_does_not_fit():
+    from mmrl.config import load_config
+    from mmrl.planning.report import start_of_run_warning
+
+    full = load_config(["task=vqa_grounding", "model=qwen2_5_vl_7b", "model.lora.enabled=false",
+                        "model.dtype=bfloat16", "model.max_new_tokens=512"])
+    msg = start_of_run_warning(full, device_gb=80, world_size=8)  # ddp: every device holds the whole 7B state
+    assert msg is not None and "it will likely run out of memory" in msg and "strategy=ddp, 8 process(es)" in msg
+    assert "1. trainer.strategy=fsdp2" in msg and "plan." not in msg  # the training setting, not the plan key
+    # the same numbers as `mmrl plan` with the trainer's optimizer (moments in bf16)
+    from mmrl.planning.report import build_plan
+
+    _, _, _, _, bd, _ = build_plan(["task=vqa_grounding", "model=qwen2_5_vl_7b", "model.lora.enabled=false",
+                                    "model.dtype=bfloat16", "model.max_new_tokens=512", "plan.world_size=8",
+                                    "plan.device_gb=80", "plan.optim=model"])
+    assert f"about {bd.total / 2**30:.1f} GiB per device" in msg
+    fsdp = load_config(["task=vqa_grounding", "model=qwen2_5_vl_7b", "model.lora.enabled=false",
+                        "model.dtype=bfloat16", "model.max_new_tokens=512", "trainer.strategy=fsdp2"])
+    assert start_of_run_warning(fsdp, device_gb=80, world_size=8) is None  # sharded over 8: fits
+    assert start_of_run_warning(full, device_gb=None, world_size=8) is None  # a CPU run: no device bound
+    assert start_of_run_warning(load_config(["task=vla_reach"]), device_gb=0.001, world_size=1) is None  # not modelled
+
+
+def test_trainer_warns_at_start_when_the_plan_does_not_fit(tmp_path, monkeypatch, caplog):
+    import logging
+
+    from mmrl.planning import report
+    from tests.helpers import toy_trainer
+
+    monkeypatch.setattr(report, "device_memory_gb", lambda device: 1e-6)  # a device of ~1 KiB
+    with caplog.at_level(logging.WARNING, logger="mmrl.trainer"):
+        toy_trainer(tmp_path, steps=0)
+    assert any("it will likely run out of memory" in r.getMessage() for r in caplog.records)
+    caplog.clear()
+    monkeypatch.setattr(report, "device_memory_gb", lambda device: None)  # CPU
+    with caplog.at_level(logging.WARNING, logger="mmrl.trainer"):
+        toy_trainer(tmp_path, steps=0, run="run2")
+    assert not any("run out of memory" in r.getMessage() for r in caplog.records)

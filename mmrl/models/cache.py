@@ -4,16 +4,21 @@
 missing or incomplete it calls ``build(tmp_dir)`` in a temporary folder next to it, writes a
 completeness marker and renames it into place, so a crash or a concurrent builder never leaves a
 half-written model that later runs would load.
+
+Building leaves the caller's random state as it found it (torch, numpy, ``random``): a run that had to build
+its tiny model first draws the same LoRA init, noise and data as a run that found it cached.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import random
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 MARKER = ".mmrl_complete"
 
@@ -27,6 +32,21 @@ def spec_hash(spec: dict) -> str:
     return hashlib.sha256(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
+@contextlib.contextmanager
+def preserved_rng() -> Iterator[None]:
+    """Restore torch's (CPU and CUDA), numpy's and ``random``'s global generators on exit."""
+    import numpy as np
+    import torch
+
+    py, npy = random.getstate(), np.random.get_state()
+    with torch.random.fork_rng(devices=range(torch.cuda.device_count()) if torch.cuda.is_initialized() else []):
+        try:
+            yield
+        finally:
+            random.setstate(py)
+            np.random.set_state(npy)
+
+
 def cached_build(kind: str, spec: dict, build: Callable[[Path], None], *, root: Path | None = None) -> Path:
     """Build once into the cache (atomically) and return the folder."""
     root = Path(root) if root is not None else cache_root() / "models"
@@ -36,7 +56,8 @@ def cached_build(kind: str, spec: dict, build: Callable[[Path], None], *, root: 
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=root))
     try:
-        build(tmp)
+        with preserved_rng():
+            build(tmp)
         (tmp / "mmrl_spec.json").write_text(json.dumps(spec, sort_keys=True, indent=1, default=str))
         (tmp / MARKER).write_text("ok\n")
         if target.exists() and not (target / MARKER).exists():

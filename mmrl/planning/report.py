@@ -347,3 +347,51 @@ def report_json(inp: PlanInputs, info: dict, bd: MemoryBreakdown, suggestions: l
            "seq": inp.seq, "info": info,
            "suggestions": [{"override": s.override, "total": s.total, "fits": s.fits} for s in suggestions]}
     return json.dumps(out, indent=1)
+
+
+# ============================================================================ at the start of `mmrl train`
+
+
+def device_memory_gb(device: "Any") -> float | None:
+    """Total memory of a CUDA ``torch.device`` in GiB; None for a CPU (no device bound to check against)."""
+    import torch
+
+    if getattr(device, "type", "cpu") != "cuda" or not torch.cuda.is_available():
+        return None
+    return torch.cuda.get_device_properties(device).total_memory / GIB
+
+
+_TRAINER_OVERRIDE = {"plan.strategy=fsdp2": "trainer.strategy=fsdp2", "plan.offload=params": "trainer.fsdp_offload=true"}
+"""The training setting behind a ``plan.*`` suggestion (``plan.offload=optimizer`` alone has none: not offered)."""
+
+
+def start_of_run_warning(cfg, *, device_gb: float | None, world_size: int) -> str | None:
+    """What ``mmrl train`` warns before loading a run that will not fit: the plan of ``cfg`` (its own strategy, offload,
+    world size, AdamW as the trainer builds it: moments in the parameter dtype) against ``device_gb``, with the
+    cheapest changes that fit. None when it fits, when there is no device bound (CPU), or when the run is not
+    modelled (VLA, an architecture the planner cannot read: no warning rather than a wrong one)."""
+    from mmrl.errors import ConfigError
+    from mmrl.planning.architectures import UnknownArchitectureError
+
+    if device_gb is None or cfg.model.type == "vla":
+        return None
+    tr = cfg.trainer
+    settings = PlanSettings(device_gb=device_gb, world_size=world_size, strategy=tr.strategy, optim="model",
+                            offload="params" if tr.strategy == "fsdp2" and tr.fsdp_offload else "none")
+    try:
+        inp, info = plan_inputs(cfg, settings)
+    except (UnknownArchitectureError, ConfigError, OSError, ValueError):
+        return None
+    bd = plan_memory(inp)
+    if bd.fits(inp.device_bytes):
+        return None
+    sugg = suggest(inp, grad_accum=tr.grad_accum, samples_per_step=info["micro_batch"] * tr.grad_accum,
+                   batch_size=tr.batch_size)
+    sugg = [s for s in sugg if s.override in _TRAINER_OVERRIDE or not s.override.startswith("plan.")]
+    lines = [f"mmrl plan: this run needs about {bd.total / GIB:.1f} GiB per device and the device has "
+             f"{device_gb:.1f} GiB: it will likely run out of memory (strategy={tr.strategy}, {world_size} "
+             "process(es)). Cheapest changes, in order:"]
+    lines += [f"  {k}. {_TRAINER_OVERRIDE.get(s.override, s.override):<40s} -> {s.total / GIB:.1f} GiB ({'fits' if s.fits else 'still over'})"
+              for k, s in enumerate(sugg, 1)] or ["  (none of the known changes is enough)"]
+    lines.append("  `mmrl plan <the same overrides>` prints the whole breakdown (docs/scaling.md)")
+    return "\n".join(lines)

@@ -323,6 +323,14 @@ class Policy(abc.ABC):
     def close(self) -> None:
         """Release external resources (simulator workers...). Default: nothing to release."""
 
+    _frozen_ref: "FrozenCopyReference | None" = None
+    """A full fine-tune's frozen reference copy (None with LoRA: the reference is the model with adapters off)."""
+
+    def shardable_modules(self) -> list[torch.nn.Module]:
+        """The modules a sharding strategy (``trainer.strategy=fsdp2``) wraps: the trained ``model`` and, when the
+        policy keeps one, its frozen reference copy. Default: exactly those."""
+        return [self.model] + ([self._frozen_ref.frozen] if self._frozen_ref is not None else [])
+
 
 class FrozenCopyReference:
     """A reference policy held as a frozen deep copy of the initial model.
@@ -338,6 +346,11 @@ class FrozenCopyReference:
         self._frozen = copy.deepcopy(_unwrap(policy.model)).eval()
         for p in self._frozen.parameters():
             p.requires_grad_(False)
+
+    @property
+    def frozen(self) -> torch.nn.Module:
+        """The frozen copy itself (what :meth:`swap` puts in place of the policy's model)."""
+        return self._frozen
 
     @contextlib.contextmanager
     def swap(self):

@@ -153,7 +153,11 @@ def generate_completions(
     )
     prompt_len = inputs["input_ids"].shape[1]
     with torch.no_grad():
-        out = model.generate(**inputs, generation_config=gen_cfg, logits_processor=LogitsProcessorList([sampler]))
+        # synced_gpus=False: transformers turns it on for FSDP-managed modules and then all-reduces at every token, which
+        # pairs up only if every rank generates as often (DAPO rounds, VLA episode steps differ); under
+        # trainer.strategy=fsdp2 the weights are gathered for the whole rollout, so no rank needs the others
+        out = model.generate(**inputs, generation_config=gen_cfg, logits_processor=LogitsProcessorList([sampler]),
+                           synced_gpus=False)
     ids = out[:, prompt_len:]
     mask, truncated = completion_mask(ids, eos_ids)
     logp = sampler.behaviour_logp(ids.shape[1]) * mask
