@@ -3,32 +3,44 @@
 The engine samples the completions of :meth:`mmrl.policies.vlm.VLMPolicy.rollout` when
 ``model.rollout_engine=vllm``; everything else (log-probs, training, rewards) stays in the trainer.
 One ``vllm.LLM`` lives in the training process (``distributed_executor_backend="external_launcher"``,
-tensor parallel 1) and shares the GPU with the trainer:
+tensor parallel 1) and shares the GPU with the trainer. Written and reviewed against vLLM 0.33 (the
+``vllm`` extra pins ``vllm>=0.33,<0.34``; docs/vllm.md):
 
 1. **Same inputs.** Requests are built from the trainer's own :class:`~mmrl.policies.vlm.PromptInputs`
    (the templated ``text`` and the RGB images, ``multi_modal_data``), with ``mm_processor_kwargs``
    read from the trainer's processor (the same ``min/max_pixels`` budget), so both sides resize the
    images identically. The engine's tokenised prompt is compared with the trainer's: a different
    number of image tokens raises :class:`PromptMismatchError` naming the pixel settings (the
-   "image features and image tokens do not match" complaints of R1-V #133 / EasyR1 #267).
+   "image features and image tokens do not match" complaints of R1-V #133 / EasyR1 #267). vLLM's
+   ``limit_mm_per_prompt`` is ``model.vllm_max_images_per_prompt`` images and no video; a prompt with
+   more images raises before it reaches vLLM.
 2. **Same log-probs.** ``logprobs=0`` returns the sampled token's log-prob; with
    ``logprobs_mode="processed_logprobs"`` it is ``log_softmax(logits / T)`` at that token, the
    trainer's formula (up to the suppressed vision tokens, whose probability is removed from the
-   normaliser, and the nucleus when ``top_p < 1``: keep ``top_p = 1`` with this engine).
+   normaliser, and the nucleus when ``top_p < 1``: keep ``top_p = 1`` with this engine). vLLM
+   rejects temperatures above 2 and silently raises those in (0, 0.01) to 0.01, so both are refused
+   here (and in the config) instead of training with a temperature the engine did not sample at.
 3. **Fresh weights.** Before each generation the engine compares a version stamp of the trainer's
    parameters (in-place updates such as ``optimizer.step()`` bump every tensor's version counter)
    with the one it last loaded, and re-loads the full state dict (merged LoRA weights for a PEFT
-   model) through the model's ``load_weights`` when they differ, or when sleep discarded them. So
-   the weights are synced after every optimizer step that precedes a rollout.
+   model) through the model's ``load_weights`` when they differ, or when sleep discarded them. The
+   weights are streamed from a generator (:func:`iter_engine_weights`): at most one merged LoRA
+   tensor exists at a time. ``load_weights`` returns the names it loaded; every parameter of the
+   engine's model must be among them (after a level-2 sleep a parameter that was not re-sent holds
+   garbage), else :class:`WeightSyncError`. With a trainable vision tower the engine's encoder cache
+   (image embeddings keyed by the image alone) is reset after each sync.
 4. **Sleep.** With ``model.vllm_sleep`` the engine sleeps at level 2 (weights and KV cache
    released) outside generation. It wakes the weights, loads the trainer's weights, resets the
    prefix cache, checks the sync, then wakes the KV cache and generates. It never calls vLLM's
-   ``reload_weights`` after a sync: that reloads the checkpoint from disk and silently trains against
-   the base weights (TRL #5312, where the tell was an importance ratio of ~3e-7).
+   ``reload_weights`` after a sync without weights: that reloads the checkpoint from disk and silently
+   trains against the base weights (TRL #5312, where the tell was an importance ratio of ~3e-7).
 5. **Checks.** After each sync, and right before each generation, the post-sync hooks run; the
-   default one compares a few RMSNorm weights of the engine with the trainer's (cast to the engine
-   dtype, they must be equal). The trainer's ``rollout/logp_abs_diff`` and
-   ``rollout/is_ratio_{min,max}`` metrics catch everything else on the next step (see docs/vllm.md).
+   default one (:func:`weight_canary_check`) compares the engine's copy of the tensors RL changes
+   most visibly, the last language-model layer's ``o_proj`` / ``down_proj`` and the last vision
+   block's ``attn.proj`` (and ``mlp.down_proj``) (merged with LoRA, never fused or sharded by vLLM at tensor parallel 1), with
+   the trainer's value cast to the engine dtype: a correct copy is exactly equal, element by element.
+   The trainer's ``rollout/logp_abs_diff`` and ``rollout/is_ratio_{min,max}`` metrics catch everything
+   else on the next step (see docs/vllm.md).
 
 Only the pure parts (request building, output mapping, LoRA merge, version stamps, the sync state
 machine over an injected fake ``LLM``) run without vLLM; ``import vllm`` happens in the constructor.
@@ -38,8 +50,10 @@ from __future__ import annotations
 import logging
 import math
 import os
+import re
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Sequence
+from types import SimpleNamespace
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import torch
 from torch import Tensor
@@ -47,7 +61,11 @@ from torch import Tensor
 from mmrl.rollout.token_sampler import Completions, completion_mask
 
 __all__ = [
+    "CANARY_SUFFIXES",
+    "DEFAULT_MAX_IMAGES_PER_PROMPT",
     "ROLLOUT_ENGINES",
+    "VLLM_MAX_TEMPERATURE",
+    "VLLM_MIN_TEMPERATURE",
     "EngineRequest",
     "PromptMismatchError",
     "StaleWeightsError",
@@ -57,15 +75,22 @@ __all__ = [
     "WeightSyncError",
     "build_requests",
     "build_rollout_engine",
+    "canary_keys",
     "check_prompt_tokens",
     "check_rollout_engine",
+    "check_vllm_sampling",
+    "check_weight_coverage",
+    "checkpoint_name_map",
     "completions_from_outputs",
     "engine_state_dict",
+    "free_port",
+    "iter_engine_weights",
+    "iter_merged_lora_weights",
     "merged_lora_state_dict",
-    "norm_canary_check",
     "normalise_param_name",
     "processor_mm_kwargs",
     "sampling_kwargs",
+    "weight_canary_check",
     "weights_version",
 ]
 
@@ -75,7 +100,18 @@ ROLLOUT_ENGINES: tuple[str, ...] = ("hf", "vllm")
 """Accepted values of ``model.rollout_engine``."""
 
 SUPPRESS_BIAS = -100.0
-"""Logit bias that removes a token from sampling (vision special tokens)."""
+"""Logit bias that removes a token from sampling (vision special tokens); vLLM clamps biases to [-100, 100]."""
+
+VLLM_MIN_TEMPERATURE = 0.01
+"""vLLM's ``SamplingParams`` raises a temperature in (0, 0.01) to 0.01 with a warning (``_MAX_TEMP`` in
+vllm/sampling_params.py, 0.33): the trainer would then compute log-probs at another temperature than the sampler's."""
+
+VLLM_MAX_TEMPERATURE = 2.0
+"""vLLM's ``SamplingParams`` rejects temperatures above 2 (``temperature must be in [0, 2]``)."""
+
+DEFAULT_MAX_IMAGES_PER_PROMPT = 1
+"""``limit_mm_per_prompt`` images when the config does not say (every shipped image task has one image per prompt;
+vLLM reserves encoder memory for this many, and its own default is 999)."""
 
 
 class VLLMEngineError(RuntimeError):
@@ -106,6 +142,35 @@ def check_rollout_engine(name: str) -> str:
     if name not in ROLLOUT_ENGINES:
         raise ValueError(f"model.rollout_engine={name!r} is not valid; choose from {', '.join(ROLLOUT_ENGINES)}")
     return name
+
+
+def check_vllm_sampling(temperature: float, top_p: float = 1.0) -> None:
+    """Raise ValueError unless vLLM samples at exactly ``temperature`` and ``top_p``.
+
+    vLLM 0.33's ``SamplingParams`` rejects a non-finite temperature, one below 0 or above
+    :data:`VLLM_MAX_TEMPERATURE`, a ``top_p`` outside (0, 1], and silently raises a temperature in
+    (0, :data:`VLLM_MIN_TEMPERATURE`) to that bound; 0 means greedy, which is not a training temperature.
+    The trainer computes ``log_softmax(logits / T)`` with the configured value, so a value vLLM would
+    change is refused here (and in the config, :func:`mmrl.config.validate_sampling`).
+    """
+    t = float(temperature)
+    if not (math.isfinite(t) and VLLM_MIN_TEMPERATURE <= t <= VLLM_MAX_TEMPERATURE):
+        raise ValueError(
+            f"temperature {temperature} is outside [{VLLM_MIN_TEMPERATURE}, {VLLM_MAX_TEMPERATURE}], the range vLLM "
+            f"samples at as given (it rejects T > {VLLM_MAX_TEMPERATURE} and raises 0 < T < {VLLM_MIN_TEMPERATURE} "
+            f"to {VLLM_MIN_TEMPERATURE}, while the trainer's log-probs would keep the configured value)")
+    if not (math.isfinite(float(top_p)) and 0.0 < float(top_p) <= 1.0):
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port on ``host`` that nothing listens on right now (the OS picks it), for a rendezvous such as
+    ``MASTER_PORT``; two runs on one host get different ports instead of colliding on a fixed one."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
 
 
 def processor_mm_kwargs(processor: Any) -> dict[str, Any]:
@@ -146,12 +211,15 @@ class EngineRequest:
     """Index of the first sample of this request in the rollout's sample order."""
 
 
-def build_requests(prompts: Sequence[Any], seeds: Sequence[int], mm_kwargs: dict[str, Any]) -> list[EngineRequest]:
+def build_requests(prompts: Sequence[Any], seeds: Sequence[int], mm_kwargs: dict[str, Any], *,
+                   max_images: int | None = None) -> list[EngineRequest]:
     """Group the rollout's per-sample prompts into vLLM requests.
 
     ``prompts[k]`` is the :class:`~mmrl.policies.vlm.PromptInputs` of sample ``k`` (the same object
     repeated for the ``G`` samples of a prompt); consecutive repeats become one request with ``n`` =
-    the run length, so vLLM encodes the prompt (and its images) once. Videos are not supported.
+    the run length, so vLLM encodes the prompt (and its images) once. Videos are not supported. A
+    prompt with more than ``max_images`` images (the engine's ``limit_mm_per_prompt``) raises
+    :class:`VLLMEngineError` naming ``model.vllm_max_images_per_prompt`` instead of vLLM's rejection.
     """
     if len(prompts) != len(seeds):
         raise ValueError(f"build_requests: {len(prompts)} prompts but {len(seeds)} seeds")
@@ -165,6 +233,10 @@ def build_requests(prompts: Sequence[Any], seeds: Sequence[int], mm_kwargs: dict
                                   "model.rollout_engine=hf")
         if not isinstance(getattr(p, "text", None), str):
             raise VLLMEngineError(f"sample {k}: the prompt has no templated text (not a PromptInputs?)")
+        if max_images is not None and len(p.images) > max_images:
+            raise VLLMEngineError(
+                f"sample {k}: the prompt has {len(p.images)} images but the vLLM engine accepts at most {max_images} "
+                f"per prompt (limit_mm_per_prompt); set model.vllm_max_images_per_prompt={len(p.images)} or more")
         request: dict[str, Any] = {"prompt": p.text}
         if p.images:
             request["multi_modal_data"] = {"image": list(p.images) if len(p.images) > 1 else p.images[0]}
@@ -178,13 +250,20 @@ def sampling_kwargs(*, n: int, seed: int, max_new_tokens: int, temperature: floa
     """Keyword arguments of ``vllm.SamplingParams`` for one request.
 
     ``logprobs=0`` returns the sampled token's log-prob only; greedy decoding is temperature 0 (vLLM
-    then reports untempered log-probs, which evaluation does not use). Vision special tokens are
-    suppressed with a large negative logit bias, as the HF path masks them.
+    then reports untempered log-probs, which evaluation does not use) and one sample (vLLM refuses
+    ``n > 1`` when greedy: :meth:`VLLMEngine.sample` asks for one and repeats it). Vision special tokens
+    are suppressed with a large negative logit bias, as the HF path masks them. A temperature or
+    ``top_p`` that vLLM would reject or change raises ValueError (:func:`check_vllm_sampling`).
     """
     if n < 1 or max_new_tokens < 1:
         raise ValueError(f"sampling_kwargs: n={n} and max_new_tokens={max_new_tokens} must be >= 1")
-    if not greedy and temperature <= 0:
-        raise ValueError(f"sampling temperature must be > 0 (got {temperature}); use greedy=True for argmax decoding")
+    if greedy and n != 1:
+        raise ValueError(f"greedy sampling takes n=1 (vLLM refuses n={n} at temperature 0; greedy copies are equal)")
+    if not greedy:
+        if temperature <= 0:
+            raise ValueError(f"sampling temperature must be > 0 (got {temperature}); use greedy=True for argmax "
+                             "decoding")
+        check_vllm_sampling(temperature, top_p)
     return {
         "n": int(n),
         "seed": int(seed) % (2 ** 63),
@@ -282,6 +361,13 @@ def weights_version(module: torch.nn.Module) -> int:
     return hash(tuple((id(p), p._version) for p in module.parameters()))
 
 
+def _full(t: Tensor) -> Tensor:
+    """``t`` detached, gathered to the full tensor when it is a DTensor shard (FSDP2; a collective: every rank
+    iterates the same names in the same order)."""
+    t = t.detach()
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
 def _lora_delta_modules(peft_model) -> dict[str, Any]:
     """Qualified name (in the base model, PEFT's wrapper prefixes stripped) -> LoRA layer, for every
     layer that carries an active adapter."""
@@ -293,51 +379,109 @@ def _lora_delta_modules(peft_model) -> dict[str, Any]:
     return out
 
 
-def merged_lora_state_dict(peft_model) -> dict[str, Tensor]:
-    """The base model's state dict with every active LoRA adapter merged in (``W + scale * B A``),
-    under the base model's own parameter names; the live model is not modified.
+def _is_adapter_key(key: str) -> bool:
+    """A PEFT adapter tensor (``lora_A`` / ``lora_B`` / DoRA magnitude), which a plain checkpoint does not have."""
+    return ".lora_" in key or key.endswith(".lora_magnitude_vector")
 
-    Adapter tensors (``lora_A``/``lora_B``/...) are dropped and ``.base_layer.`` is removed from names,
-    so the result loads like a plain checkpoint of the base architecture.
+
+def iter_merged_lora_weights(peft_model, keep: Callable[[str], bool] | None = None) -> Iterator[tuple[str, Tensor]]:
+    """``(name, tensor)`` of the base model with every active LoRA adapter merged in (``W + scale * B A``),
+    under the base model's own parameter names, one at a time; the live model is not modified.
+
+    Lazy: a merged tensor is computed when its pair is requested and dropped by the generator before the next
+    one, so while the consumer copies each tensor away (vLLM's ``load_weights``) at most one merged copy
+    exists: no second model on the GPU during a sync. Unadapted tensors are the live ones, detached.
+    Adapter tensors are dropped and ``.base_layer.`` is removed from names, so the pairs load like a plain
+    checkpoint of the base architecture. ``keep(name)`` selects names (None: all) without merging the others.
     """
     base = peft_model.get_base_model()
     layers = _lora_delta_modules(peft_model)
-    out: dict[str, Tensor] = {}
-    with torch.no_grad():
-        for key, t in base.state_dict().items():
-            if ".lora_" in key or key.endswith(".lora_magnitude_vector"):
-                continue
-            name = key.replace(".base_layer.", ".")
-            owner, _, leaf = key.rpartition(".base_layer.")
-            if owner and owner in layers and leaf == "weight":
-                layer = layers[owner]
-                merged = t.detach().clone()
-                for adapter in layer.active_adapters:
-                    if adapter in getattr(layer, "lora_A", {}):
-                        merged += layer.get_delta_weight(adapter).to(merged.dtype)
-                out[name] = merged
-            else:
-                out[name] = t.detach()
-    return out
+    for key, t in base.state_dict().items():
+        if _is_adapter_key(key):
+            continue
+        name = key.replace(".base_layer.", ".")
+        if keep is not None and not keep(name):
+            continue
+        owner, _, leaf = key.rpartition(".base_layer.")
+        if not (owner and owner in layers and leaf == "weight"):
+            yield name, _full(t)
+            continue
+        layer = layers[owner]
+        with torch.no_grad():  # not around the yield: grad mode is global to the consumer while suspended
+            merged = _full(t).clone()
+            for adapter in layer.active_adapters:
+                if adapter in getattr(layer, "lora_A", {}):
+                    merged += _full(layer.get_delta_weight(adapter)).to(merged.dtype)
+        yield name, merged
+        del merged  # before the next merge: never two merged copies at once
 
 
-def engine_state_dict(lm) -> dict[str, Tensor]:
-    """What the engine loads: the full state dict (LoRA merged for a PEFT model) under the names a
-    checkpoint written by ``save_pretrained`` has (transformers' save-time renaming), which is what
-    vLLM's loader maps to its own modules."""
-    from mmrl.models.lora import is_peft
+def merged_lora_state_dict(peft_model) -> dict[str, Tensor]:
+    """All of :func:`iter_merged_lora_weights` as a dict (every adapted weight cloned at once: for tests and
+    small models; the engine streams)."""
+    return dict(iter_merged_lora_weights(peft_model))
 
-    if is_peft(lm):
-        base = lm.get_base_model()
-        state = merged_lora_state_dict(lm)
-    else:
-        base = lm
-        state = {k: v.detach() for k, v in lm.state_dict().items()}
+
+def checkpoint_name_map(base: torch.nn.Module, state: dict[str, Tensor]) -> dict[str, str] | None:
+    """Live name -> checkpoint name for every entry of ``state`` (``base``'s state dict under live names), i.e.
+    the names a checkpoint written by ``save_pretrained`` has (transformers' save-time conversion, e.g.
+    ``model.language_model.layers.0...`` -> ``model.layers.0...`` for Qwen2.5-VL), which is what vLLM's
+    loader maps to its own modules.
+
+    Found by running transformers' ``revert_weight_conversion`` on the live tensors (nothing is copied) and
+    following each tensor by identity. None when the conversion is more than a renaming (a converter that
+    merges or splits tensors): then the names of a tensor cannot be known alone and the caller must convert
+    the whole dict."""
     try:
         from transformers.core_model_loading import revert_weight_conversion
     except ImportError:  # older transformers: live names are the checkpoint names
-        return state
-    return dict(revert_weight_conversion(base, state))
+        return {k: k for k in state}
+    converted = revert_weight_conversion(base, dict(state))
+    by_id = {id(t): k for k, t in state.items()}
+    mapping: dict[str, str] = {}
+    for new, t in converted.items():
+        old = by_id.get(id(t))
+        if old is None or old in mapping:
+            return None
+        mapping[old] = new
+    return mapping if len(mapping) == len(state) else None
+
+
+def iter_engine_weights(lm, keep: Callable[[str], bool] | None = None) -> Iterator[tuple[str, Tensor]]:
+    """What the engine loads, as a stream of ``(checkpoint name, tensor)``: the full state dict (LoRA merged
+    for a PEFT model, one merged tensor at a time, :func:`iter_merged_lora_weights`) under the names of
+    :func:`checkpoint_name_map`. ``keep(checkpoint_name)`` selects tensors (None: all); unselected adapted
+    weights are not merged. When the save-time conversion is not a pure renaming the whole state is
+    converted at once (a warning says so: the memory of one more model copy)."""
+    from mmrl.models.lora import is_peft
+
+    peft = is_peft(lm)
+    base = lm.get_base_model() if peft else lm
+    live = {k.replace(".base_layer.", "."): t for k, t in base.state_dict().items() if not (peft and _is_adapter_key(k))}
+    names = checkpoint_name_map(base, live)
+    if names is None:
+        log.warning("%s: transformers' save-time weight conversion is not a pure renaming; the engine's weights "
+                    "are converted as one dict (one more model copy in memory during the sync)", type(base).__name__)
+        from transformers.core_model_loading import revert_weight_conversion
+
+        state = dict(iter_merged_lora_weights(lm)) if peft else {k: _full(v) for k, v in live.items()}
+        for name, t in revert_weight_conversion(base, state).items():
+            if keep is None or keep(name):
+                yield name, t
+        return
+    select = None if keep is None else (lambda live_name: keep(names[live_name]))
+    if peft:
+        for live_name, t in iter_merged_lora_weights(lm, keep=select):
+            yield names[live_name], t
+    else:
+        for live_name, t in live.items():
+            if select is None or select(live_name):
+                yield names[live_name], _full(t)
+
+
+def engine_state_dict(lm) -> dict[str, Tensor]:
+    """All of :func:`iter_engine_weights` as a dict (tests and inspection; the engine streams)."""
+    return dict(iter_engine_weights(lm))
 
 
 _NAME_SKIP = {"model", "language_model", "base_model"}
@@ -346,47 +490,103 @@ _NAME_SKIP = {"model", "language_model", "base_model"}
 def normalise_param_name(name: str) -> str:
     """A parameter name with the wrapper components (``model``, ``language_model``, ``base_model``)
     removed, so the trainer's and vLLM's names of the same unfused tensor compare equal
-    (``model.language_model.layers.0.input_layernorm.weight`` and
-    ``language_model.model.layers.0.input_layernorm.weight`` -> ``layers.0.input_layernorm.weight``)."""
+    (``model.language_model.layers.0.self_attn.o_proj.weight`` and
+    ``language_model.model.layers.0.self_attn.o_proj.weight`` -> ``layers.0.self_attn.o_proj.weight``)."""
     return ".".join(part for part in name.split(".") if part not in _NAME_SKIP)
 
 
-def _layer_order(key: str) -> tuple[int, int, str]:
-    """Sort key: names outside ``layers.<i>.`` first, then by layer index."""
-    parts = key.split(".")
-    if len(parts) > 1 and parts[0] == "layers" and parts[1].isdigit():
-        return (1, int(parts[1]), key)
-    return (0, 0, key)
+CANARY_SUFFIXES: tuple[str, ...] = ("self_attn.o_proj.weight", "mlp.down_proj.weight", "attn.proj.weight")
+"""Tensors the post-sync check compares: the attention output and MLP down projections of the language model
+(LoRA targets, updated by every RL step) and of the vision blocks (Qwen2.5-VL's ``mlp.down_proj``, every family's
+``attn.proj``). vLLM keeps them as
+they are at tensor parallel 1 (``q/k/v`` and ``gate/up`` are fused into ``qkv_proj`` / ``gate_up_proj``, these
+are not), under the same name up to wrapper components (:func:`normalise_param_name`)."""
+
+_LAYER = re.compile(r"^(?P<tower>(?:.*\.)?)(?:layers|blocks)\.(?P<index>\d+)\.")
 
 
-def norm_canary_check(trainer_params: Iterable[tuple[str, Tensor]], engine_params: Iterable[tuple[str, Tensor]], *,
-                      max_checks: int = 3) -> dict[str, float]:
-    """Compare a few RMSNorm weights (never fused or sharded by vLLM) of the engine with the trainer's.
+def canary_keys(names: Iterable[str], suffixes: Sequence[str] = CANARY_SUFFIXES) -> list[str]:
+    """The normalised names the post-sync check compares, from a model's parameter names: those ending in one
+    of ``suffixes`` in the LAST layer of each tower (``layers.<i>`` of the language model, ``visual.blocks.<i>``
+    of the vision encoder; the layers farthest from the inputs, whose every element each step moves)."""
+    best: dict[str, tuple[int, list[str]]] = {}
+    for name in names:
+        key = normalise_param_name(name)
+        if not any(("." + key).endswith("." + s) for s in suffixes):
+            continue
+        m = _LAYER.match(key)
+        if m is None:
+            continue
+        tower, index = m.group("tower"), int(m.group("index"))
+        have = best.get(tower)
+        if have is None or index > have[0]:
+            best[tower] = (index, [key])
+        elif index == have[0]:
+            have[1].append(key)
+    return sorted(k for _, keys in best.values() for k in keys)
 
-    The trainer tensor is cast to the engine's dtype, so a correct copy is exactly equal. Returns
-    ``{"vllm/sync_checked": n, "vllm/sync_max_abs_diff": d}``; raises :class:`WeightSyncError` on a
-    difference, or when no norm weight can be matched (the check would be blind).
+
+def weight_canary_check(trainer_weights: Iterable[tuple[str, Tensor]],
+                        engine_params: Iterable[tuple[str, Tensor]]) -> dict[str, float]:
+    """Compare the engine's copy of the canary tensors (:func:`canary_keys` of the engine's names) with the
+    trainer's values (``trainer_weights``: what was sent, e.g. :func:`iter_engine_weights`, LoRA merged).
+
+    Each trainer tensor is cast to the engine tensor's dtype, which is what the sync's copy does, so a correct
+    copy is exactly equal element by element; the comparison is over whole matrices, so a stale copy is caught
+    even when an RL-sized update moves few bf16 values (elements near 0 always move; an RMSNorm weight of ~1
+    does not). Returns ``{"vllm/sync_checked": tensors, "vllm/sync_checked_elements": n,
+    "vllm/sync_max_abs_diff": 0.0}``; raises :class:`WeightSyncError` naming the tensor, the number of
+    differing elements and the largest difference, or when no canary tensor can be matched (the check would
+    be blind).
     """
-    mine = {normalise_param_name(n): t for n, t in trainer_params if n.endswith("norm.weight")}
+    engine = {normalise_param_name(n): t for n, t in engine_params}
+    wanted = set(canary_keys(engine))
     pairs = []
-    for n, t in engine_params:
+    for n, t in trainer_weights:
         key = normalise_param_name(n)
-        if key in mine and tuple(mine[key].shape) == tuple(t.shape):
-            pairs.append((key, mine[key], t))
+        if key in wanted and tuple(engine[key].shape) == tuple(t.shape):
+            pairs.append((key, t, engine[key]))
     if not pairs:
-        raise WeightSyncError("no RMSNorm weight of the trainer matches one of the engine by name and shape: the "
-                              "post-sync check cannot run (pass post_sync_hooks=[] to turn it off)")
-    # prefer the last language-model layers (farthest from the embedding; every step updates them)
-    chosen = sorted(pairs, key=lambda x: _layer_order(x[0]))[-max_checks:]
-    worst = 0.0
-    for key, a, b in chosen:
-        d = float((a.detach().to(device=b.device, dtype=b.dtype) - b.detach()).abs().max())
-        worst = max(worst, d)
-        if d > 0:
+        raise WeightSyncError(
+            f"none of the engine's canary tensors ({sorted(wanted) or 'none found: no ' + ', '.join(CANARY_SUFFIXES)}) "
+            "matches a trainer tensor by name and shape: the post-sync check cannot run (pass post_sync_hooks=[] to "
+            "turn it off)")
+    elements = 0
+    for key, a, b in sorted(pairs, key=lambda x: x[0]):
+        b = b.detach()
+        sent = a.detach().to(device=b.device, dtype=b.dtype)
+        differ = sent != b
+        n_bad = int(differ.sum())
+        elements += b.numel()
+        if n_bad:
+            d = float((sent.float() - b.float()).abs().max())
             raise WeightSyncError(
-                f"after the weight sync the engine's {key} differs from the trainer's by {d:.3g} (max abs): the "
-                "engine is not generating with the trained weights (see docs/vllm.md, TRL #5312)")
-    return {"vllm/sync_checked": float(len(chosen)), "vllm/sync_max_abs_diff": worst}
+                f"after the weight sync the engine's {key} differs from the trainer's in {n_bad} of {b.numel()} "
+                f"elements (max abs {d:.3g}, compared in the engine dtype {str(b.dtype).replace('torch.', '')}, where "
+                "a correct copy is exact): the engine is not generating with the trained weights (see docs/vllm.md, "
+                "TRL #5312)")
+    return {"vllm/sync_checked": float(len(pairs)), "vllm/sync_checked_elements": float(elements),
+            "vllm/sync_max_abs_diff": 0.0}
+
+
+def check_weight_coverage(expected: Iterable[str], loaded: Iterable[str] | None) -> int:
+    """Raise :class:`WeightSyncError` unless every name in ``expected`` (the engine model's parameters) is in
+    ``loaded`` (what its ``load_weights`` returned); returns the number of parameters covered.
+
+    After a level-2 sleep the engine's weights are garbage until re-sent, and vLLM's ``load_weights`` skips
+    names silently in some paths (an unmapped, renamed or filtered tensor), so an incomplete sync would sample
+    from uninitialised memory without this check."""
+    want = set(expected)
+    if loaded is None:
+        raise WeightSyncError("the engine model's load_weights returned no set of loaded names, so the sync's "
+                              "coverage cannot be checked (the pinned vLLM, 0.33, returns one for Qwen-VL models)")
+    missing = sorted(want - set(loaded))
+    if missing:
+        raise WeightSyncError(
+            f"the weight sync loaded {len(want) - len(missing)} of the engine's {len(want)} parameters; not loaded: "
+            f"{missing[:5]}{' ...' if len(missing) > 5 else ''}. They keep stale values (garbage after a level-2 "
+            "sleep): the trainer's state dict has no tensor vLLM maps to them")
+    return len(want)
 
 
 # ============================================================================ engine
@@ -405,8 +605,8 @@ PostSyncHook = Callable[["VLLMEngine", torch.nn.Module], dict]
 
 
 def default_post_sync_check(engine: "VLLMEngine", lm: torch.nn.Module) -> dict:
-    """The norm-weight canary of :func:`norm_canary_check` (skipped with a warning when the engine's
-    model is not in this process)."""
+    """The canary of :func:`weight_canary_check` over the engine's model (skipped with a warning when that
+    model is not in this process). Only the canary tensors of the trainer are computed (merged with LoRA)."""
     model = _driver_model(engine.llm)
     if model is None:
         if not engine._warned_no_check:
@@ -414,27 +614,35 @@ def default_post_sync_check(engine: "VLLMEngine", lm: torch.nn.Module) -> dict:
                         "rollout/logp_abs_diff and rollout/is_ratio_min instead")
             engine._warned_no_check = True
         return {}
-    # norm weights never carry LoRA adapters: the live parameters are what was sent (no merge needed)
-    return norm_canary_check(lm.named_parameters(), model.named_parameters())
+    engine_params = list(model.named_parameters())
+    wanted = set(canary_keys(n for n, _ in engine_params))
+    trainer = iter_engine_weights(lm, keep=lambda name: normalise_param_name(name) in wanted)
+    return weight_canary_check(trainer, ((n, t) for n, t in engine_params if normalise_param_name(n) in wanted))
 
 
 class VLLMEngine:
     """Colocated ``vllm.LLM`` with sleep mode, weight sync and post-sync checks (module docstring).
 
     ``llm`` and ``sampling_params`` may be injected (tests use fakes); otherwise the constructor
-    imports vLLM, checks for CUDA and builds the LLM from ``model_path``.
+    imports vLLM, checks for CUDA and builds the LLM from ``model_path``. ``max_images_per_prompt`` is
+    vLLM's ``limit_mm_per_prompt`` for images (videos: 0); ``vision_trainable`` makes every sync reset
+    vLLM's encoder cache (embeddings of images seen before were computed with the old vision weights).
     """
 
     def __init__(self, model_path: str, processor: Any, *, dtype: str = "bfloat16",
                  gpu_memory_utilization: float = 0.3, sleep: bool = True, max_model_len: int | None = None,
-                 seed: int = 0, max_images_per_prompt: int = 4, llm: Any = None,
-                 sampling_params: Callable[..., Any] | None = None,
+                 seed: int = 0, max_images_per_prompt: int = DEFAULT_MAX_IMAGES_PER_PROMPT,
+                 vision_trainable: bool = True, llm: Any = None, sampling_params: Callable[..., Any] | None = None,
                  post_sync_hooks: Sequence[PostSyncHook] | None = None) -> None:
         if not 0.0 < gpu_memory_utilization <= 1.0:
             raise ValueError(f"model.vllm_gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
+        if int(max_images_per_prompt) < 1:
+            raise ValueError(f"model.vllm_max_images_per_prompt must be >= 1, got {max_images_per_prompt}")
         self.processor = processor
         self.mm_kwargs = processor_mm_kwargs(processor)
         self.sleep_enabled = bool(sleep)
+        self.max_images_per_prompt = int(max_images_per_prompt)
+        self.vision_trainable = bool(vision_trainable)
         tok = getattr(processor, "tokenizer", processor)
         self.image_token_id = tok.convert_tokens_to_ids("<|image_pad|>") if hasattr(tok, "convert_tokens_to_ids") else None
         self.post_sync_hooks: list[PostSyncHook] = list(
@@ -449,8 +657,7 @@ class VLLMEngine:
         """Metrics of the last sync / generation (``vllm/...``)."""
         if llm is None:
             llm, sampling_params = self._build_llm(model_path, dtype=dtype, gpu_memory_utilization=gpu_memory_utilization,
-                                                   max_model_len=max_model_len, seed=seed,
-                                                   max_images_per_prompt=max_images_per_prompt)
+                                                   max_model_len=max_model_len, seed=seed)
         self.llm = llm
         self._sampling_params = sampling_params or (lambda **kw: kw)
         if self.sleep_enabled:
@@ -467,24 +674,26 @@ class VLLMEngine:
         if not torch.cuda.is_available():
             raise VLLMUnavailableError("model.rollout_engine=vllm needs a CUDA GPU (none is visible); set "
                                        "model.rollout_engine=hf to sample with transformers")
-        # one engine inside the training process (TP 1), whose model the trainer can reach for load_weights
+        # one engine inside the training process (TP 1), whose model the trainer can reach for load_weights;
+        # a single process started without torchrun gets its own rendezvous port (a fixed one collides)
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        for k, v in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"),
-                     ("MASTER_PORT", "29533")):
+        for k, v in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1")):
             os.environ.setdefault(k, v)
+        if "MASTER_PORT" not in os.environ:
+            os.environ["MASTER_PORT"] = str(free_port(os.environ["MASTER_ADDR"]))
         llm = vllm.LLM(
             model=str(model_path), dtype=kw["dtype"], gpu_memory_utilization=kw["gpu_memory_utilization"],
             max_model_len=kw["max_model_len"], enable_sleep_mode=self.sleep_enabled, seed=kw["seed"],
             tensor_parallel_size=1, distributed_executor_backend="external_launcher",
             logprobs_mode="processed_logprobs", mm_processor_kwargs=self.mm_kwargs,
-            limit_mm_per_prompt={"image": kw["max_images_per_prompt"], "video": 0},
+            limit_mm_per_prompt={"image": self.max_images_per_prompt, "video": 0},
         )
         return llm, vllm.SamplingParams
 
     @classmethod
     def from_policy(cls, policy, **overrides) -> "VLLMEngine":
-        """An engine for a :class:`~mmrl.policies.vlm.VLMPolicy`: its model folder, processor and the
-        ``model.vllm_*`` settings."""
+        """An engine for a :class:`~mmrl.policies.vlm.VLMPolicy`: its model folder, processor, the
+        ``model.vllm_*`` settings and whether its vision tower trains."""
         from mmrl.models.lora import is_peft
 
         cfg = policy.cfg
@@ -501,7 +710,9 @@ class VLLMEngine:
             max_len = int(cfg.max_prompt_tokens) + int(cfg.max_new_tokens)
         kw = dict(dtype=str(getattr(cfg, "dtype", "bfloat16")),
                   gpu_memory_utilization=float(getattr(cfg, "vllm_gpu_memory_utilization", 0.3)),
-                  sleep=bool(getattr(cfg, "vllm_sleep", True)), max_model_len=max_len)
+                  sleep=bool(getattr(cfg, "vllm_sleep", True)), max_model_len=max_len,
+                  max_images_per_prompt=int(getattr(cfg, "vllm_max_images_per_prompt", DEFAULT_MAX_IMAGES_PER_PROMPT)),
+                  vision_trainable=bool(getattr(policy, "vision_trainable", True)))
         kw.update(overrides)
         return cls(path, policy.processor, **kw)
 
@@ -521,7 +732,8 @@ class VLLMEngine:
         return self._version is None or not self._weights_resident
 
     def sync_weights(self, lm: torch.nn.Module) -> dict[str, float]:
-        """Load the trainer's weights (merged LoRA for PEFT) into the engine, reset its prefix cache
+        """Stream the trainer's weights (merged LoRA for PEFT) into the engine, check that every engine
+        parameter was loaded, reset its prefix cache (and its encoder cache when the vision tower trains)
         and run the post-sync hooks. Wakes the weights first when asleep (never ``reload_weights``)."""
         import time
 
@@ -531,27 +743,53 @@ class VLLMEngine:
                 torch.cuda.empty_cache()
             self._wake("weights")
             self._weights_resident = True
-        state = engine_state_dict(lm)
-        self._load_weights(state.items())
+        sent = [0]
+
+        def counted(weights: Iterator[tuple[str, Tensor]]) -> Iterator[tuple[str, Tensor]]:
+            for pair in weights:
+                sent[0] += 1
+                yield pair
+
+        covered = self._load_weights(counted(iter_engine_weights(lm)))
         self.llm.reset_prefix_cache()
+        if self.vision_trainable:
+            self._reset_encoder_cache()
         self._version = weights_version(lm)
-        metrics = {"vllm/sync_time": time.perf_counter() - t0, "vllm/sync_tensors": float(len(state))}
+        metrics = {"vllm/sync_time": time.perf_counter() - t0, "vllm/sync_tensors": float(sent[0]),
+                   "vllm/sync_params_covered": float(covered)}
         for hook in self.post_sync_hooks:
             metrics.update(hook(self, lm) or {})
         self.metrics.update(metrics)
         return metrics
 
-    def _load_weights(self, weights: Iterable[tuple[str, Tensor]]) -> None:
+    def _load_weights(self, weights: Iterator[tuple[str, Tensor]]) -> int:
+        """Feed the stream to the engine model's ``load_weights`` (consumed lazily, one tensor at a time) and
+        check its returned name set covers every parameter (:func:`check_weight_coverage`)."""
         model = _driver_model(self.llm)
         if model is not None:
-            model.load_weights(weights)
-            return
-        if hasattr(self.llm, "apply_model"):
-            items = list(weights)
-            self.llm.apply_model(lambda m: m.load_weights(items))
-            return
+            expected = [n for n, _ in model.named_parameters()]
+            return check_weight_coverage(expected, model.load_weights(weights))
+        if hasattr(self.llm, "apply_model"):  # in-process only: the generator cannot cross a process boundary
+            results = self.llm.apply_model(lambda m: ([n for n, _ in m.named_parameters()], m.load_weights(weights)))
+            if len(results) != 1:
+                raise WeightSyncError(f"the vLLM engine has {len(results)} workers; mmrl's engine runs tensor parallel 1")
+            return check_weight_coverage(*results[0])
         raise WeightSyncError("cannot reach the vLLM model to load weights: run vLLM in this process "
                               "(VLLM_ENABLE_V1_MULTIPROCESSING=0) with tensor_parallel_size=1")
+
+    def _reset_encoder_cache(self) -> None:
+        """Drop vLLM's cached image embeddings (keyed by the image alone, computed with the old vision weights):
+        ``LLM.llm_engine.reset_encoder_cache()`` in vLLM 0.33 (``LLM.reset_mm_cache`` clears the processor's
+        input cache only)."""
+        for owner in (self.llm, getattr(self.llm, "llm_engine", None)):
+            reset = getattr(owner, "reset_encoder_cache", None)
+            if callable(reset):
+                reset()
+                return
+        raise VLLMEngineError(
+            "this vLLM has no reset_encoder_cache (LLM.llm_engine.reset_encoder_cache, vLLM 0.33): with a trainable "
+            "vision tower it would reuse image embeddings of the old weights after a sync; install the pinned vLLM "
+            "(pip install 'mmrl[vllm]') or keep model.freeze_vision_tower=true")
 
     def ensure_synced(self, lm: torch.nn.Module) -> bool:
         """Sync if the trainer's weights changed since the last sync or the engine dropped them.
@@ -566,10 +804,11 @@ class VLLMEngine:
                temperature: float, top_p: float, eos_ids: Sequence[int], pad_id: int,
                suppress_ids: Sequence[int] = (), greedy: bool = False) -> Completions:
         """Sample one completion per entry of ``prompts`` (PromptInputs, repeated per sample) with the
-        trainer's current weights; returns ids, mask, behaviour log-probs and truncation flags."""
-        requests = build_requests(prompts, seeds, self.mm_kwargs)
+        trainer's current weights; returns ids, mask, behaviour log-probs and truncation flags. Greedy
+        requests ask vLLM for one completion and repeat it (the copies would be equal)."""
+        requests = build_requests(prompts, seeds, self.mm_kwargs, max_images=self.max_images_per_prompt)
         params = [self._sampling_params(**sampling_kwargs(
-            n=r.n, seed=r.seed, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+            n=1 if greedy else r.n, seed=r.seed, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
             eos_ids=eos_ids, suppress_ids=suppress_ids, greedy=greedy)) for r in requests]
         self.ensure_synced(lm)
         if self._asleep:
@@ -584,6 +823,9 @@ class VLLMEngine:
         finally:
             if self.sleep_enabled:
                 self._sleep()
+        if greedy:
+            outputs = [SimpleNamespace(outputs=list(o.outputs) * r.n, prompt_token_ids=getattr(o, "prompt_token_ids", None))
+                       for o, r in zip(outputs, requests)]
         check_prompt_tokens(prompts, requests, outputs, self.image_token_id, self.mm_kwargs)
         return completions_from_outputs(outputs, requests, eos_ids=eos_ids, pad_id=pad_id,
                                         max_new_tokens=max_new_tokens)
