@@ -49,6 +49,11 @@ class TokenModelConfig(BaseModelConfig):
     """Nucleus sampling threshold."""
     max_new_tokens: int = 16
     """Completion length limit."""
+    shared_prefix: bool = True
+    """Every forward over prompt + completion (training, old and reference log-probs, values) encodes each prompt once
+    per group and lets its completions attend to it (mmrl.policies.shared_prefix): the same log-probs and gradients
+    with fewer tokens. Used where exact (sdpa / eager / flex attention, no sliding window); checked against the plain
+    forward at first use, falling back with a warning. false: always the plain forward."""
 
 
 @dataclass
@@ -97,6 +102,9 @@ class VLMConfig(TokenModelConfig):
     vllm_sleep: bool = True
     """rollout_engine=vllm: release vLLM's weights and KV cache (sleep level 2) outside generation; the trainer's
     weights are loaded into it again before every rollout."""
+    vllm_max_images_per_prompt: int = 1
+    """rollout_engine=vllm: most images one prompt may have (vLLM's limit_mm_per_prompt; it reserves encoder memory
+    for this many). A prompt with more raises, naming this key; the shipped image tasks have one image per prompt."""
 
 
 def _diffusion_lora() -> LoraConfig:

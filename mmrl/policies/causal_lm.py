@@ -2,7 +2,9 @@
 
 Rollout: each prompt is tokenised once, repeated ``G`` times and sampled in one batched, left-padded
 `generate` call with per-sample seeds (:mod:`mmrl.rollout.token_sampler`). Log-probs: one forward of
-prompt + completion with explicit position ids (left padding shifts them otherwise).
+prompt + completion with explicit position ids (left padding shifts them otherwise), or with
+``model.shared_prefix`` (the default) one packed row per distinct prompt holding its completions
+(:mod:`mmrl.policies.shared_prefix`).
 """
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from mmrl.policies import shared_prefix as sp
 from mmrl.policies.base import FrozenCopyReference, LogProbOutput, PolicySpec, PromptBatch, Rollout
 from mmrl.policies.token_policy import (
     HFTokenPolicy,
@@ -94,7 +97,7 @@ class CausalLMPolicy(HFTokenPolicy):
         ]
         n = len(rep_ids)
         comp_lists = [comp.ids[i, : lengths[i]].cpu() for i in range(n)]
-        return Rollout(
+        return self._first_rollout_check(Rollout(
             rollout_logp=comp.logp.cpu(),
             mask=comp.mask.cpu(),
             group_id=batch.group_ids(group_size),
@@ -102,28 +105,56 @@ class CausalLMPolicy(HFTokenPolicy):
             samples=samples,
             payload={"prompt_ids": rep_ids, "completion_ids": comp_lists},
             metrics={"rollout/truncated_frac": float(comp.truncated.float().mean())},
-        )
+        ))
 
     def log_probs(self, rollout: Rollout, *, entropy: bool = False, values: bool = False) -> LogProbOutput:
         logp, ent, v = self._forward_logp(rollout, temperature=self.cfg.temperature, entropy=entropy, values=values)
         return LogProbOutput(logp=logp, entropy=ent, values=v)
 
     def _forward_logp(self, rollout: Rollout, *, temperature: float, entropy: bool = False, values: bool = False):
-        """One forward of prompt + completion; log-probs (entropy, values) at the completion tokens."""
+        """Log-probs (entropy, values) at the completion tokens: one forward of prompt + completion per sample, or,
+        with ``model.shared_prefix``, one packed row per distinct prompt (:mod:`mmrl.policies.shared_prefix`)."""
         T = rollout.mask.shape[1]
-        p_ids, p_att = left_pad(rollout.payload["prompt_ids"], self.pad_id)
+        prompts = rollout.payload["prompt_ids"]
         c_ids = right_pad(rollout.payload["completion_ids"], self.pad_id, T)
+        mask = rollout.mask
+
+        def forward(rows: list[int], shared: bool):
+            run = self._shared_forward if shared else self._plain_forward
+            return run([prompts[i] for i in rows], c_ids[rows], mask[rows], values)
+
+        keys = [p.numpy().tobytes() for p in prompts]  # identical token ids: one shared prefix
+        logits, v = self._completion_logits(keys, mask, forward)
+        logp, ent = token_logp_and_entropy(logits, c_ids.to(logits.device), temperature=temperature, entropy=entropy,
+                                           suppress_ids=self.suppress_ids)
+        return logp, ent, v
+
+    def _plain_forward(self, prompts: list[Tensor], c_ids: Tensor, mask: Tensor, values: bool):
+        """Left-padded prompt + right-padded completion per sample, with explicit position ids (left padding shifts
+        them otherwise); logits [b, T, V] and values at the positions that predict the completion tokens."""
+        T = mask.shape[1]
+        p_ids, p_att = left_pad(prompts, self.pad_id)
         ids = torch.cat([p_ids, c_ids], 1).to(self.device)
-        att = torch.cat([p_att, rollout.mask.long()], 1).to(self.device)
+        att = torch.cat([p_att, mask.long()], 1).to(self.device)
         pos = (att.cumsum(1) - 1).clamp(min=0)
         logits, vals = self.model(input_ids=ids, attention_mask=att, position_ids=pos, want_values=values)
         P = p_ids.shape[1]
         # logits at position t predict token t+1: completion token j sits at P + j, predicted by P + j - 1
-        comp_logits = logits[:, P - 1 : P - 1 + T]
-        logp, ent = token_logp_and_entropy(comp_logits, c_ids.to(self.device), temperature=temperature, entropy=entropy,
-                                           suppress_ids=self.suppress_ids)
         v = vals[:, P - 1 : P - 1 + T] if vals is not None else None
-        return logp, ent, v
+        return logits[:, P - 1 : P - 1 + T], v
+
+    def _shared_forward(self, prompts: list[Tensor], c_ids: Tensor, mask: Tensor, values: bool):
+        """One packed row per distinct prompt (its completions after it, 1-D positions continuing from it)."""
+        groups = sp.group_rows([p.numpy().tobytes() for p in prompts])
+        lengths = sp.right_padded_lengths(mask)
+        if lengths is None:
+            raise ValueError("the shared-prefix forward needs a right-padded completion mask (ones, then zeros)")
+        reps = [prompts[g[0]] for g in groups]
+        layout = sp.plan_layout(groups, [p.numel() for p in reps], lengths)
+        ids = sp.pack_rows(layout, reps, c_ids, self.pad_id)
+        pos = sp.pack_positions(layout, *sp.text_prefix_positions(layout))[0]
+        return self._packed_forward(layout, mask.shape[1], want_values=values, input_ids=ids.to(self.device),
+                                    position_ids=pos.to(self.device))
 
     def sft_loss(self, batch: PromptBatch, targets: list[str]) -> torch.Tensor:
         """Mean token cross-entropy of ``targets`` (+ EOS) given the prompts (supervised warm start)."""

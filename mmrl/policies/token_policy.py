@@ -10,15 +10,18 @@ log-probs would be off by ``log(1 - p_suppressed)``.
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Hashable, Sequence
 
 import torch
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pad_sequence
 
 from mmrl.models.lora import is_peft  # noqa: F401  (re-exported: the policies use it from here)
-from mmrl.policies.base import Policy
+from mmrl.policies import shared_prefix as sp
+from mmrl.policies.base import Policy, Rollout
 
 
 def suppress_logits(logits: Tensor, suppress_ids: Sequence[int] | Tensor | None) -> Tensor:
@@ -105,6 +108,28 @@ class LMWithValueHead(nn.Module):
         return out.logits, values
 
 
+@functools.lru_cache(maxsize=None)
+def _forward_takes_logits_to_keep(cls: type) -> bool:
+    return "logits_to_keep" in inspect.signature(cls.forward).parameters
+
+
+def accepts_logits_to_keep(lm: nn.Module) -> bool:
+    """True when the HF model's forward (under a PEFT wrapper, the base model's) takes ``logits_to_keep``."""
+    base = lm.get_base_model() if is_peft(lm) else lm
+    return _forward_takes_logits_to_keep(type(base))
+
+
+def rows_head(n: int, k: int) -> list[int]:
+    """The first ``min(n, k)`` row indices."""
+    return list(range(min(n, k)))
+
+
+CompletionForward = Callable[[list[int], bool], tuple[Tensor, Tensor | None]]
+"""``forward(rows, shared) -> (logits [len(rows), T, V], values [len(rows), T] or None)`` of a policy's completion
+forward over the samples ``rows`` of a micro-batch, shared-prefix or plain (see
+:meth:`HFTokenPolicy._completion_logits`)."""
+
+
 def apply_lora(lm: nn.Module, lora_cfg, *, exclude_prefixes: tuple[str, ...] = ()) -> nn.Module:
     """Wrap ``lm`` with PEFT LoRA adapters on ``lora_cfg.target_modules``, skipping modules whose
     qualified name starts with one of ``exclude_prefixes`` (e.g. a vision tower)."""
@@ -157,9 +182,104 @@ class HFTokenPolicy(Policy):
 
     model: LMWithValueHead
     processing: object
-    _frozen_ref: object | None = None
     suppress_ids: list[int] = []
     """Token ids the policy never samples (masked to -inf in sampling, training log-probs and entropy alike)."""
+
+    @property
+    def shared_prefix(self) -> sp.SharedPrefixGuard:
+        """The shared-prefix switch of this policy (``model.shared_prefix``) with its first-use self-check."""
+        guard = self.__dict__.get("_shared_prefix_guard")
+        if guard is None:
+            guard = self._shared_prefix_guard = sp.SharedPrefixGuard(getattr(self.cfg, "shared_prefix", True))
+        return guard
+
+    def _text_config(self):
+        """The language model's config (the text sub-config of a VLM)."""
+        cfg = self.module.lm.config
+        return cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+
+    def _compute_dtype(self) -> torch.dtype:
+        return self.module.lm.get_input_embeddings().weight.dtype
+
+    def _can_share(self, keys: Sequence[Hashable], mask: Tensor) -> bool:
+        """Sharing is on, some prompt has several rows, the completion mask is right-padded and the model's
+        attention takes the mask (:func:`mmrl.policies.shared_prefix.unsupported_reason`)."""
+        return (self.shared_prefix.enabled and len(set(keys)) < len(keys)
+                and sp.right_padded_lengths(mask) is not None
+                and sp.unsupported_reason(self._text_config()) is None)
+
+    def _completion_logits(self, keys: Sequence[Hashable], mask: Tensor,
+                           forward: CompletionForward) -> tuple[Tensor, Tensor | None]:
+        """Logits ``[b, T, V]`` (and values) at the completion positions of a micro-batch whose sample ``i`` has the
+        prompt ``keys[i]`` (equal keys: identical prompts): the shared-prefix forward when :meth:`_can_share`, else
+        the plain one.
+
+        The first shared forward of the policy is checked against the plain one on a few rows (:meth:`_self_check`);
+        a failed check falls back for good. With several processes the check runs only where every process runs it
+        (:meth:`_first_rollout_check`): each forward of a sharded or DDP model is a collective."""
+        rows = list(range(len(keys)))
+        guard = self.shared_prefix
+        if guard.needs_check and (guard.check_requested or (not sp.is_distributed() and self._can_share(keys, mask))):
+            if not self._self_check(keys, mask, forward):
+                return forward(rows, False)
+        if not self._can_share(keys, mask):
+            return forward(rows, False)
+        guard.shared_calls += 1
+        return forward(rows, True)
+
+    def _self_check(self, keys: Sequence[Hashable], mask: Tensor, forward: CompletionForward) -> bool:
+        """Compare the shared-prefix and plain logits of a few rows (no gradient, eval mode; the largest
+        total-variation gap over all processes) and record the result in :attr:`shared_prefix`."""
+        guard = self.shared_prefix
+        reason = sp.unsupported_reason(self._text_config())
+        if reason is not None:  # decided from the config alone: the same on every process, no forward needed
+            guard.disable(reason)
+            return False
+        groups = sp.group_rows(keys)
+        sub = sp.check_rows(groups) if any(len(g) > 1 for g in groups) else rows_head(len(keys), 2)
+        was_training = self.module.training
+        self.module.eval()  # no dropout: both forwards must see the same network
+        try:
+            with torch.no_grad():
+                shared = forward(sub, True)[0]
+                plain = forward(sub, False)[0]
+        finally:
+            self.module.train(was_training)
+        gap = sp.global_max(sp.distribution_gap(shared, plain, mask[sub]), self.device)
+        return guard.record_check(gap, sp.check_tolerance(self._compute_dtype()), what=type(self).__name__)
+
+    def _first_rollout_check(self, rollout: Rollout) -> Rollout:
+        """Run the shared-prefix self-check on a few samples of ``rollout`` when it has not run yet (the first rollout,
+        on every process at the same step), and add the ``shared_prefix/*`` counters to its metrics. Returns it.
+
+        Every process must reach this with a non-empty rollout at the same step (as the trainer's update does)."""
+        guard = self.shared_prefix
+        if guard.needs_check and rollout.batch_size:
+            groups = sp.group_rows(rollout.group_id.tolist())
+            idx = sp.check_rows(groups) if any(len(g) > 1 for g in groups) else rows_head(rollout.batch_size, 2)
+            guard.check_requested = True
+            try:
+                with torch.no_grad():
+                    self.log_probs(rollout.index(torch.tensor(idx, dtype=torch.long)))
+            finally:
+                guard.check_requested = False
+        rollout.metrics.update(guard.metrics())
+        return rollout
+
+    def _packed_forward(self, layout: sp.PackedLayout, T: int, *, want_values: bool,
+                        **inputs) -> tuple[Tensor, Tensor | None]:
+        """One forward of packed rows (``inputs``: ``input_ids`` / ``position_ids`` and model extras laid out by
+        ``layout``) under the shared-prefix mask; logits ``[B, T, V]`` and values ``[B, T]`` per sample (past each
+        completion's trained tokens: finite, untrained values, :func:`~mmrl.policies.shared_prefix.unpack`). Only
+        the columns from the prompts' last token on go through the LM head."""
+        dev = inputs["input_ids"].device
+        mask = sp.model_attention_mask(self._text_config(), sp.segment_ids(layout).to(dev), self._compute_dtype())
+        if accepts_logits_to_keep(self.module.lm):
+            inputs["logits_to_keep"] = layout.width - layout.prefix_end + 1
+        logits, vals = self.model(**inputs, attention_mask=mask, want_values=want_values)
+        index = sp.prediction_index(layout, T)
+        out = sp.unpack(logits, index, first_col=layout.width - logits.shape[1])
+        return out, (sp.unpack(vals, index) if vals is not None else None)
 
     @property
     def module(self) -> LMWithValueHead:

@@ -61,6 +61,7 @@ __all__ = [
     "VLAPolicy",
     "action_vocab_ids",
     "build_vla_policy",
+    "first_identical_rows",
     "sample_action_tokens",
 ]
 
@@ -150,13 +151,48 @@ def sample_action_tokens(lm, inputs: dict, *, seeds: Sequence[int], action_ids: 
                                pad_token_id=pad_id, num_beams=1)
     prompt_len = inputs["input_ids"].shape[1]
     with torch.no_grad():
-        out = lm.generate(**inputs, generation_config=gen_cfg, logits_processor=LogitsProcessorList([sampler]))
+        # synced_gpus=False: transformers turns it on for FSDP-managed modules and then all-reduces at every token, which
+        # pairs up only if every rank generates as often (DAPO rounds, VLA episode steps differ); under
+        # trainer.strategy=fsdp2 the weights are gathered for the whole rollout, so no rank needs the others
+        out = lm.generate(**inputs, generation_config=gen_cfg, logits_processor=LogitsProcessorList([sampler]),
+                           synced_gpus=False)
     bins = torch.stack(sampler.bins, 1).cpu()
     generated = out[:, prompt_len:].cpu()
     if generated.shape != bins.shape or not torch.equal(generated, action_ids.cpu()[bins]):
         raise VLAInputError(f"generate returned {tuple(generated.shape)} tokens that are not the sampled action "
                             f"tokens {tuple(bins.shape)}")
     return bins, torch.stack(sampler.logps, 1).cpu()
+
+
+def _same_features(a, b) -> bool:
+    """Two observations' vision features (:class:`~mmrl.policies.vlm.ImageFeatures` or None) are bit-identical."""
+    if a is None or b is None:
+        return a is b
+    if len(a.embeds) != len(b.embeds) or (a.deepstack is None) != (b.deepstack is None):
+        return False
+    pairs = list(zip(a.embeds, b.embeds))
+    if a.deepstack is not None:
+        pairs += [(x, y) for la, lb in zip(a.deepstack, b.deepstack) for x, y in zip(la, lb)]
+    return all(x.shape == y.shape and torch.equal(x, y) for x, y in pairs)
+
+
+def first_identical_rows(frames: np.ndarray, instructions: Sequence[str],
+                         features: Sequence[Any] | None = None) -> list[int]:
+    """For each observation ``k`` (``frames [N, H, W, 3]``, ``instructions``, optional vision ``features``), the first
+    row with the same instruction, the same frame bytes and bit-identical features (``k`` itself when none before)."""
+    if len(instructions) != len(frames) or (features is not None and len(features) != len(frames)):
+        raise VLAInputError(f"{len(frames)} frames, {len(instructions)} instructions and "
+                            f"{'no' if features is None else len(features)} features do not match")
+    seen: dict[tuple[str, bytes], list[int]] = {}
+    out: list[int] = []
+    for k in range(len(frames)):
+        candidates = seen.setdefault((instructions[k], np.ascontiguousarray(frames[k]).tobytes()), [])
+        match = next((r for r in candidates if features is None or _same_features(features[r], features[k])), None)
+        if match is None:
+            candidates.append(k)
+            match = k
+        out.append(match)
+    return out
 
 
 # ============================================================================ the policy
@@ -389,9 +425,10 @@ class VLAPolicy(VLMPolicy):
             old = group_logp(old, self.cfg.logp_granularity, tok.action_dim, tok.chunk, mask=mask)
             mask = group_mask(mask, self.cfg.logp_granularity, tok.action_dim, tok.chunk).float()
         prompt_index = torch.tensor([i for i, _ in plan], dtype=torch.long)
-        return Rollout(rollout_logp=old, mask=mask, group_id=torch.tensor(batch.seeds, dtype=torch.long)[prompt_index],
-                       prompt_index=prompt_index, samples=samples, payload=payload, valid=valid,
-                       metrics=self._rollout_metrics(samples, valid, mask, run.timing))
+        return self._first_rollout_check(Rollout(
+            rollout_logp=old, mask=mask, group_id=torch.tensor(batch.seeds, dtype=torch.long)[prompt_index],
+            prompt_index=prompt_index, samples=samples, payload=payload, valid=valid,
+            metrics=self._rollout_metrics(samples, valid, mask, run.timing)))
 
     def _episode_samples(self, items: list[dict], eps: list[EpisodeRecord],
                          image_shape: tuple[int, ...] | None) -> tuple[list[dict], dict[str, list]]:
@@ -436,7 +473,18 @@ class VLAPolicy(VLMPolicy):
     def _step_forward(self, frames: Tensor, instructions: list[str], features: list | None, bins: Tensor, *,
                       temperature: float, entropy: bool, values: bool) -> tuple[Tensor, Tensor | None, Tensor | None]:
         """Token log-probs ``[N, tpc]`` (+ entropy, values) of ``bins`` at N observations."""
-        prompts = self.observation_prompts(frames, instructions, features=features)
+        if self.shared_prefix.enabled:
+            # identical observations (the G episodes of a group start from one state) become one prompt object, which
+            # the shared-prefix forward encodes once (and a trainable vision tower sees once)
+            frames = frames.numpy() if isinstance(frames, Tensor) else np.asarray(frames)
+            same = first_identical_rows(frames, instructions, features)
+            reps = sorted(set(same))
+            unique = self.observation_prompts(frames[reps], [instructions[r] for r in reps],
+                                              features=[features[r] for r in reps] if features is not None else None)
+            by_row = dict(zip(reps, unique))
+            prompts = [by_row[r] for r in same]
+        else:
+            prompts = self.observation_prompts(frames, instructions, features=features)
         comps = list(self.action_ids[bins])
         mask = torch.ones(bins.shape, dtype=torch.float32)
         logits, _ids, v = self._completion_forward(prompts, comps, mask, want_values=values)

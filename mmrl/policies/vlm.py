@@ -17,7 +17,10 @@ Data flow of one step:
    did (positions count non-padding tokens only, so any padding layout gives the same positions);
    only the completion positions go through the LM head (``logits_to_keep``). A trainable vision
    tower is run once per distinct prompt of the micro-batch (or, inside a data-parallel wrapper,
-   on the pixels of every sample through the wrapper's forward).
+   on the pixels of every sample through the wrapper's forward). With ``model.shared_prefix`` (the
+   default) the samples of one prompt share ONE row instead: the prompt once, then their completions,
+   under a mask where each completion sees the prompt and itself (:mod:`mmrl.policies.shared_prefix`);
+   positions come from the model's own ``get_rope_index`` over the prompts, so they are those above.
 
 Each sample dict carries what box rewards need to convert frames: ``orig_size`` and ``input_size``
 (W, H) of the first image, ``orig_sizes``/``input_sizes`` for all, ``family`` and ``box_frame``.
@@ -46,6 +49,7 @@ from torch import Tensor
 
 from mmrl.data.coords import box_frame_for, input_size_from_grid
 from mmrl.data.media import ORIG_SIZE_KEY, load_image
+from mmrl.policies import shared_prefix as sp
 from mmrl.policies.base import FrozenCopyReference, LogProbOutput, PolicySpec, PromptBatch, Rollout
 from mmrl.policies.token_policy import (
     HFTokenPolicy,
@@ -441,10 +445,23 @@ class VLMPolicy(HFTokenPolicy):
             mm = torch.cat([mm, torch.zeros_like(completions)], 1)
         dev = self.device
         inputs: dict[str, Any] = {"input_ids": ids.to(dev), "attention_mask": att.to(dev)}
+        media = self._media_inputs(prompts, feats, video_feats)
+        if media:
+            inputs["mm_token_type_ids"] = mm.to(dev)
+            inputs.update(media)
+        elif completions is not None:
+            # text only: the model would fall back to 0..L-1 positions; count non-padding tokens as generate does
+            inputs["position_ids"] = (inputs["attention_mask"].cumsum(1) - 1).clamp(min=0)
+        return inputs
+
+    def _media_inputs(self, prompts: Sequence[PromptInputs], feats: Sequence[ImageFeatures | None] | None,
+                      video_feats: Sequence[ImageFeatures | None] | None) -> dict[str, Any]:
+        """The image / video model inputs of ``prompts`` in their order (grids, Qwen2.5-VL's ``second_per_grid_ts``,
+        and the features as ``mm_encoder_outputs`` or the pixels when ``feats`` is None); empty without media."""
+        dev = self.device
+        inputs: dict[str, Any] = {}
         with_img = [p for p in prompts if p.num_images]
         with_vid = [p for p in prompts if p.num_videos]
-        if with_img or with_vid:
-            inputs["mm_token_type_ids"] = mm.to(dev)
         encoded: dict[str, Any] = {}
         if with_img:
             inputs["image_grid_thw"] = torch.cat([p.image_grid_thw for p in with_img]).to(dev)
@@ -467,9 +484,6 @@ class VLMPolicy(HFTokenPolicy):
                 encoded["video"] = merge_features(video_feats)
         if encoded:
             inputs["mm_encoder_outputs"] = encoded
-        if not (with_img or with_vid) and completions is not None:
-            # text only: the model would fall back to 0..L-1 positions; count non-padding tokens as generate does
-            inputs["position_ids"] = (inputs["attention_mask"].cumsum(1) - 1).clamp(min=0)
         return inputs
 
     def _set_train_mode(self, train: bool) -> None:
@@ -478,9 +492,30 @@ class VLMPolicy(HFTokenPolicy):
 
     def _completion_forward(self, prompts: Sequence[PromptInputs], completions: list[Tensor], mask: Tensor,
                             *, want_values: bool) -> tuple[Tensor, Tensor, Tensor | None]:
-        """Logits [b, T, V] at the completion positions, the completion ids [b, T] and values [b, T]."""
+        """Logits [b, T, V] at the completion positions, the completion ids [b, T] and values [b, T].
+
+        Samples that share a :class:`PromptInputs` object (the ``G`` samples of a prompt) go through the
+        shared-prefix forward (:mod:`mmrl.policies.shared_prefix`) when ``model.shared_prefix`` is on: their prompt
+        is encoded once. Otherwise (and for the self-check) the plain forward of prompt + completion per sample."""
         T = mask.shape[1]
         c_ids = right_pad(completions, self.pad_id, T)
+
+        def forward(rows: list[int], shared: bool) -> tuple[Tensor, Tensor | None]:
+            sub = [prompts[i] for i in rows]
+            if len(rows) == len(prompts):
+                ids, m = c_ids, mask
+            else:
+                ids, m = c_ids[rows], mask[rows]
+            run = self._shared_completion_forward if shared else self._plain_completion_forward
+            return run(sub, ids, m, want_values=want_values)
+
+        logits, v = self._completion_logits([id(p) for p in prompts], mask, forward)
+        return logits, c_ids.to(logits.device), v
+
+    def _plain_completion_forward(self, prompts: Sequence[PromptInputs], c_ids: Tensor, mask: Tensor, *,
+                                  want_values: bool) -> tuple[Tensor, Tensor | None]:
+        """One row of left-padded prompt + right-padded completion per sample."""
+        T = mask.shape[1]
         feats = self._features(prompts)
         video_feats = self._features(prompts, "video") if feats is not None else None
         inputs = self._prompt_inputs(prompts, feats, c_ids, mask, video_feats=video_feats)
@@ -490,7 +525,48 @@ class VLMPolicy(HFTokenPolicy):
         # position t predicts token t+1: completion token j (at P + j) is predicted at P + j - 1
         comp_logits = logits[:, -(T + 1):-1] if T > 0 else logits[:, :0]
         v = vals[:, P - 1: P - 1 + T] if vals is not None else None
-        return comp_logits, c_ids.to(comp_logits.device), v
+        return comp_logits, v
+
+    def _shared_completion_forward(self, prompts: Sequence[PromptInputs], c_ids: Tensor, mask: Tensor, *,
+                                   want_values: bool) -> tuple[Tensor, Tensor | None]:
+        """One packed row per distinct prompt object: the prompt once (its images / videos once), then its samples'
+        completions (:mod:`mmrl.policies.shared_prefix`); multimodal rotary positions from the model's own
+        ``get_rope_index`` over the prompts."""
+        groups = sp.group_rows([id(p) for p in prompts])
+        lengths = sp.right_padded_lengths(mask)
+        if lengths is None:
+            raise VLMInputError("the shared-prefix forward needs a right-padded completion mask (ones, then zeros)")
+        reps = [prompts[g[0]] for g in groups]
+        layout = sp.plan_layout(groups, [p.input_ids.numel() for p in reps], lengths)
+        ids = sp.pack_rows(layout, [p.input_ids for p in reps], c_ids, self.pad_id)
+        feats = self._features(reps)
+        video_feats = self._features(reps, "video") if feats is not None else None
+        media = self._media_inputs(reps, feats, video_feats)
+        dev = self.device
+        inputs: dict[str, Any] = {"input_ids": ids.to(dev)}
+        if media:
+            mm = sp.pack_rows(layout, [p.mm_token_type_ids for p in reps], None, 0)
+            inputs["mm_token_type_ids"] = mm.to(dev)
+            inputs.update(media)
+            inputs["position_ids"] = self._packed_rope_positions(layout, ids, mm, media)
+        else:  # text only: 1-D positions, as the plain forward's cumsum of the attention mask
+            inputs["position_ids"] = sp.pack_positions(layout, *sp.text_prefix_positions(layout))[0].to(dev)
+        self._set_train_mode(torch.is_grad_enabled())
+        return self._packed_forward(layout, mask.shape[1], want_values=want_values, **inputs)
+
+    def _packed_rope_positions(self, layout: sp.PackedLayout, ids: Tensor, mm: Tensor, media: dict) -> Tensor:
+        """``[3, R, W]`` multimodal rotary positions of packed rows: the model's ``get_rope_index`` over the
+        left-padded prompts plus one text token, which takes the position of every completion's first token."""
+        E, R = layout.prefix_end, layout.num_rows
+        dev = self.device
+        prompt_cols = sp.segment_ids(layout)[:, :E] == sp.PREFIX_SEGMENT
+        one = torch.ones(R, 1, dtype=torch.long)
+        rope_kw = {k: media[k] for k in ("image_grid_thw", "video_grid_thw", "second_per_grid_ts") if k in media}
+        pos, _ = _base_model(self.module.lm).model.get_rope_index(
+            input_ids=torch.cat([ids[:, :E], one * self.pad_id], 1).to(dev),
+            mm_token_type_ids=torch.cat([mm[:, :E], one * 0], 1).to(dev),
+            attention_mask=torch.cat([prompt_cols.long(), one], 1).to(dev), **rope_kw)
+        return sp.pack_positions(layout, pos[:, :, :E], pos[:, :, E])
 
     # ------------------------------------------------------------------ Policy API
     def _shuffled_prompt(self, item: dict, prompt: PromptInputs, seed: int) -> PromptInputs:
@@ -597,7 +673,7 @@ class VLMPolicy(HFTokenPolicy):
 
             metrics.update(video_rollout_metrics([s for s in samples if not s.get("shuffled")]))
         probe = torch.tensor([shuf for _, _, shuf in plan], dtype=torch.bool)
-        return Rollout(
+        return self._first_rollout_check(Rollout(
             rollout_logp=comp.logp.cpu(),
             mask=comp.mask.cpu(),
             group_id=torch.tensor(batch.seeds, dtype=torch.long)[prompt_index],
@@ -607,7 +683,7 @@ class VLMPolicy(HFTokenPolicy):
             valid=~probe,
             probe=probe,
             metrics=metrics,
-        )
+        ))
 
     def log_probs(self, rollout: Rollout, *, entropy: bool = False, values: bool = False) -> LogProbOutput:
         logits, c_ids, v = self._completion_forward(rollout.payload["prompts"], rollout.payload["completion_ids"],
