@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import hashlib
+import zlib
 from typing import Any
 
 import numpy as np
@@ -28,3 +29,11 @@ def state_fingerprint(values: Any, decimals: int = 6) -> str:
     ``-0.0`` and ``0.0`` hash alike."""
     x = np.round(np.asarray(values, dtype=np.float64).ravel(), decimals) + 0.0
     return hashlib.sha256(x.tobytes()).hexdigest()[:16]
+
+
+def seed_parts(base: int, task: str, index: int) -> list[int]:
+    """Seed sequence ``[base, crc32(task), index]`` of initial state ``index`` of ``task`` (stable across processes
+    and Python hash seeds); a negative or non-int ``index`` is a ValueError."""
+    if isinstance(index, bool) or not isinstance(index, (int, np.integer)) or index < 0:
+        raise ValueError(f"init_state must be a non-negative int, got {index!r}")
+    return [int(base), zlib.crc32(task.encode()), int(index)]

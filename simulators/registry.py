@@ -59,35 +59,33 @@ def make_env(name: str, **kwargs: Any) -> Any:
     return factory(**kwargs)
 
 
+def _lazy_factory(module: str, cls_name: str, task: str, description: str) -> EnvFactory:
+    """A factory building ``<module>.<cls_name>(task, **kwargs)``; the module is imported at the first build."""
+
+    def build(**kwargs: Any) -> Any:
+        import importlib
+
+        return getattr(importlib.import_module(f"{__package__}.{module}"), cls_name)(task, **kwargs)
+
+    build.__doc__ = f"{cls_name}({task!r}, **kwargs): {description}"
+    return build
+
+
 def _register_builtin() -> None:
-    """Register the tabletop and robosuite families (imports stay lazy until ``make_env``)."""
+    """Register the tabletop, robosuite and Meta-World families (imports stay lazy until ``make_env``)."""
+    from .metaworld_env import METAWORLD_TASKS
+    from .robosuite_env import ROBOSUITE_TASKS
     from .tabletop.env import TASKS
 
-    def tabletop_factory(task: str) -> EnvFactory:
-        def build(**kwargs: Any) -> Any:
-            from .tabletop.env import TabletopEnv
-
-            return TabletopEnv(task, **kwargs)
-
-        build.__doc__ = f"TabletopEnv({task!r}, **kwargs): {TASKS[task].instruction}"
-        return build
-
-    for task in TASKS:
-        register_env(f"tabletop/{task}", tabletop_factory(task), overwrite=True)
-
-    from .robosuite_env import ROBOSUITE_TASKS
-
-    def robosuite_factory(task: str) -> EnvFactory:
-        def build(**kwargs: Any) -> Any:
-            from .robosuite_env import RobosuiteEnv
-
-            return RobosuiteEnv(task, **kwargs)
-
-        build.__doc__ = f"RobosuiteEnv({task!r}, **kwargs): {ROBOSUITE_TASKS[task]}"
-        return build
-
-    for task in ROBOSUITE_TASKS:
-        register_env(f"robosuite/{task}", robosuite_factory(task), overwrite=True)
+    for task, spec in TASKS.items():
+        register_env(f"tabletop/{task}", _lazy_factory("tabletop.env", "TabletopEnv", task, spec.instruction),
+                     overwrite=True)
+    for task, instruction in ROBOSUITE_TASKS.items():
+        register_env(f"robosuite/{task}", _lazy_factory("robosuite_env", "RobosuiteEnv", task, instruction),
+                     overwrite=True)
+    for task, instruction in METAWORLD_TASKS.items():
+        register_env(f"metaworld/{task}", _lazy_factory("metaworld_env", "MetaWorldEnv", task, instruction),
+                     overwrite=True)
 
 
 _register_builtin()

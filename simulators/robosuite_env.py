@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from .common import resolve_init_state, state_fingerprint
+from .common import resolve_init_state, seed_parts, state_fingerprint
 
 from .rendering import disable_expensive_flags, fast_visual_settings, select_backend
 from .tabletop.env import EpisodeOverError, instability_counts, sanitize_action, sim_blew_up
@@ -59,9 +59,7 @@ def validate_robosuite_args(task: str, robot: str, cameras: tuple[str, ...], ima
 
 def init_state_seed(task: str, index: int) -> list[int]:
     """Seed sequence for initial state ``index`` of ``task`` (stable across processes)."""
-    if isinstance(index, bool) or not isinstance(index, (int, np.integer)) or index < 0:
-        raise ValueError(f"init_state must be a non-negative int, got {index!r}")
-    return [ROBOSUITE_SEED, zlib.crc32(task.encode()), int(index)]
+    return seed_parts(ROBOSUITE_SEED, task, index)
 
 
 def model_seed(task: str) -> int:

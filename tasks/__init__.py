@@ -15,6 +15,7 @@ TASKS: dict[str, str] = {
     "t2i_color": "mmrl.tasks.t2i_color:T2IColorTask",
     "vla_reach": "mmrl.tasks.vla_reach:VLAReachTask",
     "vla_lift": "mmrl.tasks.vla_lift:VLALiftTask",
+    "metaworld": "mmrl.tasks.metaworld:MetaWorldTask",
     "video_temporal_grounding": "mmrl.tasks.video_temporal_grounding:VideoTemporalGroundingTask",
     "video_qa": "mmrl.tasks.video_qa:VideoQATask",
 }

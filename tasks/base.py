@@ -62,7 +62,7 @@ class Task(abc.ABC):
     def collect_demos(self, path: str | None = None) -> list:
         """Record expert demos (``mmrl collect``) into ``path``. Default: this task has no scripted expert."""
         raise ConfigError(f"task {self.name} has no scripted expert to collect demos from (tasks with one: "
-                          "vla_reach, vla_lift)")
+                          "vla_reach, vla_lift, metaworld)")
 
     def policy_spec(self) -> PolicySpec:
         """What the policy builder needs from this task (vocabulary, environment, action statistics, model hook).

@@ -3,6 +3,8 @@ records the clean expert action at every visited state, the noise is seeded per 
 the named dimensions are perturbed."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -96,3 +98,18 @@ def test_task_demo_noise_config():
     assert cfg.task.demo_noise == 0.3 and cfg.task.demo_episodes == 256  # the default's DART setting
     with pytest.raises(ConfigError, match="demo_noise"):
         load_config(["task=vla_reach", "task.demo_noise=-0.1"])
+
+
+def test_demo_subprocess_that_dies_is_an_error_not_a_hang(tmp_path):
+    """A script without the ``if __name__ == "__main__"`` guard re-runs itself in the spawned collector, which dies
+    at bootstrap: the parent gets a DemoError saying so (a multiprocessing Pool would respawn it and wait forever)."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "no_guard.py"
+    script.write_text("from mmrl.data.demos import collect_demos\n"
+                      "collect_demos('tabletop/reach_red', 1, env_kwargs={'image_size': 32}, subprocess=True)\n")
+    p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                       cwd=str(Path(__file__).resolve().parent.parent))
+    assert p.returncode != 0
+    assert "DemoError: the demo-collection subprocess died before it returned" in p.stderr

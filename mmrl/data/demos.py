@@ -1,7 +1,8 @@
 """Scripted-expert demonstrations for the VLA adapter: record, save, load.
 
 A demo is one episode of a scripted expert (:mod:`mmrl.simulators.tabletop.experts`,
-:func:`mmrl.simulators.robosuite_env.lift_expert`) in a registered simulator, stored step by step:
+:func:`mmrl.simulators.robosuite_env.lift_expert`, Meta-World's shipped ``metaworld.policies``) in a registered
+simulator, stored step by step:
 the observation the policy would see *before* each action (``frames`` uint8 ``[n, H, W, 3]``,
 ``proprio`` ``[n, P]``) and the expert's action (``actions`` ``[n, D]``), plus the instruction,
 the init state and whether the episode succeeded.
@@ -92,10 +93,15 @@ def _robosuite_lift_expert(env: Any, obs: dict) -> np.ndarray:
     return lift_expert(obs)
 
 
+def _metaworld_expert(env: Any, obs: dict) -> np.ndarray:
+    return env.expert_action(obs)  # the task's shipped metaworld.policies.<Name>V3Policy on obs["state"]
+
+
 _EXPERTS: dict[str, Callable[[Any, dict], np.ndarray]] = {
     "tabletop/": _tabletop_expert,
     SWITCHABLE_TABLETOP: _tabletop_expert,
     "robosuite/Lift": _robosuite_lift_expert,
+    "metaworld/": _metaworld_expert,
 }
 
 
@@ -171,9 +177,18 @@ def collect_demos(
     opts = {"env_kwargs": env_kwargs, "noise_std": noise_std, "noise_dims": noise_dims, "seed": seed}
     if subprocess:
         import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor
+        from concurrent.futures.process import BrokenProcessPool
 
-        with mp.get_context("spawn").Pool(1) as proc:
-            demos = proc.apply(collect_demos, (env_name, n_episodes, init_states, None), opts)
+        # an executor, not a Pool: a child that dies (a crash, or a script without the `if __name__ == "__main__"`
+        # guard that spawn needs) raises here instead of being replaced forever while apply() waits
+        with ProcessPoolExecutor(1, mp_context=mp.get_context("spawn")) as proc:
+            try:
+                demos = proc.submit(collect_demos, env_name, n_episodes, init_states, None, **opts).result()
+            except BrokenProcessPool as e:
+                raise DemoError(
+                    "the demo-collection subprocess died before it returned (a simulator crash, or a script run as "
+                    "__main__ without the `if __name__ == \"__main__\":` guard that spawned processes need)") from e
         if path is not None:
             save_demos(demos, path)
         return demos

@@ -21,7 +21,7 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 INIT_STATES_FILE = "init_states.json"
-SIMULATOR_PACKAGES = ("mujoco", "robosuite")
+SIMULATOR_PACKAGES = ("mujoco", "robosuite", "metaworld")
 
 
 def init_state_key(item: dict) -> str:
