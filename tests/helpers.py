@@ -41,13 +41,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_script(out: Path, steps: int, *extra: str, processes: int = 1, timeout: float = 900) -> None:
+def run_script(out: Path, steps: int, *extra: str, processes: int = 1, timeout: float = 900,
+               launcher: str = "accelerate") -> None:
     """Run tests/ddp_script.py (a short training run that saves its gathered parameters to ``out/params.pt``) in one
-    process, or in ``processes`` CPU processes with ``accelerate launch`` (gloo)."""
+    process, or in ``processes`` CPU processes (gloo) with ``accelerate launch`` or ``torchrun`` (``launcher``)."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(DDP_SCRIPT.parent.parent))
     env.pop("WORLD_SIZE", None)
     cmd = [sys.executable, str(DDP_SCRIPT), str(out), str(steps), *extra]
-    if processes > 1:
+    if processes > 1 and launcher == "torchrun":
+        cmd[1:1] = ["-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", str(processes),
+                    "--master_addr", "127.0.0.1", "--master_port", str(free_port())]
+    elif processes > 1:
         cmd[1:1] = ["-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(processes),
                     "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
                     "--main_process_port", str(free_port())]

@@ -84,3 +84,26 @@ def test_fsdp2_with_dapo_resampling_rounds_does_not_hang(tmp_path):
 
     rows = [r for r in read_metrics(tmp_path / "two" / "run" / "metrics.jsonl") if "filter/rounds" in r]
     assert len(rows) == 3 and all(1 <= r["filter/rounds"] <= 4 for r in rows)
+
+
+def test_fsdp2_under_torchrun_with_cpu_offload_matches_one_process(tmp_path):
+    """`torchrun --nproc_per_node 2` (the launcher of docs/scaling.md) with trainer.fsdp_offload=true (CPUOffloadPolicy:
+    sharded parameters, gradients and AdamW state in CPU memory) trains the same parameters as one process."""
+    run_script(tmp_path / "one", 3)
+    run_script(tmp_path / "two", 3, "trainer.strategy=fsdp2", "trainer.fsdp_offload=true", processes=2,
+               launcher="torchrun")
+    assert (tmp_path / "two" / "sharded.txt").read_text() == "True"
+    _assert_equal_runs(tmp_path / "one", tmp_path / "two")
+
+
+def test_fsdp2_bf16_mixed_precision_trains_close_to_fp32(tmp_path):
+    """trainer.fsdp_param_dtype=bfloat16: parameters gathered and computed in bf16 over fp32 masters (gradients reduced
+    in fp32): the run trains (parameters move, finite) and stays near the fp32 run, but not equal to it."""
+    run_script(tmp_path / "fp32", 3, "trainer.strategy=fsdp2", processes=2)
+    run_script(tmp_path / "bf16", 3, "trainer.strategy=fsdp2", "trainer.fsdp_param_dtype=bfloat16", processes=2)
+    (a, ga), (b, gb) = run_results(tmp_path / "fp32"), run_results(tmp_path / "bf16")
+    assert all(b[k].dtype == torch.float32 for k in b)  # the masters (and the saved weights) stay fp32
+    assert all(torch.isfinite(b[k]).all() for k in b)
+    worst = max(float((a[k] - b[k]).abs().max()) for k in a)
+    assert 0 < worst < 0.05, worst
+    assert all(abs(x - y) <= 0.1 * x for x, y in zip(ga, gb)), (ga, gb)

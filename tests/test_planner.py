@@ -468,9 +468,6 @@ def test_planner_total_within_25_percent_of_measured_peak(measured):
     print("\n".join(rows))
 
 
-if __name__ == "__main__":
-    print("RESULT " + json.dumps(_measure_child(json.loads(sys.argv[1]))))
-
 
 # ============================================================================ the check at the start of `mmrl train`
 
@@ -513,3 +510,7 @@ def test_trainer_warns_at_start_when_the_plan_does_not_fit(tmp_path, monkeypatch
     with caplog.at_level(logging.WARNING, logger="mmrl.trainer"):
         toy_trainer(tmp_path, steps=0, run="run2")
     assert not any("run out of memory" in r.getMessage() for r in caplog.records)
+
+
+if __name__ == "__main__":
+    print("RESULT " + json.dumps(_measure_child(json.loads(sys.argv[1]))))
