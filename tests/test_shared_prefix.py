@@ -523,3 +523,34 @@ def test_training_with_and_without_sharing_ends_at_the_same_parameters(tmp_path)
         params[on] = after
     gap = max(float((a - b).abs().max()) for a, b in zip(params[True], params[False]))
     assert gap < 1e-4
+
+
+# ============================================================================ sampling: prefill once per group
+
+
+def test_text_lm_prefills_each_prompt_once_with_the_same_samples(tiny_lm_folder):
+    """generate with the prompt's KV cache computed once per group and repeated to its G rows samples the same tokens
+    with the same behaviour log-probs as prefilling every copy, and the prefill runs on one row per prompt."""
+    from mmrl.policies.token_policy import left_pad
+    from mmrl.rollout import token_sampler as ts
+
+    pol = lm_policy(tiny_lm_folder)
+    lm = pol.module.lm.eval()
+    G = 4
+    prompts = pol.encode_prompts(["12+7=?", "3-1=", "abc def ghij 1234="])
+    ids, att = left_pad([p for p in prompts for _ in range(G)], pol.pad_id)
+    kw = dict(seeds=list(range(len(prompts) * G)), max_new_tokens=6, eos_ids=pol.eos_ids, pad_id=pol.pad_id,
+              temperature=1.0)
+    plain = ts.generate_completions(lm, {"input_ids": ids, "attention_mask": att}, **kw)
+    rows = []
+    hook = lm.register_forward_pre_hook(lambda m, a, k: rows.append(k["input_ids"].shape), with_kwargs=True)
+    try:
+        shared = ts.generate_completions(lm, {"input_ids": ids, "attention_mask": att}, prefill_group=G, **kw)
+    finally:
+        hook.remove()
+    assert torch.equal(plain.ids, shared.ids) and torch.equal(plain.mask, shared.mask)
+    torch.testing.assert_close(shared.logp, plain.logp, atol=1e-6, rtol=0)
+    assert rows[0] == (3, ids.shape[1] - 1)  # the prefill: one row per prompt, all but its last token
+    assert rows[1] == (3 * G, 1)  # then generate starts at the last prompt token of every sample
+    # rows of a group that differ: no shared cache
+    assert ts.shared_prefill_cache(lm, ids.flip(0), att.flip(0), G + 1) is None

@@ -87,6 +87,7 @@ class CausalLMPolicy(HFTokenPolicy):
             top_p=self.cfg.top_p,
             suppress_ids=self.suppress_ids,
             greedy=greedy,
+            prefill_group=group_size if self.shared_prefix.enabled else 1,  # each prompt prefilled once
         )
         lm.train(was_training)
         texts = self._decode(comp.ids.cpu())

@@ -124,6 +124,42 @@ def completion_mask(ids: Tensor, eos_ids: list[int]) -> tuple[Tensor, Tensor]:
     return mask, truncated
 
 
+def shared_prefill_cache(model, input_ids: Tensor, attention_mask: Tensor, group_size: int):
+    """A KV cache of every prompt but its last token, computed ONCE per group of ``group_size`` consecutive identical
+    rows and repeated to all rows; None when it does not apply (``group_size`` 1, a one-token prompt, rows of a
+    group that differ). ``generate`` given it (and the full ``input_ids``) runs only the last prompt token and the
+    completion, with the same outputs as a prefill of every copy (tested: equal tokens, log-probs within 1e-6)."""
+    from transformers import DynamicCache
+
+    n = input_ids.shape[0]
+    if group_size <= 1 or n % group_size or input_ids.shape[1] < 2 or int(attention_mask.sum(1).min()) < 2:
+        return None
+    ids = input_ids.view(n // group_size, group_size, -1)
+    att = attention_mask.view(n // group_size, group_size, -1)
+    if not (torch.equal(ids, ids[:, :1].expand_as(ids)) and torch.equal(att, att[:, :1].expand_as(att))):
+        return None
+    u_ids, u_att = ids[:, 0, :-1], att[:, 0, :-1]
+    cache = DynamicCache(config=model.config)
+    keep = {"logits_to_keep": 1} if "logits_to_keep" in _forward_params(model) else {}
+    with torch.no_grad():
+        model(input_ids=u_ids, attention_mask=u_att, position_ids=(u_att.cumsum(1) - 1).clamp(min=0),
+              **{cache_kwarg(model): cache}, use_cache=True, **keep)
+    cache.batch_repeat_interleave(group_size)
+    return cache
+
+
+def _forward_params(model) -> set[str]:
+    import inspect
+
+    return set(inspect.signature(model.forward).parameters)
+
+
+def cache_kwarg(model) -> str:
+    """The keyword a transformers model takes its KV cache by: ``cache`` (newer 5.x releases, where
+    ``past_key_values`` is deprecated) or ``past_key_values``."""
+    return "cache" if "cache" in _forward_params(model) else "past_key_values"
+
+
 def generate_completions(
     model,
     inputs: dict,
@@ -136,9 +172,18 @@ def generate_completions(
     top_p: float = 1.0,
     suppress_ids: list[int] | None = None,
     greedy: bool = False,
+    prefill_group: int = 1,
 ) -> Completions:
-    """Batched HF `generate` (KV cache, left-padded prompts) with seeded sampling."""
+    """Batched HF `generate` (KV cache, left-padded prompts) with seeded sampling.
+
+    ``prefill_group=G`` (text prompts only: ``inputs`` holds just ``input_ids`` / ``attention_mask``, rows in groups
+    of G identical prompts): the prompts are prefilled once per group (:func:`shared_prefill_cache`)."""
     from transformers import GenerationConfig, LogitsProcessorList
+
+    if prefill_group > 1 and set(inputs) == {"input_ids", "attention_mask"}:
+        cache = shared_prefill_cache(model, inputs["input_ids"], inputs["attention_mask"], prefill_group)
+        if cache is not None:
+            inputs = {**inputs, cache_kwarg(model): cache}
 
     sampler = SeededTokenSampler(
         seeds, temperature=temperature, top_p=top_p, suppress_ids=suppress_ids, greedy=greedy,
