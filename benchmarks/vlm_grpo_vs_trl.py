@@ -38,17 +38,19 @@ What each side does per step:
 * **floor** (the least work any implementation must do to produce and train on these completions, written with
   plain transformers on mmrl's model): one chat-template pass + ONE processor call over the prompts, the vision
   tower ONCE per distinct image (``get_image_features`` under ``no_grad``; the tower is frozen), the features
-  repeated (not the pixels) to the G samples and passed to HF ``generate(do_sample=True)`` as
-  ``mm_encoder_outputs``; then, over those same completions, one forward/backward/grad-clip/AdamW of the token-mean
+  repeated (not the pixels) to the G samples; the KV cache of every prompt but its last token computed ONCE per
+  prompt (images once) and repeated to its G samples with the multimodal rotary offsets (``rope_deltas``), from
+  which HF ``generate(do_sample=True)`` continues (as mmrl's rollout does with ``model.shared_prefix=true``); then, over those same completions, one forward/backward/grad-clip/AdamW of the token-mean
   log-likelihood loss with the features reused again (no vision tower in training) in the shared-prefix layout:
   one packed row per prompt, the prompt once and its G completions after it under the shared-prefix attention
   mask, ``P + G T`` tokens per prompt (mmrl's pure index helpers ``plan_layout`` / ``pack_rows`` /
   ``pack_positions`` / ``model_attention_mask`` / ``prediction_index`` / ``unpack`` lay the rows out; positions
   from the model's own ``get_rope_index``), the LM head only from the prompts' last column on. No rewards,
   advantages, behaviour log-probs, metrics or bookkeeping. ``floor = generate + shared training``.
-* **floor without sharing**: the same generate (same completions, same timing of that part) plus the plain
-  training forward: G copies of each prompt, ``G (P + T)`` tokens per prompt, features reused (still no vision
-  tower in training), ``logits_to_keep = T + 1``. ``floor without sharing = generate + plain training``; it is the
+* **floor without sharing**: HF ``generate`` over the G copies of each prompt (features still reused, every copy
+  prefilled; timed on its own, its samples are not used) plus the plain training forward over the floor's
+  completions: G copies of each prompt, ``G (P + T)`` tokens per prompt, features reused (still no vision
+  tower in training), ``logits_to_keep = T + 1``. ``floor without sharing = plain generate + plain training``; it is the
   floor of an implementation that does not share prompts (such as TRL).
 
 A floor must never read as slower than the thing it floors: mmrl below the floor would mean the floor does more
@@ -155,7 +157,8 @@ def floor_step(lm, processor, items: Sequence[dict], group: int, max_new_tokens:
                pad_id: int, suppress_ids: list[int], optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     """Generate once, then train on the same completions with the shared-prefix and the plain forward.
 
-    Returns the seconds of the three parts (``gen``, ``shared``, ``plain``), the mean completion length, the tokens
+    Returns the seconds of the four parts (``gen`` with each prompt prefilled once, ``gen_plain`` prefilling every
+    copy, ``shared``, ``plain`` training), the mean completion length, the tokens
     of each training forward and the largest |log-prob| difference between the two forwards."""
     from mmrl.policies import shared_prefix as sp
     from mmrl.policies.vlm import _base_model, build_messages
@@ -178,17 +181,40 @@ def floor_step(lm, processor, items: Sequence[dict], group: int, max_new_tokens:
         "mm_token_type_ids": enc["mm_token_type_ids"].repeat_interleave(G, 0),
         "image_grid_thw": grid.repeat_interleave(G, 0),
     }
+    sampling = dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=max_new_tokens,
+                    eos_token_id=eos_ids, pad_token_id=pad_id, suppress_tokens=suppress_ids)
+    t_vis = time.perf_counter() - t0
+    # ---- generate without prefix sharing (timed for the floor without sharing; its completions are not used)
+    t_g = time.perf_counter()
     with torch.no_grad():
-        out = lm.generate(**inputs, mm_encoder_outputs={"image": feats_rep}, do_sample=True, temperature=1.0,
-                          top_k=0, top_p=1.0, max_new_tokens=max_new_tokens, eos_token_id=eos_ids,
-                          pad_token_id=pad_id, suppress_tokens=suppress_ids)
+        lm.generate(**inputs, mm_encoder_outputs={"image": feats_rep}, **sampling)
+    t_gen_plain = t_vis + time.perf_counter() - t_g
+    # ---- generate with each prompt prefilled once: the KV cache of prompt[:-1] computed on the n distinct prompts
+    # (images once), repeated to the G samples with the multimodal rotary offsets; generate continues from it
+    from transformers import DynamicCache
+
+    from mmrl.rollout.token_sampler import cache_kwarg
+
+    t_g = time.perf_counter()
+    cache = DynamicCache(config=base.config)
+    base.model.rope_deltas = None
+    with torch.no_grad():
+        lm(input_ids=enc["input_ids"][:, :-1], attention_mask=enc["attention_mask"][:, :-1],
+           mm_token_type_ids=enc["mm_token_type_ids"][:, :-1], image_grid_thw=grid,
+           mm_encoder_outputs={"image": _features_object(vis, range(n))}, use_cache=True, logits_to_keep=1,
+           **{cache_kwarg(lm): cache})
+        index = torch.tensor(rep)
+        cache.batch_select_indices(index)
+        base.model.rope_deltas = base.model.rope_deltas[index]
+        out = lm.generate(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"],
+                          mm_token_type_ids=inputs["mm_token_type_ids"], **{cache_kwarg(lm): cache}, **sampling)
     P = inputs["input_ids"].shape[1]
     comp = out[:, P:]
     is_eos = torch.isin(comp, torch.tensor(eos_ids))
     mask = ((is_eos.int().cumsum(1) - is_eos.int()) == 0).long()  # up to and including the first EOS
     T = comp.shape[1]
     lengths = mask.sum(1).tolist()
-    t_gen = time.perf_counter() - t0
+    t_gen = t_vis + time.perf_counter() - t_g
 
     # ---- plain training forward: G rows of prompt + completion per prompt, features reused
     t1 = time.perf_counter()
@@ -230,7 +256,7 @@ def floor_step(lm, processor, items: Sequence[dict], group: int, max_new_tokens:
     t_shared = time.perf_counter() - t2
     m = mask.bool()
     return {
-        "gen": t_gen, "shared": t_shared, "plain": t_plain, "len": float(mask.float().sum(1).mean()),
+        "gen": t_gen, "gen_plain": t_gen_plain, "shared": t_shared, "plain": t_plain, "len": float(mask.float().sum(1).mean()),
         "tokens_shared": layout.tokens, "tokens_plain": int(out.shape[0] * out.shape[1]),
         "width_shared": R * layout.width,
         "logp_diff": float((logp_plain - logp_shared)[m].abs().max()) if bool(m.any()) else 0.0,
@@ -460,7 +486,7 @@ def run(family: str, steps: int, warmup: int, repeats: int, *, batch: int = 8, g
                        pol.suppress_ids, floor_opt)
         for key in floor_info:
             floor_info[key].append(f[key])
-        return {"floor": (f["gen"] + f["shared"], f["len"]), "floor_plain": (f["gen"] + f["plain"], f["len"])}
+        return {"floor": (f["gen"] + f["shared"], f["len"]), "floor_plain": (f["gen_plain"] + f["plain"], f["len"])}
 
     def mmrl_side() -> dict[str, tuple[float, float]]:
         return {"mmrl": mmrl_timed_step(tr)}

@@ -554,3 +554,32 @@ def test_text_lm_prefills_each_prompt_once_with_the_same_samples(tiny_lm_folder)
     assert rows[1] == (3 * G, 1)  # then generate starts at the last prompt token of every sample
     # rows of a group that differ: no shared cache
     assert ts.shared_prefill_cache(lm, ids.flip(0), att.flip(0), G + 1) is None
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_vlm_rollout_prefills_each_prompt_once_with_the_same_samples(family):
+    """VLMPolicy.rollout with sharing on prefills each distinct prompt (its images) once and repeats its KV cache and
+    rotary offsets to its G samples: the same tokens and behaviour log-probs as the plain path (images of different
+    sizes, a text-only prompt, left padding), with the vision tower run once per distinct prompt either way."""
+    from mmrl.policies.base import PromptBatch
+
+    items = [{"image": image(120, 64), "prompt": "Find the red box."},
+             {"image": image(50, 170, (20, 180, 40)), "prompt": "Where is the green object? Answer with one box."},
+             {"prompt": "Say something short."}]
+    out = {}
+    for on in (False, True):
+        policy = vlm_policy(family, max_new_tokens=6, temperature=1.0, shared_prefix=on)
+        lm = policy.module.lm
+        rows = []
+        hook = lm.register_forward_pre_hook(lambda m, a, k: rows.append(tuple(k["input_ids"].shape)), with_kwargs=True)
+        try:
+            ro = policy.rollout(PromptBatch(items=items, indices=[0, 1, 2], seeds=[5, 6, 7]), 4)
+        finally:
+            hook.remove()
+        out[on] = (ro, rows)
+    (plain, plain_rows), (shared, shared_rows) = out[False], out[True]
+    assert [c.tolist() for c in plain.payload["completion_ids"]] == [c.tolist() for c in shared.payload["completion_ids"]]
+    torch.testing.assert_close(shared.rollout_logp, plain.rollout_logp, atol=1e-5, rtol=0)
+    width = plain_rows[0][1]
+    assert plain_rows[0] == (12, width)  # the plain prefill: every copy
+    assert shared_rows[0] == (3, width - 1) and shared_rows[1] == (12, 1)  # once per prompt, then the last token
