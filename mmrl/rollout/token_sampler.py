@@ -149,9 +149,11 @@ def shared_prefill_cache(model, input_ids: Tensor, attention_mask: Tensor, group
 
 
 def _forward_params(model) -> set[str]:
+    """The keyword parameters of the model's forward (under a PEFT wrapper, the wrapped model's)."""
     import inspect
 
-    return set(inspect.signature(model.forward).parameters)
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return set(inspect.signature(base.forward).parameters)
 
 
 def cache_kwarg(model) -> str:
