@@ -20,6 +20,7 @@ import tempfile
 import time
 
 import torch
+from _stats import spread, timed_train_step
 
 
 def bare_step(policy, optimizer, prompts: list[str], group: int, max_new_tokens: int) -> float:
@@ -57,19 +58,6 @@ def _trainer(out: str, name: str, args, tensorboard: bool):
     return tr
 
 
-def _timed_step(tr) -> tuple[float, float]:
-    t0 = time.perf_counter()
-    m = tr.train_step()
-    tr.step += 1
-    tr.tracker.log(m, tr.step)
-    return time.perf_counter() - t0, float(m.get("response/length", float("nan")))
-
-
-def _spread(xs: list[float], scale: float = 1.0, fmt: str = "{:.1f}") -> str:
-    return (f"{fmt.format(statistics.median(xs) * scale)} (min {fmt.format(min(xs) * scale)}, "
-            f"max {fmt.format(max(xs) * scale)})")
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=20, help="measured steps per repeat (after 3 warm-up steps)")
@@ -89,8 +77,8 @@ def main() -> None:
     for _rep in range(args.repeats):
         times = {"tb_on": [], "tb_off": [], "bare": []}
         for k in range(args.steps + 3):
-            t_on, n_on = _timed_step(tb_on)
-            t_off, n_off = _timed_step(tb_off)
+            t_on, n_on = timed_train_step(tb_on)
+            t_off, n_off = timed_train_step(tb_off)
             prompts = [items[(i * args.batch + j) % len(items)]["prompt"] for j in range(args.batch)]
             t_bare, n_bare = bare_step(tb_off.policy, bare_opt, prompts, args.group, new_tokens)
             i += 1
@@ -101,15 +89,15 @@ def main() -> None:
         for key in med:
             med[key].append(statistics.median(times[key]))
     print(f"toy_arithmetic, {args.batch} prompts x G={args.group}, <= {new_tokens} new tokens, fp32, 1 thread, "
-          f"{args.repeats} repeats x {args.steps} interleaved steps; median over repeats (min, max)")
+          f"{args.repeats} repeats x {args.steps} interleaved steps; median over repeats [min-max]")
     for key, label in (("tb_on", "trainer step, TensorBoard on "), ("tb_off", "trainer step, TensorBoard off"),
                        ("bare", "bare compute (no sharing)    ")):
-        print(f"  {label}: {_spread(med[key], 1e3)} ms   mean completion {statistics.fmean(lengths[key]):.2f} tokens")
+        print(f"  {label}: {spread(med[key], 1e3)} ms   mean completion {statistics.fmean(lengths[key]):.2f} tokens")
     for a, b, what in (("tb_on", "bare", "overhead trainer (TB on) / bare"),
                        ("tb_off", "bare", "overhead trainer (TB off) / bare"),
                        ("tb_on", "tb_off", "TensorBoard cost, TB on / TB off")):
         ratios = [x / y for x, y in zip(med[a], med[b])]
-        print(f"  {what}: {_spread(ratios, fmt='{:.3f}')}")
+        print(f"  {what}: {spread(ratios, fmt='{:.3f}')}")
 
 
 if __name__ == "__main__":

@@ -58,6 +58,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from mmrl.data.video import VideoSamplingConfig  # noqa: E402
 from mmrl.data.video_cache import VideoFrameCache  # noqa: E402
 
+from _stats import spread  # noqa: E402
+
 DROP_CACHES = Path("/proc/sys/vm/drop_caches")
 
 
@@ -164,10 +166,6 @@ def run_disk_child(spec_file: Path) -> dict:
 
 
 # --------------------------------------------------------------------------- main
-
-
-def _spread(xs: list[float], fmt: str) -> str:
-    return f"{fmt.format(statistics.median(xs))} [{fmt.format(min(xs))}-{fmt.format(max(xs))}]"
 
 
 def _mib(n: int) -> str:
@@ -284,8 +282,8 @@ def main() -> None:
     print(f"{'side':<24}{'s/pass':>26}{'frames/s':>10}{'vs uncached worker':>26}")
     for name, _ in sides:
         ratios = [b / t for b, t in zip(base, times[name])]
-        print(f"{name:<24}{_spread(times[name], '{:.4f}'):>26}{total_frames / statistics.median(times[name]):>10.0f}"
-              f"{_spread(ratios, '{:.1f}') + 'x':>26}")
+        print(f"{name:<24}{spread(times[name], fmt='{:.4f}'):>26}{total_frames / statistics.median(times[name]):>10.0f}"
+              f"{spread(ratios, fmt='{:.1f}') + 'x':>26}")
         note = page_note(name)
         if note:
             print(f"{'':<4}{note}")

@@ -46,7 +46,6 @@ import os
 import platform
 import sys
 import time
-from typing import Any
 
 os.environ.setdefault("MUJOCO_GL", "egl")
 os.environ.setdefault("OMP_NUM_THREADS", "1")

@@ -83,6 +83,7 @@ import warnings
 from typing import Any, Callable, Sequence
 
 import torch
+from _stats import spread, timed_train_step
 
 FAMILIES = ("qwen2_5_vl", "qwen2_vl", "qwen3_vl")
 REWARD_WEIGHTS = {"grounding": 1.0, "format": 0.2, "duplicate": -0.5}
@@ -116,15 +117,6 @@ def mmrl_overrides(family: str, out_dir: str, *, batch: int, group: int, new_tok
         "model.dtype=float32", "model.shared_prefix=true", "model.gradient_checkpointing=false",
         f"trainer.output_dir={out_dir}", "trainer.run_name=mmrl",
     ]
-
-
-def mmrl_timed_step(trainer) -> tuple[float, float]:
-    """One ``train_step`` plus its metrics line; returns (seconds, mean completion length)."""
-    t0 = time.perf_counter()
-    metrics = trainer.train_step()
-    trainer.step += 1
-    trainer.tracker.log(metrics, trainer.step)
-    return time.perf_counter() - t0, float(metrics.get("response/length", float("nan")))
 
 
 # ============================================================================ floor (bare compute)
@@ -489,7 +481,7 @@ def run(family: str, steps: int, warmup: int, repeats: int, *, batch: int = 8, g
         return {"floor": (f["gen"] + f["shared"], f["len"]), "floor_plain": (f["gen_plain"] + f["plain"], f["len"])}
 
     def mmrl_side() -> dict[str, tuple[float, float]]:
-        return {"mmrl": mmrl_timed_step(tr)}
+        return {"mmrl": timed_train_step(tr)}
 
     def trl_side(name: str) -> Callable[[], dict[str, tuple[float, float]]]:
         return lambda: {name: runners[name].step()}
@@ -511,11 +503,6 @@ def run(family: str, steps: int, warmup: int, repeats: int, *, batch: int = 8, g
             "mmrl_shared_enabled": bool(mm_guard.enabled)}
 
 
-def _spread(xs: Sequence[float], scale: float = 1.0, fmt: str = "{:.1f}") -> str:
-    med, lo, hi = (fmt.format(v * scale) for v in (statistics.median(xs), min(xs), max(xs)))
-    return f"{med} [{lo}-{hi}]"
-
-
 def report(r: dict[str, Any]) -> str:
     """Human-readable lines of one family's result."""
     data, R = r["data"], r["repeats"]
@@ -532,7 +519,7 @@ def report(r: dict[str, Any]) -> str:
     ]
     for s in SIDES:
         lens = [n for rep in data[s] for _, n in rep]
-        lines.append(f"  {LABELS[s]:<54}: {_spread(med[s], 1000):>26}   (completion {statistics.fmean(lens):.1f}"
+        lines.append(f"  {LABELS[s]:<54}: {spread(med[s], 1000):>26}   (completion {statistics.fmean(lens):.1f}"
                      f" tokens, min {min(lens):.1f}, max {max(lens):.1f})")
     lines.append("  ratios (per repeat: ratio of the medians), median [min-max]:")
     ratios: dict[str, float] = {}
@@ -540,7 +527,7 @@ def report(r: dict[str, Any]) -> str:
         xs = [x / y for x, y in zip(med[a], med[b])]
         ratios[f"{a}/{b}"] = statistics.median(xs)
         tgt = f"   (target <= {target})" if target is not None else ""
-        lines.append(f"    {a + ' / ' + b:<26}: {_spread(xs, 1, '{:.3f}')}{tgt}")
+        lines.append(f"    {a + ' / ' + b:<26}: {spread(xs, 1, '{:.3f}')}{tgt}")
     fi = r["floor_info"]
     lines.append(f"  floor training tokens per step (mean): shared {statistics.fmean(fi['tokens_shared']):.0f} "
                  f"(packed width incl. padding {statistics.fmean(fi['width_shared']):.0f}), plain "
