@@ -107,8 +107,9 @@ def cmd_train(overrides: list[str]) -> int:
 
 def cmd_eval(overrides: list[str]) -> int:
     """`mmrl eval checkpoint=runs/<run> [eval.name=NAME] [key=value ...]` (docs/evaluation.md): the run's saved config
-    plus overrides; writes <run>/eval/<NAME>/{results.json,predictions.jsonl}. stdout: the metrics as JSON;
-    stderr: a (metric, value) table and the one-line summary."""
+    plus overrides; writes <run>/eval/<NAME>/{results.json,predictions.jsonl}. `mmrl eval task=NAME [...]` without a
+    checkpoint evaluates model.path as built (into <output_dir>/eval/<task>_<model>/). stdout: the metrics as JSON;
+    stderr: a (metric, value) table, the one-line summary and, for simulator tasks, the success table per suite."""
     from mmrl.evaluation import evaluate_checkpoint
 
     ev = evaluate_checkpoint(overrides)
@@ -118,9 +119,14 @@ def cmd_eval(overrides: list[str]) -> int:
     rows = [f"{'metric'.ljust(width)}  value"] + [f"{k.ljust(width)}  {v:.4f}" if isinstance(v, float) else
                                                   f"{k.ljust(width)}  {v}" for k, v in sorted(metrics.items())]
     skipped = int(metrics.get("eval/skipped", 0))
+    weights = f"checkpoint {ev.checkpoint}" if ev.checkpoint is not None else \
+        f"model.path={getattr(ev.config.model, 'path', None)} (no checkpoint)"
     rows.append(f"evaluated {ev.n_items} items ({int(metrics.get('eval/n', 0))} samples"
-                + (f", {skipped} items skipped" if skipped else "") + f") of {ev.data} with checkpoint {ev.checkpoint}"
+                + (f", {skipped} items skipped" if skipped else "") + f") of {ev.data} with {weights}"
                 + (f" (step {ev.step})" if ev.step is not None else "") + f"; results in {ev.out_dir}")
+    table_md = ev.out_dir / "success_table.md"
+    if ev.table is not None and table_md.exists():
+        rows += ["", table_md.read_text()]
     print("\n".join(rows), file=sys.stderr)
     return 0
 

@@ -213,12 +213,15 @@ class CheckpointEval:
     """What :func:`evaluate_checkpoint` did."""
 
     metrics: dict[str, float]
-    checkpoint: Path
+    checkpoint: Path | None
+    """None: the model of ``model.path`` was evaluated as built (``mmrl eval task=...`` without a checkpoint)."""
     step: int | None
     out_dir: Path
     n_items: int
     data: str
     config: Any
+    table: dict | None = None
+    """A simulator task's success table (per suite and task; :mod:`mmrl.success_table`), else None."""
 
 
 def _checkpoint_step(ckpt: Path) -> int | None:
@@ -316,27 +319,40 @@ def evaluate_checkpoint(overrides: list[str]) -> CheckpointEval:
     requested task / model raises a one-line :class:`~mmrl.errors.ConfigError`.
     """
     from mmrl.checkpoint import resolve_checkpoint
-    from mmrl.config import ConfigError
+    from mmrl.config import ConfigError, load_config
 
     checkpoint, name, rest = _split_eval_overrides(list(overrides))
-    if not checkpoint:
-        raise ConfigError("mmrl eval needs checkpoint=PATH (a checkpoint folder or a run directory)")
     if name is not None and (not _EVAL_NAME_RE.match(name) or name in (".", "..")):
         raise ConfigError(f"{EVAL_NAME_KEY}={name!r}: use a folder name (letters, digits, '.', '_', '-')")
-    try:
-        ckpt = resolve_checkpoint(checkpoint)
-    except FileNotFoundError as e:
-        raise ConfigError(f"checkpoint={checkpoint}: {e}") from None
-    run_dir = ckpt.parent.parent if ckpt.parent.name == "checkpoints" else None
-    cfg, saved_desc = _eval_config(checkpoint, ckpt, run_dir, rest)
-    step = _checkpoint_step(ckpt)
-    if name is None:  # the checkpoint folder's own name (step_000120), so eval/ mirrors checkpoints/
-        name = ckpt.name if re.match(r"^step_\d+$", ckpt.name) else f"step_{step}" if step is not None else "checkpoint"
-    out_dir = (run_dir if run_dir is not None else ckpt) / "eval" / name
+    if not checkpoint:
+        if not any(ov.lstrip("+").split("=", 1)[0] == "task" for ov in rest):
+            raise ConfigError("mmrl eval needs checkpoint=PATH (a checkpoint folder or a run directory), or task=NAME "
+                              "to evaluate the model of model.path as it is")
+        ckpt = run_dir = saved_desc = step = None
+        cfg = load_config(rest)
+        name = name or f"{cfg.task.name}_{cfg.model.name}"
+        out_dir = Path(cfg.trainer.output_dir) / "eval" / name
+    else:
+        try:
+            ckpt = resolve_checkpoint(checkpoint)
+        except FileNotFoundError as e:
+            raise ConfigError(f"checkpoint={checkpoint}: {e}") from None
+        run_dir = ckpt.parent.parent if ckpt.parent.name == "checkpoints" else None
+        cfg, saved_desc = _eval_config(checkpoint, ckpt, run_dir, rest)
+        step = _checkpoint_step(ckpt)
+        if name is None:  # the checkpoint folder's own name (step_000120), so eval/ mirrors checkpoints/
+            name = ckpt.name if re.match(r"^step_\d+$", ckpt.name) else f"step_{step}" if step is not None else \
+                "checkpoint"
+        out_dir = (run_dir if run_dir is not None else ckpt) / "eval" / name
 
     task, rewards, policy, device = build_for_eval(cfg)
+    if hasattr(policy, "min_envs"):  # a VLA policy sizes its env pool for training rollouts; evaluation needs fewer
+        policy.min_envs = max(1, cfg.trainer.batch_size) * max(1, cfg.trainer.eval_samples)
+    if hasattr(task, "output_dir"):  # simulator tasks write their success table and videos beside results.json
+        task.output_dir = out_dir
     try:
-        _load_weights_or_explain(policy, ckpt, cfg, saved_desc)
+        if ckpt is not None:
+            _load_weights_or_explain(policy, ckpt, cfg, saved_desc)
         if device.type != "cpu":
             policy.to_device(device)
         tr = cfg.trainer
@@ -348,10 +364,12 @@ def evaluate_checkpoint(overrides: list[str]) -> CheckpointEval:
     finally:
         policy.close()
     data = describe_eval_data(cfg.task, len(items), len(all_items))
+    table = getattr(task, "last_eval_table", None)
     _write_eval_outputs(out_dir, metrics, predictions, cfg, ckpt=ckpt, step=step, run_dir=run_dir,
-                        saved_desc=saved_desc, data={"description": data, **data_fingerprint(cfg.task, items)})
+                        saved_desc=saved_desc, data={"description": data, **data_fingerprint(cfg.task, items)},
+                        table=table)
     return CheckpointEval(metrics=metrics, checkpoint=ckpt, step=step, out_dir=out_dir, n_items=len(items), data=data,
-                          config=cfg)
+                          config=cfg, table=table)
 
 
 def _eval_config(checkpoint: str, ckpt: Path, run_dir: Path | None, overrides: list[str]) -> tuple[Any, str | None]:
@@ -396,14 +414,18 @@ def _load_weights_or_explain(policy: Policy, ckpt: Path, cfg: Any, saved_desc: s
         raise ConfigError(f"{msg}: {_first_bad_weight(e)}") from None
 
 
-def _write_eval_outputs(out_dir: Path, metrics: dict, predictions: list[dict], cfg: Any, *, ckpt: Path,
-                        step: int | None, run_dir: Path | None, saved_desc: str | None, data: dict) -> None:
-    """``results.json`` (metrics, checkpoint, data fingerprint, config) and ``predictions.jsonl`` in ``out_dir``."""
+def _write_eval_outputs(out_dir: Path, metrics: dict, predictions: list[dict], cfg: Any, *, ckpt: Path | None,
+                        step: int | None, run_dir: Path | None, saved_desc: str | None, data: dict,
+                        table: dict | None = None) -> None:
+    """``results.json`` (metrics, checkpoint, data fingerprint, config, success table) and ``predictions.jsonl`` in
+    ``out_dir``."""
     from mmrl.config import to_dict
 
     results = {
         "metrics": {k: _finite_or_none(float(v)) for k, v in metrics.items()},
-        "checkpoint": str(ckpt.resolve()),
+        "checkpoint": str(ckpt.resolve()) if ckpt is not None else None,
+        "model_path": getattr(cfg.model, "path", None),
+        "success_table": table,
         "step": step,
         "run_dir": str(run_dir.resolve()) if run_dir is not None else None,
         "trained_with": saved_desc,

@@ -1,9 +1,10 @@
 """Pieces shared by the simulator wrappers."""
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import zlib
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -37,3 +38,16 @@ def seed_parts(base: int, task: str, index: int) -> list[int]:
     if isinstance(index, bool) or not isinstance(index, (int, np.integer)) or index < 0:
         raise ValueError(f"init_state must be a non-negative int, got {index!r}")
     return [int(base), zlib.crc32(task.encode()), int(index)]
+
+
+@contextlib.contextmanager
+def seeded_global_numpy(seed: Any) -> Iterator[None]:
+    """Run the block with numpy's *global* generator seeded by ``seed`` (an int or a seed sequence), then put the
+    caller's global state back. For simulators that draw from ``np.random`` directly (robosuite 1.4, LIBERO), so that
+    an initial state is reproducible without changing the randomness of the code around it."""
+    saved = np.random.get_state()
+    np.random.seed(np.random.SeedSequence(seed).generate_state(1)[0] if not isinstance(seed, int) else seed % 2**32)
+    try:
+        yield
+    finally:
+        np.random.set_state(saved)

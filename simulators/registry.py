@@ -72,7 +72,8 @@ def _lazy_factory(module: str, cls_name: str, task: str, description: str) -> En
 
 
 def _register_builtin() -> None:
-    """Register the tabletop, robosuite and Meta-World families (imports stay lazy until ``make_env``)."""
+    """Register the tabletop, robosuite, Meta-World and LIBERO families (imports stay lazy until ``make_env``)."""
+    from .libero_env import SUITE_TASKS, suite_task_names
     from .metaworld_env import METAWORLD_TASKS
     from .robosuite_env import ROBOSUITE_TASKS
     from .tabletop.env import TASKS
@@ -86,6 +87,10 @@ def _register_builtin() -> None:
     for task, instruction in METAWORLD_TASKS.items():
         register_env(f"metaworld/{task}", _lazy_factory("metaworld_env", "MetaWorldEnv", task, instruction),
                      overwrite=True)
+    for suite in SUITE_TASKS:
+        for task in suite_task_names(suite):
+            register_env(f"libero/{task}", _lazy_factory("libero_env", "LiberoEnv", task, f"LIBERO {task}"),
+                         overwrite=True)
 
 
 _register_builtin()

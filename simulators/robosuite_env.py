@@ -1,4 +1,4 @@
-"""Gymnasium wrapper around robosuite 1.5 (Lift, Door, Stack) with language instructions.
+"""Gymnasium wrapper around robosuite 1.4 (Lift, Door, Stack) with language instructions.
 
 robosuite is imported only when an env is built.  Speed settings from the platform notes:
 ``hard_reset=False`` (reset ~0.03 s instead of ~1.3 s), no MSAA, shadows / reflections /
@@ -7,12 +7,13 @@ skybox off.  Images are flipped to upright (robosuite renders in OpenGL row orde
 Observation: ``{"image": uint8 (S, S, 3) from cameras[0], "<camera>_image" for each further
 camera, "proprio": float32 (9,) = eef pos (3) + eef quat (4) + gripper finger qpos (2),
 "object": float32 robosuite "object-state" (task specific; Lift: cube pos 3, cube quat 4,
-gripper-to-cube 3), "instruction": str}``.  Action: robosuite's own space (Panda + BASIC:
+gripper-to-cube 3), "instruction": str}``.  Action: robosuite's own space (Panda + OSC_POSE:
 7 = OSC delta position 3, delta rotation 3, gripper -1 open / +1 close), NaN -> 0 and
 clipped to [-1, 1] with ``info["action_clipped"]`` counting changed entries.
 
-Initial states: ``reset(options={"init_state": i})`` seeds robosuite's generator (used by
-the object placement sampler and the robot's joint noise) with ``(ROBOSUITE_SEED, task, i)``.
+Initial states: ``reset(options={"init_state": i})`` runs robosuite's reset with numpy's global generator
+seeded from ``(ROBOSUITE_SEED, task, i)`` (robosuite 1.4's placement samplers and robot joint noise draw from
+it) and restores the caller's global state afterwards.
 The same index gives bit-identical object poses and robot joints within one process and
 one mujoco/robosuite version (checked in tests); other versions may place differently, which
 ``info["init_state_hash"]`` (a fingerprint of ``qpos`` after the reset) makes detectable: VLA
@@ -25,8 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from .common import resolve_init_state, seed_parts, state_fingerprint
-
+from .common import resolve_init_state, seed_parts, seeded_global_numpy, state_fingerprint
 from .rendering import disable_expensive_flags, fast_visual_settings, select_backend
 from .tabletop.env import EpisodeOverError, instability_counts, sanitize_action, sim_blew_up
 
@@ -67,14 +67,17 @@ def model_seed(task: str) -> int:
     return int(np.random.SeedSequence([ROBOSUITE_SEED, zlib.crc32(task.encode())]).generate_state(1)[0])
 
 
-def _set_sampler_rng(sampler: Any, rng: np.random.Generator) -> None:
-    """Point a (possibly composite) robosuite placement sampler at ``rng``."""
-    if sampler is None:
+def apply_fast_render(sim: Any) -> None:
+    """No MSAA, no shadow map, no reflections / shadows / skybox in a robosuite sim's offscreen context (robosuite
+    1.4's ``MjSim``; also LIBERO's, which is a robosuite env): ~3x faster camera observations."""
+    fast_visual_settings(sim.model._model)
+    ctx = sim._render_context_offscreen
+    if ctx is None:
         return
-    if hasattr(sampler, "rng"):
-        sampler.rng = rng
-    for child in getattr(sampler, "samplers", {}).values():
-        _set_sampler_rng(child, rng)
+    ctx.gl_ctx.make_current()
+    ctx.con.free()
+    ctx._set_mujoco_context_and_buffers()  # rebuild the framebuffer without multisampling
+    disable_expensive_flags(ctx.scn)
 
 
 def _gym() -> Any:
@@ -89,7 +92,7 @@ class RobosuiteEnv(_gym().Env):
     Args:
         task: ``"Lift"``, ``"Door"`` or ``"Stack"``.
         robot: a single-arm robot name (default Panda).
-        controller: robosuite composite controller name (``"BASIC"`` = OSC pose arm).
+        controller: robosuite controller name (``"OSC_POSE"``: 6-D end-effector pose delta + gripper).
         image_size: square camera image side.
         cameras: camera names; the first one is ``obs["image"]``.
         control_freq: policy steps per simulated second.
@@ -105,7 +108,7 @@ class RobosuiteEnv(_gym().Env):
         task: str,
         *,
         robot: str = "Panda",
-        controller: str = "BASIC",
+        controller: str = "OSC_POSE",
         image_size: int = 84,
         cameras: tuple[str, ...] = ("agentview", "robot0_eye_in_hand"),
         control_freq: int = 20,
@@ -118,7 +121,7 @@ class RobosuiteEnv(_gym().Env):
         select_backend(render_backend)
         import robosuite
         from gymnasium import spaces
-        from robosuite.controllers import load_composite_controller_config
+        from robosuite.controllers import load_controller_config
 
         self.task = task
         self.instruction = ROBOSUITE_TASKS[task]
@@ -127,30 +130,31 @@ class RobosuiteEnv(_gym().Env):
         self.horizon = int(horizon if horizon is not None else DEFAULT_HORIZONS[task])
         if self.horizon < 1:
             raise RobosuiteConfigError(f"horizon must be >= 1, got {self.horizon}")
-        controller_config = load_composite_controller_config(controller=controller, robot=robot)
-        self._env = robosuite.make(
-            task,
-            robots=robot,
-            controller_configs=controller_config,
-            has_renderer=False,
-            has_offscreen_renderer=True,
-            use_camera_obs=True,
-            camera_names=list(cameras),
-            camera_heights=self.image_size,
-            camera_widths=self.image_size,
-            control_freq=control_freq,
-            horizon=self.horizon,
-            ignore_done=True,
-            hard_reset=False,
-            reward_shaping=False,
-            # the model's own random choices (e.g. Lift's cube size) are drawn once, at construction, from this
-            # seed: without it every env instance built a differently sized cube (same init state, other scene)
-            seed=model_seed(task),
-        )
-        self._apply_fast_render()
+        controller_config = load_controller_config(default_controller=controller)
+        # robosuite 1.4 draws its random choices (Lift's cube size at construction, placements and joint noise at
+        # reset) from numpy's global generator: seed it for the call and restore it (seeded_global_numpy)
+        with seeded_global_numpy(model_seed(task)):
+            self._env = robosuite.make(
+                task,
+                robots=robot,
+                controller_configs=controller_config,
+                has_renderer=False,
+                has_offscreen_renderer=True,
+                use_camera_obs=True,
+                camera_names=list(cameras),
+                camera_heights=self.image_size,
+                camera_widths=self.image_size,
+                control_freq=control_freq,
+                horizon=self.horizon,
+                ignore_done=True,
+                hard_reset=False,
+                reward_shaping=False,
+            )
+        apply_fast_render(self._env.sim)
         low, high = self._env.action_spec
         self.action_space = spaces.Box(-1.0, 1.0, shape=low.shape, dtype=np.float32)
-        probe = self._env.reset()
+        with seeded_global_numpy(model_seed(task)):
+            probe = self._env.reset()
         obs_spaces: dict[str, Any] = {
             "image": spaces.Box(0, 255, (self.image_size, self.image_size, 3), np.uint8),
             "proprio": spaces.Box(-np.inf, np.inf, (9,), np.float32),
@@ -171,18 +175,6 @@ class RobosuiteEnv(_gym().Env):
         """The wrapped robosuite environment."""
         return self._env
 
-    def _apply_fast_render(self) -> None:
-        """No MSAA, no shadow map, no reflections/shadows/skybox in the offscreen context."""
-        sim = self._env.sim
-        fast_visual_settings(sim.model._model)
-        ctx = sim._render_context_offscreen
-        if ctx is None:
-            return
-        ctx.gl_ctx.make_current()
-        ctx.con.free()
-        ctx._set_mujoco_context_and_buffers()  # rebuild the framebuffer without multisampling
-        disable_expensive_flags(ctx.scn)
-
     def _convert_obs(self, raw: dict[str, Any]) -> dict[str, Any]:
         prefix = self._env.robots[0].robot_model.naming_prefix
         proprio = np.concatenate(
@@ -202,11 +194,9 @@ class RobosuiteEnv(_gym().Env):
         """Reset to initial state ``options["init_state"]`` (or a drawn index); returns (obs, info)."""
         super().reset(seed=seed)
         index = resolve_init_state(self, seed, options)
-        rng = np.random.default_rng(init_state_seed(self.task, index))
-        self._env.rng = rng
-        _set_sampler_rng(getattr(self._env, "placement_initializer", None), rng)
         self.init_state = int(index)
-        raw = self._env.reset()
+        with seeded_global_numpy(init_state_seed(self.task, index)):
+            raw = self._env.reset()
         self._steps = 0
         self._clipped_total = 0
         self._done = False

@@ -16,6 +16,12 @@ TASKS: dict[str, str] = {
     "vla_reach": "mmrl.tasks.vla_reach:VLAReachTask",
     "vla_lift": "mmrl.tasks.vla_lift:VLALiftTask",
     "metaworld": "mmrl.tasks.metaworld:MetaWorldTask",
+    "libero": "mmrl.tasks.libero:LiberoTask",
+    "libero_spatial": "mmrl.tasks.libero:LiberoTask",
+    "libero_object": "mmrl.tasks.libero:LiberoTask",
+    "libero_goal": "mmrl.tasks.libero:LiberoTask",
+    "libero_10": "mmrl.tasks.libero:LiberoTask",
+    "libero_90": "mmrl.tasks.libero:LiberoTask",
     "video_temporal_grounding": "mmrl.tasks.video_temporal_grounding:VideoTemporalGroundingTask",
     "video_qa": "mmrl.tasks.video_qa:VideoQATask",
 }

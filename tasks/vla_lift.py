@@ -3,7 +3,7 @@
 Same pipeline as ``vla_reach`` (:class:`~mmrl.tasks.vla_reach.VLATask`): scripted-expert demos
 (:func:`mmrl.simulators.robosuite_env.lift_expert`) give the action statistics and the SFT data,
 GRPO groups are episodes from the same initial state, the reward is binary success. Needs
-``robosuite==1.5.2`` with ``mujoco<=3.9``; it runs end to end on CPU but, at ~20-40 env steps/s, a
+``robosuite==1.4.0`` with ``mujoco<=3.9``; it runs end to end on CPU but, at ~20-40 env steps/s, a
 real learning run needs many more steps (and a GPU for a real model) than the embedded default.
 """
 from __future__ import annotations

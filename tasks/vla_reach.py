@@ -23,6 +23,7 @@ import numpy as np
 from mmrl.rewards.manager import RewardSpec
 from mmrl.rollout.init_states import init_state_key
 from mmrl.policies.base import PolicySpec
+from mmrl.success_table import markdown_table, success_table
 from mmrl.tasks.base import Task
 
 log = logging.getLogger(__name__)
@@ -146,6 +147,10 @@ class VLATask(Task):
         self._demos: list | None = None
         self.init_state_stats: dict[str, list[int]] = defaultdict(lambda: [0, 0])
         """``"task/init_state" -> [successes, valid episodes]`` over all training rollouts so far."""
+        self.output_dir: Path | None = None
+        """Folder of the evaluation's table and videos (set by ``mmrl eval``); None: the run directory."""
+        self.last_eval_table: dict | None = None
+        """The success table of the last evaluation (:func:`mmrl.success_table.success_table`)."""
 
     # ------------------------------------------------------------------ to override
     def env_names(self) -> list[str]:
@@ -286,6 +291,13 @@ class VLATask(Task):
                                  "eval/invalid": float(len(samples) - sum(valid))}
         for task, (s, k) in self._success_by(items, samples, lambda it: it["task"]).items():
             out[f"eval/success/{task}"] = s / k
+        table = success_table(((self.suite_of_item(it), it["task"], bool(s["success"]))
+                               for it, s, v in zip(items, samples, valid) if v), self.suite_labels())
+        if len(table["suites"]) > 1:
+            for row in table["suites"]:
+                out[f"eval/success/suite/{row['suite']}"] = row["success_rate"]
+            out["eval/success/average"] = table["average"]
+        self.last_eval_table = table
         out["eval/score"] = out["eval/success_rate"]
         run_dir = self._run_dir()
         if run_dir is not None:
@@ -294,12 +306,29 @@ class VLATask(Task):
                 runs[init_state_key(it)].append(bool(s["success"]))
             per_state = {k: sum(v) / len(v) for k, v in runs.items()}
             run_dir.mkdir(parents=True, exist_ok=True)
-            (run_dir / "eval_success.json").write_text(json.dumps({"summary": out, "per_init_state": per_state}, indent=1))
+            (run_dir / "eval_success.json").write_text(json.dumps({"summary": out, "table": table,
+                                                                   "per_init_state": per_state}, indent=1))
+            (run_dir / "success_table.md").write_text(markdown_table(table, self.task_titles(items)))
             self._write_videos(run_dir / "videos", items, samples)
         return out
 
+    def suite_of_item(self, item: dict) -> str:
+        """The benchmark suite an item belongs to (a column of the success table); one suite per task by default."""
+        return self.name
+
+    def suite_labels(self) -> dict[str, str]:
+        """Column names of the success table's suites."""
+        return {}
+
+    def task_titles(self, items: Sequence[dict]) -> dict[str, str]:
+        """Task -> instruction, shown beside the task in the success table."""
+        return {it["task"]: it.get("prompt", "") for it in items}
+
     def _run_dir(self) -> Path | None:
-        """The run directory (training run, or the run of ``checkpoint=`` under ``mmrl eval``); None if unknown."""
+        """Where evaluation writes its table and videos: ``output_dir`` when set (``mmrl eval``), else the run
+        directory (training run, or the run of ``checkpoint=``); None if unknown."""
+        if self.output_dir is not None:
+            return Path(self.output_dir)
         rc = self.run_cfg
         if rc is None:
             return None
@@ -323,7 +352,8 @@ class VLATask(Task):
             if frames is None or len(frames) == 0:
                 continue
             tag = "success" if s["success"] else "fail"
-            if write_video(frames, folder / f"{it['task']}_init{it['init_state']}_{tag}.mp4", self.cfg.video_fps):
+            name = str(it["task"]).replace("/", "_")  # LIBERO tasks are suite/index
+            if write_video(frames, folder / f"{name}_init{it['init_state']}_{tag}.mp4", self.cfg.video_fps):
                 written += 1
 
 
