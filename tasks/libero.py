@@ -139,6 +139,19 @@ class LiberoTask(VLATask):
     def __init__(self, cfg: Any, run_cfg: Any) -> None:
         super().__init__(cfg, run_cfg)
         self._instructions: dict[str, str] = {}
+        sft_steps = int(getattr(getattr(run_cfg, "trainer", None), "sft_steps", 0) or 0)
+        if sft_steps > 0 and not self._has_demos():
+            from mmrl.config import ConfigError
+
+            raise ConfigError(f"trainer.sft_steps={sft_steps} needs demos, and LIBERO has no scripted experts: set "
+                              "task.demo_hdf5 to the folder of LIBERO's demonstration files, or trainer.sft_steps=0 "
+                              "to start RL from model.path")
+
+    def _has_demos(self) -> bool:
+        """Demos are configured: LIBERO's files (``task.demo_hdf5``) or converted ones at ``task.demos_path``."""
+        from mmrl.data.demos import demo_paths
+
+        return bool(self.cfg.demo_hdf5) or bool(self.cfg.demos_path and demo_paths(self.cfg.demos_path)[0].exists())
 
     def env_names(self) -> list[str]:
         return [f"libero/{t}" for t in self.cfg.tasks]
@@ -218,7 +231,7 @@ class LiberoTask(VLATask):
         else the full action box."""
         if self.cfg.action_low is not None:
             low, high = self.cfg.action_low, self.cfg.action_high
-        elif self.cfg.demo_hdf5 or (self.cfg.demos_path and Path(f"{self.cfg.demos_path}.npz").exists()):
+        elif self._has_demos():
             return super().action_stats()
         else:
             low, high = DEFAULT_ACTION_LOW, DEFAULT_ACTION_HIGH

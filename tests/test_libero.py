@@ -231,3 +231,38 @@ def test_mmrl_eval_writes_the_per_suite_table_and_videos(tmp_path, capsys):
     assert "| | Spatial | Goal | Average |" in capsys.readouterr().err
     videos = sorted(p.name for p in (out_dir / "videos").iterdir())
     assert len(videos) == 2 and all(v.startswith("libero_spatial_0_init") for v in videos)
+
+
+def test_sft_needs_demos_and_the_trainer_runs_demo_files_sft_grpo(tmp_path):
+    """LIBERO has no scripted experts: SFT without demo files is a ConfigError before anything runs; with (synthetic)
+    files in LIBERO's layout the pipeline demos -> SFT -> GRPO runs on the real scene, the action range comes from the
+    demos and the parameters move."""
+    import torch
+
+    from mmrl.tasks.libero import LiberoTask
+    from mmrl.trainer import Trainer
+
+    cfg = load_config(["task=libero_goal", "task.task_ids=[0]", "trainer.sft_steps=3"])
+    with pytest.raises(ConfigError, match="task.demo_hdf5"):
+        LiberoTask(cfg.task, cfg)
+    folder = tmp_path / "libero_data" / "libero_goal"
+    folder.mkdir(parents=True)
+    _write_demo_file(folder / "open_the_middle_drawer_of_the_cabinet_demo.hdf5", n_demos=2, length=4, size=32)
+    tr = Trainer(load_config([
+        "task=libero_goal", "task.task_ids=[0]", f"task.demo_hdf5={tmp_path / 'libero_data'}", "task.image_size=32",
+        "task.train_init_states=1", "task.eval_init_states=1", "task.max_steps=3", "task.wait_steps=2",
+        "task.eval_videos=0", f"trainer.output_dir={tmp_path}", "trainer.run_name=run", "trainer.max_steps=1",
+        "trainer.sft_steps=2", "trainer.sft_batch_size=4", "trainer.eval_every=0", "trainer.eval_at_end=true",
+        "trainer.progress=false", "trainer.tensorboard=false", "trainer.plot=false", "algo.group_size=2",
+        "algo.filter_groups=false", "model.num_workers=1"]))
+    stats = tr.task.action_stats()
+    # 1st / 99th percentiles of 8 rows (4 of demo 0 at arange(7) / 10, 4 of demo 1 one higher): the rank 0.07 and 6.93
+    # of the sorted column interpolate between equal values
+    np.testing.assert_allclose(stats["low"][:6], np.arange(6) / 10, atol=1e-6)
+    np.testing.assert_allclose(stats["high"][:6], np.arange(6) / 10 + 1, atol=1e-6)
+    assert stats["low"][6] == -1.0 and stats["high"][6] == 1.0 and stats["gripper_dims"] == [6]
+    before = {k: v.clone() for k, v in tr.policy.module.state_dict().items()}
+    final = tr.fit()
+    after = tr.policy.module.state_dict()
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+    assert final["eval/n"] == 1 and final["eval/episode_length"] == 3 and final["eval/success_rate"] == 0.0
