@@ -1,7 +1,8 @@
 """VLA rollouts: mmrl's ``VLAPolicy.rollout`` (EnvPool) vs gymnasium's ``AsyncVectorEnv``, same policy, same envs.
 
-Both sides run the SAME episodes with the SAME policy object: the tiny VLA of ``task=vla_reach``
-(``model=tiny_vla`` with the task's ``tiny_qwen3_vl``, random init, ``trainer.sft_steps=0``, built
+Both sides run the SAME episodes with the SAME policy object: the tiny VLA of the benchmark's task (``--benchmark``:
+``task=vla_reach`` on the tabletop, ``task=metaworld``, or ``task=libero``; ``model=tiny_vla`` with the task's
+``tiny_qwen3_vl``, random init, ``trainer.sft_steps=0``, built
 by :func:`mmrl.policies.vla.build_vla_policy` from the task's env spec; action statistics fixed to
 [-1, 1] instead of expert demos, which only sets the decoding range).  One *rollout* is ``B``
 prompt items x ``G`` episodes (one GRPO group per item, all ``G`` from the item's initial state);
@@ -38,6 +39,9 @@ steps and policy calls and to sample identical action tokens (the frames are the
 
     python benchmarks/vla_rollout.py            # tabletop/reach_red, 8 episodes x 20 rollouts, 2 workers, 3 repeats
     python benchmarks/vla_rollout.py --quick    # 1 rollout, 1 repeat (a smoke test)
+    python benchmarks/vla_rollout.py --benchmark metaworld                       # reach-v3, 30-step episodes
+    python benchmarks/vla_rollout.py --benchmark libero --group 4 --rollouts 3   # libero_object/0, 40 steps; each
+                                                                                 # LIBERO scene holds ~0.9 GB
 """
 from __future__ import annotations
 
@@ -56,6 +60,11 @@ import numpy as np  # noqa: E402
 # ============================================================================ policy
 
 
+BENCHMARKS: dict[str, tuple[str, int]] = {"tabletop": ("reach_red", 16), "metaworld": ("reach-v3", 30),
+                                          "libero": ("libero_object/0", 40)}
+"""``--benchmark`` -> (default task, default episode length)."""
+
+
 def build_policy(args: argparse.Namespace):
     """The tiny VLA of ``task=vla_reach`` (random init, no SFT) with a pool of exactly ``B * G`` slots."""
     from mmrl.config import load_config
@@ -63,24 +72,31 @@ def build_policy(args: argparse.Namespace):
     from mmrl.policies.base import PolicySpec
     from mmrl.policies.vla import build_vla_policy
 
-    overrides = ["task=vla_reach", f"task.tasks=[{args.task}]", f"task.image_size={args.image_size}",
+    task_overrides = {"tabletop": ["task=vla_reach", f"task.tasks=[{args.task}]"],
+                      "metaworld": ["task=metaworld", f"task.tasks=[{args.task}]"],
+                      "libero": ["task=libero", f"task.tasks=[{args.task}]", "task.eval_videos=0"]}[args.benchmark]
+    overrides = [*task_overrides, f"task.image_size={args.image_size}",
                  f"task.max_steps={args.max_steps}", "trainer.sft_steps=0", f"trainer.batch_size={args.items}",
                  f"algo.group_size={args.group}", f"model.num_workers={args.workers}", f"model.chunk={args.chunk}",
                  *args.override]
     cfg = load_config(overrides)
     task = build_task(cfg)
+    dims, grip = task.action_dim, list(task.gripper_dims)
     spec = PolicySpec(task_name=task.name, env_spec=task.env_spec(),
-                      action_stats={"low": [-1.0] * 4, "high": [1.0] * 4, "gripper_dims": [3]})
+                      action_stats={"low": [-1.0] * dims, "high": [1.0] * dims, "gripper_dims": grip})
     return build_vla_policy(cfg, spec), task, cfg, overrides
 
 
 def plan(task, rollout_index: int, items: int, salt: int):
-    """Prompt items (initial states ``rollout_index * items + b``) and seeds of one rollout."""
+    """Prompt items (initial states ``rollout_index * items + b``, modulo the 50 official ones on LIBERO) and seeds of
+    one rollout."""
     from mmrl.policies.base import PromptBatch
 
     name = task.cfg.tasks[0]
+    limit = 50 if task.name.startswith("libero") else None
     its = [{"prompt": task.instruction(name), "env_task": name, "task": name,
-            "init_state": rollout_index * items + b} for b in range(items)]
+            "init_state": (rollout_index * items + b) % limit if limit else rollout_index * items + b}
+           for b in range(items)]
     return PromptBatch(items=its, indices=list(range(items)), seeds=[salt * 100_003 + rollout_index * items + b
                                                                     for b in range(items)])
 
@@ -306,19 +322,27 @@ def _ms(xs: list[float]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--task", default="reach_red", help="tabletop task (env tabletop/<task>)")
+    parser.add_argument("--benchmark", choices=sorted(BENCHMARKS), default="tabletop",
+                        help="simulator family: tabletop (vla_reach), metaworld, libero")
+    parser.add_argument("--task", default=None, help="task of the benchmark (default: reach_red / reach-v3 / "
+                                                     "libero_object/0)")
     parser.add_argument("--items", type=int, default=1, help="prompt items (initial states) per rollout (B)")
     parser.add_argument("--group", type=int, default=8, help="episodes per item (G)")
     parser.add_argument("--workers", type=int, default=2, help="env worker processes on BOTH sides")
     parser.add_argument("--rollouts", type=int, default=20, help="rollouts per side per repeat")
     parser.add_argument("--chunk", type=int, default=1, help="actions per policy call (model.chunk)")
-    parser.add_argument("--image-size", type=int, default=128, help="frame side (vla_reach's default)")
-    parser.add_argument("--max-steps", type=int, default=16, help="episode length limit (vla_reach's default)")
+    parser.add_argument("--image-size", type=int, default=128, help="frame side (the tasks' default)")
+    parser.add_argument("--max-steps", type=int, default=None,
+                        help="episode length limit (default: 16 tabletop as vla_reach, 30 metaworld as its default, "
+                             "40 libero: the first 40 of a LIBERO episode's 220-520 steps)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--torch-threads", type=int, default=1)
     parser.add_argument("--override", nargs="*", default=[], help="extra config overrides")
     parser.add_argument("--quick", action="store_true", help="1 rollout per side, 1 repeat")
     args = parser.parse_args(argv)
+    default_task, default_steps = BENCHMARKS[args.benchmark]
+    args.task = args.task or default_task
+    args.max_steps = args.max_steps or default_steps
     if args.quick:
         args.rollouts, args.repeats = 1, 1
 
@@ -401,7 +425,7 @@ def main(argv: list[str] | None = None) -> int:
     floor = [p + e for p, e in zip(res["floor_pol"], res["floor_env"])]
     floor_w = [p + e / W for p, e in zip(res["floor_pol"], res["floor_env"])]
     print("\n=== settings (both sides) ===")
-    print(f"env tabletop/{args.task} via mmrl.simulators.make_env({spec.env_name!r}, **{spec.env_kwargs})")
+    print(f"env {spec.env_name} via mmrl.simulators.make_env({spec.env_name!r}, **{spec.env_kwargs})")
     print(f"policy: VLAPolicy from load_config({overrides}) + build_vla_policy; {cfg.model.path}, "
           f"{sum(p.numel() for p in policy.module.parameters()):,} params, dtype {cfg.model.dtype}, device {policy.device}, "
           f"{policy.tokens_per_call} action tokens/call ({cfg.model.n_bins} bins), temperature {cfg.model.temperature}, "
