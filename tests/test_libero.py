@@ -42,6 +42,13 @@ def test_task_names_and_config_errors():
     assert sum(SUITE_TASKS.values()) == 130
 
 
+def test_eval_without_checkpoint_needs_a_task():
+    from mmrl.evaluation import evaluate_checkpoint
+
+    with pytest.raises(ConfigError, match="checkpoint=PATH .* or task=NAME"):
+        evaluate_checkpoint(["trainer.eval_size=2"])
+
+
 def test_quat_to_axis_angle_hand_values():
     # 90 degrees about z: q = (0, 0, sin 45, cos 45) -> (0, 0, pi/2)
     s = math.sqrt(0.5)
