@@ -173,3 +173,38 @@ def test_save_load_keeps_action_statistics(policy, tmp_path):
     policy.action_tokenizer = type(old)([-5.0, -5.0], [5.0, 5.0], token_ids=old.token_ids)
     policy.load_pretrained(tmp_path)
     assert policy.action_tokenizer.low.tolist() == [-1.0, -1.0] and policy.action_tokenizer.high.tolist() == [1.0, 1.0]
+
+
+def test_task_switches_are_redone_after_a_worker_restart(policy):
+    """A restarted env worker rebuilds its envs with the pool's first task: the slots' recorded tasks must be
+    forgotten, or the next episodes would silently run the wrong task (LIBERO / Meta-World multi-task slots)."""
+    import dataclasses
+
+    class FakePool:
+        restarts = 0
+
+        def __init__(self):
+            self.calls = []
+
+        def stats(self):
+            return {"restarts": self.restarts}
+
+        def call(self, method, name, env_indices):
+            self.calls.append((method, name, list(env_indices)))
+
+    saved = (policy.env_spec, policy._slot_tasks, policy._assigned_at_restarts)
+    try:
+        policy.env_spec = dataclasses.replace(policy.env_spec, switch_tasks=True)
+        policy._slot_tasks, policy._assigned_at_restarts = [None] * 3, 0
+        pool = FakePool()
+        policy._assign_tasks(pool, ["a", "a", "b"])
+        assert pool.calls == [("set_task", "a", [0, 1]), ("set_task", "b", [2])]
+        policy._assign_tasks(pool, ["a", "b", "b"])
+        assert pool.calls[2:] == [("set_task", "b", [1])]  # only the slot whose task changed
+        pool.restarts = 1
+        policy._assign_tasks(pool, ["a", "b", "b"])
+        assert pool.calls[3:] == [("set_task", "a", [0]), ("set_task", "b", [1, 2])]
+        with pytest.raises(VLAInputError, match="env_task"):
+            policy._assign_tasks(pool, ["a", None, "b"])
+    finally:
+        policy.env_spec, policy._slot_tasks, policy._assigned_at_restarts = saved

@@ -227,6 +227,7 @@ class VLAPolicy(VLMPolicy):
         """Keep every episode's frames in its sample (for evaluation videos); greedy rollouts always keep them.
         On inside :meth:`evaluation_outputs` (the trainer's evaluation)."""
         self._slot_tasks: list[str | None] = []
+        self._assigned_at_restarts = 0
         self._templates: dict[tuple[str, tuple[int, ...]], PromptInputs] = {}
 
     @contextlib.contextmanager
@@ -330,6 +331,7 @@ class VLAPolicy(VLMPolicy):
         self._pool = EnvPool(spec.env_name, n, num_workers=min(self.cfg.num_workers, n),
                              env_kwargs=spec.env_kwargs, step_timeout_s=self.cfg.step_timeout_s)
         self._slot_tasks = [None] * n
+        self._assigned_at_restarts = 0
         if tuple(self._pool.action_shape) != (spec.action_dim,):
             raise VLAInputError(f"env {spec.env_name} has actions {self._pool.action_shape}, expected ({spec.action_dim},)")
         return self._pool
@@ -338,6 +340,10 @@ class VLAPolicy(VLMPolicy):
         """Switch slots whose env runs another task (``env.set_task``), one pool call per task name."""
         if not self.env_spec.switch_tasks:
             return
+        restarts = int(pool.stats()["restarts"])
+        if restarts != self._assigned_at_restarts:  # a restarted worker rebuilt its envs with the pool's first task
+            self._slot_tasks = [None] * len(self._slot_tasks)
+            self._assigned_at_restarts = restarts
         todo: dict[str, list[int]] = {}
         for slot, name in enumerate(tasks):
             if name is None:
