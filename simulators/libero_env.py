@@ -130,8 +130,10 @@ class _TaskScene:
         self.init_states = np.asarray(bench.get_task_init_states(index))
         bddl = os.path.join(get_libero_path("bddl_files"), info.problem_folder, info.bddl_file)
         with seeded_global_numpy([LIBERO_SEED, index, SUITE_TASKS[suite]]):
+            # ignore_done: robosuite's own horizon (1000 steps) would refuse steps of a long episode; the wrapper
+            # truncates at max_steps itself
             self.env = OffScreenRenderEnv(bddl_file_name=bddl, camera_heights=image_size, camera_widths=image_size,
-                                          hard_reset=False)
+                                          hard_reset=False, ignore_done=True)
             apply_fast_render(self.env.sim)
             self.env.seed(LIBERO_SEED)
             self.env.reset()  # builds the sim once; episodes then only load states (no XML reload)
