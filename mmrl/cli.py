@@ -140,7 +140,8 @@ def cmd_collect(overrides: list[str]) -> int:
     task = get_task_class(cfg.task.name)(cfg.task, cfg)
     path = getattr(cfg.task, "demos_path", None)
     if not path:
-        raise ConfigError("mmrl collect needs a task with scripted experts (vla_reach, vla_lift, metaworld) and task.demos_path=PATH")
+        raise ConfigError("mmrl collect needs a task with scripted experts (vla_reach, vla_lift, metaworld) or demo files "
+                          "(libero*: task.demo_hdf5=DIR) and task.demos_path=PATH")
     demos = task.collect_demos(path)  # the base Task raises a ConfigError naming the tasks that have experts
     print(json.dumps({"path": path, "episodes": len(demos), "successes": sum(d.success for d in demos),
                       "steps": sum(d.length for d in demos)}, indent=1))
