@@ -198,7 +198,14 @@ def test_cli_eval_loads_the_checkpoint(tmp_path, capsys):
     assert main(["eval", "task=toy_arithmetic", f"checkpoint={tr.run_dir}", "trainer.progress=false"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["eval/accuracy"] == trained  # the checkpoint's weights, not the random init
-    assert main(["eval", "task=toy_arithmetic"]) == 2  # no checkpoint: clear error
+    assert main(["eval", "trainer.progress=false"]) == 2  # neither checkpoint= nor task=: one clear error
+    # task= without a checkpoint evaluates the model of model.path as built (here the tiny LM's random init)
+    assert main(["eval", "task=toy_arithmetic", f"trainer.output_dir={tmp_path / 'plain'}",
+                 "trainer.progress=false"]) == 0
+    plain = json.loads(capsys.readouterr().out)
+    results = json.loads((tmp_path / "plain" / "eval" / "toy_arithmetic_tiny_lm" / "results.json").read_text())
+    assert results["checkpoint"] is None and results["metrics"]["eval/accuracy"] == plain["eval/accuracy"]
+    assert plain["eval/accuracy"] < trained  # not the trained weights
 
 
 def test_missing_checkpoint_is_a_config_error_before_the_task_is_built(tmp_path, capsys, monkeypatch):
