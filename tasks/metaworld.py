@@ -7,8 +7,8 @@ one rendered camera image and the task's instruction; the 4-D action (hand xyz d
 action tokenizer. ``task.tasks`` picks Meta-World tasks by name, or ``mt10`` / ``mt50``.
 
 The embedded default is three easy tasks, small enough for a CPU: the SFT warm start learns them from the demos
-(held-out success 0.08 -> ~0.4); GRPO's gain on held-out initial states is not yet reliable on it
-(docs/tasks/metaworld.md has the measurements).
+(held-out success 0.06-0.08 -> 0.40-0.42) and GRPO raises held-out success above that on every tested seed (0.51-0.59
+after 40 steps; docs/tasks/metaworld.md has the measurements).
 """
 from __future__ import annotations
 
