@@ -27,8 +27,6 @@ from mmrl.tasks.vla_reach import VLASharedConfig, VLATask
 
 log = logging.getLogger(__name__)
 
-DEFAULT_ACTION_LOW = [-1.0] * 6 + [-1.0]
-DEFAULT_ACTION_HIGH = [1.0] * 6 + [1.0]
 
 
 @dataclass
@@ -112,14 +110,7 @@ class LiberoConfig(VLASharedConfig):
                               f"{INIT_STATES_PER_TASK} (the official initial states of a LIBERO task)")
         if min(self.demo_episodes, self.env_task_cache) < 1:
             raise ConfigError("task.demo_episodes and task.env_task_cache must be >= 1")
-        if (self.action_low is None) != (self.action_high is None):
-            raise ConfigError("task.action_low and task.action_high are set together (or both null)")
-        if self.action_low is not None:
-            if len(self.action_low) != 7 or len(self.action_high) != 7:
-                raise ConfigError(f"task.action_low / action_high need 7 values (dpos 3, drot 3, grip), got "
-                                  f"{self.action_low} / {self.action_high}")
-            if any(not lo < hi for lo, hi in zip(self.action_low, self.action_high)):
-                raise ConfigError("task.action_low must be below task.action_high in every dimension")
+        self.validate_action_range("dx, dy, dz, droll, dpitch, dyaw, grip")
         self.validate_shared()
 
 
@@ -138,7 +129,7 @@ class LiberoTask(VLATask):
 
     def __init__(self, cfg: Any, run_cfg: Any) -> None:
         super().__init__(cfg, run_cfg)
-        self._instructions: dict[str, str] = {}
+        self._infos: dict[str, Any] = {}
         sft_steps = int(getattr(getattr(run_cfg, "trainer", None), "sft_steps", 0) or 0)
         if sft_steps > 0 and not self._has_demos():
             from mmrl.config import ConfigError
@@ -162,14 +153,18 @@ class LiberoTask(VLATask):
 
     def instruction(self, task: str) -> str:
         """The task's language instruction, from LIBERO's benchmark table (no scene is built)."""
-        if task not in self._instructions:
+        return str(self._task_info(task).language)
+
+    def _task_info(self, task: str) -> Any:
+        """LIBERO's record of ``task`` (name, language, BDDL file), looked up once per task."""
+        if task not in self._infos:
             from libero.libero import benchmark
 
             from mmrl.simulators.libero_env import parse_task
 
             suite, index = parse_task(task)
-            self._instructions[task] = str(benchmark.get_benchmark_dict()[suite]().get_task(index).language)
-        return self._instructions[task]
+            self._infos[task] = benchmark.get_benchmark_dict()[suite]().get_task(index)
+        return self._infos[task]
 
     def _items(self, n_states: int, offset: int = 0) -> list[dict]:
         items = super()._items(n_states, offset)
@@ -218,13 +213,7 @@ class LiberoTask(VLATask):
 
     def demo_file(self, task: str) -> Path:
         """``<demo_hdf5>/<suite>/<task name>_demo.hdf5`` (LIBERO's dataset layout)."""
-        from libero.libero import benchmark
-
-        from mmrl.simulators.libero_env import parse_task
-
-        suite, index = parse_task(task)
-        name = benchmark.get_benchmark_dict()[suite]().get_task(index).name
-        return Path(self.cfg.demo_hdf5) / suite / f"{name}_demo.hdf5"
+        return Path(self.cfg.demo_hdf5) / suite_of(task) / f"{self._task_info(task).name}_demo.hdf5"
 
     def action_stats(self) -> dict:
         """``task.action_low`` / ``action_high`` when set; else the demos' percentiles when demos are configured;
@@ -234,7 +223,7 @@ class LiberoTask(VLATask):
         elif self._has_demos():
             return super().action_stats()
         else:
-            low, high = DEFAULT_ACTION_LOW, DEFAULT_ACTION_HIGH
+            low, high = [-1.0] * self.action_dim, [1.0] * self.action_dim  # the env's action box
         return {"low": [float(x) for x in low], "high": [float(x) for x in high],
                 "gripper_dims": list(self.gripper_dims)}
 

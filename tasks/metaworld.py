@@ -69,15 +69,7 @@ class MetaWorldConfig(VLASharedConfig):
                self.env_task_cache) < 1:
             raise ConfigError("task.train_init_states, eval_init_states, demo_episodes, demo_max_steps and "
                               "env_task_cache must be >= 1")
-        if (self.action_low is None) != (self.action_high is None):
-            raise ConfigError("task.action_low and task.action_high are set together (or both null: from the demos)")
-        if self.action_low is not None:
-            if len(self.action_low) != 4 or len(self.action_high) != 4:
-                raise ConfigError(f"task.action_low / action_high need 4 values (dx, dy, dz, grip), got "
-                                  f"{self.action_low} / {self.action_high}")
-            if any(not lo < hi for lo, hi in zip(self.action_low, self.action_high)):
-                raise ConfigError(f"task.action_low must be below task.action_high in every dimension, got "
-                                  f"{self.action_low} / {self.action_high}")
+        self.validate_action_range("dx, dy, dz, grip")
         self.validate_shared()
 
 

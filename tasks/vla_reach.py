@@ -83,6 +83,22 @@ class VLASharedConfig:
     """Stop with a clear error when a (task, init state) resets to another simulator state than the checkpoint
     recorded (a simulator upgrade or layout change); false: go on, counting changed states in env/init_state_drift."""
 
+    def validate_action_range(self, dims: str) -> None:
+        """Check the optional ``action_low`` / ``action_high`` fields of a task config: set together, one value per
+        action dimension (``dims`` names them, e.g. ``"dx, dy, dz, grip"``), low below high everywhere."""
+        from mmrl.config import ConfigError
+
+        low, high = self.action_low, self.action_high
+        if (low is None) != (high is None):
+            raise ConfigError("task.action_low and task.action_high are set together (or both null: from the demos)")
+        if low is None:
+            return
+        n = len(dims.split(","))
+        if len(low) != n or len(high) != n:
+            raise ConfigError(f"task.action_low / action_high need {n} values ({dims}), got {low} / {high}")
+        if any(not lo < hi for lo, hi in zip(low, high)):
+            raise ConfigError(f"task.action_low must be below task.action_high in every dimension, got {low} / {high}")
+
     def validate_shared(self) -> None:
         """Raise ConfigError on bad shared settings (each task's ``validate`` calls this)."""
         from mmrl.config import ConfigError

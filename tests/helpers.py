@@ -6,6 +6,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from mmrl.config import load_config
 from mmrl.trainer import Trainer
@@ -68,3 +69,18 @@ def run_results(out: Path):
 
     norms = [r["optim/grad_norm"] for r in read_metrics(out / "run" / "metrics.jsonl") if "optim/grad_norm" in r]
     return torch.load(out / "params.pt"), norms
+
+
+def run_embedded_default(task: str, tmp_path: Path) -> tuple[Any, dict, list[dict], dict]:
+    """Train ``task`` on its embedded default into ``tmp_path/r``; returns (config, final metrics, the metric rows,
+    the warm-start row with ``sft/eval_score_before`` and the post-SFT ``eval/success_rate``). For the slow
+    learning tests."""
+    from mmrl.tracking import read_metrics
+
+    cfg = load_config([f"task={task}", f"trainer.output_dir={tmp_path}", "trainer.run_name=r", "trainer.progress=false"])
+    tr = Trainer(cfg)
+    tr.setup_run_dir()
+    final = tr.fit()
+    rows = read_metrics(tmp_path / "r" / "metrics.jsonl")
+    return cfg, final, rows, next(r for r in rows if "sft/step" in r)
+

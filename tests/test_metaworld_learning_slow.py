@@ -7,22 +7,14 @@ the evaluation is 192 sampled episodes (3 tasks x 16 held-out states x 4), binom
 takes ~25 min alone on 2 cores (35-46 min with other jobs on the cores)."""
 import pytest
 
-from mmrl.config import load_config
-from mmrl.tracking import read_metrics
-from mmrl.trainer import Trainer
+from tests.helpers import run_embedded_default
 
 pytest.importorskip("metaworld")
 
 
 @pytest.mark.slow
 def test_metaworld_default_grpo_beats_sft_on_held_out_states(tmp_path):
-    cfg = load_config(["task=metaworld", f"trainer.output_dir={tmp_path}", "trainer.run_name=r",
-                       "trainer.progress=false"])
-    tr = Trainer(cfg)
-    tr.setup_run_dir()
-    final = tr.fit()
-    rows = read_metrics(tmp_path / "r" / "metrics.jsonl")
-    sft_row = [r for r in rows if "sft/step" in r][0]
+    cfg, final, rows, sft_row = run_embedded_default("metaworld", tmp_path)
     before_sft, after_sft = sft_row["sft/eval_score_before"], sft_row["eval/success_rate"]
     evals = [r["eval/success_rate"] for r in rows if "eval/success_rate" in r and "sft/step" not in r]
     assert final["eval/n"] == 192 and cfg.task.eval_init_offset == 500  # held-out states, disjoint from RL and demos

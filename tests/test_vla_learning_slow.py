@@ -14,8 +14,7 @@ import numpy as np
 import pytest
 
 from mmrl.config import ConfigError, load_config
-from mmrl.tracking import read_metrics
-from mmrl.trainer import Trainer
+from tests.helpers import run_embedded_default
 
 
 def test_reach_radius_decides_success_at_the_measured_distance():
@@ -56,13 +55,7 @@ def _mean(xs: list[float]) -> float:
 
 @pytest.mark.slow
 def test_vla_reach_default_grpo_beats_sft(tmp_path):
-    cfg = load_config(["task=vla_reach", f"trainer.output_dir={tmp_path}", "trainer.run_name=r",
-                       "trainer.progress=false"])
-    tr = Trainer(cfg)
-    tr.setup_run_dir()
-    final = tr.fit()
-    rows = read_metrics(tmp_path / "r" / "metrics.jsonl")
-    sft_row = [r for r in rows if "sft/step" in r][0]
+    cfg, final, rows, sft_row = run_embedded_default("vla_reach", tmp_path)
     before_sft, after_sft = sft_row["sft/eval_score_before"], sft_row["eval/success_rate"]
     rollout = [r["rollout/success_rate"] for r in rows if "rollout/success_rate" in r]
     assert final["eval/n"] == 128 and len(rollout) == cfg.trainer.max_steps
