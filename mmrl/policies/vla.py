@@ -45,6 +45,7 @@ from torch import Tensor
 from mmrl.data.coords import input_size_from_grid
 from mmrl.policies.action_tokenizer import ActionTokenizer, group_logp, group_mask, group_size
 from mmrl.policies.base import LogProbOutput, PolicySpec, PromptBatch, Rollout
+from mmrl.policies.output_vocab import restricted_output_vocab
 from mmrl.policies.token_policy import token_logp_and_entropy
 from mmrl.policies.vlm import PromptInputs, VLMPolicy, build_messages, encode_images
 from mmrl.rollout.episodes import Act, ActOutput, EpisodeRecord, EpisodeRun, EpisodeSpec, run_episodes
@@ -493,8 +494,10 @@ class VLAPolicy(VLMPolicy):
             prompts = self.observation_prompts(frames, instructions, features=features)
         comps = list(self.action_ids[bins])
         mask = torch.ones(bins.shape, dtype=torch.float32)
-        logits, _ids, v = self._completion_forward(prompts, comps, mask, want_values=values)
-        act_logits = logits.index_select(-1, self.action_ids.to(logits.device))
+        # logits over the action tokens only (the LM head restricted to their rows), not the whole vocabulary
+        with restricted_output_vocab(self.module.lm, self.action_ids) as restricted:
+            logits, _ids, v = self._completion_forward(prompts, comps, mask, want_values=values)
+        act_logits = logits if restricted else logits.index_select(-1, self.action_ids.to(logits.device))
         logp, ent = token_logp_and_entropy(act_logits, bins.to(logits.device), temperature=temperature, entropy=entropy)
         return logp, ent, v
 
