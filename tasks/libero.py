@@ -181,6 +181,11 @@ class LiberoTask(VLATask):
                           switch_tasks=len(self.cfg.tasks) > 1, action_dim=self.action_dim,
                           gripper_dims=self.gripper_dims)
 
+    def frame_size(self) -> tuple[int, int]:
+        """S x 2S with view=tile (agentview | wrist), S x S with view=agentview."""
+        s = int(self.cfg.image_size)
+        return s, (2 * s if self.cfg.view == "tile" else s)
+
     def suite_of_item(self, item: dict) -> str:
         """The item's LIBERO suite (a column of the success table)."""
         return item.get("suite") or suite_of(item["task"])

@@ -181,6 +181,10 @@ class VLATask(Task):
         """The language instruction of a task."""
         raise NotImplementedError
 
+    def frame_size(self) -> tuple[int, int]:
+        """(height, width) of the policy's image (``mmrl plan`` sizes the vision tokens from it without an env)."""
+        return int(self.cfg.image_size), int(self.cfg.image_size)
+
     def env_kwargs(self, demo: bool = False) -> dict:
         """Constructor kwargs of every env of the task (``demo``: for the expert demos, longer episodes)."""
         return {}

@@ -492,7 +492,8 @@ def test_start_of_run_warning_for_a_run_that_does_not_fit():
                         "model.dtype=bfloat16", "model.max_new_tokens=512", "trainer.strategy=fsdp2"])
     assert start_of_run_warning(fsdp, device_gb=80, world_size=8) is None  # sharded over 8: fits
     assert start_of_run_warning(full, device_gb=None, world_size=8) is None  # a CPU run: no device bound
-    assert start_of_run_warning(load_config(["task=vla_reach"]), device_gb=0.001, world_size=1) is None  # not modelled
+    vla = start_of_run_warning(load_config(["task=vla_reach"]), device_gb=0.001, world_size=1)  # VLA is modelled
+    assert vla is not None and "it will likely run out of memory" in vla
 
 
 def test_trainer_warns_at_start_when_the_plan_does_not_fit(tmp_path, monkeypatch, caplog):
@@ -514,3 +515,42 @@ def test_trainer_warns_at_start_when_the_plan_does_not_fit(tmp_path, monkeypatch
 
 if __name__ == "__main__":
     print("RESULT " + json.dumps(_measure_child(json.loads(sys.argv[1]))))
+
+
+# ============================================================================ VLA runs
+
+
+def test_vla_plan_counts_one_row_per_policy_call_and_the_action_head():
+    """A VLA micro-batch of E episodes is E x (max_steps / chunk) training rows of chunk x action_dim action tokens;
+    the loss head is over the n_bins action ids (the head is restricted to them), by hand for metaworld."""
+    from mmrl.planning.report import build_plan
+
+    cfg, _, inp, info, bd, _ = build_plan(["task=metaworld", "model.chunk=2", "trainer.grad_accum=4"])
+    # 8 items x G 8 = 64 episodes / 4 grad_accum = 16 per micro-batch; 30 env steps / chunk 2 = 15 calls of 2 x 4
+    assert (inp.micro_batch, inp.rows_per_sample, inp.new_tokens, inp.logit_vocab) == (16, 15, 8, 32)
+    # the tiny Qwen3-VL tower: patch 16 x merge 2 = 32 px per token side -> a 128 px frame is 4 x 4 tokens
+    assert info["image_tokens"] == 16 and inp.image_tokens == 16 and info["frame"] == "128x128"
+    assert bd.logits == 16 * 15 * 8 * 32 * 21
+    one_row = plan_memory(inp.with_(micro_batch=1, rows_per_sample=1))
+    assert bd.activations == 16 * 15 * one_row.activations  # linear in the rows
+    # the rollout generates one call for every env slot at once: 64 slots, prompt + 8 action tokens
+    assert inp.rollout_samples == 64 and bd.kv_cache == plan_memory(inp.with_(rows_per_sample=1)).kv_cache
+
+
+def test_vla_plan_libero_recipe_frames_and_the_fix_it_names(capsys):
+    """docs/tasks/libero.md: the LIBERO-Long recipe with Qwen2.5-VL-3B on 8 x 80 GB needs one episode per micro-batch."""
+    from mmrl.cli import main
+
+    args = ["plan", "task=libero_10", "model.path=Qwen/Qwen2.5-VL-3B-Instruct", "model.dtype=bfloat16",
+            "model.n_bins=256", "model.gradient_checkpointing=true", "model.freeze_vision_tower=true",
+            "task.image_size=224", "trainer.batch_size=64", "algo.group_size=8", "trainer.strategy=fsdp2",
+            "plan.world_size=8", "plan.strategy=fsdp2", "plan.json=true"]
+    main(args)
+    out = json.loads(capsys.readouterr().out)
+    # tile view 224 x 448 -> (224 / 28) x (448 / 28) = 8 x 16 vision tokens; 520 calls of 7 tokens per episode
+    assert out["info"]["image_tokens"] == 128 and out["info"]["policy_calls"] == 520
+    assert out["info"]["micro_batch"] == 64 and out["terms_bytes"]["logits"] == 64 * 520 * 7 * 256 * 21
+    assert not out["fits"] and out["suggestions"][0]["override"] == "trainer.grad_accum=64"
+    assert out["suggestions"][0]["fits"]
+    main(args[:-1] + ["trainer.grad_accum=64", "plan.json=true"])
+    assert json.loads(capsys.readouterr().out)["fits"]

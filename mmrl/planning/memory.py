@@ -250,8 +250,10 @@ class PlanInputs:
     vllm_sleep: bool = True
     device_bytes: int = 80 * GIB
     overhead_bytes: int = 0  # CUDA context, NCCL buffers, allocator slack
+    rows_per_sample: int = 1  # training rows of one sample: VLA policy calls of an episode; diffusion trained
+    # denoising steps x CFG branches
+    logit_vocab: int = 0  # vocabulary of the loss head (0: the model's; VLA: the action bins, the head is restricted)
     # diffusion only
-    rows_per_sample: int = 1  # trained denoising steps x CFG branches per sample
     image_latent_tokens: int = 0  # denoiser tokens of one image (latent / patch)
     latent_elements: int = 0  # elements of one latent (for the stored chain)
     num_steps: int = 0  # sampler steps (latents stored per sample: num_steps + 1)
@@ -359,12 +361,13 @@ def plan_memory(inp: PlanInputs) -> MemoryBreakdown:
         return _plan_diffusion(inp, counts, state, reference, notes)
 
     t = arch.text
+    rows = inp.micro_batch * inp.rows_per_sample  # VLA: one row per (episode, policy call)
     lora_in, lora_r = _lora_activation_terms(t, inp)
     per_layer = layer_activation_bytes(inp.seq, hidden=t.hidden, heads=t.heads, kv_heads=t.kv_heads,
                                        head_dim=t.head_dim, intermediate=t.intermediate, dtype_bytes=b,
                                        eager_attention=inp.eager_attention, lora_inputs=lora_in, lora_rank_sum=lora_r)
     acts = activation_bytes(layers=t.layers, per_layer=per_layer, seq=inp.seq, hidden=t.hidden,
-                            samples=inp.micro_batch, dtype_bytes=b, checkpointing=inp.gradient_checkpointing)
+                            samples=rows, dtype_bytes=b, checkpointing=inp.gradient_checkpointing)
     if arch.vision is not None and not inp.freeze_vision and inp.image_tokens:
         v = arch.vision
         patches = inp.image_tokens * v.merge ** 2
@@ -372,9 +375,9 @@ def plan_memory(inp: PlanInputs) -> MemoryBreakdown:
                                          head_dim=v.hidden // v.heads, intermediate=v.intermediate, dtype_bytes=b,
                                          eager_attention=inp.eager_attention, gated_mlp=v.family == "qwen2_5_vl")
         acts += activation_bytes(layers=v.depth, per_layer=v_layer, seq=patches, hidden=v.hidden,
-                                 samples=inp.micro_batch, dtype_bytes=b, checkpointing=inp.gradient_checkpointing)
+                                 samples=rows, dtype_bytes=b, checkpointing=inp.gradient_checkpointing)
         notes.append("vision tower trains: its activations are included")
-    logits = logits_bytes(inp.new_tokens, t.vocab, inp.micro_batch)
+    logits = logits_bytes(inp.new_tokens, inp.logit_vocab or t.vocab, rows)
     kv = prefill = 0
     vllm_persistent = 0
     if inp.engine == "vllm":

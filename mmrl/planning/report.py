@@ -163,17 +163,40 @@ def plan_inputs(cfg, settings: PlanSettings, arch: Architecture | None = None) -
             default_tokens = 256 if tiny else _DEFAULT_MAX_TOKENS_REAL
             per_image = image_tokens_for(arch.vision, getattr(m, "max_pixels", None),
                                          default_tokens * arch.vision.pixels_per_token)
+    vla = _vla_episode(cfg, arch) if m.type == "vla" else {}
+    if vla:  # every policy call is a training row; its image is the task's camera frame, not the processor's budget
+        info.update(vla)
+        if images and settings.image_tokens is None:
+            per_image = vla["image_tokens"]
     probes = 0
     if algo.tgrpo is not None and algo.tgrpo.shuffled_group > 0:
         probes = prompts * algo.tgrpo.shuffled_group  # video prompts: shuffled-frame probes are rolled out too
     inp = PlanInputs(**common, freeze_vision=bool(getattr(m, "freeze_vision_tower", True)),
                      rollout_samples=samples + probes, text_tokens=settings.text_tokens, images=images,
-                     image_tokens=images * per_image, new_tokens=int(m.max_new_tokens),
+                     image_tokens=images * per_image,
+                     new_tokens=vla["tokens_per_call"] if vla else int(m.max_new_tokens),
+                     rows_per_sample=vla.get("policy_calls", 1), logit_vocab=int(m.n_bins) if vla else 0,
                      engine=getattr(m, "rollout_engine", "hf"),
                      vllm_fraction=float(getattr(m, "vllm_gpu_memory_utilization", 0.3)),
                      vllm_sleep=bool(getattr(m, "vllm_sleep", True)))
     info.update(per_image_tokens=per_image)
     return inp, info
+
+
+def _vla_episode(cfg, arch: Architecture) -> dict[str, Any]:
+    """A VLA run's training rows, from the task's settings (no env is built): policy calls per episode (the longest
+    episode: max_steps / chunk), action tokens per call (chunk x action dims) and the vision tokens of one camera
+    frame (each side rounded to the processor's patch x merge grid, as Qwen-VL's resize does)."""
+    from mmrl.tasks import get_task_class
+
+    task = get_task_class(cfg.task.name)(cfg.task, cfg)
+    spec = task.env_spec()
+    chunk = int(cfg.model.chunk)
+    height, width = task.frame_size()
+    side = arch.vision.patch * arch.vision.merge if arch.vision is not None else 1
+    tokens = max(1, round(height / side)) * max(1, round(width / side))
+    return {"policy_calls": math.ceil(spec.max_steps / chunk), "tokens_per_call": chunk * spec.action_dim,
+            "image_tokens": tokens, "frame": f"{height}x{width}"}
 
 
 def build_plan(overrides: list[str]) -> tuple[Any, PlanSettings, PlanInputs, dict, MemoryBreakdown, list[Suggestion]]:
@@ -183,9 +206,6 @@ def build_plan(overrides: list[str]) -> tuple[Any, PlanSettings, PlanInputs, dic
 
     settings, rest = split_plan_overrides(overrides)
     cfg = load_config(rest)
-    if cfg.model.type == "vla":
-        raise ConfigError("VLA runs are not modelled (their training forward batches every episode step); "
-                          "plan the underlying VLM with model=<preset> instead")
     try:
         inp, info = plan_inputs(cfg, settings)
     except UnknownArchitectureError as e:
@@ -258,6 +278,10 @@ def format_report(cfg, settings: PlanSettings, inp: PlanInputs, info: dict, bd: 
         lines.append(f"  sequence: {inp.image_tokens} image + {inp.text_tokens} text + {inp.new_tokens} new = "
                      f"{inp.seq} tokens" + (f" ({inp.images} image(s) x {info.get('per_image_tokens', 0)} tokens)"
                                             if inp.images else ""))
+    if "policy_calls" in info:
+        lines.append(f"  VLA: {info['frame']} frames; every episode is {info['policy_calls']} training rows (one per "
+                     f"policy call, the longest episode) of {info['tokens_per_call']} action tokens; the loss head "
+                     f"is over the {inp.logit_vocab} action bins")
     lines.append(f"  micro-batch {inp.micro_batch} samples = {cfg.trainer.batch_size} prompts x {cfg.algo.group_size} "
                  f"/ {inp.world_size} devices / {cfg.algo.num_minibatches} minibatch(es) / {cfg.trainer.grad_accum} "
                  f"grad_accum; rollout {inp.rollout_samples} samples at once")
@@ -280,15 +304,16 @@ def format_report(cfg, settings: PlanSettings, inp: PlanInputs, info: dict, bd: 
                      "x one block"))
     else:
         t = arch.text
+        n = (f"{inp.micro_batch * inp.rows_per_sample:,} rows" if inp.rows_per_sample > 1 else f"{inp.micro_batch}")
         if inp.gradient_checkpointing:
-            how = (f"{inp.micro_batch} x ({t.layers} layers x {inp.seq} x {t.hidden} x {b} B + one layer "
+            how = (f"{n} x ({t.layers} layers x {inp.seq} x {t.hidden} x {b} B + one layer "
                    f"{bd.per_layer:,} B) (+ final norm)")
         else:
-            how = f"{inp.micro_batch} x {t.layers} layers x {bd.per_layer:,} B (+ final norm)"
+            how = f"{n} x {t.layers} layers x {bd.per_layer:,} B (+ final norm)"
         how += f"; one layer = {inp.seq} tokens x {bd.per_layer // max(inp.seq, 1):,} B"
         rows.append(("activations", bd.activations, how))
         rows.append(("logits (loss head)", bd.logits,
-                     f"{inp.micro_batch} x {inp.new_tokens} x {t.vocab} x {LOGIT_BYTES_PER_ELEMENT} B"))
+                     f"{n} x {inp.new_tokens} x {inp.logit_vocab or t.vocab} x {LOGIT_BYTES_PER_ELEMENT} B"))
         if inp.engine == "vllm":
             rows.append(("rollout: vLLM reservation", bd.rollout + bd.vllm_persistent,
                          f"{inp.vllm_fraction} x {settings.device_gb:g} GiB"
@@ -369,18 +394,18 @@ def start_of_run_warning(cfg, *, device_gb: float | None, world_size: int) -> st
     """What ``mmrl train`` warns before loading a run that will not fit: the plan of ``cfg`` (its own strategy, offload,
     world size, AdamW as the trainer builds it: moments in the parameter dtype) against ``device_gb``, with the
     cheapest changes that fit. None when it fits, when there is no device bound (CPU), or when the run is not
-    modelled (VLA, an architecture the planner cannot read: no warning rather than a wrong one)."""
+    modelled (an architecture the planner cannot read: no warning rather than a wrong one)."""
     from mmrl.errors import ConfigError
     from mmrl.planning.architectures import UnknownArchitectureError
 
-    if device_gb is None or cfg.model.type == "vla":
+    if device_gb is None:
         return None
     tr = cfg.trainer
     settings = PlanSettings(device_gb=device_gb, world_size=world_size, strategy=tr.strategy, optim="model",
                             offload="params" if tr.strategy == "fsdp2" and tr.fsdp_offload else "none")
     try:
         inp, info = plan_inputs(cfg, settings)
-    except (UnknownArchitectureError, ConfigError, OSError, ValueError):
+    except (UnknownArchitectureError, ConfigError, OSError, ValueError, ImportError):  # e.g. a VLA task's simulator
         return None
     bd = plan_memory(inp)
     if bd.fits(inp.device_bytes):
