@@ -38,7 +38,8 @@ import numpy as np
 
 from .common import seeded_global_numpy, state_fingerprint
 from .rendering import select_backend
-from .tabletop.env import INSTRUCTION_CHARSET, EpisodeOverError, instability_counts, sanitize_action, sim_blew_up
+from .episode import EpisodeCounter, instability_counts, sanitize_action, sim_blew_up
+from .tabletop.env import INSTRUCTION_CHARSET
 
 LIBERO_SEED = 6170
 ACTION_DIM = 7
@@ -183,9 +184,7 @@ class LiberoEnv(_gym().Env):
         self.action_space = spaces.Box(-1.0, 1.0, shape=(ACTION_DIM,), dtype=np.float32)
         self._scenes: OrderedDict[str, _TaskScene] = OrderedDict()
         self._seed_generator = np.random.default_rng(seed)
-        self._steps = 0
-        self._clipped_total = 0
-        self._done = True
+        self._episode = EpisodeCounter("LiberoEnv")
         self.init_state: int | None = None
         self.set_task(task)
 
@@ -204,7 +203,7 @@ class LiberoEnv(_gym().Env):
         self.task, self.suite = task, suite
         self.instruction = scene.instruction
         self.max_steps = self.fixed_max_steps if self.fixed_max_steps is not None else MAX_STEPS[suite]
-        self._done = True
+        self._episode.stop()  # a running episode belongs to the old task
         return self.instruction
 
     @property
@@ -246,32 +245,24 @@ class LiberoEnv(_gym().Env):
             for _ in range(self.wait_steps):
                 raw, _r, _d, _i = env.step(np.asarray(NOOP_ACTION))
         self.init_state = int(index)
-        self._steps = 0
-        self._clipped_total = 0
-        self._done = False
+        self._episode.start()
         info = {"instruction": self.instruction, "init_state": self.init_state, "task": self.task, "success": False,
                 "sim_error": False, "init_state_hash": fingerprint}
         return self._observation(raw), info
 
     def step(self, action: Any) -> tuple[dict, float, bool, bool, dict]:
         """One control step; ``info["success"]`` is the benchmark's goal check; reward is binary success."""
-        if self._done:
-            raise EpisodeOverError("LiberoEnv.step called after the episode ended; call reset() first")
+        self._episode.check_running()
         clean, n_clipped = sanitize_action(action, ACTION_DIM, f"LiberoEnv({self.task}).step [dpos, drot, grip]")
-        self._clipped_total += n_clipped
         env = self.raw_env
         data = env.sim.data._data
         before = instability_counts(data)
         raw, _reward, _done, _info = env.step(clean)
         sim_error = sim_blew_up(data, before)
         success = (not sim_error) and bool(env.check_success())
-        self._steps += 1
-        terminated = bool(success or sim_error)
-        truncated = bool(not terminated and self._steps >= self.max_steps)
-        self._done = terminated or truncated
-        info = {"instruction": self.instruction, "init_state": self.init_state, "task": self.task,
-                "success": success, "sim_error": sim_error, "action_clipped": n_clipped,
-                "action_clipped_total": self._clipped_total, "steps": self._steps}
+        terminated, truncated, counters = self._episode.finish_step(success=success, sim_error=sim_error,
+                                                                    n_clipped=n_clipped, max_steps=self.max_steps)
+        info = {"instruction": self.instruction, "init_state": self.init_state, "task": self.task, **counters}
         return self._observation(raw), float(success), terminated, truncated, info
 
     def check_success(self) -> bool:

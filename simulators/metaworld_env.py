@@ -32,7 +32,8 @@ import numpy as np
 
 from .common import resolve_init_state, seed_parts, state_fingerprint
 from .rendering import create_renderer, fast_visual_settings, select_backend
-from .tabletop.env import INSTRUCTION_CHARSET, EpisodeOverError, instability_counts, sanitize_action, sim_blew_up
+from .episode import EpisodeCounter, EpisodeOverError, instability_counts, sanitize_action, sim_blew_up
+from .tabletop.env import INSTRUCTION_CHARSET
 
 METAWORLD_SEED = 5080
 ACTION_DIM = 4
@@ -278,9 +279,7 @@ class MetaWorldEnv(_gym().Env):
         self.observation_space = spaces.Dict(obs_spaces)
         self.action_space = spaces.Box(-1.0, 1.0, shape=(ACTION_DIM,), dtype=np.float32)
         self._seed_generator = np.random.default_rng(seed)
-        self._steps = 0
-        self._clipped_total = 0
-        self._done = True
+        self._episode = EpisodeCounter("MetaWorldEnv")
         self._last_state: np.ndarray | None = None
         self.init_state: int | None = None
         self.set_task(task)
@@ -299,7 +298,7 @@ class MetaWorldEnv(_gym().Env):
             old.close()
         self.task = task
         self.instruction = METAWORLD_TASKS[task]
-        self._done = True  # a running episode belongs to the old task
+        self._episode.stop()  # a running episode belongs to the old task
         return self.instruction
 
     @property
@@ -321,9 +320,7 @@ class MetaWorldEnv(_gym().Env):
         env.max_path_length = self.max_steps * self.action_repeat
         state, _ = env.reset()
         self.init_state = int(index)
-        self._steps = 0
-        self._clipped_total = 0
-        self._done = False
+        self._episode.start()
         goal = np.asarray(env._target_pos, dtype=np.float64)
         info = {"instruction": self.instruction, "init_state": self.init_state, "success": False, "sim_error": False,
                 "task": self.task, "init_state_hash": state_fingerprint(np.concatenate([env.data.qpos, goal]))}
@@ -331,10 +328,8 @@ class MetaWorldEnv(_gym().Env):
 
     def step(self, action: Any) -> tuple[dict, float, bool, bool, dict]:
         """Hold ``action`` for ``action_repeat`` Meta-World steps (stopping at success); reward is binary success."""
-        if self._done:
-            raise EpisodeOverError("MetaWorldEnv.step called after the episode ended; call reset() first")
+        self._episode.check_running()
         clean, n_clipped = sanitize_action(action, ACTION_DIM, f"MetaWorldEnv({self.task}).step [dx, dy, dz, grip]")
-        self._clipped_total += n_clipped
         env = self.raw_env
         before = instability_counts(env.data)
         success = sim_error = False
@@ -345,20 +340,9 @@ class MetaWorldEnv(_gym().Env):
             success = (not sim_error) and bool(mw_info.get("success", 0.0))
             if success or sim_error:
                 break
-        self._steps += 1
-        terminated = bool(success or sim_error)
-        truncated = bool(not terminated and self._steps >= self.max_steps)
-        self._done = terminated or truncated
-        info = {
-            "instruction": self.instruction,
-            "init_state": self.init_state,
-            "task": self.task,
-            "success": success,
-            "sim_error": sim_error,
-            "action_clipped": n_clipped,
-            "action_clipped_total": self._clipped_total,
-            "steps": self._steps,
-        }
+        terminated, truncated, counters = self._episode.finish_step(success=success, sim_error=sim_error,
+                                                                    n_clipped=n_clipped, max_steps=self.max_steps)
+        info = {"instruction": self.instruction, "init_state": self.init_state, "task": self.task, **counters}
         return self._observation(state), float(success), terminated, truncated, info
 
     def _observation(self, state: np.ndarray) -> dict[str, Any]:

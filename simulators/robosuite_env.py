@@ -28,7 +28,7 @@ import numpy as np
 
 from .common import resolve_init_state, seed_parts, seeded_global_numpy, state_fingerprint
 from .rendering import disable_expensive_flags, fast_visual_settings, select_backend
-from .tabletop.env import EpisodeOverError, instability_counts, sanitize_action, sim_blew_up
+from .episode import EpisodeCounter, instability_counts, sanitize_action, sim_blew_up
 
 ROBOSUITE_SEED = 7351
 ROBOSUITE_TASKS: dict[str, str] = {
@@ -165,9 +165,7 @@ class RobosuiteEnv(_gym().Env):
             obs_spaces[f"{cam}_image"] = spaces.Box(0, 255, (self.image_size, self.image_size, 3), np.uint8)
         self.observation_space = spaces.Dict(obs_spaces)
         self._seed_generator = np.random.default_rng(seed)
-        self._steps = 0
-        self._clipped_total = 0
-        self._done = True
+        self._episode = EpisodeCounter("RobosuiteEnv")
         self.init_state: int | None = None
 
     @property
@@ -197,37 +195,23 @@ class RobosuiteEnv(_gym().Env):
         self.init_state = int(index)
         with seeded_global_numpy(init_state_seed(self.task, index)):
             raw = self._env.reset()
-        self._steps = 0
-        self._clipped_total = 0
-        self._done = False
+        self._episode.start()
         info = {"instruction": self.instruction, "init_state": self.init_state, "success": False, "sim_error": False,
                 "init_state_hash": state_fingerprint(self._env.sim.data.qpos)}
         return self._convert_obs(raw), info
 
     def step(self, action: Any) -> tuple[dict, float, bool, bool, dict]:
         """One control step; ``info["success"]`` is ``env._check_success()``; reward is binary success."""
-        if self._done:
-            raise EpisodeOverError("RobosuiteEnv.step called after the episode ended; call reset() first")
+        self._episode.check_running()
         clean, n_clipped = sanitize_action(action, self.action_space.shape[0], f"RobosuiteEnv({self.task}).step")
-        self._clipped_total += n_clipped
         data = self._env.sim.data._data
         before = instability_counts(data)
         raw, _reward, _done, _info = self._env.step(clean)
         sim_error = sim_blew_up(data, before)
         success = (not sim_error) and bool(self._env._check_success())
-        self._steps += 1
-        terminated = bool(success or sim_error)
-        truncated = bool(not terminated and self._steps >= self.horizon)
-        self._done = terminated or truncated
-        info = {
-            "instruction": self.instruction,
-            "init_state": self.init_state,
-            "success": success,
-            "sim_error": sim_error,
-            "action_clipped": n_clipped,
-            "action_clipped_total": self._clipped_total,
-            "steps": self._steps,
-        }
+        terminated, truncated, counters = self._episode.finish_step(success=success, sim_error=sim_error,
+                                                                    n_clipped=n_clipped, max_steps=self.horizon)
+        info = {"instruction": self.instruction, "init_state": self.init_state, **counters}
         return self._convert_obs(raw), float(success), terminated, truncated, info
 
     def close(self) -> None:

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from ..common import resolve_init_state, state_fingerprint
+from ..episode import EpisodeCounter, EpisodeOverError, instability_counts, sanitize_action, sim_blew_up  # noqa: F401
 
 from ..rendering import create_renderer, select_backend
 from .scene import BLOCK_COLOURS, DISTRACTORS, SceneConfig, block_body_name, build_scene_xml
@@ -33,15 +34,8 @@ LAYOUT_SEED = 20240611
 ACTION_DIM = 4
 PROPRIO_DIM = 7
 INSTRUCTION_CHARSET = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 ,.'-_/"
-_INSTABILITY_WARNINGS = ("mjWARN_BADQACC", "mjWARN_BADQPOS", "mjWARN_BADQVEL")
-
-
 class UnknownTaskError(ValueError):
     """A task name or instruction that the tabletop family does not define."""
-
-
-class EpisodeOverError(RuntimeError):
-    """``step`` was called after the episode terminated or was truncated; call ``reset``."""
 
 
 @dataclass(frozen=True)
@@ -125,35 +119,6 @@ def sample_layout(index: int, cfg: SceneConfig, spawn_half: float = 0.17, min_ga
     raise RuntimeError(f"could not place objects for init_state {index}")  # pragma: no cover
 
 
-def sanitize_action(action: Any, dim: int, where: str) -> tuple[np.ndarray, int]:
-    """Replace NaN by 0 and clip to [-1, 1]; return (clean float64 action, entries changed).
-
-    ``+-inf`` and huge values are clipped (and counted); a wrong number of entries raises
-    ValueError naming ``where``.
-    """
-    a = np.asarray(action, dtype=np.float64).reshape(-1)
-    if a.shape != (dim,):
-        raise ValueError(f"{where}: action must have {dim} entries, got shape {np.shape(action)}")
-    nan = np.isnan(a)
-    out_of_range = ~nan & (np.abs(a) > 1.0)
-    clean = np.clip(np.where(nan, 0.0, a), -1.0, 1.0)
-    return clean, int(nan.sum() + out_of_range.sum())
-
-
-def instability_counts(data: Any) -> list[int]:
-    """Counts of MuJoCo's instability warnings (bad qacc / qpos / qvel) on an ``MjData``."""
-    import mujoco
-
-    return [int(data.warning[int(getattr(mujoco.mjtWarning, w))].number) for w in _INSTABILITY_WARNINGS]
-
-
-def sim_blew_up(data: Any, before: list[int]) -> bool:
-    """True when an instability warning fired since ``before`` or qpos/qvel is not finite."""
-    if any(now > was for now, was in zip(instability_counts(data), before)):
-        return True
-    return not (np.isfinite(data.qpos).all() and np.isfinite(data.qvel).all())
-
-
 def _import_gym() -> Any:
     import gymnasium
 
@@ -235,9 +200,7 @@ class TabletopEnv(_import_gym().Env):
         self.action_space = spaces.Box(-1.0, 1.0, shape=(ACTION_DIM,), dtype=np.float32)
 
         self._seed_generator = np.random.default_rng(seed)
-        self._steps = 0
-        self._done = True
-        self._clipped_total = 0
+        self._episode = EpisodeCounter("TabletopEnv")
         self._setpoint = np.zeros(3)
         self.init_state: int | None = None
 
@@ -322,9 +285,7 @@ class TabletopEnv(_import_gym().Env):
         d.ctrl[3:5] = 0.0
         mujoco.mj_forward(m, d)
 
-        self._steps = 0
-        self._clipped_total = 0
-        self._done = False
+        self._episode.start()
         info = {"instruction": self.instruction, "init_state": self.init_state, "success": False, "sim_error": False,
                 "init_state_hash": state_fingerprint(np.concatenate([d.qpos, m.body_pos[self._ids["pad_body"]]]))}
         return self._observation(), info
@@ -337,10 +298,8 @@ class TabletopEnv(_import_gym().Env):
         """Apply one action for ``frame_skip`` physics steps; returns the gymnasium 5-tuple."""
         import mujoco
 
-        if self._done:
-            raise EpisodeOverError("TabletopEnv.step called after the episode ended; call reset() first")
+        self._episode.check_running()
         clean, n_clipped = self.sanitize_action(action)
-        self._clipped_total += n_clipped
         m, d = self.model, self.data
         ws, scale = self.cfg.workspace_half, self.action_scale
         low = np.array([-ws, -ws, 0.0])
@@ -359,20 +318,10 @@ class TabletopEnv(_import_gym().Env):
             if sim_blew_up(d, before):
                 sim_error = True
                 break
-        self._steps += 1
         success = (not sim_error) and self._success()
-        terminated = bool(success or sim_error)
-        truncated = bool(not terminated and self._steps >= self.max_steps)
-        self._done = terminated or truncated
-        info = {
-            "instruction": self.instruction,
-            "init_state": self.init_state,
-            "success": bool(success),
-            "sim_error": sim_error,
-            "action_clipped": n_clipped,
-            "action_clipped_total": self._clipped_total,
-            "steps": self._steps,
-        }
+        terminated, truncated, counters = self._episode.finish_step(success=success, sim_error=sim_error,
+                                                                    n_clipped=n_clipped, max_steps=self.max_steps)
+        info = {"instruction": self.instruction, "init_state": self.init_state, **counters}
         if sim_error:
             mujoco.mj_resetData(m, d)  # keep later renders well defined
             mujoco.mj_forward(m, d)
