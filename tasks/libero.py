@@ -172,14 +172,11 @@ class LiberoTask(VLATask):
             it["suite"] = suite_of(it["task"])
         return items
 
-    def env_spec(self):
-        from mmrl.policies.vla import VLAEnvSpec
+    def episode_steps(self) -> int:
+        """task.max_steps, or the longest suite length (MAX_STEPS) of the tasks: each env truncates at its own."""
         from mmrl.simulators.libero_env import MAX_STEPS
 
-        horizon = self.cfg.max_steps or max(MAX_STEPS[suite_of(t)] for t in self.cfg.tasks)
-        return VLAEnvSpec(env_name=self.env_names()[0], env_kwargs=self.env_kwargs(), max_steps=horizon,
-                          switch_tasks=len(self.cfg.tasks) > 1, action_dim=self.action_dim,
-                          gripper_dims=self.gripper_dims)
+        return int(self.cfg.max_steps or max(MAX_STEPS[suite_of(t)] for t in self.cfg.tasks))
 
     def frame_size(self) -> tuple[int, int]:
         """S x 2S with view=tile (agentview | wrist), S x S with view=agentview."""

@@ -100,10 +100,3 @@ class MetaWorldTask(VLATask):
             return super().action_stats()
         return {"low": [float(x) for x in self.cfg.action_low], "high": [float(x) for x in self.cfg.action_high],
                 "gripper_dims": list(self.gripper_dims)}
-
-    def env_spec(self):
-        from mmrl.policies.vla import VLAEnvSpec
-
-        return VLAEnvSpec(env_name=self.env_names()[0], env_kwargs=self.env_kwargs(), max_steps=self.cfg.max_steps,
-                          switch_tasks=len(self.cfg.tasks) > 1, action_dim=self.action_dim,
-                          gripper_dims=self.gripper_dims)

@@ -65,9 +65,3 @@ class VLALiftTask(VLATask):
         from mmrl.simulators.robosuite_env import ROBOSUITE_TASKS
 
         return ROBOSUITE_TASKS[task]
-
-    def env_spec(self):
-        from mmrl.policies.vla import VLAEnvSpec
-
-        return VLAEnvSpec(env_name=self.env_names()[0], env_kwargs=self.env_kwargs(), max_steps=self.cfg.max_steps,
-                          switch_tasks=False, action_dim=self.action_dim, gripper_dims=self.gripper_dims)

@@ -174,8 +174,17 @@ class VLATask(Task):
         raise NotImplementedError
 
     def env_spec(self):
-        """The :class:`~mmrl.policies.vla.VLAEnvSpec` of the policy's env pool."""
-        raise NotImplementedError
+        """The :class:`~mmrl.policies.vla.VLAEnvSpec` of the policy's env pool: the first task's env, switched to the
+        others per item (``env.set_task``) when there are several."""
+        from mmrl.policies.vla import VLAEnvSpec
+
+        return VLAEnvSpec(env_name=self.env_names()[0], env_kwargs=self.env_kwargs(), max_steps=self.episode_steps(),
+                          switch_tasks=len(self.cfg.tasks) > 1, action_dim=self.action_dim,
+                          gripper_dims=self.gripper_dims)
+
+    def episode_steps(self) -> int:
+        """Env steps of an RL / evaluation episode before it is truncated."""
+        return int(self.cfg.max_steps)
 
     def instruction(self, task: str) -> str:
         """The language instruction of a task."""
