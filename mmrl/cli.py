@@ -76,12 +76,16 @@ def cmd_tasks() -> int:
 
 def cmd_train(overrides: list[str]) -> int:
     from mmrl.config import load_config
+    from mmrl.parallel.shutdown import shutdown_distributed
     from mmrl.trainer import Trainer
 
     cfg = load_config(overrides)
     trainer = Trainer(cfg)
     run_dir = trainer.setup_run_dir()
-    final = trainer.fit()
+    try:
+        final = trainer.fit()
+    finally:
+        shutdown_distributed()
     signum = trainer.stopped_by_signal
     if signum is not None:  # checkpointed, but not finished: a job script must see the difference (130 / 143)
         if trainer.is_main:

@@ -7,6 +7,7 @@ import torch
 
 from mmrl.config import load_config
 from mmrl.parallel.fsdp import full_state_dict
+from mmrl.parallel.shutdown import shutdown_distributed
 from mmrl.trainer import Trainer
 
 
@@ -26,6 +27,7 @@ def main() -> None:
         (Path(out) / "world.txt").write_text(f"{tr.world}")
         (Path(out) / "sharded.txt").write_text(f"{tr.sharded}")
         torch.save(params, f"{out}/params.pt")
+    shutdown_distributed()  # as `mmrl train` ends: no rank exits with its process group alive
 
 
 if __name__ == "__main__":  # spawned children (env workers, demo collection) import this module
