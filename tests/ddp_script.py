@@ -1,5 +1,6 @@
 """Run a few steps (the toy task unless ``task=...`` is given) and save the gathered parameters (used by test_ddp
 and test_fsdp under `accelerate launch`)."""
+import os
 import sys
 from pathlib import Path
 
@@ -32,3 +33,9 @@ def main() -> None:
 
 if __name__ == "__main__":  # spawned children (env workers, demo collection) import this module
     main()
+    # skip the interpreter's teardown: with gloo (and FSDP2's CPU offload) a rank still died there now and then with
+    # "terminate called without an active exception" after a finished, saved run (1 of 2 CI runs after the
+    # destroy_process_group fix); the results are on disk and the streams are flushed first
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
