@@ -74,38 +74,103 @@ def cmd_tasks() -> int:
     return 0
 
 
-def cmd_train(overrides: list[str]) -> int:
-    from mmrl.config import load_config
-    from mmrl.parallel.shutdown import shutdown_distributed
-    from mmrl.trainer import Trainer
+def resume_command(overrides: list[str], run_dir, output_dir: str, checkpoint=None) -> str:
+    """The command that continues a stopped run: the same overrides with ``trainer.run_name=<name>
+    trainer.resume=auto`` (or ``trainer.resume=<checkpoint>`` when it is not below ``output_dir``)."""
+    import shlex
+    from pathlib import Path
 
-    cfg = load_config(overrides)
+    keep = [o for o in overrides if not o.startswith(("trainer.run_name=", "trainer.resume="))]
+    run_dir = Path(run_dir)
+    try:
+        name = run_dir.relative_to(Path(output_dir)).as_posix()
+    except ValueError:
+        name = None
+    again = ([f"trainer.run_name={name}", "trainer.resume=auto"] if name and checkpoint is None
+             else [f"trainer.resume={checkpoint or run_dir}"])
+    return shlex.join(["mmrl", "train", *keep, *again])
+
+
+def _stopped_line(trainer, overrides: list[str], cfg) -> str:
+    """One line for a run that stopped on an error after :meth:`Trainer.fit` saved what it trained."""
+    ckpt = trainer.stop_checkpoint
+    where = (f"checkpoint saved in {ckpt}" + (f" (the run folder {trainer.run_dir} could not be written)"
+                                                if trainer.rescued else "")) if ckpt else "no checkpoint (nothing trained)"
+    line = f"aborted at step {trainer.step}: {trainer.stop_reason}; {where}"
+    if trainer.stop_error_log is not None:
+        line += f"; traceback in {trainer.stop_error_log}"
+    if ckpt:
+        line += "; resume with: " + resume_command(overrides, trainer.run_dir, cfg.trainer.output_dir,
+                                                   ckpt if trainer.rescued else None)
+    return line
+
+
+def cmd_train(overrides: list[str]) -> int:
+    """`mmrl train [--json] key=value ...`: the start banner, a bar per phase and an end summary on stderr
+    (`trainer.progress=false`: quiet, the run folder and the last metrics on stdout); `--json` also prints the last
+    metrics as JSON on stdout, for scripts."""
+    as_json = "--json" in overrides
+    overrides = [o for o in overrides if o != "--json"]
+    from mmrl.config import ConfigError, load_config
+
+    cfg = load_config(overrides)  # before the trainer's heavy imports: a config error is one line at once
+    from mmrl.parallel.shutdown import shutdown_distributed
+    from mmrl.trainer import NothingTrained, Trainer
+
     trainer = Trainer(cfg)
     run_dir = trainer.setup_run_dir()
     try:
         final = trainer.fit()
+    except (KeyboardInterrupt, ConfigError):
+        raise
+    except NothingTrained as e:
+        if trainer.is_main:
+            print(f"mmrl train: error: {e}", file=sys.stderr)
+        return 1
+    except Exception as e:
+        prompt_too_long = sys.modules.get("mmrl.policies.vlm_errors")
+        if prompt_too_long is not None and isinstance(e, prompt_too_long.PromptTooLongError) \
+                and trainer.stop_checkpoint is None:  # the warm start cannot train on it: one line from main, exit 2
+            raise
+        if trainer.is_main:
+            print(f"mmrl train: {_stopped_line(trainer, overrides, cfg)}", file=sys.stderr)
+        return 1
     finally:
         shutdown_distributed()
     signum = trainer.stopped_by_signal
     if signum is not None:  # checkpointed, but not finished: a job script must see the difference (130 / 143)
         if trainer.is_main:
-            import shlex
             import signal
-            from pathlib import Path
 
             from mmrl.checkpoint import latest_checkpoint
 
-            keep = [o for o in overrides if not o.startswith(("trainer.run_name=", "trainer.resume="))]
-            again = ([f"trainer.run_name={run_dir.name}", "trainer.resume=auto"]
-                     if Path(run_dir).parent == Path(cfg.trainer.output_dir) else [f"trainer.resume={run_dir}"])
             print(f"mmrl train: stopped by {signal.Signals(signum).name} at step {trainer.step}; checkpoint saved in "
-                  f"{latest_checkpoint(run_dir) or run_dir}; resume with: {shlex.join(['mmrl', 'train', *keep, *again])}",
-                  file=sys.stderr)
+                  f"{latest_checkpoint(run_dir) or run_dir}; resume with: "
+                  f"{resume_command(overrides, run_dir, cfg.trainer.output_dir)}", file=sys.stderr)
         return 128 + signum
+    if trainer.rescued:
+        if trainer.is_main:
+            print(f"mmrl train: error: the run finished but its folder {run_dir} could not be written; checkpoint saved "
+                  f"in {trainer.stop_checkpoint}; continue or evaluate from there (mmrl eval "
+                  f"checkpoint={trainer.stop_checkpoint})", file=sys.stderr)
+        return 1
     if trainer.is_main:
         shown = {k: round(v, 4) for k, v in final.items() if k.startswith(("eval/", "reward/mean")) and isinstance(v, float)}
-        print(f"run directory: {run_dir}")
-        print(json.dumps(shown, indent=1))
+        if cfg.trainer.progress:  # for people: the end summary on stderr; stdout gets the JSON only with --json
+            from mmrl.checkpoint import latest_checkpoint
+            from mmrl.run_report import end_summary
+
+            print(end_summary(trainer.report, run_dir=run_dir, step=trainer.step,
+                              checkpoint=latest_checkpoint(run_dir), plot=cfg.trainer.plot,
+                              tensorboard=cfg.trainer.tensorboard,
+                              resume_cmd=resume_command([o for o in overrides if not o.startswith("trainer.max_steps=")],
+                                                        run_dir, cfg.trainer.output_dir)),
+                  file=sys.stderr)
+            if as_json:
+                print(json.dumps(shown, indent=1))
+        else:  # quiet mode (trainer.progress=false): the run folder and the last metrics, as before
+            print(f"run directory: {run_dir}")
+            print(json.dumps(shown, indent=1))
     return 0
 
 
@@ -118,6 +183,11 @@ def cmd_eval(overrides: list[str]) -> int:
 
     ev = evaluate_checkpoint(overrides)
     metrics = ev.metrics
+    if not int(metrics.get("eval/n", 0)):  # an evaluation that scored nothing is not a result
+        print(f"mmrl eval: error: nothing was scored: all {ev.n_items} items of {ev.data} were skipped "
+              f"({int(metrics.get('eval/skipped', 0))} skipped; the warnings above name the files and reasons); "
+              f"no score written", file=sys.stderr)
+        return 1
     print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in metrics.items()}, indent=1))
     width = max([len("metric"), *(len(k) for k in metrics)])
     rows = [f"{'metric'.ljust(width)}  value"] + [f"{k.ljust(width)}  {v:.4f}" if isinstance(v, float) else

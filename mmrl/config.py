@@ -2,14 +2,19 @@
 
 The YAML groups (``task/``, ``model/``, ``algo/``, ``trainer/``) are composed by Hydra, then validated
 into the dataclasses below; every field carries a docstring (shown by ``mmrl train --help``). An
-unknown key or group option raises :class:`ConfigError` naming the bad key and the valid choices.
+unknown key or group option raises :class:`ConfigError` naming the bad key and the valid choices; so does a value of
+the wrong type for its field (every value is checked against its annotation before anything reads it), and an
+override whose value the override grammar cannot read, with the quoted form to type instead
+(``'trainer.run_name="café"'``).
 """
 from __future__ import annotations
 
 import ast
+import contextvars
 import dataclasses
 import functools
 import inspect
+import re
 import textwrap
 import types
 import typing
@@ -189,7 +194,12 @@ class TrainerConfig:
     resume: str = "never"
     """never (refuse an existing run dir), auto (newest complete checkpoint of run_name) or a checkpoint path."""
     overwrite: bool = False
-    """Allow writing into an existing run directory without resuming (its checkpoints are deleted)."""
+    """Start over in an existing run directory: the folder is deleted first, but only if mmrl created it (it holds the
+    ``.mmrl_run`` marker); any other folder is refused."""
+    resume_accept_changes: bool = False
+    """Resume even when the new config differs from the run's saved one in keys that make it another experiment
+    (model, task, algorithm, rewards, group size, seed, learning rate ...); without it such a resume stops with the
+    differing keys listed. Changes to length, cadence and logging are always accepted (and logged)."""
     log_every: int = 1
     """Write metrics every N steps."""
     tensorboard: bool = True
@@ -239,6 +249,18 @@ class RewardConfig:
     URL scoring batches remotely, e.g. 'reward.fns=[my_rewards.py:short_answer]'."""
     weights: list[float] = field(default_factory=list)
     """Weight of each entry of reward.fns, in order; empty: 1.0 each."""
+    fn_kwargs: list[dict[str, Any] | None] = field(default_factory=list)
+    """Arguments of each entry of reward.fns, in order ({} or null: none); empty: none for any. A factory (a callable
+    without prompts / completions / completion_ids / **kwargs, e.g. trl.rewards:get_soft_overlong_punishment) is called
+    once with them and returns the reward; a reward function gets them as fixed keyword arguments of every call. E.g.
+    'reward.fn_kwargs=[{max_completion_len:64,soft_punish_cache:16}]'."""
+    completion_format: str = "auto"
+    """How user functions get the completions: text (strings), conversational ([{role: assistant, content: text}], as
+    TRL's chat rewards such as think_format_reward expect; plain-text prompts then come as [{role: user, content:
+    prompt}]) or auto (conversational when the task's prompts are conversational, as TRL decides; text otherwise)."""
+    columns: dict[str, str] = field(default_factory=dict)
+    """Extra names for the task's reward columns, passed to user functions too: {solution: answer} gives a function's
+    'solution' parameter (TRL's accuracy rewards) the task's 'answer' column."""
     mode: str = "add"
     """add (the user's rewards next to the task's own) or replace (only the user's rewards)."""
     timeout_s: float = 30.0
@@ -262,6 +284,13 @@ class RewardConfig:
             raise ConfigError(f"reward.weights must be finite numbers, got {self.weights}")
         if self.mode == "replace" and not self.fns:
             raise ConfigError("reward.mode=replace needs at least one function in reward.fns")
+        if self.fn_kwargs and len(self.fn_kwargs) != len(self.fns):
+            raise ConfigError(f"reward.fn_kwargs has {len(self.fn_kwargs)} entries for {len(self.fns)} reward.fns; "
+                              "give one per function, in order ({} or null for one without arguments), or none")
+        check_choice(self.completion_format, ("auto", "text", "conversational"), "reward.completion_format")
+        bad = {k: v for k, v in self.columns.items() if not (isinstance(v, str) and str(k).isidentifier())}
+        if bad:
+            raise ConfigError(f"reward.columns maps argument names to task columns, e.g. {{solution: answer}}; got {bad}")
         if not (math.isfinite(self.timeout_s) and self.timeout_s > 0):
             raise ConfigError(f"reward.timeout_s must be a positive number of seconds, got {self.timeout_s}")
         if self.max_retries < 0 or self.max_concurrency < 1 or self.batch_size < 1:
@@ -331,69 +360,153 @@ def describe_fields(cls: type, prefix: str) -> list[str]:
 # ---------------------------------------------------------------- validation
 
 
-def _coerce(value: Any, tp: Any, where: str) -> Any:
-    origin = typing.get_origin(tp)
+_OVERRIDE_TEXT: contextvars.ContextVar[dict[str, str]] = contextvars.ContextVar("mmrl_override_text", default={})
+"""``{key: text}`` of the command-line overrides being validated whose value the override grammar read as a number:
+a ``str`` field keeps the text as typed (``trainer.run_name=1.10`` is ``'1.10'``, not ``'1.1'``)."""
+
+
+def _show(value: Any, limit: int = 80) -> str:
+    """``repr(value)`` cut to ``limit`` characters: error messages stay one short line whatever the user passed."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 4] + " ..."
+
+
+def _describe(tp: Any) -> str:
+    """What a value of type annotation ``tp`` looks like, in words (``'an integer or null'``), for error messages."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        kinds = [_describe(a) for a in args if a is not type(None)]
+        return " or ".join(kinds + (["null"] if type(None) in args else []))
+    if origin is typing.Literal:
+        return "one of " + ", ".join(repr(a) for a in args)
+    if origin is tuple and args and args[-1] is not Ellipsis:
+        return f"a list of {len(args)} values"
+    if origin in (list, tuple):
+        return f"a list ({_describe(args[0])} each)" if args and args[0] is not Any else "a list"
+    if origin is dict or tp is dict:
+        return "a mapping {key: value, ...}"
+    if dataclasses.is_dataclass(tp):
+        return f"a mapping of {tp.__name__} fields"
+    words = {bool: "true/false", int: "an integer", float: "a number", str: "a string"}
+    return words.get(tp, getattr(tp, "__name__", str(tp)))
+
+
+def _wrong(value: Any, tp: Any, where: str) -> ConfigError:
+    """The one-line error for ``value`` that is not of type ``tp`` at config key ``where``. A boolean or null given
+    for a text field gets the quoted override that makes it text."""
+    msg = f"{where}: expected {_describe(tp)}, got {_show(value)}"
+    takes_text = tp is str or (typing.get_origin(tp) in (typing.Union, types.UnionType) and str in typing.get_args(tp))
+    if takes_text and (value is None or isinstance(value, bool)) and _KEY.fullmatch(where):
+        text = "null" if value is None else str(value).lower()
+        msg += f"; for the text '{text}' quote it: {quoted_override(where, text)}"
+    return ConfigError(msg)
+
+
+def _coerce_union(value: Any, args: tuple, where: str) -> Any:
+    """``value`` as the first member of a Union that accepts it (null for an Optional); the member's own error when
+    only one member could apply, else one error naming every accepted kind."""
+    if value is None and type(None) in args:
+        return None
+    members = [a for a in args if a is not type(None)]
+    errors = []
+    for a in members:
+        try:
+            return _coerce(value, a, where)
+        except ConfigError as e:
+            errors.append(e)
+    if len(members) == 1 and not str(errors[0]).startswith(f"{where}: expected "):
+        raise errors[0]  # an item or field inside the value is wrong: that error names it
+    raise _wrong(value, typing.Union[args], where)
+
+
+def _coerce_sequence(value: Any, tp: Any, where: str) -> list | tuple:
+    """A list / tuple field: a list whose items are coerced one by one (``where[i]`` names a bad item); a fixed-length
+    tuple type also checks the length."""
+    origin, args = typing.get_origin(tp) or tp, typing.get_args(tp)
+    if not isinstance(value, (list, tuple)):
+        raise _wrong(value, tp, where)
+    if origin is tuple and args and args[-1] is not Ellipsis:
+        if len(args) != len(value):
+            raise ConfigError(f"{where}: expected {len(args)} values, got {_show(list(value))}")
+        return tuple(_coerce(v, a, f"{where}[{i}]") for i, (v, a) in enumerate(zip(value, args)))
+    inner = args[0] if args else Any
+    out = [_coerce(v, inner, f"{where}[{i}]") for i, v in enumerate(value)]
+    return tuple(out) if origin is tuple else out
+
+
+def _coerce_mapping(value: Any, tp: Any, where: str) -> dict:
+    """A dict field: a mapping whose keys and values are coerced to the annotation's key and value types
+    (``where.KEY`` names a bad value). ``dict[str, Any]`` values stay as given: their meaning belongs to the code that
+    reads them (e.g. a reward factory's own arguments), which reports what does not fit."""
+    if not isinstance(value, dict):
+        raise _wrong(value, tp, where)
     args = typing.get_args(tp)
+    key_tp, value_tp = args if len(args) == 2 else (Any, Any)
+    out = {}
+    for k, v in value.items():
+        key = _coerce(k, key_tp, f"{where} (key {_show(k)})")
+        out[key] = _coerce(v, value_tp, f"{where}.{key}")
+    return out
+
+
+def _coerce_scalar(value: Any, tp: type, where: str) -> Any:
+    """bool / int / float / str. Integers are accepted for floats; numbers for strings (as typed on the command line,
+    see :data:`_OVERRIDE_TEXT`); nothing else converts (a bool is not a number, a float is not an integer)."""
+    if tp is bool and isinstance(value, bool):
+        return value
+    if tp is int and isinstance(value, int) and not isinstance(value, bool):
+        return int(value)
+    if tp is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if tp is str:
+        if isinstance(value, str):
+            return str(value)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return _OVERRIDE_TEXT.get().get(where, str(value))
+    raise _wrong(value, tp, where)
+
+
+def _coerce(value: Any, tp: Any, where: str) -> Any:
+    """``value`` checked against (and converted to) the type annotation ``tp`` of config key ``where``; a ConfigError
+    naming the key and what it expects otherwise. Handles bool, int, float, str, Optional / unions, Literal, lists,
+    tuples, dicts and nested config dataclasses; ``Any`` accepts everything."""
+    origin = typing.get_origin(tp)
     if tp is Any:
         return value
     if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        errors = []
-        for a in args:
-            if a is type(None):
-                continue
-            try:
-                return _coerce(value, a, where)
-            except ConfigError as e:
-                errors.append(str(e))
-        raise ConfigError(errors[0] if errors else f"{where}: invalid value {value!r}")
-    if origin in (tuple, list):
-        if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{where}: expected a list, got {value!r}")
-        if origin is tuple and args and args[-1] is not Ellipsis:
-            if len(args) != len(value):
-                raise ConfigError(f"{where}: expected {len(args)} values, got {list(value)!r}")
-            return tuple(_coerce(v, a, f"{where}[{i}]") for i, (v, a) in enumerate(zip(value, args)))
-        inner = args[0] if args else Any
-        out = [_coerce(v, inner, f"{where}[{i}]") for i, v in enumerate(value)]
-        return tuple(out) if origin is tuple else out
-    if origin is dict:
-        if not isinstance(value, dict):
-            raise ConfigError(f"{where}: expected a mapping, got {value!r}")
-        return dict(value)
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        raise ConfigError(f"{where}: expected true/false, got {value!r}")
-    if tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        raise ConfigError(f"{where}: expected an integer, got {value!r}")
-    if tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        raise ConfigError(f"{where}: expected a number, got {value!r}")
-    if tp is str:
-        if isinstance(value, str):
-            return value
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return str(value)
-        raise ConfigError(f"{where}: expected a string, got {value!r}")
+        return _coerce_union(value, typing.get_args(tp), where)
+    if origin is typing.Literal:
+        if value not in typing.get_args(tp):
+            raise _wrong(value, tp, where)
+        return value
+    if origin in (tuple, list) or tp in (tuple, list):
+        return _coerce_sequence(value, tp, where)
+    if origin is dict or tp is dict:
+        return _coerce_mapping(value, tp, where)
+    if tp in (bool, int, float, str):
+        return _coerce_scalar(value, tp, where)
     if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise _wrong(value, tp, where)
         return from_dict(tp, value, where)
+    if isinstance(tp, type) and not isinstance(value, tp):
+        raise _wrong(value, tp, where)
     return value
 
 
 def from_dict(cls: type, data: dict | None, where: str) -> Any:
-    """Build dataclass ``cls`` from a mapping, rejecting unknown keys with the valid ones named."""
-    data = dict(data or {})
+    """Build dataclass ``cls`` from a mapping (None: all defaults), rejecting unknown keys with the valid ones named
+    and values of the wrong type with the key named; then the dataclass's own ``validate()``."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise _wrong(data, cls, where)
     hints = typing.get_type_hints(cls)
     names = [f.name for f in dataclasses.fields(cls)]
     for key in data:
         if key not in names:
             raise ConfigError(
-                f"unknown key '{where}.{key}'{suggest(key, names)}; valid keys of {where}: {', '.join(names)}"
+                f"unknown key '{where}.{key}'{suggest(str(key), names)}; valid keys of {where}: {', '.join(names)}"
             )
     kwargs = {}
     for f in dataclasses.fields(cls):
@@ -504,12 +617,101 @@ def _normalise_override(ov: str) -> str:
     return "++" + ov
 
 
+_KEY = re.compile(r"[A-Za-z_][\w\-]*(\.[\w\-]+)*")
+"""A config key as overrides name it: names of letters, digits, ``_`` and ``-`` joined by dots."""
+
+
+def quoted_override(key: str, text: str) -> str:
+    """The shell word that gives ``key`` the literal text ``text``: quotes for the override parser (double, or single
+    when the text has double quotes) inside quotes for the shell, e.g. ``'trainer.run_name="café"'``."""
+    import shlex
+
+    if '"' not in text:
+        inner = f'"{text}"'
+    elif "'" not in text:
+        inner = f"'{text}'"
+    else:
+        inner = '"' + text.replace('"', '\\"') + '"'
+    return shlex.quote(f"{key}={inner}")
+
+
+def _unparseable(ov: str, reason: str) -> ConfigError:
+    """The one-line error for override ``ov`` whose value the override grammar cannot read (``reason``), or reads as
+    a sweep (``reason == "sweep"``), with the quoted form that passes the value as text."""
+    import shlex
+
+    key, _, value = ov.partition("=")
+    key = key.lstrip("+")
+    quoted = quoted_override(key, value.strip())
+    if not value.isascii():
+        return ConfigError(f"{ov}: a value with non-ASCII characters must be quoted: {quoted}")
+    if reason == "sweep":
+        return ConfigError(f"{ov}: a comma makes a sweep of several runs, which mmrl does not do; for a list write "
+                           f"{shlex.quote(f'{key}=[{value}]')}, for text quote it: {quoted}")
+    return ConfigError(f"{ov}: the value cannot be read ({reason}); if it is text, quote it: {quoted}")
+
+
+@functools.lru_cache(maxsize=1)
+def _override_parser():
+    """Hydra's override parser (built once)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    return OverridesParser.create()
+
+
+def parse_override(ov: str) -> tuple[str, Any]:
+    """``(key, value)`` of one command-line ``key=value``, the value read with Hydra's override grammar as ``mmrl
+    train`` reads it (``3`` an int, ``[a,b]`` a list, ``"a b"`` or ``'x'`` a string, ``null`` None). A leading ``+`` /
+    ``++`` is dropped from the key. ConfigError, naming the override: not ``key=value``, not a config key, a value
+    the grammar cannot read (non-ASCII text, stray brackets, ``=``, ``#`` ... unquoted) or a sweep (``a,b``), each
+    with the quoted form that passes the value as text."""
+    if "=" not in ov:
+        raise ConfigError(f"override '{ov}' is not of the form key=value")
+    key = ov.split("=", 1)[0].lstrip("+")
+    if not _KEY.fullmatch(key):
+        raise ConfigError(f"{ov}: '{key}' is not a config key (names of letters, digits and '_' joined by '.'; "
+                          "`mmrl train --help` lists them)")
+    try:
+        parsed = _override_parser().parse_override("++" + ov.lstrip("+"))
+    except Exception as e:  # noqa: BLE001 - the grammar's errors (HydraException and its parse errors): one line
+        raise _unparseable(ov, (str(e).splitlines() or [type(e).__name__])[0]) from None
+    if parsed.is_sweep_override():
+        raise _unparseable(ov, "sweep")
+    return key, parsed.value()
+
+
+def _number_texts(overrides: list[str]) -> dict[str, str]:
+    """``{key: text}`` of the overrides whose value reads as a number (see :data:`_OVERRIDE_TEXT`)."""
+    texts = {}
+    for ov in overrides:
+        if "=" in ov and ov.split("=", 1)[0] not in CONFIG_GROUPS and not ov.startswith("~"):
+            key, value = parse_override(ov)
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                texts[key] = ov.split("=", 1)[1].strip()
+    return texts
+
+
+def _resolve(conf: Any) -> dict:
+    """The OmegaConf config as a plain dict with interpolations resolved; a ConfigError naming the key whose
+    ``${...}`` cannot be resolved (or any other OmegaConf error) otherwise."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        return OmegaConf.to_container(conf, resolve=True)
+    except OmegaConfBaseException as e:
+        key = getattr(e, "full_key", None)
+        msg = (str(getattr(e, "msg", "") or e).splitlines() or [type(e).__name__])[0]
+        hint = " (text that starts with '${' is written '\\${')" if "Interpolation" in type(e).__name__ else ""
+        raise ConfigError(f"{key + ': ' if key else ''}{msg}{hint}") from None
+
+
 def compose_dict(overrides: list[str] | None = None) -> dict:
-    """Compose the raw config with Hydra and return it as a plain dict."""
+    """Compose the raw config with Hydra and return it as a plain dict. Every override is checked first on its own
+    (:func:`parse_override`, group options), so an error names the override as the user typed it."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import HydraException
-    from omegaconf import OmegaConf
 
     overrides = list(overrides or [])
     for ov in overrides:
@@ -520,42 +722,66 @@ def compose_dict(overrides: list[str] | None = None) -> dict:
             options = group_options(key)
             if value not in options:
                 raise ConfigError(f"unknown {key} '{value}'{suggest(value, options)}; valid choices: {', '.join(options)}")
+        elif not key.startswith("~"):
+            parse_override(ov)
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(configs_dir()), version_base=None):
             cfg = compose("config", overrides=[_normalise_override(o) for o in overrides])
     except HydraException as e:
-        raise ConfigError(str(e).split("\n")[0]) from None
+        raise ConfigError(str(e).split("\n")[0].replace("'++", "'")) from None
     finally:
         GlobalHydra.instance().clear()
-    return OmegaConf.to_container(cfg, resolve=True)
+    return _resolve(cfg)
 
 
-def build_run_config(raw: dict) -> RunConfig:
-    """Validate a composed dict into a :class:`RunConfig`."""
+def _section(raw: dict, key: str) -> dict:
+    """Top-level section ``key`` of a raw config: a mapping (absent or null: empty); ConfigError otherwise."""
+    value = raw.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ConfigError(f"{key}: expected a mapping of {key} fields (set them as {key}.FIELD=VALUE), "
+                          f"got {_show(value)}")
+    return dict(value)
+
+
+def build_run_config(raw: dict, *, texts: dict[str, str] | None = None) -> RunConfig:
+    """Validate a composed dict into a :class:`RunConfig`: every value is checked against its field's type before
+    any of it is used (the task name and model type are registry keys, so they are checked first). ``texts``: the
+    command-line text of overrides that read as numbers (:data:`_OVERRIDE_TEXT`)."""
     from mmrl.models.registry import model_config_class
     from mmrl.tasks import get_task_class
 
-    raw = dict(raw)
+    if not isinstance(raw, dict):
+        raise ConfigError(f"a run config is a mapping of task, model, algo, trainer, reward, checkpoint; "
+                          f"got {_show(raw)}")
     for key in raw:
         if key not in ("task", "model", "algo", "trainer", "reward", "checkpoint"):
             raise ConfigError(f"unknown key '{key}'; valid top-level keys: task, model, algo, trainer, reward, checkpoint")
-    task_raw = dict(raw.get("task") or {})
-    if "name" not in task_raw:
-        raise ConfigError("task.name is missing: select a task with task=<name> (see `mmrl tasks`)")
-    task_cls = get_task_class(task_raw["name"])
-    model_raw = dict(raw.get("model") or {})
-    if "type" not in model_raw:
-        raise ConfigError("model.type is missing: select a model preset with model=<name>")
-    model_cls = model_config_class(model_raw["type"])
-    cfg = RunConfig(
-        task=from_dict(task_cls.config_cls, task_raw, "task"),
-        model=from_dict(model_cls, model_raw, "model"),
-        algo=from_dict(AlgoConfig, raw.get("algo"), "algo"),
-        trainer=from_dict(TrainerConfig, raw.get("trainer"), "trainer"),
-        checkpoint=raw.get("checkpoint"),
-        reward=from_dict(RewardConfig, raw.get("reward"), "reward"),
-    )
+    token = _OVERRIDE_TEXT.set(dict(texts or {}))
+    try:
+        task_raw = _section(raw, "task")
+        if "name" not in task_raw:
+            raise ConfigError("task.name is missing: select a task with task=<name> (see `mmrl tasks`)")
+        try:
+            task_cls = get_task_class(_coerce(task_raw["name"], str, "task.name"))
+        except ConfigError as e:
+            raise ConfigError(str(e) if str(e).startswith("task.name") else f"task.name: {e}") from None
+        model_raw = _section(raw, "model")
+        if "type" not in model_raw:
+            raise ConfigError("model.type is missing: select a model preset with model=<name>")
+        model_cls = model_config_class(_coerce(model_raw["type"], str, "model.type"))
+        cfg = RunConfig(
+            task=from_dict(task_cls.config_cls, task_raw, "task"),
+            model=from_dict(model_cls, model_raw, "model"),
+            algo=from_dict(AlgoConfig, raw.get("algo"), "algo"),
+            trainer=from_dict(TrainerConfig, raw.get("trainer"), "trainer"),
+            checkpoint=_coerce(raw.get("checkpoint"), typing.get_type_hints(RunConfig)["checkpoint"], "checkpoint"),
+            reward=from_dict(RewardConfig, raw.get("reward"), "reward"),
+        )
+    finally:
+        _OVERRIDE_TEXT.reset(token)
     validate_algo(cfg.algo)
     validate_trainer(cfg.trainer)
     validate_sampling(cfg.model)
@@ -564,9 +790,10 @@ def build_run_config(raw: dict) -> RunConfig:
 
 def load_config(overrides: list[str] | None = None) -> RunConfig:
     """Compose ``configs/`` with Hydra-style ``key=value`` overrides and validate it."""
+    overrides = list(overrides or [])
     raw = compose_dict(overrides)
-    _greedy_override_means_one_sample(raw, overrides or [])
-    return build_run_config(raw)
+    _greedy_override_means_one_sample(raw, overrides)
+    return build_run_config(raw, texts=_number_texts(overrides))
 
 
 def _greedy_override_means_one_sample(raw: dict, overrides: list[str]) -> None:
@@ -602,8 +829,9 @@ def trained_with(saved: dict) -> str:
 
 def load_run_config(run_dir: str | Path, overrides: list[str] | None = None) -> RunConfig:
     """The config a run was trained with (``<run_dir>/config.yaml``, written by :func:`save_config`) with command-line
-    ``key=value`` overrides merged on top (OmegaConf dotlist), validated like :func:`load_config` (an unknown key is
-    the usual :class:`ConfigError`). Used by ``mmrl eval checkpoint=<run>`` (docs/evaluation.md).
+    ``key=value`` overrides merged on top (read as ``mmrl train`` reads them, :func:`parse_override`), validated like
+    :func:`load_config` (an unknown key is the usual :class:`ConfigError`). Used by ``mmrl eval checkpoint=<run>``
+    (docs/evaluation.md).
 
     Group selections: ``task=X`` / ``model=Y`` equal to the run's are no-ops; others raise ConfigError naming the
     task and model the run was trained with (its weights belong to that model). ``algo=`` / ``trainer=`` presets
@@ -618,7 +846,7 @@ def load_run_config(run_dir: str | Path, overrides: list[str] | None = None) -> 
         raise FileNotFoundError(f"{path}: {type(e).__name__}") from None
     if not isinstance(saved, dict) or not isinstance(saved.get("task"), dict) or not isinstance(saved.get("model"), dict):
         raise FileNotFoundError(f"{path}: not a run config saved by mmrl")
-    dotlist = []
+    updates = []
     for ov in overrides or []:
         if "=" not in ov:
             raise ConfigError(f"override '{ov}' is not of the form key=value")
@@ -635,12 +863,13 @@ def load_run_config(run_dir: str | Path, overrides: list[str] | None = None) -> 
         if key in CONFIG_GROUPS:
             raise ConfigError(f"'{ov}': a {key} preset cannot be applied on top of the run's saved config; "
                               f"set its fields instead ({key}.FIELD=VALUE)")
-        dotlist.append(f"{key}={value}")
-    try:
-        conf = OmegaConf.create(saved)
-        conf.merge_with_dotlist(dotlist)
-        raw = OmegaConf.to_container(conf, resolve=True)
-    except Exception as e:  # noqa: BLE001 - OmegaConf's grammar / interpolation errors: one line
-        raise ConfigError(f"cannot apply {dotlist} to {path}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+        updates.append((ov, *parse_override(ov)))  # the grammar of `mmrl train`, and its one-line errors
+    conf = OmegaConf.create(saved)
+    for ov, key, value in updates:
+        try:
+            OmegaConf.update(conf, key, value, merge=True, force_add=True)
+        except Exception as e:  # noqa: BLE001 - OmegaConf refuses the update (e.g. a field below a scalar): one line
+            raise ConfigError(f"{ov}: cannot apply it to {path}: {(str(e).splitlines() or [type(e).__name__])[0]}") from None
+    raw = _resolve(conf)
     _greedy_override_means_one_sample(raw, [o.lstrip("+") for o in overrides or []])
-    return build_run_config(raw)
+    return build_run_config(raw, texts=_number_texts([ov for ov, _, _ in updates]))

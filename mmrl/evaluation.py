@@ -53,11 +53,13 @@ def prepare_batch(task: Task, indices: Sequence[int], seeds: Sequence[int], sour
 
 def evaluate_policy(task: Task, policy: Policy, rewards: RewardManager, items: Sequence[dict], *, seed: int,
                     batch_size: int, samples: int = 1, greedy: bool = True,
-                    predictions: list | None = None) -> dict[str, float]:
+                    predictions: list | None = None, progress=None) -> dict[str, float]:
     """Roll out ``samples`` completions (episodes, images) per item in batches of ``batch_size`` items, score them and
     return the ``eval/*`` metrics (module docstring). Runs inside ``policy.evaluation_outputs()``.
 
-    ``predictions``: when a list is given, one row per scored sample is appended to it (:func:`prediction_row`)."""
+    ``predictions``: when a list is given, one row per scored sample is appended to it (:func:`prediction_row`).
+    ``progress``: a :class:`mmrl.progress.PhaseProgress` over the items, advanced per batch with the running mean
+    reward."""
     all_items: list[dict] = []
     all_samples: list = []
     per_fn: dict[str, list] = {}
@@ -70,6 +72,8 @@ def evaluate_policy(task: Task, policy: Policy, rewards: RewardManager, items: S
             batch, sk = prepare_batch(task, idx, [mix_seed(seed, EVAL_SEED_STREAM, i) for i in idx], items)
             skipped += sk
             if not len(batch):
+                if progress is not None:
+                    progress.update(len(idx))
                 continue
             with torch.no_grad():
                 ro = policy.rollout(batch, samples, greedy=greedy).without_probes()
@@ -93,6 +97,8 @@ def evaluate_policy(task: Task, policy: Policy, rewards: RewardManager, items: S
             totals.append(res.total)
             for k, v in res.per_fn.items():
                 per_fn.setdefault(k, []).append(v)
+            if progress is not None:
+                progress.update(len(idx), reward=float(torch.cat(totals).mean()))
     out: dict[str, float] = {"eval/skipped": float(skipped), "eval/n": float(len(all_items))}
     if all_items:
         per_fn_t = {k: torch.cat(v) for k, v in per_fn.items()}
@@ -346,10 +352,8 @@ def evaluate_checkpoint(overrides: list[str]) -> CheckpointEval:
         out_dir = (run_dir if run_dir is not None else ckpt) / "eval" / name
 
     task, rewards, policy, device = build_for_eval(cfg)
-    if hasattr(policy, "min_envs"):  # a VLA policy sizes its env pool for training rollouts; evaluation needs fewer
-        policy.min_envs = max(1, cfg.trainer.batch_size) * max(1, cfg.trainer.eval_samples)
-    if hasattr(task, "output_dir"):  # simulator tasks write their success table and videos beside results.json
-        task.output_dir = out_dir
+    policy.prepare_for_evaluation(max(1, cfg.trainer.batch_size) * max(1, cfg.trainer.eval_samples))
+    task.output_dir = out_dir  # simulator tasks write their success table and videos beside results.json
     try:
         if ckpt is not None:
             _load_weights_or_explain(policy, ckpt, cfg, saved_desc)
@@ -359,12 +363,16 @@ def evaluate_checkpoint(overrides: list[str]) -> CheckpointEval:
         all_items = list(task.eval_items())
         items = all_items[:tr.eval_size] if tr.eval_size is not None else all_items
         predictions: list[dict] = []
-        metrics = evaluate_policy(task, policy, rewards, items, seed=tr.seed, batch_size=tr.batch_size,
-                                  samples=tr.eval_samples, greedy=tr.eval_greedy, predictions=predictions)
+        from mmrl.progress import PhaseProgress
+
+        with PhaseProgress(f"mmrl eval {cfg.task.name}", len(items), unit="item", enabled=tr.progress) as bar:
+            metrics = evaluate_policy(task, policy, rewards, items, seed=tr.seed, batch_size=tr.batch_size,
+                                      samples=tr.eval_samples, greedy=tr.eval_greedy, predictions=predictions,
+                                      progress=bar)
     finally:
         policy.close()
     data = describe_eval_data(cfg.task, len(items), len(all_items))
-    table = getattr(task, "last_eval_table", None)
+    table = task.last_eval_table
     _write_eval_outputs(out_dir, metrics, predictions, cfg, ckpt=ckpt, step=step, run_dir=run_dir,
                         saved_desc=saved_desc, data={"description": data, **data_fingerprint(cfg.task, items)},
                         table=table)
@@ -396,22 +404,28 @@ def _eval_config(checkpoint: str, ckpt: Path, run_dir: Path | None, overrides: l
 
 def _load_weights_or_explain(policy: Policy, ckpt: Path, cfg: Any, saved_desc: str | None) -> None:
     """Load the checkpoint's weights; weights that do not fit the built model are one ConfigError line saying what
-    the checkpoint was trained with (not a list of ~100 weight names)."""
+    the checkpoint was trained with and the first differing weight (not a list of ~100 weight names). A damaged
+    file is reported as damaged (:class:`~mmrl.checkpoint.DamagedCheckpointError`), never as a mismatch."""
+    from mmrl.checkpoint import CheckpointMismatchError
     from mmrl.config import ConfigError
 
     try:
         policy.load_pretrained(ckpt / "pretrained_model")
-    except (ConfigError, KeyboardInterrupt):
+        return
+    except CheckpointMismatchError as e:
+        detail = e.detail
+    except (ConfigError, KeyboardInterrupt):  # DamagedCheckpointError is a ConfigError: damaged stays damaged
         raise
-    except Exception as e:  # noqa: BLE001 - any loader failure here means "this checkpoint is not this model"
-        path = cfg.model.path if getattr(cfg.model, "path", None) not in (None, cfg.model.name) else None
-        model = f"model={cfg.model.name}" + (f" (path {path})" if path else "")
-        if saved_desc:
-            msg = f"checkpoint {ckpt} was trained with {saved_desc}; it does not fit {model}"
-        else:
-            msg = (f"checkpoint {ckpt} (no run config.yaml tells what it was trained with) does not fit "
-                   f"task={cfg.task.name} {model}")
-        raise ConfigError(f"{msg}: {_first_bad_weight(e)}") from None
+    except Exception as e:  # noqa: BLE001 - the files were validated first: a loader failure means "not this model"
+        detail = _first_bad_weight(e)
+    path = cfg.model.path if getattr(cfg.model, "path", None) not in (None, cfg.model.name) else None
+    model = f"model={cfg.model.name}" + (f" (path {path})" if path else "")
+    if saved_desc:
+        msg = f"checkpoint {ckpt} was trained with {saved_desc}; it does not fit {model}"
+    else:
+        msg = (f"checkpoint {ckpt} (no run config.yaml tells what it was trained with) does not fit "
+               f"task={cfg.task.name} {model}")
+    raise ConfigError(f"{msg}: {detail}") from None
 
 
 def _write_eval_outputs(out_dir: Path, metrics: dict, predictions: list[dict], cfg: Any, *, ckpt: Path | None,

@@ -8,20 +8,17 @@ from __future__ import annotations
 
 import logging
 
-__all__ = ["GROUP_RELATIVE_ESTIMATORS", "learning_warnings", "warn_if_cannot_learn"]
+from mmrl.algos.estimators import is_group_relative
+
+__all__ = ["learning_warnings", "warn_if_cannot_learn"]
 
 log = logging.getLogger(__name__)
-
-GROUP_RELATIVE_ESTIMATORS = ("grpo", "drgrpo", "rloo")
-"""Estimators whose baseline is the other samples of the prompt's group (reinforce_pp too, with the group baseline)."""
-
 
 def learning_warnings(cfg) -> list[str]:
     """One message per setting of ``cfg`` (a :class:`~mmrl.config.RunConfig`) under which nothing is learned."""
     algo, tr = cfg.algo, cfg.trainer
     out: list[str] = []
-    group_relative = algo.advantage in GROUP_RELATIVE_ESTIMATORS or (
-        algo.advantage == "reinforce_pp" and algo.reinforce_baseline == "group")
+    group_relative = is_group_relative(algo)  # declared beside each estimator in mmrl/algos/estimators.py
     if algo.group_size == 1 and group_relative and not algo.tgrpo_enabled:
         est = "reinforce_pp with algo.reinforce_baseline=group" if algo.advantage == "reinforce_pp" else algo.advantage
         out.append(f"algo.group_size=1 with algo.advantage={est}: the baseline is the group's own reward, so every "

@@ -10,6 +10,7 @@ import json
 import logging
 import time
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -27,8 +28,9 @@ def sft_targets(task, policy, items: list[dict]) -> list[str | None]:
     return [task.sft_target(it, m) for it, m in zip(items, metas)]
 
 
-def run_sft(trainer, steps: int) -> dict[str, float]:
-    """Run ``steps`` supervised steps on the trainer's policy; returns the last metrics."""
+def run_sft(trainer, steps: int, on_step: Callable[[dict], None] | None = None) -> dict[str, float]:
+    """Run ``steps`` supervised steps on the trainer's policy; returns the last metrics. ``on_step`` is called with
+    each step's metrics (the warm-start progress bar)."""
     cfg = trainer.cfg.trainer
     policy, task = trainer.policy, trainer.task
     if not policy.supports_sft:
@@ -65,4 +67,6 @@ def run_sft(trainer, steps: int) -> dict[str, float]:
         if out_path is not None and trainer.is_main:
             with out_path.open("a") as f:
                 f.write(json.dumps(last) + "\n")
+        if on_step is not None:
+            on_step(last)
     return last

@@ -19,6 +19,7 @@ import json
 import logging
 import math
 import signal
+import sys
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -37,13 +38,26 @@ from mmrl.algos.tgrpo import rollout_temporal_bonus
 from mmrl.policies.base import Policy, PromptBatch, Rollout
 from mmrl.preflight import warn_if_cannot_learn
 from mmrl.rollout.noise import mix_seed
+from mmrl.progress import PhaseProgress, fmt
+from mmrl.run_report import RunReport, start_banner
 from mmrl.tracking import Tracker, plot_metrics
 
 log = logging.getLogger(__name__)
 
 
 class TrainingAborted(RuntimeError):
-    """The run stopped on purpose (too many failures); the message says why and what to change."""
+    """The run stopped on purpose (too many failures); the message says why and what to change.
+
+    ``step_completed``: the step that raised it finished its update (e.g. the non-finite limit is checked after the
+    step's optimizer steps were taken or skipped), so its checkpoint counts that step."""
+
+    def __init__(self, message: str, *, step_completed: bool = False) -> None:
+        super().__init__(message)
+        self.step_completed = step_completed
+
+
+class NothingTrained(RuntimeError):
+    """A run whose steps all ended without an update (every item skipped, every group filtered out)."""
 
 
 @dataclass
@@ -86,6 +100,14 @@ def _lr_lambda(schedule: str, warmup: int, total: int) -> Callable[[int], float]
     return f
 
 
+def _checkpoint_step(path: Path) -> int:
+    """The step of a ``step_NNNNNN`` checkpoint folder (0 when the name does not say)."""
+    try:
+        return int(Path(path).name.rsplit("_", 1)[-1])
+    except ValueError:
+        return 0
+
+
 def check_algo_against_task(algo, reward_names: list[str], task_name: str) -> None:
     """ConfigError for algorithm settings that name something the task does not have (T-GRPO's correctness reward)."""
     if algo.tgrpo_enabled and algo.tgrpo.correct_reward not in reward_names:
@@ -111,6 +133,12 @@ class Trainer:
         self.world = self.accelerator.num_processes
         self.is_main = self.accelerator.is_main_process
         warn_if_cannot_learn(cfg, enabled=self.is_main)  # valid settings that learn nothing (group_size=1, lr=0, ...)
+        if self.is_main:  # a bad run name or an unwritable output folder stops the run before anything is built
+            from mmrl.run_dir import check_run_name, check_writable
+
+            if tr.run_name is not None:
+                check_run_name(tr.run_name, tr.output_dir)
+            check_writable(tr.output_dir)
         torch.manual_seed(tr.seed)
         init_from = None
         if cfg.checkpoint:  # checked before the task and policy are built (demo collection can take minutes)
@@ -119,6 +147,11 @@ class Trainer:
             except FileNotFoundError as e:
                 raise ConfigError(f"checkpoint={cfg.checkpoint}: {e}") from None
 
+        if tr.resume not in ("never", "auto") and Path(tr.resume).exists():
+            try:  # a damaged checkpoint to resume is one line before the task and policy are built
+                resolve_checkpoint(tr.resume)
+            except FileNotFoundError:
+                pass  # setup_run_dir says what trainer.resume takes
         self.task = task = task if task is not None else build_task(cfg)
         # rewards (user files, modules, servers) and the algorithm's needs are checked before the model is loaded
         self.rewards = build_rewards(cfg, task)
@@ -157,10 +190,16 @@ class Trainer:
         self._stop_signal: int | None = None
         self.run_dir: Path | None = None
         self.resumed = False  # set by setup_run_dir: True when the run continues from a checkpoint
-        self._saved_step: int | None = None  # the step of the last checkpoint this process wrote
+        self._saved_step: int | None = None  # the step of the last checkpoint this process wrote (or resumed from)
+        self.updates_done = 0  # steps of this fit() that updated the policy
+        self.stop_reason: str | None = None  # why the run stopped early (saved in the checkpoint's state)
+        self.stop_checkpoint: Path | None = None  # the checkpoint written when it stopped early
+        self.stop_error_log: Path | None = None  # the full traceback of an unexpected error
+        self.rescued = False  # True when the run folder could not be written and the checkpoint went elsewhere
         self.tracker: Tracker | None = None
         self.callbacks: list[Callable[["Trainer", dict], None]] = []
         self.last_eval: dict[str, float] = {}
+        self.report = RunReport()  # what the start banner and the end summary tell a person
 
     def _warn_if_out_of_memory(self) -> None:
         """``mmrl plan``'s verdict for this run on this device, before the model is loaded: a warning with the
@@ -226,10 +265,13 @@ class Trainer:
 
     # ------------------------------------------------------------------ run directory
     def setup_run_dir(self) -> Path:
-        """Create (or resume) the run directory; refuse to overwrite an existing run."""
+        """Create (or resume) the run directory below ``trainer.output_dir``; refuse to overwrite an existing run, to
+        delete a folder mmrl did not create, or to resume a different experiment (:mod:`mmrl.run_dir`)."""
+        from mmrl.run_dir import clear_run_dir, create_run_dir, record_start, run_dir_path
+
         tr = self.cfg.trainer
         name = tr.run_name or f"{self.cfg.task.name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
-        run_dir = Path(tr.output_dir) / name
+        run_dir = run_dir_path(tr.output_dir, name)
         resume_from: Path | None = None
         if tr.resume not in ("never", "auto"):
             try:
@@ -242,21 +284,14 @@ class Trainer:
             run_dir = resume_from.parent.parent
         elif run_dir.exists() and any(run_dir.iterdir()):
             if tr.resume == "auto":
-                resume_from = latest_checkpoint(run_dir)
-                if resume_from is None and self.is_main:
-                    log.warning("trainer.resume=auto: run directory %s has no complete checkpoint to continue; "
-                                "training from step 0 in it", run_dir)
+                resume_from = self._auto_resume_checkpoint(run_dir)
             elif not tr.overwrite:
                 raise ConfigError(
                     f"run directory {run_dir} exists; pass trainer.resume=auto to continue it, "
                     "trainer.overwrite=true to start over, or another trainer.run_name"
                 )
-            else:
-                import shutil
-
-                if self.is_main:
-                    shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
-                    (run_dir / "metrics.jsonl").unlink(missing_ok=True)
+            elif self.is_main:
+                clear_run_dir(run_dir)  # only a folder mmrl created (ConfigError otherwise)
         elif tr.resume == "auto" and self.is_main:
             if tr.run_name:
                 log.info("trainer.resume=auto: no run %s to continue yet; starting it", run_dir)
@@ -264,20 +299,75 @@ class Trainer:
                 log.warning("trainer.resume=auto without trainer.run_name: no run to continue (a run without a name gets a "
                             "new timestamped directory, here %s); to continue a run pass trainer.run_name=<its folder "
                             "name in %s> trainer.resume=auto (or trainer.resume=<its run dir>)", run_dir, tr.output_dir)
+        if resume_from is not None:
+            self._check_same_experiment(run_dir)
         self.accelerator.wait_for_everyone()
         if self.is_main:
-            run_dir.mkdir(parents=True, exist_ok=True)
-            save_config(self.cfg, run_dir / "config.yaml")
+            import yaml
+
+            create_run_dir(run_dir)
+            step = _checkpoint_step(resume_from) if resume_from is not None else 0
+            record_start(run_dir, yaml.safe_dump(to_dict(self.cfg), sort_keys=False), step)
         self.run_dir = run_dir
         wandb_id = None
         self.resumed = resume_from is not None
         if resume_from is not None:
             state = self.load_checkpoint(resume_from)
             wandb_id = state.get("wandb_id")
+            self._saved_step = self.step
         self.tracker = Tracker(run_dir, enabled=self.is_main, tensorboard=tr.tensorboard, wandb=tr.wandb,
                                wandb_project=tr.wandb_project, run_name=name, config=to_dict(self.cfg),
                                resume_step=self.step if resume_from is not None else None, wandb_id=wandb_id)
         return run_dir
+
+    def _auto_resume_checkpoint(self, run_dir: Path) -> Path | None:
+        """``trainer.resume=auto``: the newest complete checkpoint of ``run_dir`` that is not damaged (a damaged newest
+        one is skipped for the previous one, with a warning naming both); None when there is none."""
+        from mmrl.checkpoint import latest_loadable_checkpoint
+
+        found, skipped = latest_loadable_checkpoint(run_dir)
+        if found is None and skipped:  # every checkpoint damaged: never train over them (keep_last would prune them)
+            from mmrl.checkpoint import DamagedCheckpointError
+
+            raise DamagedCheckpointError(skipped[0][0], f"{skipped[0][1]}; every checkpoint of {run_dir} is damaged, "
+                                         "none can be continued (move the run folder away to start over)")
+        if self.is_main:
+            for path, why in skipped:
+                log.warning("trainer.resume=auto: skipping damaged checkpoint %s (%s); %s", path, why,
+                            f"continuing from {found}" if found is not None else "no earlier complete checkpoint")
+            if found is None:
+                log.warning("trainer.resume=auto: run directory %s has no complete checkpoint to continue; "
+                            "training from step 0 in it", run_dir)
+        return found
+
+    def _check_same_experiment(self, run_dir: Path) -> None:
+        """Compare this start's config with the run's saved one before any weight is loaded: keys that make it another
+        experiment stop the resume (one line listing them) unless ``trainer.resume_accept_changes=true``; harmless
+        changes (more steps, logging, eval cadence) are logged."""
+        import yaml
+
+        from mmrl.run_dir import config_changes, describe_changes
+
+        path = run_dir / "config.yaml"
+        try:
+            saved = yaml.safe_load(path.read_text())
+        except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+            raise ConfigError(f"cannot resume {run_dir}: its config.yaml is unreadable or damaged ({type(e).__name__}); "
+                              "mmrl compares it with the new config before loading weights") from None
+        if not isinstance(saved, dict):
+            raise ConfigError(f"cannot resume {run_dir}: {path} is not a run config written by mmrl")
+        significant, harmless = config_changes(saved, to_dict(self.cfg))
+        if harmless and self.is_main:
+            log.info("resuming %s with changed settings: %s", run_dir, describe_changes(harmless, limit=20))
+        if not significant:
+            return
+        if not self.cfg.trainer.resume_accept_changes:
+            raise ConfigError(f"cannot resume {run_dir}: the config differs from the run's in keys that make it another "
+                              f"experiment ({describe_changes(significant)}); undo them, start a new run "
+                              "(another trainer.run_name), or pass trainer.resume_accept_changes=true to continue anyway")
+        if self.is_main:
+            log.warning("resuming %s with trainer.resume_accept_changes=true despite: %s", run_dir,
+                        describe_changes(significant, limit=20))
 
     # ------------------------------------------------------------------ checkpoints
     def trainer_state(self) -> dict:
@@ -286,20 +376,24 @@ class Trainer:
             "skipped_total": self.skipped_total,
             "seen_total": self.seen_total,
             "wandb_id": self.tracker.wandb_id if self.tracker else None,
+            "stop_reason": self.stop_reason,
         }
 
     def save_checkpoint(self) -> Path | None:
         if self.run_dir is None:
             raise RuntimeError("call setup_run_dir() (or fit()) before saving")
         path = None
+        t0 = time.perf_counter()
         self._saved_step = self.step
         if self.cfg.trainer.strategy == "fsdp2":
-            return self._save_sharded_checkpoint()
-        if self.is_main:
-            path = save_checkpoint(self.run_dir, self.step, policy=self.policy, optimizer=self.optimizer,
-                                   scheduler=self.scheduler, state=self.trainer_state(),
-                                   keep_last=self.cfg.trainer.keep_last)
-        self.accelerator.wait_for_everyone()
+            path = self._save_sharded_checkpoint()
+        else:
+            if self.is_main:
+                path = save_checkpoint(self.run_dir, self.step, policy=self.policy, optimizer=self.optimizer,
+                                       scheduler=self.scheduler, state=self.trainer_state(),
+                                       keep_last=self.cfg.trainer.keep_last)
+            self.accelerator.wait_for_everyone()
+        self.report.add_time("checkpoints", time.perf_counter() - t0)
         return path
 
     def _save_sharded_checkpoint(self) -> Path | None:
@@ -328,10 +422,14 @@ class Trainer:
 
     def load_checkpoint(self, path: Path) -> dict:
         """Continue from a checkpoint: the policy's weights, optimizer (single file or sharded, at any world size),
-        scheduler, RNG and data position."""
+        scheduler, RNG and data position. The whole checkpoint is validated first (a damaged file is one
+        DamagedCheckpointError line before the policy is touched); weights for another model are a
+        CheckpointMismatchError."""
+        from mmrl.checkpoint import DamagedCheckpointError, check_checkpoint
         from mmrl.parallel.sharded_checkpoint import SHARDED_DIR, load_sharded_state, rank_rng_file
 
         path = Path(path)
+        check_checkpoint(path)
         sharded_state = path / "training_state" / SHARDED_DIR
         if self.sharded:
             if not sharded_state.exists():
@@ -345,7 +443,11 @@ class Trainer:
         state = load_training_state(path, optimizer=None if sharded_state.exists() else self.optimizer,
                                     scheduler=self.scheduler, rng_file=rank_rng_file(self.rank))
         self.step = state["step"]
-        self.sampler.load_state_dict(state["sampler"])
+        try:
+            self.sampler.load_state_dict(state["sampler"])
+        except (KeyError, TypeError) as e:
+            raise DamagedCheckpointError(path / "training_state" / "state.json",
+                                         f"its data position ('sampler') is missing or malformed ({e!r})") from None
         self.skipped_total = state.get("skipped_total", 0)
         self.seen_total = state.get("seen_total", 0)
         log.info("resumed from %s at step %d", path, self.step)
@@ -365,6 +467,7 @@ class Trainer:
         G = ro.batch_size // max(1, len(batch))
         rep = [batch.items[i] for i in ro.prompt_index.tolist()] if ro.prompt_index is not None else \
             [it for it in batch.items for _ in range(G)]
+        self.rewards.set_progress(self.step, self.cfg.trainer.max_steps)  # TRL's trainer_state.global_step / max_steps
         res = self.rewards([it.get("prompt", "") for it in rep], ro.samples, self.task.reward_columns(rep))
         ro.rewards = res.total
         ro.valid = ro.valid & res.valid
@@ -432,8 +535,7 @@ class Trainer:
             metrics["data/too_long"] = float(too_long_total)  # every resampling round, not only the first
         metrics["data/skipped"] = float(skipped)
         metrics["data/skipped_total"] = float(self.skipped_total)
-        if self.seen_total >= 2 * self.cfg.trainer.batch_size and \
-                self.skipped_total / self.seen_total > self.cfg.trainer.data_skip_threshold:
+        if self.seen_total and self.skipped_total / self.seen_total > self.cfg.trainer.data_skip_threshold:
             raise TrainingAborted(
                 f"{self.skipped_total} of {self.seen_total} data items were skipped (> "
                 f"{self.cfg.trainer.data_skip_threshold:.0%}, trainer.data_skip_threshold); see the warnings above "
@@ -532,7 +634,7 @@ class Trainer:
                 old_logp = recomputed
             if use_gae:
                 ro.values = values
-        elif mode == "rollout":
+        if mode == "rollout":  # not elif: GAE's value pass above must not drop the rollout anchor
             old_logp = ro.rollout_logp
         kl_tok = None
         # a policy with its own KL (e.g. latent-mean KL for diffusion) computes it in log_probs
@@ -548,12 +650,16 @@ class Trainer:
         metrics["response/length"] = float(ro.mask.sum(1).mean())
 
         t0 = time.perf_counter()
+        self._abort_after_step = None
         stats = self._update(ro, mask, adv, returns, old_logp, current_old=(mode == "current"))
+        self.updates_done += 1
         metrics.update(stats)
         metrics["time/update"] = time.perf_counter() - t0
         self.scheduler.step()
         metrics["optim/lr"] = self.scheduler.get_last_lr()[0]
         metrics["time/step"] = time.perf_counter() - t_step
+        if self._abort_after_step:  # the step is complete (optimizer and scheduler stepped): a checkpoint counts it
+            raise TrainingAborted(self._abort_after_step, step_completed=True)
         return metrics
 
     def _update(self, ro: Rollout, mask: Tensor, adv: Tensor, returns: Tensor | None, old_logp: Tensor | None,
@@ -628,7 +734,7 @@ class Trainer:
             self.nonfinite_streak += 1
             log.warning("step %d: non-finite loss or gradient; %d optimizer step(s) skipped", self.step, skipped_steps)
             if self.nonfinite_streak >= tr.max_consecutive_nonfinite:
-                raise TrainingAborted(
+                self._abort_after_step = (
                     f"{self.nonfinite_streak} consecutive steps had non-finite losses or gradients "
                     f"(trainer.max_consecutive_nonfinite={tr.max_consecutive_nonfinite}); lower trainer.lr or check the rewards")
         else:
@@ -644,10 +750,13 @@ class Trainer:
         limit = limit if limit is not None else tr.eval_size
         if limit is not None:
             items = items[:limit]
-        with self._gathered():
+        t0 = time.perf_counter()
+        with self._gathered(), PhaseProgress(f"{self.cfg.task.name} eval", len(items), unit="item",
+                                             enabled=tr.progress and self.is_main) as bar:
             self.last_eval = evaluate_policy(self.task, self.policy, self.rewards, items, seed=tr.seed,
                                              batch_size=tr.batch_size, samples=tr.eval_samples,
-                                             greedy=tr.eval_greedy)
+                                             greedy=tr.eval_greedy, progress=bar)
+        self.report.add_time("evaluation", time.perf_counter() - t0)
         return self.last_eval
 
     # ------------------------------------------------------------------ the loop
@@ -658,24 +767,44 @@ class Trainer:
         log.warning("received %s: finishing the current step, saving a checkpoint and exiting",
                     signal.Signals(signum).name)
 
+    def banner(self) -> str:
+        """The start banner (:func:`mmrl.run_report.start_banner`) of this run."""
+        memory = None
+        if self.accelerator.device.type != "cpu":
+            from mmrl.planning.report import device_memory_gb, run_memory_gb
+
+            memory = run_memory_gb(self.cfg, device_gb=device_memory_gb(self.accelerator.device), world_size=self.world)
+        return start_banner(self.cfg, run_dir=self.run_dir, resumed_step=self.step if self.resumed else None,
+                            device=str(self.accelerator.device), processes=self.world, memory_gb=memory)
+
     def _warm_start(self) -> None:
         """Supervised warm start before RL, with evaluations before and after (logged at step 0)."""
         from mmrl.sft import run_sft
 
         tr = self.cfg.trainer
         before = self.evaluate() if tr.eval_at_end or tr.eval_every else {}
+        self.report.add_eval("start", before)
         t0 = time.perf_counter()
-        sft = run_sft(self, tr.sft_steps)
+        with PhaseProgress(f"{self.cfg.task.name} warm start (SFT)", tr.sft_steps,
+                           enabled=tr.progress and self.is_main) as bar:
+            sft = run_sft(self, tr.sft_steps, on_step=lambda m: bar.update(1, loss=m["sft/loss"]))
+        self.report.add_time("warm start", time.perf_counter() - t0)
         after = self.evaluate() if tr.eval_at_end or tr.eval_every else {}
+        self.report.add_eval("after warm start", after)
         row = {**sft, "time/sft": time.perf_counter() - t0, **after}
         if "eval/score" in before:
             row["sft/eval_score_before"] = before["eval/score"]
         self.tracker.log(row, 0)
-        log.info("warm start: %d SFT steps, eval score %s -> %s", tr.sft_steps, before.get("eval/score"),
-                 after.get("eval/score"))
+        log.info("warm start: %d SFT steps, eval score %s -> %s", tr.sft_steps, fmt(before.get("eval/score")),
+                 fmt(after.get("eval/score")))
 
     def fit(self) -> dict[str, float]:
-        """Train for ``trainer.max_steps`` steps; returns the final metrics (with the last eval)."""
+        """Train for ``trainer.max_steps`` steps; returns the final metrics (with the last eval).
+
+        Any error that stops the run after it trained (a failure threshold, an exception from a reward, env worker or
+        data loader) first writes a complete checkpoint whose state says why (:meth:`_save_after_stop`), then is
+        re-raised; ``stop_reason`` / ``stop_checkpoint`` say what happened. A run whose steps all ended without an
+        update raises :class:`NothingTrained`."""
         tr = self.cfg.trainer
         if self.run_dir is None:
             self.setup_run_dir()
@@ -687,41 +816,58 @@ class Trainer:
             for s in (signal.SIGINT, signal.SIGTERM):
                 previous[s] = signal.signal(s, self._on_signal)
         bar = None
-        if tr.progress and self.is_main:
-            from tqdm.auto import tqdm
-
-            bar = tqdm(total=tr.max_steps, initial=self.step, desc=self.cfg.task.name, dynamic_ncols=True)
         last: dict[str, float] = {}
+        first_step, warm_started = self.step, False
+        self.report.first_step = first_step
+        t_fit = time.perf_counter()
+        if tr.progress and self.is_main:
+            print(self.banner(), file=sys.stderr, flush=True)
         try:
             if tr.sft_steps > 0 and self.step == 0 and not self.resumed:
                 self._warm_start()
+                warm_started = True
                 self.save_checkpoint()  # step 0 = the warm-started weights: a resume never redoes or loses SFT
+            # created after the warm start: its ETA is measured on RL steps only
+            bar = PhaseProgress(f"{self.cfg.task.name} RL", tr.max_steps, initial=self.step,
+                                enabled=tr.progress and self.is_main)
             while self.step < tr.max_steps and self._stop_signal is None:
                 metrics = self.train_step()
                 self.step += 1
+                self.report.add_step(metrics)
                 if tr.eval_every and self.step % tr.eval_every == 0:
                     metrics.update(self.evaluate())
+                    self.report.add_eval(f"step {self.step}", metrics)
                 elif self.step == tr.max_steps and tr.eval_at_end:
                     metrics.update(self.evaluate())
+                    self.report.add_eval(f"step {self.step}", metrics)
                 if self.step % tr.log_every == 0 or self.step == tr.max_steps:
                     self.tracker.log(metrics, self.step)
                 for cb in self.callbacks:
                     cb(self, metrics)
                 last = metrics
-                if bar is not None:
-                    bar.update(1)
-                    post = {"reward": f"{metrics.get('reward/mean', float('nan')):.3f}",
-                            "s/step": f"{metrics.get('time/step', 0):.2f}"}
-                    if "eval/score" in metrics:
-                        post["eval"] = f"{metrics['eval/score']:.3f}"
-                    bar.set_postfix(post)
+                bar.update(1, reward=metrics.get("reward/mean"), **({"eval": metrics["eval/score"]}
+                                                                    if "eval/score" in metrics else {}))
                 if tr.save_every and self.step % tr.save_every == 0 and self.step < tr.max_steps:
                     self.save_checkpoint()
+            if self.step > first_step and not self.updates_done and not warm_started and self._stop_signal is None:
+                self.stop_reason = (f"trained nothing: {self.step - first_step} step(s) ran and none had a usable batch "
+                                    f"({self.skipped_total} of {self.seen_total} data items skipped"
+                                    + (", every group filtered out by algo.filter_groups" if self.cfg.algo.filter_groups
+                                       else "") + "); no checkpoint written")
+                raise NothingTrained(self.stop_reason)
             if self._saved_step != self.step:
-                self.save_checkpoint()
+                self._save_or_rescue("the final save")
+        except (KeyboardInterrupt, NothingTrained):
+            raise
+        except Exception as e:
+            if getattr(e, "step_completed", False):
+                self.step += 1
+            self._save_after_stop(e)
+            raise
         finally:
             if bar is not None:
                 bar.close()
+            self.report.wall_s = time.perf_counter() - t_fit
             for s, h in previous.items():
                 signal.signal(s, h)
             if self.tracker is not None:
@@ -732,3 +878,55 @@ class Trainer:
         if tr.plot and self.is_main:
             plot_metrics(self.run_dir / "metrics.jsonl", self.run_dir / "curves.png", title=self.cfg.task.name)
         return {**last, **self.last_eval}
+
+    def _save_after_stop(self, error: BaseException) -> None:
+        """Before an error leaves :meth:`fit`: record why (``stop_reason``; the traceback of an unexpected error in
+        ``<run>/error.log``) and, when steps were trained since the last checkpoint, write one (falling back to
+        :func:`mmrl.run_dir.rescue_dir` when the run folder cannot be written)."""
+        import traceback
+
+        from mmrl.rewards.manager import RewardError
+        from mmrl.rollout.init_states import InitStateDriftError
+
+        expected = isinstance(error, (TrainingAborted, RewardError, InitStateDriftError, ConfigError))
+        first = (str(error).strip().splitlines() or [""])[0]
+        self.stop_reason = first if expected else f"{type(error).__name__}: {first}".rstrip(": ")
+        if not expected and self.is_main and self.run_dir is not None:
+            try:
+                self.stop_error_log = self.run_dir / "error.log"
+                self.stop_error_log.write_text("".join(traceback.format_exception(error)))
+            except OSError:
+                self.stop_error_log = None
+        if self.step > 0 and self._saved_step != self.step:
+            try:
+                self._save_or_rescue(f"the checkpoint after the stop at step {self.step}")
+            except Exception as save_error:  # noqa: BLE001 - the original error is the one to report
+                log.error("could not save a checkpoint after the stop: %s", save_error)
+        elif self._saved_step == self.step and self.run_dir is not None:
+            from mmrl.checkpoint import latest_checkpoint
+
+            self.stop_checkpoint = latest_checkpoint(self.run_dir)
+
+    def _save_or_rescue(self, what: str) -> Path | None:
+        """:meth:`save_checkpoint`; when the run folder cannot be written (disk full, permission), save the same
+        checkpoint under :func:`mmrl.run_dir.rescue_dir` instead and log both places. Sets ``stop_checkpoint``."""
+        try:
+            self.stop_checkpoint = self.save_checkpoint()
+            return self.stop_checkpoint
+        except OSError as e:
+            if self.sharded or not self.is_main:
+                raise
+            import yaml
+
+            from mmrl.run_dir import create_run_dir, record_start, rescue_dir
+
+            rescue = rescue_dir(self.run_dir.name)
+            log.error("%s could not be written in %s (%s); saving it to %s instead", what, self.run_dir,
+                      e.strerror or type(e).__name__, rescue)
+            create_run_dir(rescue)
+            record_start(rescue, yaml.safe_dump(to_dict(self.cfg), sort_keys=False), self.step)
+            self.stop_checkpoint = save_checkpoint(rescue, self.step, policy=self.policy, optimizer=self.optimizer,
+                                                   scheduler=self.scheduler, state=self.trainer_state(),
+                                                   keep_last=self.cfg.trainer.keep_last)
+            self.rescued = True
+            return self.stop_checkpoint

@@ -7,6 +7,7 @@ overrides when it has something to say (see docs/architecture.md).
 from __future__ import annotations
 
 import abc
+from pathlib import Path
 from typing import Any, ClassVar, Sequence
 
 from mmrl.errors import ConfigError
@@ -31,6 +32,12 @@ class Task(abc.ABC):
     def __init__(self, cfg: Any, run_cfg: Any) -> None:
         self.cfg = cfg
         self.run_cfg = run_cfg
+        self.output_dir: Path | None = None
+        """Where evaluation outputs beyond results.json go (a success table, videos); ``mmrl eval`` sets it to its
+        eval folder. None: the task's default (the run directory). Tasks without such outputs ignore it."""
+        self.last_eval_table: dict | None = None
+        """A per-suite table of the last :meth:`eval_metrics` call (e.g. success per LIBERO suite), which ``mmrl eval``
+        writes and prints; None: the task has none."""
 
     def build_items(self, split: str) -> list[dict]:
         """Records of ``split`` ("train" / "eval"); the default train/eval_items call this once each. A task

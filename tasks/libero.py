@@ -77,7 +77,7 @@ class LiberoConfig(VLASharedConfig):
     """Frames per second of the videos (LIBERO runs at 20 Hz control)."""
 
     def validate(self) -> None:
-        from mmrl.config import ConfigError
+        from mmrl.errors import ConfigError
         from mmrl.simulators.libero_env import (
             INIT_STATES_PER_TASK,
             SUITE_TASKS,
@@ -132,7 +132,7 @@ class LiberoTask(VLATask):
         self._infos: dict[str, Any] = {}
         sft_steps = int(getattr(getattr(run_cfg, "trainer", None), "sft_steps", 0) or 0)
         if sft_steps > 0 and not self._has_demos():
-            from mmrl.config import ConfigError
+            from mmrl.errors import ConfigError
 
             raise ConfigError(f"trainer.sft_steps={sft_steps} needs demos, and LIBERO has no scripted experts: set "
                               "task.demo_hdf5 to the folder of LIBERO's demonstration files, or trainer.sft_steps=0 "

@@ -54,7 +54,7 @@ class MetaWorldConfig(VLASharedConfig):
     """Frames per second of the videos."""
 
     def validate(self) -> None:
-        from mmrl.config import ConfigError
+        from mmrl.errors import ConfigError
         from mmrl.simulators.metaworld_env import MetaWorldConfigError, resolve_tasks, validate_metaworld_args
 
         try:

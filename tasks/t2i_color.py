@@ -56,7 +56,7 @@ class T2IColorConfig:
     """RGB distance under which a pixel counts as the named colour."""
 
     def validate(self) -> None:
-        from mmrl.config import ConfigError
+        from mmrl.errors import ConfigError
         from mmrl.data.synthetic_scenes import PALETTE
 
         bad = [c for c in [*self.colors, *self.backgrounds] if c not in PALETTE]

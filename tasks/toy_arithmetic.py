@@ -36,7 +36,7 @@ class ToyArithmeticConfig:
     def validate(self) -> None:
         bad = set(self.ops) - set(_OPS)
         if bad or not self.ops:
-            from mmrl.config import ConfigError
+            from mmrl.errors import ConfigError
 
             raise ConfigError(f"task.ops: unsupported operations {sorted(bad)}; use some of {''.join(_OPS)}")
 

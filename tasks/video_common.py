@@ -15,7 +15,7 @@ usable rows. Items whose prompt is longer than ``task.max_prompt_chars`` are dro
 """
 from __future__ import annotations
 
-from mmrl.config import ConfigError
+from mmrl.errors import ConfigError
 
 import dataclasses
 import json

@@ -11,7 +11,7 @@ flashes of the square, numeric), or a JSONL file.
 """
 from __future__ import annotations
 
-from mmrl.config import ConfigError
+from mmrl.errors import ConfigError
 
 import functools
 import math

@@ -12,7 +12,7 @@ generic JSONL (docs/tasks/video.md).
 """
 from __future__ import annotations
 
-from mmrl.config import ConfigError
+from mmrl.errors import ConfigError
 
 import math
 import re

@@ -37,7 +37,7 @@ class VLALiftConfig(VLASharedConfig):
     """Frames per second of the videos."""
 
     def validate(self) -> None:
-        from mmrl.config import ConfigError
+        from mmrl.errors import ConfigError
 
         if list(self.tasks) != ["Lift"]:
             raise ConfigError(f"task.tasks: vla_lift supports ['Lift'] (the task with a scripted expert), got {self.tasks}")

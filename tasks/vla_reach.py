@@ -86,7 +86,7 @@ class VLASharedConfig:
     def validate_action_range(self, dims: str) -> None:
         """Check the optional ``action_low`` / ``action_high`` fields of a task config: set together, one value per
         action dimension (``dims`` names them, e.g. ``"dx, dy, dz, grip"``), low below high everywhere."""
-        from mmrl.config import ConfigError
+        from mmrl.errors import ConfigError
 
         low, high = self.action_low, self.action_high
         if (low is None) != (high is None):
@@ -101,7 +101,7 @@ class VLASharedConfig:
 
     def validate_shared(self) -> None:
         """Raise ConfigError on bad shared settings (each task's ``validate`` calls this)."""
-        from mmrl.config import ConfigError
+        from mmrl.errors import ConfigError
 
         if self.eval_init_offset < 0:
             raise ConfigError(f"task.eval_init_offset must be >= 0, got {self.eval_init_offset}")
@@ -135,7 +135,7 @@ class VLAReachConfig(VLASharedConfig):
     """Frames per second of the videos."""
 
     def validate(self) -> None:
-        from mmrl.config import ConfigError
+        from mmrl.errors import ConfigError
 
         if not self.tasks:
             raise ConfigError("task.tasks must list at least one tabletop task")
@@ -163,10 +163,6 @@ class VLATask(Task):
         self._demos: list | None = None
         self.init_state_stats: dict[str, list[int]] = defaultdict(lambda: [0, 0])
         """``"task/init_state" -> [successes, valid episodes]`` over all training rollouts so far."""
-        self.output_dir: Path | None = None
-        """Folder of the evaluation's table and videos (set by ``mmrl eval``); None: the run directory."""
-        self.last_eval_table: dict | None = None
-        """The success table of the last evaluation (:func:`mmrl.success_table.success_table`)."""
 
     # ------------------------------------------------------------------ to override
     def env_names(self) -> list[str]:
@@ -239,7 +235,8 @@ class VLATask(Task):
         arm_dims = [d for d in range(self.action_dim) if d not in self.gripper_dims]
         demos = collect_demos(self.env_names(), n, states, path, env_kwargs=self.env_kwargs(demo=True), subprocess=True,
                               noise_std=self.cfg.demo_noise, noise_dims=arm_dims,
-                              seed=self.cfg.demo_seed)
+                              seed=self.cfg.demo_seed,
+                              progress=bool(self.run_cfg is not None and self.run_cfg.trainer.progress))
         ok = sum(d.success for d in demos)
         log.info("collected %d expert demos (%d successful, %d steps)", len(demos), ok, sum(d.length for d in demos))
         return demos

@@ -177,10 +177,13 @@ def test_too_long_prompt_is_skipped_and_counted(data, tmp_path):
 
 
 def test_every_prompt_too_long_gives_an_empty_step(data, tmp_path):
+    """With no skip limit, a step whose prompts are all too long is empty (counted); a run of only such steps trained
+    nothing, which is an error (exit 1, no checkpoint)."""
     p = run_cli("task=vqa_grounding", "task.data_format=jsonl", f"task.data={data / 'long.jsonl'}",
-                f"task.eval_data={data / 'long_eval.jsonl'}", "model.max_prompt_tokens=20", out=tmp_path)
-    assert p.returncode == 0, p.stderr[-3000:]
-    assert "Traceback" not in p.stderr
+                f"task.eval_data={data / 'long_eval.jsonl'}", "model.max_prompt_tokens=20",
+                "trainer.data_skip_threshold=1.0", out=tmp_path)
+    assert p.returncode == 1, p.stderr[-3000:]
+    assert "Traceback" not in p.stderr and "trained nothing: 1 step(s) ran" in error_line(p.stderr)
     m = metrics(tmp_path / "run")
     assert m["data/too_long"] == 2.0 and m["data/empty_steps"] == 1.0 and m["data/skipped"] == 2.0
     assert m["eval/skipped"] == 2.0 and m["eval/n"] == 0.0

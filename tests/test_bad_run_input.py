@@ -232,3 +232,19 @@ def test_trainer_logs_the_warnings_at_start(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="mmrl"):
         toy_trainer(tmp_path, "trainer.lr=0", steps=1)
     assert any("trainer.lr=0" in r.getMessage() and r.levelno == logging.WARNING for r in caplog.records)
+
+
+def test_group_relativity_is_declared_beside_each_estimator():
+    """The estimator registry itself says which estimators are group-relative (no second list elsewhere): every
+    registered outcome estimator has a declaration or none, and the warnings follow the declaration."""
+    from types import SimpleNamespace
+
+    from mmrl.algos.estimators import GROUP_RELATIVE, is_group_relative
+    from mmrl.algos.registry import ADVANTAGE_ESTIMATORS
+
+    assert set(GROUP_RELATIVE) <= set(ADVANTAGE_ESTIMATORS.names())
+    declared = {n for n in ADVANTAGE_ESTIMATORS.names()
+                if is_group_relative(SimpleNamespace(advantage=n, reinforce_baseline="none"))}
+    assert declared == {"grpo", "drgrpo", "rloo"}
+    assert is_group_relative(SimpleNamespace(advantage="reinforce_pp", reinforce_baseline="group"))
+    assert not is_group_relative(SimpleNamespace(advantage="gae", reinforce_baseline="group"))

@@ -70,17 +70,39 @@ def test_initial_states_are_seeded_per_task_and_index(env):
 
 
 def test_actions_are_sanitised_and_counted(env):
+    """NaN -> 0 and 3.0 -> 1.0 are counted, and the simulator moves exactly as under the clean action (qpos and the
+    hand's mocap target), which itself moves it differently from another in-range action."""
+    from mmrl.simulators.metaworld_env import MetaWorldEnv
+
     env.set_task("reach-v3")
     env.reset(options={"init_state": 0})
     _, _, _, _, info = env.step(np.array([np.nan, 3.0, -0.5, 0.0]))
     assert info["action_clipped"] == 2 and info["action_clipped_total"] == 2
+    dirty = env.raw_env.data
+    clean = MetaWorldEnv("reach-v3", render=False, action_repeat=env.action_repeat, max_steps=env.max_steps)
+    try:
+        clean.reset(options={"init_state": 0})
+        _, _, _, _, info = clean.step(np.array([0.0, 1.0, -0.5, 0.0], dtype=np.float32))
+        assert info["action_clipped"] == 0
+        np.testing.assert_array_equal(dirty.qpos, clean.raw_env.data.qpos)  # the clipped action reached the simulator
+        np.testing.assert_array_equal(dirty.mocap_pos, clean.raw_env.data.mocap_pos)
+        clean.reset(options={"init_state": 0})
+        clean.step(np.array([0.0, 0.5, -0.5, 0.0], dtype=np.float32))
+        assert not np.allclose(dirty.mocap_pos, clean.raw_env.data.mocap_pos)  # qpos does depend on the action
+        assert not np.allclose(dirty.qpos, clean.raw_env.data.qpos)
+    finally:
+        clean.close()
 
 
 def test_metaworld_trainer_steps_from_expert_demos(tmp_path):
-    """The embedded pipeline, cut short: expert demos -> SFT -> 2 GRPO steps; the parameters move, success is a
-    fraction and the demos succeeded."""
+    """The embedded pipeline, cut short: expert demos -> SFT -> 2 GRPO steps. The demos succeed, the RL steps
+    themselves (not only the warm start) move the parameters, every episode trains, and rewards and eval success are
+    fractions of the episodes run."""
+    import math
+
     import torch
 
+    from mmrl.tracking import read_metrics
     from mmrl.trainer import Trainer
 
     tr = Trainer(load_config([
@@ -89,12 +111,33 @@ def test_metaworld_trainer_steps_from_expert_demos(tmp_path):
         "task.eval_videos=0", f"trainer.output_dir={tmp_path}", "trainer.run_name=run", "trainer.max_steps=2",
         "trainer.batch_size=2", "trainer.sft_steps=2", "trainer.sft_batch_size=4", "trainer.eval_every=0",
         "trainer.eval_at_end=true", "trainer.eval_samples=1", "trainer.progress=false", "trainer.tensorboard=false",
-        "trainer.plot=false", "algo.group_size=2", "model.num_workers=1"]))
-    before = {k: v.clone() for k, v in tr.policy.module.state_dict().items()}
+        "trainer.plot=false", "algo.group_size=2", "model.num_workers=1",
+        # 4-step episodes never succeed, so every group is all-fail: the preset's DAPO filter would leave the RL steps
+        # empty (nothing updated) and GRPO advantages are 0; without the filter and with an entropy bonus every RL
+        # step has a gradient through the VLA's log-probs
+        "algo.filter_groups=false", "algo.entropy_coef=0.01"]))
+    snapshots = []
+    warm_start = tr._warm_start
+
+    def snapshot_after_warm_start():
+        warm_start()
+        snapshots.append({k: v.clone() for k, v in tr.policy.module.state_dict().items()})
+
+    tr._warm_start = snapshot_after_warm_start
     final = tr.fit()
     after = tr.policy.module.state_dict()
-    assert any(not torch.equal(before[k], after[k]) for k in before)
-    success = [v for k, v in final.items() if k.startswith("eval/") and "success" in k]
-    assert success and all(0.0 <= v <= 1.0 for v in success), final
+    assert len(snapshots) == 1
+    # the GRPO steps themselves (not only the warm start) moved the parameters
+    assert any(not torch.equal(snapshots[0][k], after[k]) for k in after)
+    rows = read_metrics(tr.run_dir / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [0, 1, 2] and rows[0]["sft/step"] == 2
+    for r in rows[1:]:
+        assert r["update/samples"] == 4.0  # 2 prompts x group 2: no episode was masked
+        assert r["reward/mean"] * 4 == round(r["reward/mean"] * 4)  # binary success over 4 episodes
+        assert r["optim/grad_norm"] > 0 and math.isfinite(r["loss/policy"])
+    # evaluation: one episode per (task, eval init state), success a fraction of those episodes
+    assert final["eval/n"] == 2.0
+    success = {k: v for k, v in final.items() if k.startswith("eval/") and "success" in k}
+    assert success and all(v * 2 == round(v * 2) and 0.0 <= v <= 1.0 for v in success.values()), final
     demos = tr.task.demos()
     assert len(demos) == 4 and sum(d.success for d in demos) >= 3  # 2 per task from the shipped experts

@@ -104,6 +104,13 @@ def test_without_probes_drops_exactly_the_marked_samples():
     assert kept.samples == ["a", "c"] and kept.payload["x"] == [0, 2] and kept.valid.all()
 
 
+def test_evaluation_members_are_declared_on_the_base_classes():
+    t = MinimalTask(SimpleNamespace(), None)
+    assert t.output_dir is None and t.last_eval_table is None
+    p = MinimalPolicy()
+    assert p.prepare_for_evaluation(4) is None  # default: nothing to do
+
+
 def test_task_defaults():
     t = MinimalTask(SimpleNamespace(), None)
     assert list(t.sft_items()) == list(t.train_items()) == [{"prompt": f"train {i}"} for i in range(3)]
@@ -148,9 +155,11 @@ def test_sft_refuses_a_policy_without_supervised_loss():
         run_sft(trainer, 1)
 
 
-def test_trainer_and_sft_reach_policy_and_task_only_through_the_contract():
-    pattern = re.compile(r"(getattr|hasattr)\((self\.)?(policy|task)")
-    for rel in ("mmrl/trainer.py", "mmrl/sft.py"):
+def test_every_consumer_reaches_policy_and_task_only_through_the_contract():
+    """Trainer, SFT, evaluation (train-time and `mmrl eval`) and the CLI (`mmrl collect`) use only what the base
+    classes declare: no probing of a policy or task with getattr / hasattr."""
+    pattern = re.compile(r"(getattr|hasattr)\((self\.)?(policy|task)\b")
+    for rel in ("mmrl/trainer.py", "mmrl/sft.py", "mmrl/evaluation.py", "mmrl/cli.py"):
         hits = [line for line in (ROOT / rel).read_text().splitlines() if pattern.search(line)]
         assert not hits, f"{rel} probes the policy/task outside the contract: {hits}"
 

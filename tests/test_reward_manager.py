@@ -51,15 +51,26 @@ def test_zero_weight_function_is_logged_but_never_masks():
     assert res.valid.all() and res.total.tolist() == [1.0]
 
 
-def test_abort_when_error_rate_exceeds_threshold():
-    m = RewardManager([RewardSpec("f", lambda p, c, **_: [None] * len(c))], error_threshold=0.5, window=32)
-    with pytest.raises(RewardError, match="failed on 100% of the last 32 samples"):
+def test_abort_when_error_rate_exceeds_threshold_names_the_last_cause():
+    def down(p, c, **_):
+        raise ConnectionError("server down")
+
+    m = RewardManager([RewardSpec("f", down)], error_threshold=0.5, window=32)
+    with pytest.raises(RewardError, match="failed on 100% of the last 32 samples.*last cause: it raised "
+                                          "ConnectionError: server down on sample 31"):
         m(["p"] * 32, list(range(32)), {})
+
+
+def test_none_is_no_opinion_and_never_aborts():
+    """TRL's semantics (the old convention counted None as a failure and aborted here)."""
+    m = RewardManager([RewardSpec("f", lambda p, c, **_: [None] * len(c))], error_threshold=0.5, window=32)
+    res = m(["p"] * 32, list(range(32)), {})
+    assert not res.valid.any() and res.metrics["reward/all_none"] == 32 and res.metrics["reward/f/errors"] == 0
 
 
 def test_wrong_length_output_is_a_clear_error():
     m = RewardManager([RewardSpec("f", lambda p, c, **_: [1.0])])
-    with pytest.raises(RewardError, match="returned 1 values for 2 samples"):
+    with pytest.raises(RewardError, match="'f' returned a list of 1 values for 2 samples, expected a list of 2 numbers"):
         m(["p", "q"], [0, 1], {})
 
 

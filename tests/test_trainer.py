@@ -97,18 +97,27 @@ def _with_reward(tr, fn, name="fragile", weight=1.0):
 
 
 def test_failing_reward_samples_are_masked_and_counted(tmp_path):
-    tr = toy_trainer(tmp_path, steps=2)
+    """A reward that raises on the batch is re-run sample by sample; the samples on which it raises or returns NaN
+    are counted exactly and masked: the trainer's update trains on the others only."""
+    tr = toy_trainer(tmp_path, "trainer.reward_error_threshold=1.0", steps=2)
+    calls = []
 
     def fragile(prompts, completions, **_):
         if len(completions) > 1:
             raise RuntimeError("batch failure")
-        return [None if completions[0]["text"].startswith("1") else 0.5]
+        calls.append(completions[0])
+        k = len(calls) % 4  # per-sample calls 1, 5, 9, 13 raise; 2, 6, 10, 14 return NaN; the others 0.5
+        if k == 1:
+            raise ValueError("sample failure")
+        return [math.nan if k == 2 else 0.5]
 
     _with_reward(tr, fragile)
-    tr.cfg.trainer.reward_error_threshold = 1.0
     m = tr.train_step()
-    assert m["reward/fragile/none"] + m["reward/fragile/errors"] >= 0
-    assert m["reward/masked"] == m["reward/fragile/none"]
+    B = tr.cfg.trainer.batch_size * tr.cfg.algo.group_size
+    assert len(calls) == B == 16
+    assert m["reward/fragile/errors"] == 8.0 and m["reward/fragile"] == 0.5
+    assert m["reward/masked"] == 8.0
+    assert m["update/samples"] == B - 8  # the masked samples left the update
     assert math.isfinite(m["loss/policy"])
 
 
@@ -155,12 +164,21 @@ def test_sigterm_writes_a_final_checkpoint(tmp_path):
 def test_bad_items_are_skipped_and_counted_then_abort(tmp_path):
     from mmrl.tasks.base import SkipItem
 
-    tr = toy_trainer(tmp_path, "trainer.data_skip_threshold=0.3", steps=20)
+    tr = toy_trainer(tmp_path, "trainer.data_skip_threshold=0.6", steps=20)
     tr.setup_run_dir()
     real = tr.task.prepare_item
-    tr.task.prepare_item = lambda it: (_ for _ in ()).throw(SkipItem("corrupt")) if it["prompt"].startswith("1") else real(it)
+    prepared = []
+
+    def every_other_is_corrupt(it):
+        prepared.append(it)
+        if len(prepared) % 2:
+            raise SkipItem("corrupt")
+        return real(it)
+
+    tr.task.prepare_item = every_other_is_corrupt
     m = tr.train_step()
-    assert m["data/skipped"] >= 0 and "data/skipped_total" in m
+    assert len(prepared) == 4 and m["data/skipped"] == 2.0 and m["data/skipped_total"] == 2.0
+    assert m["update/samples"] == 2 * tr.cfg.algo.group_size  # only the two good prompts were rolled out
     tr.task.prepare_item = lambda it: (_ for _ in ()).throw(SkipItem("corrupt"))
     with pytest.raises(TrainingAborted, match="data items were skipped"):
         for _ in range(3):

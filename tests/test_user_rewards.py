@@ -81,9 +81,10 @@ def test_replace_drops_the_task_rewards_and_weights_scale(tmp_path, user_file):
     res = tr.rewards(["1+1=", "1+2=", "2+2="], [{"text": "2"}, {"text": "34"}, {"text": ""}],
                      {"answer": ["2", "3", "4"]})
     assert res.total.tolist() == pytest.approx([2 * 0.1 + 0.5 * 1.0, 2 * 0.2 + 0.5 * 0.0, 0.0])
-    assert res.valid.tolist() == [True, True, False]  # None from short_answer masks the empty completion
-    assert res.metrics["reward/mean"] == pytest.approx((0.7 + 0.4) / 2)
-    assert res.metrics["reward/short_answer/none"] == 1 and res.metrics["reward/masked"] == 1
+    # None from short_answer is "no opinion" (TRL): only_answer's 0.0 scores the empty completion, nothing is masked
+    assert res.valid.tolist() == [True, True, True]
+    assert res.metrics["reward/mean"] == pytest.approx((0.7 + 0.4 + 0.0) / 3)
+    assert res.metrics["reward/short_answer/none"] == 1 and res.metrics["reward/masked"] == 0
 
 
 def test_none_masks_and_names_are_unique(tmp_path, user_file):
@@ -91,8 +92,11 @@ def test_none_masks_and_names_are_unique(tmp_path, user_file):
     specs = compose_reward_specs([RewardSpec("none_for_all", lambda p, c, **_: [1.0] * len(c))], cfg)
     assert [s.name for s in specs] == ["none_for_all", "none_for_all_2", "none_for_all_3"]
     res = RewardManager(specs, error_threshold=1.0)(["p", "q"], [{"text": "a"}, {"text": "b"}], {})
-    assert not res.valid.any() and res.metrics["reward/masked"] == 2
+    # the task's function scores every sample: the user's Nones are "no opinion" (TRL), nothing is masked
+    assert res.valid.all() and res.total.tolist() == [1.0, 1.0] and res.metrics["reward/masked"] == 0
     assert res.metrics["reward/none_for_all_2/none"] == 2 and res.metrics["reward/none_for_all_2/errors"] == 0
+    only_nones = RewardManager(specs[1:], error_threshold=1.0)(["p", "q"], [{"text": "a"}, {"text": "b"}], {})
+    assert not only_nones.valid.any() and only_nones.metrics["reward/masked"] == 2  # every function None: masked
 
 
 def test_module_function_spec(tmp_path, monkeypatch):

@@ -13,7 +13,7 @@ not an outcome estimator; :func:`token_advantages` runs it.
 """
 from __future__ import annotations
 
-from typing import Any, Optional, Tuple
+from typing import Any, Callable, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -22,31 +22,65 @@ from .advantages import broadcast_to_tokens, drgrpo, gae, grpo, reinforce_pp, rl
 from .masked import masked_whiten
 from .registry import ADVANTAGE_ESTIMATORS
 
-__all__ = ["CRITIC_ESTIMATOR", "advantage_choices", "fold_kl_into_rewards", "outcome_advantages", "token_advantages"]
+__all__ = ["CRITIC_ESTIMATOR", "GROUP_RELATIVE", "advantage_choices", "fold_kl_into_rewards", "group_relative",
+           "is_group_relative", "outcome_advantages", "token_advantages"]
 
 CRITIC_ESTIMATOR = "gae"
 """The name of the critic-based estimator (token-level; everything else in ``algo.advantage`` is an outcome one)."""
 
 
-@ADVANTAGE_ESTIMATORS.register("grpo")
+GROUP_RELATIVE: dict[str, Callable[[Any], bool]] = {}
+"""Estimator name -> whether, under an algo config, its baseline is the other samples of the prompt's group (then
+``algo.group_size=1`` makes every advantage 0). Declared next to each estimator with :func:`group_relative`."""
+
+
+def group_relative(when: Callable[[Any], bool] = lambda cfg: True):
+    """Declare the decorated estimator group-relative (under the algo configs for which ``when`` is true)."""
+    def decorator(fn):
+        GROUP_RELATIVE[fn.__mmrl_name__] = when
+        return fn
+
+    return decorator
+
+
+def is_group_relative(cfg: Any) -> bool:
+    """True when ``cfg.advantage``'s baseline is the prompt's group (see :data:`GROUP_RELATIVE`)."""
+    when = GROUP_RELATIVE.get(cfg.advantage)
+    return bool(when is not None and when(cfg))
+
+
+def _named(name: str):
+    """Register an outcome estimator under ``name`` and remember the name (for :func:`group_relative`)."""
+    def decorator(fn):
+        fn.__mmrl_name__ = name
+        return ADVANTAGE_ESTIMATORS.register(name)(fn)
+
+    return decorator
+
+
+@group_relative()
+@_named("grpo")
 def grpo_estimator(rewards: Tensor, group_ids: Tensor, valid: Tensor, cfg: Any) -> Tensor:
     """GRPO: ``(r - mean_g) / (std + eps)`` with the std of ``cfg.adv_scale`` (group / batch / none)."""
     return grpo(rewards, group_ids, valid, eps=cfg.adv_eps, scale=cfg.adv_scale)
 
 
-@ADVANTAGE_ESTIMATORS.register("drgrpo")
+@group_relative()
+@_named("drgrpo")
 def drgrpo_estimator(rewards: Tensor, group_ids: Tensor, valid: Tensor, cfg: Any) -> Tensor:
     """Dr.GRPO: ``r - mean_g``."""
     return drgrpo(rewards, group_ids, valid, eps=cfg.adv_eps)
 
 
-@ADVANTAGE_ESTIMATORS.register("rloo")
+@group_relative()
+@_named("rloo")
 def rloo_estimator(rewards: Tensor, group_ids: Tensor, valid: Tensor, cfg: Any) -> Tensor:
     """RLOO: leave-one-out baseline ``r_i - mean of the others``."""
     return rloo(rewards, group_ids, valid)
 
 
-@ADVANTAGE_ESTIMATORS.register("reinforce_pp")
+@group_relative(lambda cfg: cfg.reinforce_baseline == "group")
+@_named("reinforce_pp")
 def reinforce_pp_estimator(rewards: Tensor, group_ids: Tensor, valid: Tensor, cfg: Any) -> Tensor:
     """REINFORCE++: ``r - b`` (``cfg.reinforce_baseline``) whitened over the batch."""
     return reinforce_pp(rewards, group_ids, valid, eps=cfg.adv_eps, baseline=cfg.reinforce_baseline)

@@ -161,6 +161,7 @@ def collect_demos(
     noise_std: float = 0.0,
     noise_dims: Sequence[int] | None = None,
     seed: int = 0,
+    progress: bool = False,
 ) -> list[Demo]:
     """Record ``n_episodes`` expert episodes per env name and optionally save them.
 
@@ -172,9 +173,11 @@ def collect_demos(
     ``default_rng([seed, k, s])``, so a demo set is reproducible and independent of the episode order.
     ``subprocess=True`` runs the envs in a spawned child process:
     a process that later imports torch's GPU stack (triton) must not hold MuJoCo GL contexts (it
-    segfaults), so trainers collect this way.
+    segfaults), so trainers collect this way. ``progress``: a progress display over the episodes
+    (:class:`mmrl.progress.PhaseProgress`, on the same stderr from the child process).
     """
-    opts = {"env_kwargs": env_kwargs, "noise_std": noise_std, "noise_dims": noise_dims, "seed": seed}
+    opts = {"env_kwargs": env_kwargs, "noise_std": noise_std, "noise_dims": noise_dims, "seed": seed,
+            "progress": progress}
     if subprocess:
         import multiprocessing as mp
         from concurrent.futures import ProcessPoolExecutor
@@ -200,17 +203,21 @@ def collect_demos(
     states = list(range(int(n_episodes))) if init_states is None else [int(s) for s in init_states]
     if len(states) != int(n_episodes) or any(s < 0 for s in states):
         raise DemoError(f"collect_demos: need {n_episodes} non-negative init_states, got {states}")
+    from mmrl.progress import PhaseProgress
+
     demos: list[Demo] = []
-    for k, name in enumerate(names):
-        expert = expert_for(name)
-        env = make_env(name, **dict(env_kwargs or {}))
-        try:
-            for s in states:
-                rng = np.random.default_rng([int(seed), k, s]) if noise_std > 0 else None
-                demos.append(run_expert_episode(env, name, s, expert, noise_std=noise_std, noise_dims=noise_dims,
-                                                rng=rng))
-        finally:
-            env.close()
+    with PhaseProgress("expert demos", len(names) * len(states), unit="episode", enabled=progress) as bar:
+        for k, name in enumerate(names):
+            expert = expert_for(name)
+            env = make_env(name, **dict(env_kwargs or {}))
+            try:
+                for s in states:
+                    rng = np.random.default_rng([int(seed), k, s]) if noise_std > 0 else None
+                    demos.append(run_expert_episode(env, name, s, expert, noise_std=noise_std, noise_dims=noise_dims,
+                                                    rng=rng))
+                    bar.update(1, success=sum(d.success for d in demos) / len(demos))
+            finally:
+                env.close()
     if path is not None:
         save_demos(demos, path)
     return demos

@@ -141,22 +141,49 @@ def gradient_sync(module: nn.Module, enabled: bool) -> Iterator[None]:
         module.set_requires_gradient_sync(True)
 
 
+def tied_keys(module: nn.Module) -> list[list[str]]:
+    """Groups (of two or more) of ``module``'s state-dict keys that name one and the same tensor: tied weights such as
+    ``lm_head.weight`` and ``model.embed_tokens.weight`` of a model with tied embeddings. Each group is in state-dict
+    order. Not collective (reads the live, possibly sharded, parameters without gathering them)."""
+    by_tensor: dict[int, list[str]] = {}
+    for key, tensor in module.state_dict(keep_vars=True).items():
+        if isinstance(tensor, torch.Tensor):
+            by_tensor.setdefault(id(tensor), []).append(key)
+    return [keys for keys in by_tensor.values() if len(keys) > 1]
+
+
+def share_tied_tensors(state: dict[str, torch.Tensor], groups: list[list[str]]) -> dict[str, torch.Tensor]:
+    """Make every key of each tied group in ``state`` point to the tensor of the group's first key present, so the
+    gathered copies share storage like the live weights do. ``save_pretrained`` (transformers, PEFT) recognises tied
+    weights by shared storage and writes them once; separately gathered copies of one tensor would be written twice.
+    Keys missing from ``state`` (other ranks, filtered state dicts) are left alone. Modifies and returns ``state``."""
+    for keys in groups:
+        present = [k for k in keys if k in state]
+        for key in present[1:]:
+            state[key] = state[present[0]]
+    return state
+
+
 def full_state_dict(module: nn.Module) -> dict[str, torch.Tensor]:
     """The full (gathered) state dict on CPU; collective when ``module`` is sharded (every rank must call it), and
-    only rank 0 receives the tensors then (other ranks get an empty dict)."""
+    only rank 0 receives the tensors then (other ranks get an empty dict). Tied weights stay tied: their keys map to
+    one tensor (:func:`share_tied_tensors`), as in ``module.state_dict()`` of an unsharded module."""
     if not fsdp_modules([module]):
-        return {k: v.detach().cpu() for k, v in module.state_dict().items()}
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+        full = {k: v.detach().cpu() for k, v in module.state_dict().items()}
+    else:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    return get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        full = get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return share_tied_tensors(full, tied_keys(module))
 
 
 @contextlib.contextmanager
 def full_state_dict_view(module: nn.Module) -> Iterator[bool]:
     """Inside: ``state_dict()`` of ``module`` and of each submodule returns the gathered full tensors (on rank 0), so
-    any ``save_pretrained`` (transformers, PEFT, diffusers, the value head) writes a plain, unsharded folder.
-    Collective: every rank enters; yields True on the rank that holds the tensors (rank 0), which is the one that
-    should write. A no-op (yields True) for an unsharded module."""
+    any ``save_pretrained`` (transformers, PEFT, diffusers, the value head) writes a plain, unsharded folder with the
+    same files and keys as an unsharded save (tied weights share one tensor, so they are written once). Collective:
+    every rank enters; yields True on the rank that holds the tensors (rank 0), which is the one that should write.
+    A no-op (yields True) for an unsharded module."""
     if not fsdp_modules([module]):
         yield True
         return

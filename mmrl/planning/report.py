@@ -66,9 +66,7 @@ class PlanSettings:
 
 def split_plan_overrides(overrides: list[str]) -> tuple[PlanSettings, list[str]]:
     """``plan.*`` overrides -> :class:`PlanSettings` (validated, unknown keys named); the rest unchanged."""
-    import yaml
-
-    from mmrl.config import from_dict
+    from mmrl.config import from_dict, parse_override
 
     raw: dict[str, Any] = {}
     rest = []
@@ -80,7 +78,7 @@ def split_plan_overrides(overrides: list[str]) -> tuple[PlanSettings, list[str]]
             if "=" not in ov or key == "plan":
                 raise ConfigError(f"override '{ov}' is not of the form plan.KEY=value")
             value = ov.split("=", 1)[1]
-            raw[key[len("plan."):]] = yaml.safe_load(value) if value else None
+            raw[key[len("plan."):]] = parse_override(ov)[1] if value else None  # read as `mmrl train` reads values
         else:
             rest.append(ov)
     return from_dict(PlanSettings, raw, "plan"), rest
@@ -390,16 +388,12 @@ _TRAINER_OVERRIDE = {"plan.strategy=fsdp2": "trainer.strategy=fsdp2", "plan.offl
 """The training setting behind a ``plan.*`` suggestion (``plan.offload=optimizer`` alone has none: not offered)."""
 
 
-def start_of_run_warning(cfg, *, device_gb: float | None, world_size: int) -> str | None:
-    """What ``mmrl train`` warns before loading a run that will not fit: the plan of ``cfg`` (its own strategy, offload,
-    world size, AdamW as the trainer builds it: moments in the parameter dtype) against ``device_gb``, with the
-    cheapest changes that fit. None when it fits, when there is no device bound (CPU), or when the run is not
-    modelled (an architecture the planner cannot read: no warning rather than a wrong one)."""
+def _run_plan(cfg, *, device_gb: float, world_size: int) -> tuple[PlanSettings, PlanInputs, dict, MemoryBreakdown] | None:
+    """The plan of ``cfg`` as the trainer will run it (its own strategy, offload, world size, AdamW moments in the
+    parameter dtype) on a ``device_gb`` device; None when the run is not modelled."""
     from mmrl.errors import ConfigError
     from mmrl.planning.architectures import UnknownArchitectureError
 
-    if device_gb is None:
-        return None
     tr = cfg.trainer
     settings = PlanSettings(device_gb=device_gb, world_size=world_size, strategy=tr.strategy, optim="model",
                             offload="params" if tr.strategy == "fsdp2" and tr.fsdp_offload else "none")
@@ -407,7 +401,29 @@ def start_of_run_warning(cfg, *, device_gb: float | None, world_size: int) -> st
         inp, info = plan_inputs(cfg, settings)
     except (UnknownArchitectureError, ConfigError, OSError, ValueError, ImportError):  # e.g. a VLA task's simulator
         return None
-    bd = plan_memory(inp)
+    return settings, inp, info, plan_memory(inp)
+
+
+def run_memory_gb(cfg, *, device_gb: float | None, world_size: int) -> float | None:
+    """The planner's per-device estimate (GiB) of ``cfg`` for the start banner; None on CPU or when not modelled."""
+    if device_gb is None:
+        return None
+    plan = _run_plan(cfg, device_gb=device_gb, world_size=world_size)
+    return plan[3].total / GIB if plan is not None else None
+
+
+def start_of_run_warning(cfg, *, device_gb: float | None, world_size: int) -> str | None:
+    """What ``mmrl train`` warns before loading a run that will not fit: the plan of ``cfg`` (its own strategy, offload,
+    world size, AdamW as the trainer builds it: moments in the parameter dtype) against ``device_gb``, with the
+    cheapest changes that fit. None when it fits, when there is no device bound (CPU), or when the run is not
+    modelled (an architecture the planner cannot read: no warning rather than a wrong one)."""
+    if device_gb is None:
+        return None
+    tr = cfg.trainer
+    plan = _run_plan(cfg, device_gb=device_gb, world_size=world_size)
+    if plan is None:
+        return None
+    _, inp, info, bd = plan
     if bd.fits(inp.device_bytes):
         return None
     sugg = suggest(inp, grad_accum=tr.grad_accum, samples_per_step=info["micro_batch"] * tr.grad_accum,

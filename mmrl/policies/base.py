@@ -323,6 +323,11 @@ class Policy(abc.ABC):
     def close(self) -> None:
         """Release external resources (simulator workers...). Default: nothing to release."""
 
+    def prepare_for_evaluation(self, rollouts_per_call: int) -> None:
+        """Called by ``mmrl eval`` before evaluating: at most ``rollouts_per_call`` samples are rolled out per
+        :meth:`rollout` call, so a policy that sized resources for training batches can size them down (VLA: the
+        env pool). Default: nothing to do."""
+
     _frozen_ref: "FrozenCopyReference | None" = None
     """A full fine-tune's frozen reference copy (None with LoRA: the reference is the model with adapters off)."""
 

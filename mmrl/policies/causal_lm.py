@@ -92,12 +92,12 @@ class CausalLMPolicy(HFTokenPolicy):
         lm.train(was_training)
         texts = self._decode(comp.ids.cpu())
         lengths = comp.mask.sum(1).long().tolist()
-        samples = [
-            {"text": t, "length": n, "truncated": bool(tr)}
-            for t, n, tr in zip(texts, lengths, comp.truncated.tolist())
-        ]
         n = len(rep_ids)
         comp_lists = [comp.ids[i, : lengths[i]].cpu() for i in range(n)]
+        samples = [  # completion_ids: the sampled token ids, what TRL passes its reward functions as completion_ids
+            {"text": t, "length": k, "truncated": bool(tr), "completion_ids": ids.tolist()}
+            for t, k, tr, ids in zip(texts, lengths, comp.truncated.tolist(), comp_lists)
+        ]
         return self._first_rollout_check(Rollout(
             rollout_logp=comp.logp.cpu(),
             mask=comp.mask.cpu(),

@@ -165,11 +165,13 @@ def save_value_head(module: LMWithValueHead, path: Path) -> None:
 
 
 def load_value_head(module: LMWithValueHead, path: Path) -> None:
+    """The value head from ``path/value_head.safetensors`` when both the module and the checkpoint have one (a
+    damaged file or one of another shape is one line)."""
+    from mmrl.checkpoint import load_state_checked, read_safetensors
+
     f = path / "value_head.safetensors"
     if module.value_head is not None and f.exists():
-        from safetensors.torch import load_file
-
-        module.value_head.load_state_dict(load_file(str(f)))
+        load_state_checked(module.value_head, read_safetensors(f), f)
 
 
 class HFTokenPolicy(Policy):
@@ -311,24 +313,28 @@ class HFTokenPolicy(Policy):
         save_value_head(self.module, path)
 
     def load_pretrained(self, path) -> None:
-        """Load exactly what :meth:`save_pretrained` wrote into the live model."""
+        """Load exactly what :meth:`save_pretrained` wrote into the live model. A damaged file is a
+        :class:`~mmrl.checkpoint.DamagedCheckpointError`, weights of another shape or name set a
+        :class:`~mmrl.checkpoint.CheckpointMismatchError` (both one line, nothing half-loaded by a shape error)."""
+        from mmrl.checkpoint import check_state_fits, read_safetensors
+
         path = Path(path)
         lm = self.module.lm
         if is_peft(lm):
-            from peft import set_peft_model_state_dict
-            from safetensors.torch import load_file
+            from peft import get_peft_model_state_dict, set_peft_model_state_dict
 
-            set_peft_model_state_dict(lm, load_file(str(path / "adapter_model.safetensors")))
+            f = path / "adapter_model.safetensors"
+            saved = read_safetensors(f)
+            check_state_fits(get_peft_model_state_dict(lm), saved, f)
+            set_peft_model_state_dict(lm, saved)
         else:
             self._load_full_weights(lm, path)
         load_value_head(self.module, path)
 
     def _load_full_weights(self, lm: nn.Module, path: Path) -> None:
         """Load a full (non-PEFT) checkpoint; strict except for tied output embeddings."""
-        from safetensors.torch import load_file
+        from mmrl.checkpoint import load_state_checked, read_safetensors
 
-        missing, unexpected = lm.load_state_dict(load_file(str(path / "model.safetensors")), strict=False)
         tied = getattr(lm.config, "tie_word_embeddings", False)
-        missing = [m for m in missing if not (tied and m.endswith("lm_head.weight"))]
-        if missing or unexpected:
-            raise RuntimeError(f"checkpoint {path} does not match the model: missing {missing}, unexpected {unexpected}")
+        f = path / "model.safetensors"
+        load_state_checked(lm, read_safetensors(f), f, may_miss=lambda k: tied and k.endswith("lm_head.weight"))

@@ -356,6 +356,10 @@ class VLAPolicy(VLMPolicy):
             for s in slots:
                 self._slot_tasks[s] = name
 
+    def prepare_for_evaluation(self, rollouts_per_call: int) -> None:
+        """Evaluation rolls out fewer episodes per call than training: the env pool is sized for that."""
+        self.min_envs = int(rollouts_per_call)
+
     def close(self) -> None:
         """Stop the env pool's workers (also done at interpreter exit)."""
         if self._pool is not None:

@@ -37,7 +37,6 @@ statistics); they only feed :func:`mmrl.algos.tgrpo.rollout_temporal_bonus`.
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 from dataclasses import dataclass, field
@@ -705,6 +704,8 @@ class VLMPolicy(HFTokenPolicy):
         truncated = comp.truncated.tolist()
         samples = [self._sample_dict(texts[k], lengths[k], bool(truncated[k]), p, shuf)
                    for k, (_, p, shuf) in enumerate(plan)]
+        for k, s in enumerate(samples):  # the sampled token ids, what TRL passes its reward functions as completion_ids
+            s["completion_ids"] = ids[k, : lengths[k]].tolist()
         prompt_index = torch.tensor([i for i, _, _ in plan], dtype=torch.long)
         metrics = {"rollout/truncated_frac": float(comp.truncated.float().mean()), "data/too_long": n_too_long}
         if self.engine is not None:
@@ -754,9 +755,15 @@ class VLMPolicy(HFTokenPolicy):
 
 
 def _safetensors_files(path: Path) -> list[Path]:
+    """The weight files of a saved HF folder (the shards its index lists, or ``model.safetensors``)."""
+    from mmrl.checkpoint import DamagedCheckpointError, read_json
+
     index = path / "model.safetensors.index.json"
     if index.exists():
-        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        weight_map = read_json(index)
+        if not isinstance(weight_map, dict) or not isinstance(weight_map.get("weight_map"), dict):
+            raise DamagedCheckpointError(index, "it has no 'weight_map' (the shard list)")
+        names = sorted(set(map(str, weight_map["weight_map"].values())))
         return [path / n for n in names]
     single = path / "model.safetensors"
     if single.exists():
@@ -775,6 +782,8 @@ def load_hf_weights(lm, path: str | Path) -> None:
     from safetensors import safe_open
     from transformers.core_model_loading import revert_weight_conversion
 
+    from mmrl.checkpoint import CheckpointMismatchError, DamagedCheckpointError, check_safetensors
+
     live = lm.state_dict()
     saved_names = revert_weight_conversion(lm, dict(live))
     by_id: dict[int, str] = {}
@@ -782,26 +791,32 @@ def load_hf_weights(lm, path: str | Path) -> None:
         by_id.setdefault(id(t), k)
     key_map = {sk: by_id[id(t)] for sk, t in saved_names.items() if id(t) in by_id}
     covered: set[int] = set()
-    unexpected = []
+    files = _safetensors_files(Path(path))
+    headers = {f: check_safetensors(f) for f in files}  # every file sound before any weight is copied
+    for f, header in headers.items():  # and every shape fits: a mismatch leaves the live model untouched
+        for sk, (_, shape) in header.items():
+            lk = key_map.get(sk, sk if sk in live else None)
+            if lk is None:
+                raise CheckpointMismatchError(f, f"weight {sk} {shape} is in the checkpoint but not in the model")
+            if shape != tuple(live[lk].shape):
+                raise CheckpointMismatchError(f, f"weight {sk} is {shape} in the checkpoint, {tuple(live[lk].shape)} "
+                                                 f"in the model ({lk})")
     with torch.no_grad():
-        for f in _safetensors_files(Path(path)):
-            with safe_open(str(f), framework="pt") as fh:
-                for sk in fh.keys():
-                    lk = key_map.get(sk, sk if sk in live else None)
-                    if lk is None:
-                        unexpected.append(sk)
-                        continue
-                    target = live[lk]
-                    src = fh.get_tensor(sk)
-                    if src.shape != target.shape:
-                        raise RuntimeError(f"checkpoint {path}: {sk} has shape {tuple(src.shape)}, model {lk} has "
-                                           f"{tuple(target.shape)}")
-                    target.copy_(src)
-                    covered.add(target.data_ptr())
+        for f in files:
+            try:
+                with safe_open(str(f), framework="pt") as fh:
+                    for sk in fh.keys():
+                        target = live[key_map.get(sk, sk)]
+                        target.copy_(fh.get_tensor(sk))
+                        covered.add(target.data_ptr())
+            except Exception as e:  # noqa: BLE001 - the header was sound: the bytes themselves are not
+                first = (str(e).strip().splitlines() or [""])[0][:200]
+                raise DamagedCheckpointError(f, f"it cannot be read as safetensors ({type(e).__name__}: {first})") \
+                    from None
     missing = [k for k, t in live.items() if t.numel() and t.data_ptr() not in covered]  # tied weights share storage
-    if missing or unexpected:
-        raise RuntimeError(f"checkpoint {path} does not match the model: missing {missing[:5]}, "
-                           f"unexpected {unexpected[:5]}")
+    if missing:
+        raise CheckpointMismatchError(path, f"weight {missing[0]} {tuple(live[missing[0]].shape)} of the model is "
+                                            "missing from the checkpoint")
 
 
 # ============================================================================ builder

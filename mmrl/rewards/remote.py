@@ -6,7 +6,7 @@ Protocol (docs/rewards.md): each request is a ``POST`` of a JSON object ::
 
 with the items' columns whose values are all JSON scalars (str, int, float, bool, None; other columns are
 left out). The answer is a JSON object ``{"scores": [number | null, ...]}`` with one entry per completion,
-in order; ``null`` means "no opinion" (masked, like a Python reward returning ``None``).
+in order; ``null`` means "no opinion", like a Python reward returning ``None`` (docs/rewards.md).
 
 A batch is split into chunks of ``batch_size`` samples, at most ``max_concurrency`` requests in flight.
 Each request has a ``timeout_s`` socket timeout and is retried up to ``max_retries`` times with backoff on

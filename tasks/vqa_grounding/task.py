@@ -12,7 +12,7 @@ file or RefCOCO annotations through the loaders of :mod:`mmrl.data`.
 """
 from __future__ import annotations
 
-from mmrl.config import ConfigError
+from mmrl.errors import ConfigError
 
 import json
 import logging

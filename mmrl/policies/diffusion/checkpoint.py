@@ -30,30 +30,31 @@ def save_lora(module: torch.nn.Module, pipe: Any, denoiser_name: str, path: Path
 
 
 def load_lora(module: torch.nn.Module, path: Path) -> None:
-    """Set the LoRA adapters of ``module`` from ``path/adapter_model.safetensors`` (no unexpected keys)."""
-    from peft.utils import set_peft_model_state_dict
-    from safetensors.torch import load_file
+    """Set the LoRA adapters of ``module`` from ``path/adapter_model.safetensors``: names and shapes must match
+    (a damaged file or adapters of another shape are one line, see :mod:`mmrl.checkpoint`)."""
+    from peft.utils import get_peft_model_state_dict, set_peft_model_state_dict
+
+    from mmrl.checkpoint import check_state_fits, read_safetensors
 
     f = path / ADAPTER_FILE
     if not f.exists():
         raise FileNotFoundError(f"{f} not found: not a LoRA checkpoint of a diffusion policy")
-    res = set_peft_model_state_dict(module, load_file(str(f)))
-    unexpected = getattr(res, "unexpected_keys", [])
-    if unexpected:
-        raise RuntimeError(f"checkpoint {path} does not match the LoRA adapters: unexpected {unexpected[:5]}")
+    saved = read_safetensors(f)
+    check_state_fits(get_peft_model_state_dict(module), saved, f)
+    set_peft_model_state_dict(module, saved)
 
 
 def load_denoiser(module: torch.nn.Module, folder: Path) -> None:
     """A fully fine-tuned denoiser from ``folder`` (all ``*.safetensors`` shards, strictly)."""
-    from safetensors.torch import load_file
+    from mmrl.checkpoint import load_state_checked, read_safetensors
 
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"no denoiser weights in {folder}")
     state: dict[str, Tensor] = {}
     for fp in files:
-        state.update(load_file(str(fp)))
-    module.load_state_dict(state, strict=True)
+        state.update(read_safetensors(fp))
+    load_state_checked(module, state, folder)
 
 
 def save_ema(ema: ParamEMA, path: Path) -> None:
@@ -64,10 +65,11 @@ def save_ema(ema: ParamEMA, path: Path) -> None:
 
 def load_ema(ema: ParamEMA, path: Path) -> None:
     """The EMA shadow from ``path/ema.safetensors`` when the checkpoint has one (else left as is)."""
-    from safetensors.torch import load_file
+    from mmrl.checkpoint import check_state_fits, read_safetensors
 
     ema_f = path / EMA_FILE
     if ema_f.exists():
-        saved = load_file(str(ema_f))
+        saved = read_safetensors(ema_f)
+        check_state_fits({f"p{i}": s for i, s in enumerate(ema.shadow)}, saved, ema_f)
         for i, s in enumerate(ema.shadow):
             s.copy_(saved[f"p{i}"].to(s.device, s.dtype))

@@ -1,0 +1,187 @@
+"""Run folders: where a run writes, what it may delete, and the record of every start.
+
+A run folder is ``<trainer.output_dir>/<trainer.run_name>``. The name is a relative path below the output folder
+(``a/b`` is fine); an absolute path, a ``..`` component, an empty or over-long name, or a name the filesystem cannot
+hold is a :class:`~mmrl.errors.ConfigError` before anything is built or written.
+
+mmrl marks every run folder it creates with :data:`RUN_MARKER`; ``trainer.overwrite=true`` deletes a folder only when
+it carries that marker, so a crafted or mistaken name can never delete the output folder, the working directory or
+anything mmrl did not create.
+
+Every start of a run (the first and each resume) leaves its resolved config in ``config_history/`` (see
+:func:`record_start`); ``config.yaml`` is the config of the latest start, the one its newest checkpoint was trained
+with (``mmrl eval`` reads it).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from mmrl.errors import ConfigError
+
+RUN_MARKER = ".mmrl_run"
+"""Written into every run folder mmrl creates; ``trainer.overwrite=true`` deletes only folders that have it."""
+MAX_NAME_CHARS = 200
+"""Longest run name accepted (whole relative path); each component must also fit the filesystem's NAME_MAX."""
+HISTORY_DIR = "config_history"
+
+
+def _name_max(folder: Path) -> int:
+    """The longest file name (bytes) the filesystem of ``folder`` (or its nearest existing parent) holds."""
+    probe = folder
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    try:
+        return os.pathconf(probe, "PC_NAME_MAX")
+    except (OSError, ValueError, AttributeError):
+        return 255
+
+
+def check_run_name(name: str, output_dir: str | Path) -> None:
+    """ConfigError (one line) unless ``name`` is a relative folder name that stays below ``output_dir``."""
+    shown = name if len(name) <= 60 else name[:57] + "..."
+    if not name or not name.strip():
+        raise ConfigError("trainer.run_name is empty; give a folder name below trainer.output_dir (or leave it unset "
+                          "for '<task>-<timestamp>')")
+    if "\x00" in name or any(ord(c) < 32 for c in name):
+        raise ConfigError(f"trainer.run_name={shown!r} holds control characters; use letters, digits, '-', '_', '.', '/'")
+    if os.path.isabs(name) or name.startswith("~"):
+        raise ConfigError(f"trainer.run_name={shown} is an absolute path; a run name is a folder below "
+                          f"trainer.output_dir={output_dir} (to write elsewhere set trainer.output_dir)")
+    parts = Path(name).parts
+    if ".." in parts:
+        raise ConfigError(f"trainer.run_name={shown} has a '..' component: a run folder stays inside "
+                          f"trainer.output_dir={output_dir} (to write elsewhere set trainer.output_dir)")
+    if len(name) > MAX_NAME_CHARS:
+        raise ConfigError(f"trainer.run_name is {len(name)} characters long (at most {MAX_NAME_CHARS}): {shown}")
+    limit = _name_max(Path(output_dir))
+    for part in parts:
+        if len(part.encode("utf-8", "surrogateescape")) > limit:
+            raise ConfigError(f"trainer.run_name: the component {part[:40]!r}... is longer than this filesystem's "
+                              f"{limit}-byte file-name limit")
+    if all(p in (".", "") for p in parts):
+        raise ConfigError(f"trainer.run_name={shown!r} names the output folder itself; give a folder name below it")
+
+
+def run_dir_path(output_dir: str | Path, name: str) -> Path:
+    """``output_dir / name`` after :func:`check_run_name`, refusing a path that resolves outside ``output_dir``
+    (e.g. through a symbolic link)."""
+    check_run_name(name, output_dir)
+    out = Path(output_dir)
+    run_dir = out / name
+    root, target = out.resolve(), run_dir.resolve()
+    if target == root or root not in target.parents:
+        raise ConfigError(f"trainer.run_name={name} resolves to {target}, outside trainer.output_dir={root} "
+                          "(a symbolic link?); choose another name")
+    return run_dir
+
+
+def check_writable(folder: str | Path, what: str = "trainer.output_dir") -> None:
+    """Create ``folder`` if needed and write a probe file in it; ConfigError naming it when that fails."""
+    folder = Path(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".mmrl-write-probe-"):
+            pass
+    except OSError as e:
+        raise ConfigError(f"{what}={folder} is not writable ({e.strerror or type(e).__name__}); choose a folder you can "
+                          f"write to with {what}=PATH") from None
+
+
+def is_mmrl_run(run_dir: Path) -> bool:
+    """True when ``run_dir`` was created by mmrl (it holds :data:`RUN_MARKER`)."""
+    return (Path(run_dir) / RUN_MARKER).is_file()
+
+
+def create_run_dir(run_dir: Path) -> None:
+    """Make ``run_dir`` and mark it as mmrl's (idempotent)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    marker = run_dir / RUN_MARKER
+    if not marker.exists():
+        marker.write_text("created by mmrl; trainer.overwrite=true may delete this folder\n")
+
+
+def clear_run_dir(run_dir: Path) -> None:
+    """``trainer.overwrite=true``: delete a run folder mmrl created; ConfigError for any other folder."""
+    if not is_mmrl_run(run_dir):
+        raise ConfigError(f"trainer.overwrite=true: {run_dir} was not created by mmrl (no {RUN_MARKER} marker); "
+                          "mmrl deletes only its own run folders. Remove it yourself or choose another trainer.run_name")
+    shutil.rmtree(run_dir)
+
+
+def record_start(run_dir: Path, config_yaml: str, step: int) -> Path:
+    """Keep the config of this start: ``config_history/start-NNN-step_SSSSSS.yaml`` (never overwritten) and
+    ``config.yaml`` (the latest start's). Returns the history file."""
+    hist = run_dir / HISTORY_DIR
+    hist.mkdir(exist_ok=True)
+    n = 1 + sum(1 for p in hist.glob("start-*.yaml"))
+    path = hist / f"start-{n:03d}-step_{step:06d}.yaml"
+    path.write_text(config_yaml)
+    (run_dir / "config.yaml").write_text(config_yaml)
+    return path
+
+
+def rescue_dir(run_name: str) -> Path:
+    """Where a checkpoint goes when the run folder cannot be written: ``$MMRL_RESCUE_DIR`` or the system temporary
+    folder, under ``mmrl-rescue/<run name>``."""
+    base = Path(os.environ.get("MMRL_RESCUE_DIR") or tempfile.gettempdir()) / "mmrl-rescue"
+    return base / run_name.replace("/", "__")
+
+
+# ---------------------------------------------------------------- what changed between two starts
+
+HARMLESS_TRAINER_KEYS = frozenset({
+    "max_steps", "eval_every", "eval_at_end", "eval_size", "eval_greedy", "eval_samples", "save_every", "keep_last",
+    "output_dir", "run_name", "resume", "overwrite", "resume_accept_changes", "log_every", "tensorboard", "wandb",
+    "wandb_project", "progress", "plot", "threads", "device", "reward_error_threshold", "reward_error_window",
+    "data_skip_threshold", "max_consecutive_nonfinite", "log_samples_every", "log_samples_max", "sft_steps", "sft_lr",
+    "sft_batch_size", "sft_max_items", "strategy", "fsdp_reshard_after_forward", "fsdp_offload",
+})
+"""Trainer keys a resume may change freely (logged): length, cadence, logging, failure limits, hardware layout.
+The warm-start keys are here because a resumed run never redoes its warm start."""
+
+
+def _flatten(d, prefix: str = "") -> dict:
+    if isinstance(d, dict):
+        out = {}
+        for k, v in d.items():
+            out.update(_flatten(v, f"{prefix}{k}."))
+        return out
+    return {prefix[:-1]: d}
+
+
+def is_harmless_change(key: str) -> bool:
+    """True for a config key whose change keeps a resumed run the same experiment (see :data:`HARMLESS_TRAINER_KEYS`;
+    plus every ``task.eval*`` key and the top-level initial ``checkpoint``, which a resume does not use)."""
+    group, _, field = key.partition(".")
+    if group == "trainer":
+        return field.split(".")[0] in HARMLESS_TRAINER_KEYS
+    if group == "task":
+        return field.startswith("eval")
+    return key == "checkpoint"
+
+
+def config_changes(saved: dict, new: dict) -> tuple[dict, dict]:
+    """``(significant, harmless)``: ``{key: (saved value, new value)}`` for every dotted key that differs between two
+    config dicts (as :func:`mmrl.config.to_dict` writes them); significant changes make it another experiment."""
+    a, b = _flatten(saved), _flatten(new)
+    significant, harmless = {}, {}
+    for key in sorted(set(a) | set(b)):
+        old, cur = a.get(key, "<unset>"), b.get(key, "<unset>")
+        if isinstance(old, tuple):
+            old = list(old)
+        if isinstance(cur, tuple):
+            cur = list(cur)
+        if old != cur:
+            (harmless if is_harmless_change(key) else significant)[key] = (old, cur)
+    return significant, harmless
+
+
+def describe_changes(changes: dict, limit: int = 6) -> str:
+    """``key: old -> new, ...`` (at most ``limit``, then a count) for one-line messages."""
+    items = [f"{k}: {v[0]!r} -> {v[1]!r}" for k, v in list(changes.items())[:limit]]
+    if len(changes) > limit:
+        items.append(f"and {len(changes) - limit} more")
+    return ", ".join(items)

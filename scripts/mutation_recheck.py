@@ -1,0 +1,68 @@
+"""Re-run the surviving mutants of a scripts/mutation.sh run against the current tests (docs/testing.md).
+
+    python scripts/mutation_recheck.py /tmp/mmrl-mutation-algos tests/test_algos_edges.py tests/test_knobs_reach_math.py
+
+Copies the given test files (from this checkout) into the run's ``mutants/`` copy, then runs them once per surviving
+mutant (``MUTANT_UNDER_TEST`` selects the mutant inside mutmut's trampolines, read at every call), all in this one
+process; give the fast, targeted test files first (``-x`` stops at the first failure). Prints
+each mutant as ``killed`` or ``survived`` and the counts; ``--survivors-out FILE`` writes the names still alive.
+Works on a finished or a stopped run (mutants not checked yet are left alone).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+ALIVE = ("survived", "no tests", "timeout", "suspicious")
+
+
+def survivors(run_dir: Path) -> list[str]:
+    out = subprocess.run([str(Path(sys.executable).with_name("mutmut")), "results"], cwd=run_dir, text=True,
+                         capture_output=True, check=True).stdout
+    names = []
+    for line in out.splitlines():
+        name, _, status = line.strip().rpartition(": ")
+        if status in ALIVE:
+            names.append(name)
+    return names
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("run_dir", type=Path)
+    ap.add_argument("tests", nargs="+")
+    ap.add_argument("--survivors-out", type=Path)
+    args = ap.parse_args()
+    mutants = args.run_dir / "mutants"
+    for t in {t.split("::")[0] for t in args.tests}:  # test files, or node ids FILE::TEST
+        shutil.copy2(ROOT / t, mutants / t)
+    for helper in ("tests/fixed_policy.py", "tests/helpers.py", "tests/conftest.py"):
+        shutil.copy2(ROOT / helper, mutants / helper)
+    names = survivors(args.run_dir)
+    # one process: the trampolines read MUTANT_UNDER_TEST at every call, so each pytest.main runs one mutant
+    os.chdir(mutants)
+    sys.path.insert(0, str(mutants))
+    import pytest
+
+    alive = []
+    for name in names:
+        os.environ["MUTANT_UNDER_TEST"] = name
+        rc = int(pytest.main(["-x", "-p", "no:cacheprovider", "-p", "no:terminal", *args.tests]))
+        status = "killed" if rc == 1 else "survived" if rc == 0 else f"error (pytest exit {rc})"
+        if rc == 0:
+            alive.append(name)
+        print(f"{name}: {status}", flush=True)
+    os.environ.pop("MUTANT_UNDER_TEST", None)
+    print(f"rechecked {len(names)}: killed {len(names) - len(alive)}, still alive {len(alive)}")
+    if args.survivors_out:
+        args.survivors_out.write_text("".join(f"{n}\n" for n in alive))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
