@@ -14,12 +14,15 @@ with (``mmrl eval`` reads it).
 """
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import tempfile
 from pathlib import Path
 
 from mmrl.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 RUN_MARKER = ".mmrl_run"
 """Written into every run folder mmrl creates; ``trainer.overwrite=true`` deletes only folders that have it."""
@@ -185,3 +188,51 @@ def describe_changes(changes: dict, limit: int = 6) -> str:
     if len(changes) > limit:
         items.append(f"and {len(changes) - limit} more")
     return ", ".join(items)
+
+
+def check_same_experiment(run_dir: Path, new: dict, *, accept: bool, log_changes: bool = True) -> None:
+    """Compare a resume's config (``new``, as :func:`mmrl.config.to_dict` gives it) with the run's ``config.yaml``
+    before any weight is loaded: keys that make it another experiment are a ConfigError listing them unless
+    ``accept`` (``trainer.resume_accept_changes=true``: logged as a warning); harmless changes are logged."""
+    import yaml
+
+    path = Path(run_dir) / "config.yaml"
+    try:
+        saved = yaml.safe_load(path.read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        raise ConfigError(f"cannot resume {run_dir}: its config.yaml is unreadable or damaged ({type(e).__name__}); "
+                          "mmrl compares it with the new config before loading weights") from None
+    if not isinstance(saved, dict):
+        raise ConfigError(f"cannot resume {run_dir}: {path} is not a run config written by mmrl")
+    significant, harmless = config_changes(saved, new)
+    if harmless and log_changes:
+        log.info("resuming %s with changed settings: %s", run_dir, describe_changes(harmless, limit=20))
+    if not significant:
+        return
+    if not accept:
+        raise ConfigError(f"cannot resume {run_dir}: the config differs from the run's in keys that make it another "
+                          f"experiment ({describe_changes(significant)}); undo them, start a new run "
+                          "(another trainer.run_name), or pass trainer.resume_accept_changes=true to continue anyway")
+    if log_changes:
+        log.warning("resuming %s with trainer.resume_accept_changes=true despite: %s", run_dir,
+                    describe_changes(significant, limit=20))
+
+
+def auto_resume_checkpoint(run_dir: Path, *, warn: bool = True) -> Path | None:
+    """``trainer.resume=auto``: the newest complete checkpoint of ``run_dir`` that is not damaged (a damaged newest one
+    is skipped for the previous one, with a warning naming both); None when there is none. When every checkpoint is
+    damaged, :class:`~mmrl.checkpoint.DamagedCheckpointError`: training over them would prune them."""
+    from mmrl.checkpoint import DamagedCheckpointError, latest_loadable_checkpoint
+
+    found, skipped = latest_loadable_checkpoint(run_dir)
+    if found is None and skipped:
+        raise DamagedCheckpointError(skipped[0][0], f"{skipped[0][1]}; every checkpoint of {run_dir} is damaged, "
+                                     "none can be continued (move the run folder away to start over)")
+    if warn:
+        for path, why in skipped:
+            log.warning("trainer.resume=auto: skipping damaged checkpoint %s (%s); %s", path, why,
+                        f"continuing from {found}" if found is not None else "no earlier complete checkpoint")
+        if found is None:
+            log.warning("trainer.resume=auto: run directory %s has no complete checkpoint to continue; "
+                        "training from step 0 in it", run_dir)
+    return found

@@ -14,7 +14,6 @@ batch.
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import math
@@ -35,6 +34,7 @@ from mmrl.config import ConfigError, RunConfig, load_config, save_config, to_dic
 from mmrl.data.sampler import PromptSampler, shard
 from mmrl.evaluation import build_policy, build_rewards, build_task, evaluate_policy, prepare_batch
 from mmrl.algos.tgrpo import rollout_temporal_bonus
+from mmrl.parallel.data_parallel import DataParallel
 from mmrl.policies.base import Policy, PromptBatch, Rollout
 from mmrl.preflight import warn_if_cannot_learn
 from mmrl.rollout.noise import mix_seed
@@ -129,9 +129,8 @@ class Trainer:
         from accelerate import Accelerator
 
         self.accelerator = accelerator or Accelerator(cpu=(tr.device == "cpu"))
-        self.rank = self.accelerator.process_index
-        self.world = self.accelerator.num_processes
-        self.is_main = self.accelerator.is_main_process
+        self.dp = DataParallel(self.accelerator, tr)  # processes, the policy's wrapping, the loop's collectives
+        self.rank, self.world, self.is_main = self.dp.rank, self.dp.world, self.dp.is_main
         warn_if_cannot_learn(cfg, enabled=self.is_main)  # valid settings that learn nothing (group_size=1, lr=0, ...)
         if self.is_main:  # a bad run name or an unwritable output folder stops the run before anything is built
             from mmrl.run_dir import check_run_name, check_writable
@@ -168,10 +167,9 @@ class Trainer:
 
         self.train_items = list(task.train_items())
         self.sampler = PromptSampler(len(self.train_items), tr.batch_size, tr.seed)
-        self.sharded = False  # True when trainer.strategy=fsdp2 sharded the policy over several processes
-        if self.world > 1:
-            self._wrap_for_data_parallel()
-        elif tr.strategy == "fsdp2" and self.is_main:
+        self.dp.wrap(self.policy, ema=bool(getattr(cfg.model, "ema", False)))
+        self.sharded = self.dp.sharded  # True when trainer.strategy=fsdp2 sharded the policy over several processes
+        if self.world == 1 and tr.strategy == "fsdp2" and self.is_main:
             log.info("trainer.strategy=fsdp2 in one process: nothing to shard; training unsharded, checkpoints in the "
                      "sharded format (loadable at any world size)")
         # built after sharding: FSDP2's optimizer holds the sharded parameters
@@ -210,45 +208,11 @@ class Trainer:
         if msg:
             log.warning(msg)
 
-    def _wrap_for_data_parallel(self) -> None:
-        """``trainer.strategy``: DDP through accelerate, or FSDP2 sharding of every module the policy names."""
-        tr = self.cfg.trainer
-        launched_as = str(self.accelerator.distributed_type).rsplit(".", 1)[-1]
-        if launched_as in ("FSDP", "DEEPSPEED", "MEGATRON_LM"):
-            raise ConfigError(
-                f"accelerate was configured for {launched_as}: mmrl shards the model itself; launch with a plain "
-                "multi-process config (configs/accelerate/ddp.yaml, or torchrun) and choose trainer.strategy=ddp|fsdp2")
-        if tr.strategy == "ddp":
-            self.policy.model = self.accelerator.prepare_model(self.policy.model)
-            return
-        if getattr(self.cfg.model, "ema", False):
-            raise ConfigError("model.ema=true with trainer.strategy=fsdp2 is not supported yet (the EMA copy is not "
-                              "sharded); use trainer.strategy=ddp or model.ema=false")
-        from mmrl.parallel.fsdp import shard_module
-
-        for module in self.policy.shardable_modules():
-            shard_module(module, reshard_after_forward=tr.fsdp_reshard_after_forward, offload=tr.fsdp_offload,
-                         param_dtype=tr.fsdp_param_dtype)
-        self.sharded = True
-
     def _gathered(self, metrics: dict | None = None):
-        """Full parameters for rollouts and evaluation under fsdp2 (no collectives inside); a no-op otherwise."""
-        if not self.sharded:
-            return contextlib.nullcontext()
-        from mmrl.parallel.fsdp import gathered_parameters
-
-        return gathered_parameters(self.policy.model, metrics,
-                                   reshard_after_forward=self.cfg.trainer.fsdp_reshard_after_forward)
+        return self.dp.gathered(metrics)
 
     def _no_sync(self, sync: bool):
-        """Skip the gradient all-reduce / reduce-scatter of micro-batches before the last one of a minibatch."""
-        if self.world == 1 or sync:
-            return contextlib.nullcontext()
-        if self.sharded:
-            from mmrl.parallel.fsdp import gradient_sync
-
-            return gradient_sync(self.policy.model, False)
-        return self.accelerator.no_sync(self.policy.model)
+        return self.dp.no_sync(sync)
 
     @property
     def stopped_by_signal(self) -> int | None:
@@ -267,7 +231,8 @@ class Trainer:
     def setup_run_dir(self) -> Path:
         """Create (or resume) the run directory below ``trainer.output_dir``; refuse to overwrite an existing run, to
         delete a folder mmrl did not create, or to resume a different experiment (:mod:`mmrl.run_dir`)."""
-        from mmrl.run_dir import clear_run_dir, create_run_dir, record_start, run_dir_path
+        from mmrl.run_dir import (auto_resume_checkpoint, check_same_experiment, clear_run_dir, create_run_dir,
+                                  record_start, run_dir_path)
 
         tr = self.cfg.trainer
         name = tr.run_name or f"{self.cfg.task.name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
@@ -284,7 +249,7 @@ class Trainer:
             run_dir = resume_from.parent.parent
         elif run_dir.exists() and any(run_dir.iterdir()):
             if tr.resume == "auto":
-                resume_from = self._auto_resume_checkpoint(run_dir)
+                resume_from = auto_resume_checkpoint(run_dir, warn=self.is_main)
             elif not tr.overwrite:
                 raise ConfigError(
                     f"run directory {run_dir} exists; pass trainer.resume=auto to continue it, "
@@ -299,8 +264,8 @@ class Trainer:
                 log.warning("trainer.resume=auto without trainer.run_name: no run to continue (a run without a name gets a "
                             "new timestamped directory, here %s); to continue a run pass trainer.run_name=<its folder "
                             "name in %s> trainer.resume=auto (or trainer.resume=<its run dir>)", run_dir, tr.output_dir)
-        if resume_from is not None:
-            self._check_same_experiment(run_dir)
+        if resume_from is not None:  # before any weight is loaded
+            check_same_experiment(run_dir, to_dict(self.cfg), accept=tr.resume_accept_changes, log_changes=self.is_main)
         self.accelerator.wait_for_everyone()
         if self.is_main:
             import yaml
@@ -319,55 +284,6 @@ class Trainer:
                                wandb_project=tr.wandb_project, run_name=name, config=to_dict(self.cfg),
                                resume_step=self.step if resume_from is not None else None, wandb_id=wandb_id)
         return run_dir
-
-    def _auto_resume_checkpoint(self, run_dir: Path) -> Path | None:
-        """``trainer.resume=auto``: the newest complete checkpoint of ``run_dir`` that is not damaged (a damaged newest
-        one is skipped for the previous one, with a warning naming both); None when there is none."""
-        from mmrl.checkpoint import latest_loadable_checkpoint
-
-        found, skipped = latest_loadable_checkpoint(run_dir)
-        if found is None and skipped:  # every checkpoint damaged: never train over them (keep_last would prune them)
-            from mmrl.checkpoint import DamagedCheckpointError
-
-            raise DamagedCheckpointError(skipped[0][0], f"{skipped[0][1]}; every checkpoint of {run_dir} is damaged, "
-                                         "none can be continued (move the run folder away to start over)")
-        if self.is_main:
-            for path, why in skipped:
-                log.warning("trainer.resume=auto: skipping damaged checkpoint %s (%s); %s", path, why,
-                            f"continuing from {found}" if found is not None else "no earlier complete checkpoint")
-            if found is None:
-                log.warning("trainer.resume=auto: run directory %s has no complete checkpoint to continue; "
-                            "training from step 0 in it", run_dir)
-        return found
-
-    def _check_same_experiment(self, run_dir: Path) -> None:
-        """Compare this start's config with the run's saved one before any weight is loaded: keys that make it another
-        experiment stop the resume (one line listing them) unless ``trainer.resume_accept_changes=true``; harmless
-        changes (more steps, logging, eval cadence) are logged."""
-        import yaml
-
-        from mmrl.run_dir import config_changes, describe_changes
-
-        path = run_dir / "config.yaml"
-        try:
-            saved = yaml.safe_load(path.read_text())
-        except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
-            raise ConfigError(f"cannot resume {run_dir}: its config.yaml is unreadable or damaged ({type(e).__name__}); "
-                              "mmrl compares it with the new config before loading weights") from None
-        if not isinstance(saved, dict):
-            raise ConfigError(f"cannot resume {run_dir}: {path} is not a run config written by mmrl")
-        significant, harmless = config_changes(saved, to_dict(self.cfg))
-        if harmless and self.is_main:
-            log.info("resuming %s with changed settings: %s", run_dir, describe_changes(harmless, limit=20))
-        if not significant:
-            return
-        if not self.cfg.trainer.resume_accept_changes:
-            raise ConfigError(f"cannot resume {run_dir}: the config differs from the run's in keys that make it another "
-                              f"experiment ({describe_changes(significant)}); undo them, start a new run "
-                              "(another trainer.run_name), or pass trainer.resume_accept_changes=true to continue anyway")
-        if self.is_main:
-            log.warning("resuming %s with trainer.resume_accept_changes=true despite: %s", run_dir,
-                        describe_changes(significant, limit=20))
 
     # ------------------------------------------------------------------ checkpoints
     def trainer_state(self) -> dict:
@@ -558,10 +474,7 @@ class Trainer:
         return [c for c in torch.tensor_split(idx, k)]
 
     def _all_reduce_sum(self, x: float) -> float:
-        if self.world == 1:
-            return x
-        t = torch.tensor([x], dtype=torch.float64, device=self.accelerator.device)
-        return float(self.accelerator.reduce(t, reduction="sum").item())
+        return self.dp.all_reduce_sum(x)
 
     def _no_grad_pass(self, ro: Rollout, *, values: bool, reference: bool = False) -> tuple[Tensor, Tensor | None]:
         """Log-probs (and values) of every sample without gradient, in micro-batches."""
