@@ -55,10 +55,10 @@ from pathlib import Path
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from _stats import spread  # noqa: E402
+
 from mmrl.data.video import VideoSamplingConfig  # noqa: E402
 from mmrl.data.video_cache import VideoFrameCache  # noqa: E402
-
-from _stats import spread  # noqa: E402
 
 DROP_CACHES = Path("/proc/sys/vm/drop_caches")
 

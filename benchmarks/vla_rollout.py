@@ -56,7 +56,6 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import numpy as np  # noqa: E402
 
-
 # ============================================================================ policy
 
 

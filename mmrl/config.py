@@ -317,7 +317,7 @@ class RunConfig:
 
 # ---------------------------------------------------------------- field docs
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def field_docs(cls: type) -> dict[str, str]:
     """Attribute docstrings (the string literal under each field) of a dataclass and its bases."""
     docs: dict[str, str] = {}
@@ -360,7 +360,7 @@ def describe_fields(cls: type, prefix: str) -> list[str]:
 # ---------------------------------------------------------------- validation
 
 
-_OVERRIDE_TEXT: contextvars.ContextVar[dict[str, str]] = contextvars.ContextVar("mmrl_override_text", default={})
+_OVERRIDE_TEXT: contextvars.ContextVar[dict[str, str]] = contextvars.ContextVar("mmrl_override_text", default={})  # noqa: B039 - never mutated, only replaced
 """``{key: text}`` of the command-line overrides being validated whose value the override grammar read as a number:
 a ``str`` field keeps the text as typed (``trainer.run_name=1.10`` is ``'1.10'``, not ``'1.1'``)."""
 
@@ -416,7 +416,7 @@ def _coerce_union(value: Any, args: tuple, where: str) -> Any:
             errors.append(e)
     if len(members) == 1 and not str(errors[0]).startswith(f"{where}: expected "):
         raise errors[0]  # an item or field inside the value is wrong: that error names it
-    raise _wrong(value, typing.Union[args], where)
+    raise _wrong(value, typing.Union[args], where)  # noqa: UP007 - a union built from a tuple
 
 
 def _coerce_sequence(value: Any, tp: Any, where: str) -> list | tuple:

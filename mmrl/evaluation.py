@@ -17,7 +17,7 @@ import json
 import logging
 import math
 import re
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -446,7 +446,7 @@ def _write_eval_outputs(out_dir: Path, metrics: dict, predictions: list[dict], c
         "eval_name": out_dir.name,
         "data": data,
         "samples": len(predictions),
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "created": datetime.now(UTC).isoformat(timespec="seconds"),
         "config": to_dict(cfg),
     }
     out_dir.mkdir(parents=True, exist_ok=True)

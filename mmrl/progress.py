@@ -120,7 +120,7 @@ class PhaseProgress:
             self._line()
         self.enabled = False
 
-    def __enter__(self) -> "PhaseProgress":
+    def __enter__(self) -> PhaseProgress:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -16,8 +16,8 @@ import torch
 
 from mmrl.config import ConfigError
 from mmrl.data.sampler import PromptSampler
-from mmrl.policies.base import PromptBatch
 from mmrl.evaluation import prepare_batch
+from mmrl.policies.base import PromptBatch
 
 log = logging.getLogger(__name__)
 

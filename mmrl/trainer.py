@@ -29,16 +29,16 @@ import torch
 from torch import Tensor
 
 from mmrl import algos
-from mmrl.checkpoint import latest_checkpoint, load_training_state, resolve_checkpoint, save_checkpoint
-from mmrl.config import ConfigError, RunConfig, load_config, save_config, to_dict
+from mmrl.algos.tgrpo import rollout_temporal_bonus
+from mmrl.checkpoint import load_training_state, resolve_checkpoint, save_checkpoint
+from mmrl.config import ConfigError, RunConfig, load_config, to_dict
 from mmrl.data.sampler import PromptSampler, shard
 from mmrl.evaluation import build_policy, build_rewards, build_task, evaluate_policy, prepare_batch
-from mmrl.algos.tgrpo import rollout_temporal_bonus
 from mmrl.parallel.data_parallel import DataParallel
 from mmrl.policies.base import Policy, PromptBatch, Rollout
 from mmrl.preflight import warn_if_cannot_learn
-from mmrl.rollout.noise import mix_seed
 from mmrl.progress import PhaseProgress, fmt
+from mmrl.rollout.noise import mix_seed
 from mmrl.run_report import RunReport, start_banner
 from mmrl.tracking import Tracker, plot_metrics
 
@@ -195,7 +195,7 @@ class Trainer:
         self.stop_error_log: Path | None = None  # the full traceback of an unexpected error
         self.rescued = False  # True when the run folder could not be written and the checkpoint went elsewhere
         self.tracker: Tracker | None = None
-        self.callbacks: list[Callable[["Trainer", dict], None]] = []
+        self.callbacks: list[Callable[[Trainer, dict], None]] = []
         self.last_eval: dict[str, float] = {}
         self.report = RunReport()  # what the start banner and the end summary tell a person
 
@@ -221,7 +221,7 @@ class Trainer:
 
     # ------------------------------------------------------------------ construction
     @classmethod
-    def from_config(cls, cfg: RunConfig | list[str] | None = None, **kw) -> "Trainer":
+    def from_config(cls, cfg: RunConfig | list[str] | None = None, **kw) -> Trainer:
         """Build from a :class:`RunConfig` or a list of ``key=value`` overrides."""
         if cfg is None or isinstance(cfg, list):
             cfg = load_config(cfg or [])
@@ -231,8 +231,14 @@ class Trainer:
     def setup_run_dir(self) -> Path:
         """Create (or resume) the run directory below ``trainer.output_dir``; refuse to overwrite an existing run, to
         delete a folder mmrl did not create, or to resume a different experiment (:mod:`mmrl.run_dir`)."""
-        from mmrl.run_dir import (auto_resume_checkpoint, check_same_experiment, clear_run_dir, create_run_dir,
-                                  record_start, run_dir_path)
+        from mmrl.run_dir import (
+            auto_resume_checkpoint,
+            check_same_experiment,
+            clear_run_dir,
+            create_run_dir,
+            record_start,
+            run_dir_path,
+        )
 
         tr = self.cfg.trainer
         name = tr.run_name or f"{self.cfg.task.name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"

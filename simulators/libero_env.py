@@ -37,8 +37,8 @@ from typing import Any
 import numpy as np
 
 from .common import seeded_global_numpy, state_fingerprint
-from .rendering import select_backend
 from .episode import EpisodeCounter, instability_counts, sanitize_action, sim_blew_up
+from .rendering import select_backend
 from .tabletop.env import INSTRUCTION_CHARSET
 
 LIBERO_SEED = 6170

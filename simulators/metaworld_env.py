@@ -31,8 +31,8 @@ from typing import Any
 import numpy as np
 
 from .common import resolve_init_state, seed_parts, state_fingerprint
-from .rendering import create_renderer, fast_visual_settings, select_backend
 from .episode import EpisodeCounter, EpisodeOverError, instability_counts, sanitize_action, sim_blew_up
+from .rendering import create_renderer, fast_visual_settings, select_backend
 from .tabletop.env import INSTRUCTION_CHARSET
 
 METAWORLD_SEED = 5080
@@ -157,7 +157,7 @@ class _SharedRenderer:
     compiled from the same MJCF, so a renderer built on one of them draws any of them from its ``MjData``
     (``mjv_updateScene`` reads poses from the data). Reference-counted: freed with the last env using it."""
 
-    _cache: dict[tuple[str, str, int], "_SharedRenderer"] = {}
+    _cache: dict[tuple[str, str, int], _SharedRenderer] = {}
 
     def __init__(self, key: tuple[str, str, int], model: Any, data: Any, backend: str | None) -> None:
         import mujoco
@@ -175,7 +175,7 @@ class _SharedRenderer:
 
     @classmethod
     def acquire(cls, task: str, camera: str, size: int, model: Any, data: Any,
-                backend: str | None) -> "_SharedRenderer":
+                backend: str | None) -> _SharedRenderer:
         key = (task, camera, int(size))
         shared = cls._cache.get(key)
         if shared is None:

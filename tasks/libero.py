@@ -257,7 +257,7 @@ def read_libero_hdf5(path: str | Path, env_name: str, instruction: str, *, max_d
                 agent = np.asarray(g["obs"]["agentview_rgb"])
                 wrist = np.asarray(g["obs"]["eye_in_hand_rgb"])
             except KeyError as e:
-                raise DemoError(f"{path}: {key} lacks {e} (needs actions, obs/agentview_rgb, obs/eye_in_hand_rgb)")
+                raise DemoError(f"{path}: {key} lacks {e} (needs actions, obs/agentview_rgb, obs/eye_in_hand_rgb)") from None
             if actions.ndim != 2 or actions.shape[1] != 7 or len(agent) != len(actions) or len(wrist) != len(actions):
                 raise DemoError(f"{path}: {key} has actions {actions.shape}, agentview {agent.shape}, wrist "
                                 f"{wrist.shape}; expected [T, 7] and T images each")

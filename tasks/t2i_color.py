@@ -19,8 +19,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from mmrl.rewards.manager import RewardSpec
 from mmrl.policies.base import PolicySpec
+from mmrl.rewards.manager import RewardSpec
 from mmrl.tasks.base import Task
 
 log = logging.getLogger(__name__)
@@ -56,8 +56,8 @@ class T2IColorConfig:
     """RGB distance under which a pixel counts as the named colour."""
 
     def validate(self) -> None:
-        from mmrl.errors import ConfigError
         from mmrl.data.synthetic_scenes import PALETTE
+        from mmrl.errors import ConfigError
 
         bad = [c for c in [*self.colors, *self.backgrounds] if c not in PALETTE]
         if bad:

@@ -8,8 +8,8 @@ from __future__ import annotations
 import operator
 from dataclasses import dataclass
 
-from mmrl.rewards.manager import RewardSpec
 from mmrl.policies.base import PolicySpec
+from mmrl.rewards.manager import RewardSpec
 from mmrl.tasks.base import Task
 
 _OPS = {"+": operator.add, "-": operator.sub, "*": operator.mul}

@@ -15,8 +15,6 @@ usable rows. Items whose prompt is longer than ``task.max_prompt_chars`` are dro
 """
 from __future__ import annotations
 
-from mmrl.errors import ConfigError
-
 import dataclasses
 import json
 import logging
@@ -26,6 +24,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from mmrl.data.video import VideoSamplingBaseConfig, VideoSamplingConfig
+from mmrl.errors import ConfigError
 from mmrl.tasks.base import SkipItem, Task
 
 __all__ = [

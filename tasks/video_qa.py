@@ -11,14 +11,13 @@ flashes of the square, numeric), or a JSONL file.
 """
 from __future__ import annotations
 
-from mmrl.errors import ConfigError
-
 import functools
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from mmrl.errors import ConfigError
 from mmrl.rewards.manager import RewardSpec
 from mmrl.tasks.video_common import (
     AnnotationError,

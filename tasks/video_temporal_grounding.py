@@ -12,14 +12,13 @@ generic JSONL (docs/tasks/video.md).
 """
 from __future__ import annotations
 
-from mmrl.errors import ConfigError
-
 import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from mmrl.errors import ConfigError
 from mmrl.rewards.manager import RewardSpec
 from mmrl.tasks.base import SkipItem
 from mmrl.tasks.video_common import (

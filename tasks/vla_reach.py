@@ -20,9 +20,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from mmrl.policies.base import PolicySpec
 from mmrl.rewards.manager import RewardSpec
 from mmrl.rollout.init_states import init_state_key
-from mmrl.policies.base import PolicySpec
 from mmrl.success_table import markdown_table, success_table
 from mmrl.tasks.base import Task
 

@@ -4,6 +4,21 @@ Every function takes and returns torch tensors, is vectorised over samples and t
 NaN-free on edge cases (empty masks, groups of one, all-equal groups). Algorithms are looked up by
 name in the registries below; an unknown name raises ``UnknownNameError`` listing the choices.
 """
+from .advantages import broadcast_to_tokens, drgrpo, gae, grpo, reinforce_pp, rloo
+from .aggregation import AGGREGATION_MODES, aggregate, token_weights
+from .estimators import (
+    CRITIC_ESTIMATOR,
+    advantage_choices,
+    fold_kl_into_rewards,
+    outcome_advantages,
+    token_advantages,
+)
+from .filtering import group_moments, group_stats, nonzero_variance_groups, success_rate_band
+from .importance import importance_stats, truncated_is_weights
+from .kl import kl_estimate
+from .losses import PolicyLossOutput, gspo, ppo_clip, value_loss
+from .masked import AlgoInputError, masked_mean, masked_sum, masked_var, masked_whiten
+from .objective import rl_objective
 from .registry import (
     ADVANTAGE_ESTIMATORS,
     AGGREGATIONS,
@@ -13,21 +28,6 @@ from .registry import (
     Registry,
     UnknownNameError,
 )
-from .masked import AlgoInputError, masked_mean, masked_sum, masked_var, masked_whiten
-from .filtering import group_moments, group_stats, nonzero_variance_groups, success_rate_band
-from .advantages import broadcast_to_tokens, drgrpo, gae, grpo, reinforce_pp, rloo
-from .estimators import (
-    CRITIC_ESTIMATOR,
-    advantage_choices,
-    fold_kl_into_rewards,
-    outcome_advantages,
-    token_advantages,
-)
-from .losses import PolicyLossOutput, gspo, ppo_clip, value_loss
-from .aggregation import AGGREGATION_MODES, aggregate, token_weights
-from .kl import kl_estimate
-from .importance import importance_stats, truncated_is_weights
-from .objective import rl_objective
 
 __all__ = [
     # registries and errors

@@ -36,8 +36,6 @@ These are the pure functions, with keyword arguments. ``algo.advantage`` selects
 """
 from __future__ import annotations
 
-from typing import Optional, Tuple
-
 import torch
 from torch import Tensor
 
@@ -80,7 +78,7 @@ def _centred(gm: GroupMoments) -> Tensor:
 def grpo(
     rewards: Tensor,
     group_ids: Tensor,
-    valid: Optional[Tensor] = None,
+    valid: Tensor | None = None,
     *,
     eps: float = 1e-6,
     scale: str = "group",
@@ -106,7 +104,7 @@ def grpo(
 def drgrpo(
     rewards: Tensor,
     group_ids: Tensor,
-    valid: Optional[Tensor] = None,
+    valid: Tensor | None = None,
     *,
     eps: float = 1e-6,
 ) -> Tensor:
@@ -117,7 +115,7 @@ def drgrpo(
 def rloo(
     rewards: Tensor,
     group_ids: Tensor,
-    valid: Optional[Tensor] = None,
+    valid: Tensor | None = None,
     *,
     eps: float = 1e-6,
 ) -> Tensor:
@@ -133,7 +131,7 @@ def rloo(
 def reinforce_pp(
     rewards: Tensor,
     group_ids: Tensor,
-    valid: Optional[Tensor] = None,
+    valid: Tensor | None = None,
     *,
     eps: float = 1e-6,
     baseline: str = "none",
@@ -168,7 +166,7 @@ def gae(
     *,
     gamma: float = 1.0,
     lam: float = 1.0,
-) -> Tuple[Tensor, Tensor]:
+) -> tuple[Tensor, Tensor]:
     """Generalised advantage estimation over [B, T]; returns ``(advantages, returns)``, 0 at masked positions.
 
     The recursion runs backwards over T (the only loop) and skips masked positions: it carries

@@ -18,8 +18,6 @@ loss of 0.0, never NaN.
 """
 from __future__ import annotations
 
-from typing import Optional, Union
-
 import torch
 from torch import Tensor
 
@@ -37,10 +35,10 @@ __all__ = [
 
 AGGREGATION_MODES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
 
-Number = Union[int, float, Tensor]
+Number = int | float | Tensor
 
 
-def _total(value: Optional[Number], default: Tensor, name: str) -> Tensor:
+def _total(value: Number | None, default: Tensor, name: str) -> Tensor:
     """A normaliser as a 0-d float tensor on ``default``'s device: ``value`` if given, else ``default``."""
     if value is None:
         return default
@@ -71,9 +69,9 @@ def _safe_divide(mask: Tensor, denom: Tensor) -> Tensor:
 def token_mean_weights(
     mask: Tensor,
     *,
-    num_tokens: Optional[Number] = None,
-    num_seqs: Optional[Number] = None,
-    max_len: Optional[int] = None,
+    num_tokens: Number | None = None,
+    num_seqs: Number | None = None,
+    max_len: int | None = None,
 ) -> Tensor:
     """``token_mean`` weights: m / N_tok."""
     mask = _float_mask(mask)
@@ -85,9 +83,9 @@ def token_mean_weights(
 def seq_mean_token_mean_weights(
     mask: Tensor,
     *,
-    num_tokens: Optional[Number] = None,
-    num_seqs: Optional[Number] = None,
-    max_len: Optional[int] = None,
+    num_tokens: Number | None = None,
+    num_seqs: Number | None = None,
+    max_len: int | None = None,
 ) -> Tensor:
     """``seq_mean_token_mean`` weights: m / (len_i * N_seq)."""
     mask = _float_mask(mask)
@@ -100,9 +98,9 @@ def seq_mean_token_mean_weights(
 def seq_mean_token_sum_norm_weights(
     mask: Tensor,
     *,
-    num_tokens: Optional[Number] = None,
-    num_seqs: Optional[Number] = None,
-    max_len: Optional[int] = None,
+    num_tokens: Number | None = None,
+    num_seqs: Number | None = None,
+    max_len: int | None = None,
 ) -> Tensor:
     """``seq_mean_token_sum_norm`` (Dr.GRPO) weights: m / (L_max * N_seq)."""
     mask = _float_mask(mask)
@@ -119,9 +117,9 @@ def token_weights(
     mask: Tensor,
     mode: str,
     *,
-    num_tokens: Optional[Number] = None,
-    num_seqs: Optional[Number] = None,
-    max_len: Optional[int] = None,
+    num_tokens: Number | None = None,
+    num_seqs: Number | None = None,
+    max_len: int | None = None,
 ) -> Tensor:
     """Per-token weights [B, T] (float32) such that ``(loss_mat * weights).sum()`` is the aggregated loss.
 
@@ -133,7 +131,7 @@ def token_weights(
     return weight_fn(mask, num_tokens=num_tokens, num_seqs=num_seqs, max_len=max_len)
 
 
-def aggregate(loss_mat: Tensor, mask: Tensor, mode: str, *, max_len: Optional[int] = None) -> Tensor:
+def aggregate(loss_mat: Tensor, mask: Tensor, mode: str, *, max_len: int | None = None) -> Tensor:
     """Aggregate a per-token loss [B, T] to a scalar with the normalisers of this batch alone.
 
     Masked entries never contribute (even if inf/NaN); an empty mask gives 0.0.

@@ -13,7 +13,7 @@ not an outcome estimator; :func:`token_advantages` runs it.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Tuple
+from typing import Any, Callable
 
 import torch
 from torch import Tensor
@@ -92,7 +92,7 @@ def advantage_choices() -> list[str]:
 
 
 def outcome_advantages(rewards: Tensor, group_ids: Tensor, valid: Tensor, cfg: Any, *,
-                       bonus: Optional[Tensor] = None) -> Tensor:
+                       bonus: Tensor | None = None) -> Tensor:
     """[B] advantages of the estimator ``cfg.advantage``, plus a per-sample ``bonus`` added after normalisation (so
     the group statistics cannot cancel it: T-GRPO, :mod:`mmrl.algos.tgrpo`), clipped to ``cfg.adv_clip``. Invalid
     samples get 0 (their bonus too)."""
@@ -104,7 +104,7 @@ def outcome_advantages(rewards: Tensor, group_ids: Tensor, valid: Tensor, cfg: A
     return adv
 
 
-def fold_kl_into_rewards(rewards: Tensor, mask: Tensor, cfg: Any, kl_tok: Optional[Tensor]) -> Tensor:
+def fold_kl_into_rewards(rewards: Tensor, mask: Tensor, cfg: Any, kl_tok: Tensor | None) -> Tensor:
     """Outcome rewards with ``-kl_coef * sum_t KL_t`` folded in when ``cfg.kl_in_reward`` (else unchanged), float."""
     rewards = rewards.float()
     if cfg.kl_in_reward and kl_tok is not None:
@@ -119,11 +119,11 @@ def token_advantages(
     mask: Tensor,
     cfg: Any,
     *,
-    kl_tok: Optional[Tensor] = None,
-    bonus: Optional[Tensor] = None,
-    values: Optional[Tensor] = None,
-    token_rewards: Optional[Tensor] = None,
-) -> Tuple[Tensor, Optional[Tensor]]:
+    kl_tok: Tensor | None = None,
+    bonus: Tensor | None = None,
+    values: Tensor | None = None,
+    token_rewards: Tensor | None = None,
+) -> tuple[Tensor, Tensor | None]:
     """Token-level advantages ``[B, T]`` of one update, and the critic's returns (None for outcome estimators).
 
     Args:

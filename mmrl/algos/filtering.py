@@ -16,7 +16,7 @@ plus ``index_add_``/``scatter_reduce_``; group ids may be any int64 values, in a
 """
 from __future__ import annotations
 
-from typing import NamedTuple, Optional, Tuple
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -45,8 +45,8 @@ class GroupMoments(NamedTuple):
 
 
 def _check_outcome_inputs(
-    rewards: Tensor, group_ids: Tensor, valid: Optional[Tensor], where: str
-) -> Tuple[Tensor, Tensor, Tensor]:
+    rewards: Tensor, group_ids: Tensor, valid: Tensor | None, where: str
+) -> tuple[Tensor, Tensor, Tensor]:
     rewards = as_float(rewards, f"{where}: rewards")
     if rewards.dim() != 1:
         raise AlgoInputError(f"{where}: rewards must be 1-D [B], got shape {tuple(rewards.shape)}")
@@ -74,7 +74,7 @@ def _check_outcome_inputs(
 
 
 def group_moments(
-    rewards: Tensor, group_ids: Tensor, valid: Optional[Tensor] = None, *, where: str = "group_moments"
+    rewards: Tensor, group_ids: Tensor, valid: Tensor | None = None, *, where: str = "group_moments"
 ) -> GroupMoments:
     """Validate outcome inputs and compute per-group count, mean and unbiased std over valid samples."""
     rewards, group_ids, valid = _check_outcome_inputs(rewards, group_ids, valid, where)
@@ -99,8 +99,8 @@ def group_moments(
 
 
 def group_stats(
-    rewards: Tensor, group_ids: Tensor, valid: Optional[Tensor] = None
-) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    rewards: Tensor, group_ids: Tensor, valid: Tensor | None = None
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """``(unique_ids [G], mean [G], std [G], count [G])`` over the valid samples of each group.
 
     Groups whose members are all invalid still appear, with count 0, mean 0, std 0.
@@ -111,7 +111,7 @@ def group_stats(
 
 
 def nonzero_variance_groups(
-    rewards: Tensor, group_ids: Tensor, valid: Optional[Tensor] = None, *, atol: float = 1e-6
+    rewards: Tensor, group_ids: Tensor, valid: Tensor | None = None, *, atol: float = 1e-6
 ) -> Tensor:
     """[B] bool: True for valid samples whose group has two valid rewards that differ by more than ``atol``."""
     if atol < 0:
@@ -131,7 +131,7 @@ def nonzero_variance_groups(
 def success_rate_band(
     rewards: Tensor,
     group_ids: Tensor,
-    valid: Optional[Tensor] = None,
+    valid: Tensor | None = None,
     *,
     low: float = 0.1,
     high: float = 0.9,

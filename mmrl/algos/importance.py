@@ -17,7 +17,6 @@ mean |trainer - rollout|, and the fraction of tokens whose ratio exceeds C. A ra
 from __future__ import annotations
 
 import math
-from typing import Dict
 
 import torch
 from torch import Tensor
@@ -76,7 +75,7 @@ def importance_stats(
     mask: Tensor,
     *,
     cap: float = 2.0,
-) -> Dict[str, float]:
+) -> dict[str, float]:
     """Token-level mismatch statistics over valid tokens (all 0.0 for an empty mask).
 
     Keys: ratio_mean, ratio_min, ratio_max, logp_abs_diff_mean, frac_above_cap.

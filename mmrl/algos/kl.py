@@ -12,8 +12,6 @@ For k3 the log-ratio is clamped to [-20, 20] before exp so it never overflows.
 """
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 from torch import Tensor
 
@@ -46,7 +44,7 @@ def kl_k3(logp: Tensor, ref_logp: Tensor) -> Tensor:
     return (torch.expm1(log_ratio) - log_ratio).clamp_min(0.0)
 
 
-def kl_estimate(logp: Tensor, ref_logp: Tensor, kind: str, *, mask: Optional[Tensor] = None) -> Tensor:
+def kl_estimate(logp: Tensor, ref_logp: Tensor, kind: str, *, mask: Tensor | None = None) -> Tensor:
     """Per-token KL estimate [B, T] of the named ``kind`` (k1, k2, k3/low_var_kl); 0 where ``mask`` is 0.
 
     ``ref_logp`` is detached (the reference policy is not trained). Raises ``UnknownNameError`` for

@@ -23,7 +23,6 @@ All outputs are 0 / False where the mask is 0.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 from torch import Tensor
@@ -71,7 +70,7 @@ def _check_policy_inputs(logp: Tensor, old_logp: Tensor, advantages: Tensor, mas
     return logp, old_logp.detach(), advantages.detach(), m
 
 
-def _check_clip(clip_low: float, clip_high: float, dual_clip: Optional[float], where: str) -> None:
+def _check_clip(clip_low: float, clip_high: float, dual_clip: float | None, where: str) -> None:
     if not 0.0 <= clip_low < 1.0:
         raise AlgoInputError(f"{where}: clip_low must lie in [0, 1), got {clip_low}")
     if not clip_high >= 0.0:
@@ -86,7 +85,7 @@ def _clipped_surrogate(
     mask: Tensor,
     clip_low: float,
     clip_high: float,
-    dual_clip: Optional[float],
+    dual_clip: float | None,
 ) -> PolicyLossOutput:
     """The clipped surrogate loss shared by ppo_clip and gspo (see the module docstring)."""
     unclipped = -advantages * ratio
@@ -119,7 +118,7 @@ def ppo_clip(
     *,
     clip_low: float = 0.2,
     clip_high: float = 0.2,
-    dual_clip: Optional[float] = None,
+    dual_clip: float | None = None,
 ) -> PolicyLossOutput:
     """PPO clipped surrogate per token (PPO default 0.2/0.2; DAPO clip-higher 0.2/0.28; dual clip c = 3).
 
@@ -143,7 +142,7 @@ def gspo(
     *,
     clip_low: float = 3e-4,
     clip_high: float = 4e-4,
-    dual_clip: Optional[float] = None,
+    dual_clip: float | None = None,
 ) -> PolicyLossOutput:
     """GSPO-token loss with the sequence-level ratio exp(mean_t log-ratio) (paper defaults 3e-4 / 4e-4).
 
@@ -166,7 +165,7 @@ def value_loss(
     returns: Tensor,
     mask: Tensor,
     *,
-    clip: Optional[float] = None,
+    clip: float | None = None,
 ) -> Tensor:
     """Per-token value loss 0.5 (v - R)^2, optionally PPO value-clipped around ``old_values``; 0 where masked."""
     values = as_float(values, "value_loss: values")

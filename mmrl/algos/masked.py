@@ -13,8 +13,6 @@ With m the mask (nonzero = valid) and n = sum(m):
 """
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 from torch import Tensor
 
@@ -62,20 +60,20 @@ def _masked_zeroed(x: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
     return torch.where(m, x, torch.zeros((), dtype=x.dtype, device=x.device)), m
 
 
-def masked_sum(x: Tensor, mask: Tensor, dim: Optional[int] = None) -> Tensor:
+def masked_sum(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
     """Sum of ``x`` over the entries where ``mask`` is nonzero (over ``dim``, or all entries)."""
     xz, _ = _masked_zeroed(x, mask)
     return xz.sum() if dim is None else xz.sum(dim)
 
 
-def masked_count(mask: Tensor, dim: Optional[int] = None, dtype: torch.dtype = torch.float32) -> Tensor:
+def masked_count(mask: Tensor, dim: int | None = None, dtype: torch.dtype = torch.float32) -> Tensor:
     """Number of nonzero mask entries (over ``dim``, or all), as ``dtype``."""
     m = mask if mask.dtype == torch.bool else mask != 0
     m = m.to(dtype)
     return m.sum() if dim is None else m.sum(dim)
 
 
-def _first_valid(xz: Tensor, m: Tensor, dim: Optional[int]) -> Tensor:
+def _first_valid(xz: Tensor, m: Tensor, dim: int | None) -> Tensor:
     """The first valid entry of ``xz`` (over ``dim``, or all entries); 0 where none is valid."""
     if dim is None:
         flat_m = m.reshape(-1)
@@ -85,7 +83,7 @@ def _first_valid(xz: Tensor, m: Tensor, dim: Optional[int]) -> Tensor:
     return xz.gather(dim, idx).squeeze(dim)  # 0 where no entry is valid: xz is zeroed there
 
 
-def _exact_mean(xz: Tensor, m: Tensor, dim: Optional[int]) -> Tensor:
+def _exact_mean(xz: Tensor, m: Tensor, dim: int | None) -> Tensor:
     """``ref + sum(m (x - ref)) / n`` with ``ref`` a valid entry: exact for constant inputs."""
     ref = _first_valid(xz, m, dim)
     shifted = torch.where(m, xz - (ref if dim is None else ref.unsqueeze(dim)), torch.zeros((), dtype=xz.dtype,
@@ -95,14 +93,14 @@ def _exact_mean(xz: Tensor, m: Tensor, dim: Optional[int]) -> Tensor:
     return ref + total / count.clamp_min(1.0)
 
 
-def masked_mean(x: Tensor, mask: Tensor, dim: Optional[int] = None) -> Tensor:
+def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
     """Mean of ``x`` over the valid entries; 0 where no entry is valid (never NaN); exactly ``c`` when every
     valid entry equals ``c``."""
     xz, m = _masked_zeroed(x, mask)
     return _exact_mean(xz, m, dim)
 
 
-def masked_var(x: Tensor, mask: Tensor, unbiased: bool = True, dim: Optional[int] = None) -> Tensor:
+def masked_var(x: Tensor, mask: Tensor, unbiased: bool = True, dim: int | None = None) -> Tensor:
     """Variance of ``x`` over the valid entries (Bessel-corrected if ``unbiased``); 0 with too few entries."""
     xz, m = _masked_zeroed(x, mask)
     count = masked_count(m, dim, dtype=xz.dtype)

@@ -16,7 +16,7 @@ micro-batches they are minibatch means).
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Optional, Tuple
+from typing import Any
 
 from torch import Tensor
 
@@ -39,15 +39,15 @@ def rl_objective(
     cfg: Any,
     num_tokens: float,
     num_seqs: float,
-    rollout_logp: Optional[Tensor] = None,
-    ref_logp: Optional[Tensor] = None,
-    policy_kl: Optional[Tensor] = None,
-    entropy: Optional[Tensor] = None,
-    values: Optional[Tensor] = None,
-    old_values: Optional[Tensor] = None,
-    returns: Optional[Tensor] = None,
+    rollout_logp: Tensor | None = None,
+    ref_logp: Tensor | None = None,
+    policy_kl: Tensor | None = None,
+    entropy: Tensor | None = None,
+    values: Tensor | None = None,
+    old_values: Tensor | None = None,
+    returns: Tensor | None = None,
     scale: float = 1.0,
-) -> Tuple[Tensor, Dict[str, Tensor]]:
+) -> tuple[Tensor, dict[str, Tensor]]:
     """``(loss, stats)`` of one micro-batch (module docstring). All tensors are ``[b, T]``.
 
     Args:
@@ -74,7 +74,7 @@ def rl_objective(
             raise ValueError("algo.truncated_is needs the rollout's behaviour log-probs (rollout_logp)")
         tok_loss = tok_loss * truncated_is_weights(old_logp, rollout_logp, mask, cap=cfg.is_cap)
     loss = (tok_loss * w).sum()
-    stats: Dict[str, Tensor] = {"loss/policy": loss.detach()}
+    stats: dict[str, Tensor] = {"loss/policy": loss.detach()}
     if cfg.kl_coef > 0 and not cfg.kl_in_reward:
         if policy_kl is None and ref_logp is None:
             raise ValueError("a KL penalty in the loss needs ref_logp (or the policy's own KL)")

@@ -9,7 +9,7 @@ did you mean 'ppo_clip'?``.
 from __future__ import annotations
 
 import difflib
-from typing import Callable, Dict, Iterator, List, TypeVar
+from typing import Callable, Iterator, TypeVar
 
 F = TypeVar("F", bound=Callable)
 
@@ -44,7 +44,7 @@ class Registry:
 
     def __init__(self, kind: str) -> None:
         self.kind = kind
-        self._entries: Dict[str, Callable] = {}
+        self._entries: dict[str, Callable] = {}
 
     def register(self, name: str) -> Callable[[F], F]:
         """Decorator that registers the decorated function under ``name`` and returns it unchanged."""
@@ -72,7 +72,7 @@ class Registry:
             message += f"; did you mean {close[0]!r}?"
         raise UnknownNameError(message)
 
-    def names(self) -> List[str]:
+    def names(self) -> list[str]:
         """Registered names, sorted."""
         return sorted(self._entries)
 

@@ -27,11 +27,11 @@ import numpy as np
 from PIL import Image
 
 from mmrl.data.grounding_data import (
-    DataFormatError,
-    GroundingSamples,
     KIND_IMAGE,
     KIND_NOT_NUMBERS,
     KIND_REVERSED,
+    DataFormatError,
+    GroundingSamples,
     InvalidSampleError,
     format_box_values,
     is_number,

@@ -185,7 +185,7 @@ class _SceneBuilder:
     # -- placement -------------------------------------------------------------------------
     def place(self, obj: _Obj, placed: list[_Obj], ok=lambda o: True) -> bool:
         """Put ``obj`` at a random free spot that satisfies ``ok``; False if none found."""
-        _, (l, t, r, b) = self.masks.get(obj.shape, obj.side)
+        _, (l, t, r, b) = self.masks.get(obj.shape, obj.side)  # noqa: E741 - left, top, right, bottom
         hi_x, hi_y = self.w - _EDGE - obj.side, self.h - _EDGE - obj.side
         if hi_x < _EDGE or hi_y < _EDGE:
             return False

@@ -250,7 +250,7 @@ class VideoSamplingConfig(VideoSamplingBaseConfig):
         """The fields that change the decoded frames (the frame cache key uses exactly these)."""
         return {name: getattr(self, name) for name in self.FRAME_FIELDS}
 
-    def with_clip(self, clip_start: float | None, clip_end: float | None) -> "VideoSamplingConfig":
+    def with_clip(self, clip_start: float | None, clip_end: float | None) -> VideoSamplingConfig:
         """A copy with another window (per-sample clips of one profile)."""
         return dataclasses.replace(self, clip_start=clip_start, clip_end=clip_end)
 
@@ -509,7 +509,7 @@ class VideoClip:
         return out
 
     @classmethod
-    def from_info(cls, info: dict[str, Any], frames: np.ndarray) -> "VideoClip":
+    def from_info(cls, info: dict[str, Any], frames: np.ndarray) -> VideoClip:
         """Rebuild a clip from :meth:`info` and its frames."""
         names = {f.name for f in dataclasses.fields(cls)} - {"frames"}
         return cls(frames=frames, **{k: info[k] for k in names})

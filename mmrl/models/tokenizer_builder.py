@@ -261,7 +261,7 @@ def build_bpe_tokenizer(
     vocab_size: int = DEFAULT_BPE_VOCAB_SIZE,
     special_tokens: list[str] | None = None,
     chat_template: str | None = QWEN_VL_CHAT_TEMPLATE,
-) -> "Qwen2Tokenizer":
+) -> Qwen2Tokenizer:
     """Train a byte-level BPE on ``corpus`` and wrap it as a transformers ``Qwen2Tokenizer``.
 
     ``vocab_size`` bounds the BPE part (the 256 byte symbols plus merges; the trainer stops

@@ -259,7 +259,7 @@ class PlanInputs:
     num_steps: int = 0  # sampler steps (latents stored per sample: num_steps + 1)
     cfg_branches: int = 1
 
-    def with_(self, **kw) -> "PlanInputs":
+    def with_(self, **kw) -> PlanInputs:
         return replace(self, **kw)
 
     @property

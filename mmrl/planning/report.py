@@ -375,7 +375,7 @@ def report_json(inp: PlanInputs, info: dict, bd: MemoryBreakdown, suggestions: l
 # ============================================================================ at the start of `mmrl train`
 
 
-def device_memory_gb(device: "Any") -> float | None:
+def device_memory_gb(device: Any) -> float | None:
     """Total memory of a CUDA ``torch.device`` in GiB; None for a CPU (no device bound to check against)."""
     import torch
 

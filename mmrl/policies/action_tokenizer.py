@@ -116,7 +116,7 @@ class ActionTokenizer:
 
     # ------------------------------------------------------------------ construction
     @classmethod
-    def from_dataset(cls, actions: Any, q_low: float = 0.01, q_high: float = 0.99, **kwargs: Any) -> "ActionTokenizer":
+    def from_dataset(cls, actions: Any, q_low: float = 0.01, q_high: float = 0.99, **kwargs: Any) -> ActionTokenizer:
         """Statistics from the per-dimension ``q_low`` / ``q_high`` quantiles of ``actions [N, D]``
         (numpy's default linear interpolation); other arguments go to the constructor."""
         a = np.asarray(actions, dtype=np.float64)
@@ -293,7 +293,7 @@ class ActionTokenizer:
         }
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any], token_ids: Sequence[int] | None = None) -> "ActionTokenizer":
+    def from_dict(cls, data: dict[str, Any], token_ids: Sequence[int] | None = None) -> ActionTokenizer:
         """Inverse of :meth:`to_dict`; ``token_ids`` overrides the stored ids (another tokenizer)."""
         if data.get("version") != STATS_VERSION:
             raise ActionTokenError(f"action tokenizer stats version {data.get('version')!r}, expected {STATS_VERSION}")
@@ -312,7 +312,7 @@ class ActionTokenizer:
         Path(path).write_text(json.dumps(self.to_dict(), indent=1))
 
     @classmethod
-    def load(cls, path: str | Path, token_ids: Sequence[int] | None = None) -> "ActionTokenizer":
+    def load(cls, path: str | Path, token_ids: Sequence[int] | None = None) -> ActionTokenizer:
         """Read a file written by :meth:`save`."""
         return cls.from_dict(json.loads(Path(path).read_text()), token_ids=token_ids)
 

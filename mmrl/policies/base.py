@@ -146,7 +146,7 @@ class Rollout:
         if self.probe is None:
             self.probe = torch.zeros(self.mask.shape[0], dtype=torch.bool)
 
-    def without_probes(self) -> "Rollout":
+    def without_probes(self) -> Rollout:
         """The rollout without its probe samples (what training statistics and evaluation score)."""
         if not bool(self.probe.any()):
             return self
@@ -156,7 +156,7 @@ class Rollout:
     def batch_size(self) -> int:
         return self.mask.shape[0]
 
-    def index(self, idx: Tensor) -> "Rollout":
+    def index(self, idx: Tensor) -> Rollout:
         """The sub-rollout of samples ``idx`` (a 1-D int64 tensor)."""
         kw = {}
         for f in fields(self):
@@ -174,7 +174,7 @@ class Rollout:
         return Rollout(**kw)
 
     @staticmethod
-    def concat(rollouts: Sequence["Rollout"]) -> "Rollout":
+    def concat(rollouts: Sequence[Rollout]) -> Rollout:
         """Concatenate rollouts along the batch; ``[B, T]`` tensors are right-padded to the longest T."""
         if len(rollouts) == 1:
             return rollouts[0]
@@ -202,7 +202,7 @@ class Rollout:
                 kw[f.name] = torch.cat(vals, dim=0)
         return Rollout(**kw)
 
-    def with_(self, **changes) -> "Rollout":
+    def with_(self, **changes) -> Rollout:
         return replace(self, **changes)
 
 
@@ -328,7 +328,7 @@ class Policy(abc.ABC):
         :meth:`rollout` call, so a policy that sized resources for training batches can size them down (VLA: the
         env pool). Default: nothing to do."""
 
-    _frozen_ref: "FrozenCopyReference | None" = None
+    _frozen_ref: FrozenCopyReference | None = None
     """A full fine-tune's frozen reference copy (None with LoRA: the reference is the model with adapters off)."""
 
     def shardable_modules(self) -> list[torch.nn.Module]:

@@ -108,7 +108,7 @@ class LMWithValueHead(nn.Module):
         return out.logits, values
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _forward_takes_logits_to_keep(cls: type) -> bool:
     return "logits_to_keep" in inspect.signature(cls.forward).parameters
 

@@ -604,7 +604,7 @@ PostSyncHook = Callable[["VLLMEngine", torch.nn.Module], dict]
 """``hook(engine, trainer_lm) -> metrics``; raise to stop the run."""
 
 
-def default_post_sync_check(engine: "VLLMEngine", lm: torch.nn.Module) -> dict:
+def default_post_sync_check(engine: VLLMEngine, lm: torch.nn.Module) -> dict:
     """The canary of :func:`weight_canary_check` over the engine's model (skipped with a warning when that
     model is not in this process). Only the canary tensors of the trainer are computed (merged with LoRA)."""
     model = _driver_model(engine.llm)
@@ -691,7 +691,7 @@ class VLLMEngine:
         return llm, vllm.SamplingParams
 
     @classmethod
-    def from_policy(cls, policy, **overrides) -> "VLLMEngine":
+    def from_policy(cls, policy, **overrides) -> VLLMEngine:
         """An engine for a :class:`~mmrl.policies.vlm.VLMPolicy`: its model folder, processor, the
         ``model.vllm_*`` settings and whether its vision tower trains."""
         from mmrl.models.lora import is_peft

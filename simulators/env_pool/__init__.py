@@ -37,7 +37,7 @@ Modules
 """
 from __future__ import annotations
 
-from .core import PoolCore, logger
+from .core import PoolCore
 from .env_group import EnvGroup, import_env_modules
 from .errors import EnvPoolClosedError, EnvPoolError, WorkerStartError
 from .options import PoolOptions, split_envs

@@ -334,7 +334,7 @@ class PoolCore:
         self._closed = True
         self._close_transport()
 
-    def __enter__(self) -> "PoolCore":
+    def __enter__(self) -> PoolCore:
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -26,7 +26,6 @@ import numpy as np
 
 from ..common import resolve_init_state, state_fingerprint
 from ..episode import EpisodeCounter, EpisodeOverError, instability_counts, sanitize_action, sim_blew_up  # noqa: F401
-
 from ..rendering import create_renderer, select_backend
 from .scene import BLOCK_COLOURS, DISTRACTORS, SceneConfig, block_body_name, build_scene_xml
 

@@ -12,8 +12,6 @@ file or RefCOCO annotations through the loaders of :mod:`mmrl.data`.
 """
 from __future__ import annotations
 
-from mmrl.errors import ConfigError
-
 import json
 import logging
 import math
@@ -24,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from mmrl.data.coords import MODEL_BOX_FRAMES, FrameError, convert_boxes
+from mmrl.errors import ConfigError
 from mmrl.rewards.manager import RewardSpec
 from mmrl.tasks.base import SkipItem, Task
 from mmrl.tasks.vqa_grounding.prompts import ANSWER_FRAMES, build_prompt, sft_target

@@ -24,7 +24,7 @@ class DiffusionPayload:
     num_steps: int
     """Denoising steps of the schedule the chain was sampled with."""
 
-    def index_select_samples(self, idx: Tensor) -> "DiffusionPayload":
+    def index_select_samples(self, idx: Tensor) -> DiffusionPayload:
         """The payload of samples ``idx``, keeping only the prompts they use."""
         idx = idx.to(self.prompt_of.device)
         rows, inverse = torch.unique(self.prompt_of[idx], return_inverse=True)
@@ -36,7 +36,7 @@ class DiffusionPayload:
         )
 
     @classmethod
-    def concat_samples(cls, payloads: list["DiffusionPayload"]) -> "DiffusionPayload":
+    def concat_samples(cls, payloads: list[DiffusionPayload]) -> DiffusionPayload:
         """Concatenate payloads of rollouts sampled with the same schedule and latent shape."""
         steps = {p.num_steps for p in payloads}
         shapes = {tuple(p.latents.shape[1:]) for p in payloads}
