@@ -268,7 +268,7 @@ class DeviceMemoryPoller:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def __enter__(self) -> "DeviceMemoryPoller":
+    def __enter__(self) -> DeviceMemoryPoller:
         if shutil.which("nvidia-smi"):
             self._thread.start()
         return self
