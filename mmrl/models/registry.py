@@ -35,6 +35,7 @@ def model_config_class(model_type: str) -> type:
 
 
 def policy_builder(model_type: str):
-    """The function `(run_cfg, task) -> Policy` for a model type."""
+    """The function ``(run_cfg, spec: PolicySpec) -> Policy`` for a model type (the task's
+    :meth:`~tasks.base.Task.policy_spec`)."""
     model_config_class(model_type)
     return _load(MODEL_TYPES[model_type][1])

@@ -115,7 +115,8 @@ class Rollout:
     payload: Any
     """What :meth:`Policy.log_probs` needs: token ids, latent chain, frames..."""
     prompt_index: Tensor | None = None
-    """[B] int64 position of each sample's prompt in the step's :class:`PromptBatch`."""
+    """[B] int64 position of each sample's prompt in the step's :class:`PromptBatch`; None: exactly ``group_size``
+    samples per prompt, in prompt-major order."""
     ref_logp: Tensor | None = None
     """[B, T] reference-policy log-probs (filled by the trainer when KL is used)."""
     values: Tensor | None = None
@@ -134,7 +135,8 @@ class Rollout:
     """[B] added to each sample's advantage after group normalisation (T-GRPO's temporal bonus); filled by the
     trainer from :func:`mmrl.algos.tgrpo.rollout_temporal_bonus` after scoring."""
     metrics: dict[str, float] = field(default_factory=dict)
-    """Rollout-side metrics (engine time, skips, env steps/s...), logged as they are."""
+    """Rollout-side metrics (engine time, skips, env steps/s...), logged as they are. ``data/too_long``: prompts the
+    policy left out (over its length limit); the trainer counts them as skipped items."""
 
     def __post_init__(self) -> None:
         if self.rollout_logp.shape != self.mask.shape:
