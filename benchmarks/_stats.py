@@ -1,4 +1,5 @@
 """Helpers the benchmark scripts share (imported as ``_stats`` when a script runs from this folder)."""
+
 from __future__ import annotations
 
 import statistics

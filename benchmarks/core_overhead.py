@@ -12,6 +12,7 @@ thread, 3 warm-up steps; the whole measurement is repeated `--repeats` times and
 per side and per ratio, the median over repeats of the per-repeat medians and the spread (min-max),
 plus the mean completion length of every side (a side that stops earlier does less work).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,26 +34,44 @@ def bare_step(policy, optimizer, prompts: list[str], group: int, max_new_tokens:
     ids = [torch.tensor(tok(p, add_special_tokens=False)["input_ids"]) for p in prompts for _ in range(group)]
     x, att = left_pad(ids, tok.pad_token_id)
     with torch.no_grad():
-        out = lm.generate(input_ids=x, attention_mask=att, do_sample=True, temperature=1.0, top_k=0,
-                          max_new_tokens=max_new_tokens, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
-    full_att = torch.cat([att, (out[:, x.shape[1]:] != tok.pad_token_id).long()], 1)
+        out = lm.generate(
+            input_ids=x,
+            attention_mask=att,
+            do_sample=True,
+            temperature=1.0,
+            top_k=0,
+            max_new_tokens=max_new_tokens,
+            pad_token_id=tok.pad_token_id,
+            eos_token_id=tok.eos_token_id,
+        )
+    full_att = torch.cat([att, (out[:, x.shape[1] :] != tok.pad_token_id).long()], 1)
     logits = lm(input_ids=out, attention_mask=full_att).logits[:, x.shape[1] - 1 : -1]
-    logp = logits.log_softmax(-1).gather(-1, out[:, x.shape[1]:, None]).squeeze(-1)
-    loss = -(logp * full_att[:, x.shape[1]:]).sum() / full_att[:, x.shape[1]:].sum()
+    logp = logits.log_softmax(-1).gather(-1, out[:, x.shape[1] :, None]).squeeze(-1)
+    loss = -(logp * full_att[:, x.shape[1] :]).sum() / full_att[:, x.shape[1] :].sum()
     optimizer.zero_grad()
     loss.backward()
     optimizer.step()
-    return time.perf_counter() - t0, float(full_att[:, x.shape[1]:].sum(1).float().mean())
+    return time.perf_counter() - t0, float(full_att[:, x.shape[1] :].sum(1).float().mean())
 
 
 def _trainer(out: str, name: str, args, tensorboard: bool):
     from mmrl.config import load_config
     from mmrl.trainer import Trainer
 
-    cfg = load_config(["task=toy_arithmetic", f"trainer.output_dir={out}", f"trainer.run_name={name}",
-                       f"trainer.batch_size={args.batch}", f"algo.group_size={args.group}", "trainer.plot=false",
-                       f"trainer.tensorboard={str(tensorboard).lower()}", "trainer.progress=false",
-                       "trainer.eval_at_end=false", "trainer.eval_every=0"])
+    cfg = load_config(
+        [
+            "task=toy_arithmetic",
+            f"trainer.output_dir={out}",
+            f"trainer.run_name={name}",
+            f"trainer.batch_size={args.batch}",
+            f"algo.group_size={args.group}",
+            "trainer.plot=false",
+            f"trainer.tensorboard={str(tensorboard).lower()}",
+            "trainer.progress=false",
+            "trainer.eval_at_end=false",
+            "trainer.eval_every=0",
+        ]
+    )
     tr = Trainer(cfg)
     tr.setup_run_dir()
     return tr
@@ -88,14 +107,21 @@ def main() -> None:
                     lengths[key].append(n)
         for key in med:
             med[key].append(statistics.median(times[key]))
-    print(f"toy_arithmetic, {args.batch} prompts x G={args.group}, <= {new_tokens} new tokens, fp32, 1 thread, "
-          f"{args.repeats} repeats x {args.steps} interleaved steps; median over repeats [min-max]")
-    for key, label in (("tb_on", "trainer step, TensorBoard on "), ("tb_off", "trainer step, TensorBoard off"),
-                       ("bare", "bare compute (no sharing)    ")):
+    print(
+        f"toy_arithmetic, {args.batch} prompts x G={args.group}, <= {new_tokens} new tokens, fp32, 1 thread, "
+        f"{args.repeats} repeats x {args.steps} interleaved steps; median over repeats [min-max]"
+    )
+    for key, label in (
+        ("tb_on", "trainer step, TensorBoard on "),
+        ("tb_off", "trainer step, TensorBoard off"),
+        ("bare", "bare compute (no sharing)    "),
+    ):
         print(f"  {label}: {spread(med[key], 1e3)} ms   mean completion {statistics.fmean(lengths[key]):.2f} tokens")
-    for a, b, what in (("tb_on", "bare", "overhead trainer (TB on) / bare"),
-                       ("tb_off", "bare", "overhead trainer (TB off) / bare"),
-                       ("tb_on", "tb_off", "TensorBoard cost, TB on / TB off")):
+    for a, b, what in (
+        ("tb_on", "bare", "overhead trainer (TB on) / bare"),
+        ("tb_off", "bare", "overhead trainer (TB off) / bare"),
+        ("tb_on", "tb_off", "TensorBoard cost, TB on / TB off"),
+    ):
         ratios = [x / y for x, y in zip(med[a], med[b])]
         print(f"  {what}: {spread(ratios, fmt='{:.3f}')}")
 

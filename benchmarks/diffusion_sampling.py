@@ -18,6 +18,7 @@ Before timing, the script checks that the two samplers compute the same thing: m
 (greedy, ODE/DDIM-eta-0) sampling with N steps from ``x0`` must land on diffusers' final latent.
 The tiny model is used untrained (``task.pretrain_steps=0``): timings do not depend on the weights.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,12 +39,23 @@ def build_trainer(model: str, prompts_per_step: int, group: int):
     from mmrl.trainer import Trainer
 
     out = tempfile.mkdtemp(prefix="bench-diffusion-")
-    cfg = load_config([
-        "task=t2i_color", f"model={model}", "task.pretrain_steps=0", "task.pretrain_vae_steps=0",
-        f"trainer.output_dir={out}", "trainer.run_name=b", f"trainer.batch_size={prompts_per_step}",
-        f"algo.group_size={group}", "trainer.progress=false", "trainer.eval_at_end=false",
-        "trainer.eval_every=0", "trainer.tensorboard=false", "trainer.plot=false",
-    ])
+    cfg = load_config(
+        [
+            "task=t2i_color",
+            f"model={model}",
+            "task.pretrain_steps=0",
+            "task.pretrain_vae_steps=0",
+            f"trainer.output_dir={out}",
+            "trainer.run_name=b",
+            f"trainer.batch_size={prompts_per_step}",
+            f"algo.group_size={group}",
+            "trainer.progress=false",
+            "trainer.eval_at_end=false",
+            "trainer.eval_every=0",
+            "trainer.tensorboard=false",
+            "trainer.plot=false",
+        ]
+    )
     tr = Trainer(cfg)
     tr.setup_run_dir()
     return tr
@@ -55,7 +67,9 @@ def prompt_batch(items: list[dict], start: int, count: int, seed: int):
     from mmrl.rollout.noise import mix_seed
 
     idx = [(start + k) % len(items) for k in range(count)]
-    return PromptBatch(items=[items[i] for i in idx], indices=idx, seeds=[mix_seed(seed, start, k) for k in range(count)])
+    return PromptBatch(
+        items=[items[i] for i in idx], indices=idx, seeds=[mix_seed(seed, start, k) for k in range(count)]
+    )
 
 
 def initial_noise(policy, batch, group: int) -> torch.Tensor:
@@ -69,14 +83,27 @@ def initial_noise(policy, batch, group: int) -> torch.Tensor:
     return torch.stack([policy.backend.initial_noise(s) for s in seeds])
 
 
-def diffusers_call(policy, prompts: list[str], group: int, x0: torch.Tensor, num_steps: int, *,
-                   output_type: str = "pil", prompt_embeds: dict[str, torch.Tensor] | None = None,
-                   callback: Callable | None = None) -> Any:
+def diffusers_call(
+    policy,
+    prompts: list[str],
+    group: int,
+    x0: torch.Tensor,
+    num_steps: int,
+    *,
+    output_type: str = "pil",
+    prompt_embeds: dict[str, torch.Tensor] | None = None,
+    callback: Callable | None = None,
+) -> Any:
     """The plain pipeline call: ``prompts`` (or pre-encoded, already expanded embeds) x ``group`` from ``x0``."""
     pipe = policy.pipe
     be = policy.backend
-    kw: dict[str, Any] = {"latents": x0, "num_inference_steps": num_steps, "output_type": output_type,
-                          "height": be.height, "width": be.width}
+    kw: dict[str, Any] = {
+        "latents": x0,
+        "num_inference_steps": num_steps,
+        "output_type": output_type,
+        "height": be.height,
+        "width": be.width,
+    }
     if prompt_embeds is None:
         kw.update(prompt=prompts, num_images_per_prompt=group)
     else:
@@ -189,7 +216,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     sample = interleaved_medians({"diffusers": run_diffusers, "mmrl": run_mmrl}, args.reps, args.warmup)
 
     # 2. training step ------------------------------------------------------------------------
-    trained = [i for i in range(N) if policy.sampler.is_trainable(i)] if policy.cfg.train_steps == "all_but_last" else None
+    trained = (
+        [i for i in range(N) if policy.sampler.is_trainable(i)] if policy.cfg.train_steps == "all_but_last" else None
+    )
     if trained is None:
         raise SystemExit("the bare step mirrors model.train_steps=all_but_last only")
     bare_opt = torch.optim.AdamW(policy.trainable_parameters(), lr=1e-8)
@@ -208,17 +237,27 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     train = interleaved_medians({"trainer": run_trainer, "bare": run_bare}, args.reps, args.warmup)
     tr.tracker.close()
 
-    res = {"sample_diffusers_s": sample["diffusers"], "sample_mmrl_s": sample["mmrl"],
-           "sample_ratio": sample["mmrl"] / sample["diffusers"], "train_trainer_s": train["trainer"],
-           "train_bare_s": train["bare"], "train_ratio": train["trainer"] / train["bare"], "latent_gap": gap}
-    print(f"{args.model}: {args.prompts} prompts x G={G}, {N} steps, {len(trained)} trained, 1 thread, "
-          f"{args.reps} reps (medians)")
+    res = {
+        "sample_diffusers_s": sample["diffusers"],
+        "sample_mmrl_s": sample["mmrl"],
+        "sample_ratio": sample["mmrl"] / sample["diffusers"],
+        "train_trainer_s": train["trainer"],
+        "train_bare_s": train["bare"],
+        "train_ratio": train["trainer"] / train["bare"],
+        "latent_gap": gap,
+    }
+    print(
+        f"{args.model}: {args.prompts} prompts x G={G}, {N} steps, {len(trained)} trained, 1 thread, "
+        f"{args.reps} reps (medians)"
+    )
     print(f"  same computation: max |mmrl deterministic sampling - diffusers| final latent = {gap:.2e}")
     print(f"  sampling  diffusers pipe(): {res['sample_diffusers_s'] * 1000:8.1f} ms")
     print(f"  sampling  mmrl rollout    : {res['sample_mmrl_s'] * 1000:8.1f} ms   (SDE + per-step log-probs)")
     print(f"  sampling ratio mmrl/diffusers: {res['sample_ratio']:.3f}   (target <= 1.1)")
     print(f"  train step trainer       : {res['train_trainer_s'] * 1000:8.1f} ms")
-    print(f"  train step bare compute  : {res['train_bare_s'] * 1000:8.1f} ms   (pipe() + fwd/bwd on trained steps + AdamW)")
+    print(
+        f"  train step bare compute  : {res['train_bare_s'] * 1000:8.1f} ms   (pipe() + fwd/bwd on trained steps + AdamW)"
+    )
     print(f"  training overhead ratio trainer/bare: {res['train_ratio']:.3f}   (target <= 1.15)")
     return res
 

@@ -19,6 +19,7 @@ The two are interleaved (plain, shared, plain, shared, ...) after one warm-up ea
 prints each side's median and spread (min-max) in ms, the median of the per-pair ratios shared / plain and its
 spread, and checks that both gave the same log-probs (max abs difference) and gradients (max relative difference).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,11 +35,25 @@ def build(family: str, group: int, prompts: int):
     from mmrl.trainer import Trainer
 
     out = tempfile.mkdtemp(prefix="mmrl-bench-sp-")
-    cfg = load_config([
-        "task=vqa_grounding", f"model=tiny_{family}", "trainer.sft_steps=0", f"trainer.batch_size={prompts}",
-        f"algo.group_size={group}", "model.max_new_tokens=32", "trainer.device=cpu", "trainer.threads=1",
-        "trainer.tensorboard=false", "trainer.plot=false", "trainer.progress=false", "trainer.eval_at_end=false",
-        f"trainer.output_dir={out}", "trainer.run_name=bench", "algo.filter_groups=false"])
+    cfg = load_config(
+        [
+            "task=vqa_grounding",
+            f"model=tiny_{family}",
+            "trainer.sft_steps=0",
+            f"trainer.batch_size={prompts}",
+            f"algo.group_size={group}",
+            "model.max_new_tokens=32",
+            "trainer.device=cpu",
+            "trainer.threads=1",
+            "trainer.tensorboard=false",
+            "trainer.plot=false",
+            "trainer.progress=false",
+            "trainer.eval_at_end=false",
+            f"trainer.output_dir={out}",
+            "trainer.run_name=bench",
+            "algo.filter_groups=false",
+        ]
+    )
     tr = Trainer(cfg)
     ro, _ = tr.collect()
     return tr, ro
@@ -57,8 +72,11 @@ def forward_backward(policy, ro, shared: bool) -> tuple[float, torch.Tensor, lis
     loss = -(out.logp * mask).sum() / mask.sum()
     loss.backward()
     dt = time.perf_counter() - t0
-    return dt, out.logp.detach().cpu(), [p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p)
-                                         for p in params]
+    return (
+        dt,
+        out.logp.detach().cpu(),
+        [p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p) for p in params],
+    )
 
 
 def main() -> None:
@@ -91,12 +109,16 @@ def main() -> None:
     def fmt(xs):
         return f"median {statistics.median(xs) * 1e3:8.1f} ms  (min {min(xs) * 1e3:.1f}, max {max(xs) * 1e3:.1f})"
 
-    print(f"tiny {args.family}, {args.prompts} prompts x G={G}, prompt P={P:.0f} tokens (mean), completion T={T:.1f} "
-          f"tokens (mean; padded to {ro.mask.shape[1]}), fp32, 1 thread, {args.repeats} interleaved repeats")
+    print(
+        f"tiny {args.family}, {args.prompts} prompts x G={G}, prompt P={P:.0f} tokens (mean), completion T={T:.1f} "
+        f"tokens (mean; padded to {ro.mask.shape[1]}), fp32, 1 thread, {args.repeats} interleaved repeats"
+    )
     print(f"plain  forward+backward: {fmt(plain_s)}   tokens {plain_tokens}")
     print(f"shared forward+backward: {fmt(shared_s)}   tokens {shared_tokens}")
-    print(f"ratio shared / plain: median {statistics.median(ratios):.3f} (min {min(ratios):.3f}, max {max(ratios):.3f});"
-          f" token floor (P + G T) / (G (P + T)) = {shared_tokens / plain_tokens:.3f}")
+    print(
+        f"ratio shared / plain: median {statistics.median(ratios):.3f} (min {min(ratios):.3f}, max {max(ratios):.3f});"
+        f" token floor (P + G T) / (G (P + T)) = {shared_tokens / plain_tokens:.3f}"
+    )
     print(f"same outputs: max |logp diff| {logp_diff:.2e}, max relative grad diff {grad_rel:.2e}")
 
 

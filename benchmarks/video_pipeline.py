@@ -37,6 +37,7 @@ order rotated by one per round. Prints per side the median seconds per pass with
 (min-max) over rounds, frames/s at the median, and the median (min-max) of the per-round
 ratios ``uncached worker seconds / side seconds``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -160,8 +161,12 @@ def disk_child(spec_file: str) -> None:
 
 
 def run_disk_child(spec_file: Path) -> dict:
-    out = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--_disk_child", str(spec_file)],
-                         check=True, capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, str(Path(__file__).resolve()), "--_disk_child", str(spec_file)],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -200,15 +205,20 @@ def main() -> None:
     folder = Path(args.folder) if args.folder else Path(tmp.name) / "videos"
     t0 = time.perf_counter()
     records = make_video_dataset(folder, args.videos, seed=0, size=(width, height))
-    print(f"wrote/reused {len(records)} synthetic videos ({width}x{height}, 8 s @ 8 fps) in {time.perf_counter() - t0:.2f} s")
+    print(
+        f"wrote/reused {len(records)} synthetic videos ({width}x{height}, 8 s @ 8 fps) in {time.perf_counter() - t0:.2f} s"
+    )
     paths = [r["video"] for r in records]
-    cfg = VideoSamplingConfig(fps=args.frames / 8.0, max_frames=args.frames, min_frames=min(4, args.frames),
-                              decoder_threads=1)
+    cfg = VideoSamplingConfig(
+        fps=args.frames / 8.0, max_frames=args.frames, min_frames=min(4, args.frames), decoder_threads=1
+    )
     in_process = VideoSamplingConfig(**{**cfg.__dict__, "decode_timeout_s": None})
     clip = decode_clip(paths[0], in_process)
     total_frames = clip.num_frames * len(paths)
-    print(f"{clip.num_frames} frames/video of {clip.frames.shape[2]}x{clip.frames.shape[1]}, "
-          f"{len(paths)} videos, {args.repeats} interleaved rounds, 1 thread")
+    print(
+        f"{clip.num_frames} frames/video of {clip.frames.shape[2]}x{clip.frames.shape[1]}, "
+        f"{len(paths)} videos, {args.repeats} interleaved rounds, 1 thread"
+    )
 
     worker = DecodeWorker()
     load_video(paths[0], cfg, worker=worker)  # start the worker outside the timing
@@ -223,8 +233,16 @@ def main() -> None:
         memory.get_or_decode(p, cfg)
     cache_files = sorted(f for f in cache_dir.rglob("*") if f.is_file())
     spec_file = Path(tmp.name) / "disk_child.json"
-    spec_file.write_text(json.dumps({"cfg": cfg.__dict__, "cache_dir": str(cache_dir), "paths": paths,
-                                     "cache_files": [str(f) for f in cache_files]}))
+    spec_file.write_text(
+        json.dumps(
+            {
+                "cfg": cfg.__dict__,
+                "cache_dir": str(cache_dir),
+                "paths": paths,
+                "cache_files": [str(f) for f in cache_files],
+            }
+        )
+    )
     print(f"disk cache: {len(cache_files)} files, {_mib(sum(f.stat().st_size for f in cache_files))}\n")
 
     def timed(fn) -> float:
@@ -256,7 +274,7 @@ def main() -> None:
     ]
     times: dict[str, list[float]] = {name: [] for name, _ in sides}
     for r in range(args.repeats):
-        for name, fn in sides[r % len(sides):] + sides[: r % len(sides)]:
+        for name, fn in sides[r % len(sides) :] + sides[: r % len(sides)]:
             times[name].append(fn())
     worker.close()
 
@@ -282,8 +300,10 @@ def main() -> None:
     print(f"{'side':<24}{'s/pass':>26}{'frames/s':>10}{'vs uncached worker':>26}")
     for name, _ in sides:
         ratios = [b / t for b, t in zip(base, times[name])]
-        print(f"{name:<24}{spread(times[name], fmt='{:.4f}'):>26}{total_frames / statistics.median(times[name]):>10.0f}"
-              f"{spread(ratios, fmt='{:.1f}') + 'x':>26}")
+        print(
+            f"{name:<24}{spread(times[name], fmt='{:.4f}'):>26}{total_frames / statistics.median(times[name]):>10.0f}"
+            f"{spread(ratios, fmt='{:.1f}') + 'x':>26}"
+        )
         note = page_note(name)
         if note:
             print(f"{'':<4}{note}")

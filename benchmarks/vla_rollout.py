@@ -43,6 +43,7 @@ steps and policy calls and to sample identical action tokens (the frames are the
     python benchmarks/vla_rollout.py --benchmark libero --group 4 --rollouts 3   # libero_object/0, 40 steps; each
                                                                                  # LIBERO scene holds ~0.9 GB
 """
+
 from __future__ import annotations
 
 import argparse
@@ -59,8 +60,11 @@ import numpy as np  # noqa: E402
 # ============================================================================ policy
 
 
-BENCHMARKS: dict[str, tuple[str, int]] = {"tabletop": ("reach_red", 16), "metaworld": ("reach-v3", 30),
-                                          "libero": ("libero_object/0", 40)}
+BENCHMARKS: dict[str, tuple[str, int]] = {
+    "tabletop": ("reach_red", 16),
+    "metaworld": ("reach-v3", 30),
+    "libero": ("libero_object/0", 40),
+}
 """``--benchmark`` -> (default task, default episode length)."""
 
 
@@ -71,18 +75,30 @@ def build_policy(args: argparse.Namespace):
     from mmrl.policies.base import PolicySpec
     from mmrl.policies.vla import build_vla_policy
 
-    task_overrides = {"tabletop": ["task=vla_reach", f"task.tasks=[{args.task}]"],
-                      "metaworld": ["task=metaworld", f"task.tasks=[{args.task}]"],
-                      "libero": ["task=libero", f"task.tasks=[{args.task}]", "task.eval_videos=0"]}[args.benchmark]
-    overrides = [*task_overrides, f"task.image_size={args.image_size}",
-                 f"task.max_steps={args.max_steps}", "trainer.sft_steps=0", f"trainer.batch_size={args.items}",
-                 f"algo.group_size={args.group}", f"model.num_workers={args.workers}", f"model.chunk={args.chunk}",
-                 *args.override]
+    task_overrides = {
+        "tabletop": ["task=vla_reach", f"task.tasks=[{args.task}]"],
+        "metaworld": ["task=metaworld", f"task.tasks=[{args.task}]"],
+        "libero": ["task=libero", f"task.tasks=[{args.task}]", "task.eval_videos=0"],
+    }[args.benchmark]
+    overrides = [
+        *task_overrides,
+        f"task.image_size={args.image_size}",
+        f"task.max_steps={args.max_steps}",
+        "trainer.sft_steps=0",
+        f"trainer.batch_size={args.items}",
+        f"algo.group_size={args.group}",
+        f"model.num_workers={args.workers}",
+        f"model.chunk={args.chunk}",
+        *args.override,
+    ]
     cfg = load_config(overrides)
     task = build_task(cfg)
     dims, grip = task.action_dim, list(task.gripper_dims)
-    spec = PolicySpec(task_name=task.name, env_spec=task.env_spec(),
-                      action_stats={"low": [-1.0] * dims, "high": [1.0] * dims, "gripper_dims": grip})
+    spec = PolicySpec(
+        task_name=task.name,
+        env_spec=task.env_spec(),
+        action_stats={"low": [-1.0] * dims, "high": [1.0] * dims, "gripper_dims": grip},
+    )
     return build_vla_policy(cfg, spec), task, cfg, overrides
 
 
@@ -93,11 +109,18 @@ def plan(task, rollout_index: int, items: int, salt: int):
 
     name = task.cfg.tasks[0]
     limit = 50 if task.name.startswith("libero") else None
-    its = [{"prompt": task.instruction(name), "env_task": name, "task": name,
-            "init_state": (rollout_index * items + b) % limit if limit else rollout_index * items + b}
-           for b in range(items)]
-    return PromptBatch(items=its, indices=list(range(items)), seeds=[salt * 100_003 + rollout_index * items + b
-                                                                    for b in range(items)])
+    its = [
+        {
+            "prompt": task.instruction(name),
+            "env_task": name,
+            "task": name,
+            "init_state": (rollout_index * items + b) % limit if limit else rollout_index * items + b,
+        }
+        for b in range(items)
+    ]
+    return PromptBatch(
+        items=its, indices=list(range(items)), seeds=[salt * 100_003 + rollout_index * items + b for b in range(items)]
+    )
 
 
 # ============================================================================ B: gymnasium peer
@@ -124,8 +147,13 @@ def _make_held_env(name: str, kwargs: dict, index: int):
             obs, reward, terminated, truncated, info = self.env.step(action)
             self._last, self._ended = obs, bool(terminated or truncated)
             self._flags = {"te": bool(terminated), "tr": bool(truncated)}
-            return obs, reward, False, False, {"executed": 1, "success": bool(info.get("success", False)),
-                                               **self._flags}
+            return (
+                obs,
+                reward,
+                False,
+                False,
+                {"executed": 1, "success": bool(info.get("success", False)), **self._flags},
+            )
 
     return HoldAtEnd(make_env(name, **kwargs))
 
@@ -139,8 +167,9 @@ def _worker_env(name: str, kwargs: dict, indices: list[int]):
 
     class WorkerEnvs(gym.Env):
         def __init__(self) -> None:
-            self.sync = SyncVectorEnv([(lambda i=i: _make_held_env(name, kwargs, i)) for i in indices],
-                                      autoreset_mode=AutoresetMode.DISABLED)
+            self.sync = SyncVectorEnv(
+                [(lambda i=i: _make_held_env(name, kwargs, i)) for i in indices], autoreset_mode=AutoresetMode.DISABLED
+            )
             self.observation_space = self.sync.observation_space
             self.action_space = self.sync.action_space
 
@@ -150,9 +179,18 @@ def _worker_env(name: str, kwargs: dict, indices: list[int]):
 
         def step(self, action):
             obs, reward, _terminated, _truncated, info = self.sync.step(action)
-            return obs, float(np.sum(reward)), False, False, {
-                "executed": np.asarray(info["executed"], dtype=np.int64), "success": np.asarray(info["success"], bool),
-                "te": np.asarray(info["te"], bool), "tr": np.asarray(info["tr"], bool)}
+            return (
+                obs,
+                float(np.sum(reward)),
+                False,
+                False,
+                {
+                    "executed": np.asarray(info["executed"], dtype=np.int64),
+                    "success": np.asarray(info["success"], bool),
+                    "te": np.asarray(info["te"], bool),
+                    "tr": np.asarray(info["tr"], bool),
+                },
+            )
 
         def close(self) -> None:
             self.sync.close()
@@ -174,13 +212,21 @@ class GymPeer:
             raise SystemExit(f"--items x --group ({num_envs}) must be a multiple of --workers ({workers})")
         self.per = self.slices[0].stop - self.slices[0].start
         # one AsyncVectorEnv "env" per worker = a SyncVectorEnv of that worker's envs (its obs are [per, ...])
-        self.vec = AsyncVectorEnv([(lambda s=s: _worker_env(name, kwargs, list(range(s.start, s.stop))))
-                                   for s in self.slices], context="spawn", shared_memory=True, copy=True,
-                                  autoreset_mode=AutoresetMode.DISABLED, observation_mode="same")
+        self.vec = AsyncVectorEnv(
+            [(lambda s=s: _worker_env(name, kwargs, list(range(s.start, s.stop)))) for s in self.slices],
+            context="spawn",
+            shared_memory=True,
+            copy=True,
+            autoreset_mode=AutoresetMode.DISABLED,
+            observation_mode="same",
+        )
 
     def _flat(self, x):
-        return {k: self._flat(v) for k, v in x.items()} if isinstance(x, dict) else \
-            np.asarray(x).reshape(self.num_envs, *np.asarray(x).shape[2:])
+        return (
+            {k: self._flat(v) for k, v in x.items()}
+            if isinstance(x, dict)
+            else np.asarray(x).reshape(self.num_envs, *np.asarray(x).shape[2:])
+        )
 
     def reset(self, init_states: list[int]):
         obs, info = self.vec.reset(options={"init_states": list(init_states)})
@@ -188,8 +234,13 @@ class GymPeer:
 
     def step(self, actions: np.ndarray):
         obs, reward, terminated, truncated, info = self.vec.step(actions.reshape(self.workers, self.per, -1))
-        return (self._flat(obs), np.asarray(info["te"]).reshape(-1), np.asarray(info["tr"]).reshape(-1),
-                np.asarray(info["executed"]).reshape(-1), np.asarray(info["success"]).reshape(-1))
+        return (
+            self._flat(obs),
+            np.asarray(info["te"]).reshape(-1),
+            np.asarray(info["tr"]).reshape(-1),
+            np.asarray(info["executed"]).reshape(-1),
+            np.asarray(info["success"]).reshape(-1),
+        )
 
     def close(self, terminate: bool = False) -> None:
         if not self.vec.closed:
@@ -204,8 +255,10 @@ def peer_rollout(policy, peer: GymPeer, batch, G: int):
 
     planned = [(i, j) for i in range(len(batch)) for j in range(G)]
     items = [batch.items[i] for i, _ in planned]
-    episodes = [EpisodeSpec(init_state=int(it["init_state"]), key=init_state_key(it), seed=(batch.seeds[i], j))
-                for it, (i, j) in zip(items, planned)]
+    episodes = [
+        EpisodeSpec(init_state=int(it["init_state"]), key=init_state_key(it), seed=(batch.seeds[i], j))
+        for it, (i, j) in zip(items, planned)
+    ]
     policy._set_train_mode(False)
     act = policy._act_fn(items, greedy=False)
     n = len(episodes)
@@ -245,11 +298,21 @@ def peer_rollout(policy, peer: GymPeer, batch, G: int):
         _record_call(records, live, frames, out, [{} for _ in range(n)])
     for k, rec in enumerate(records):
         rec.env_success, rec.length = bool(success[k]), int(length[k])
-    run = EpisodeRun(records=records, image_shape=tuple(obs["image"].shape[1:]), policy_calls=calls,
-                     timing={"generation": t_gen, "env": t_env, "env_steps": env_steps})
+    run = EpisodeRun(
+        records=records,
+        image_shape=tuple(obs["image"].shape[1:]),
+        policy_calls=calls,
+        timing={"generation": t_gen, "env": t_env, "env_steps": env_steps},
+    )
     ro = policy._build_rollout(batch, planned, items, run)
-    return ro, {"env_steps": env_steps, "calls": calls, "rows": sum(r.policy_calls for r in records),
-                "round_trips": round_trips, "gen_s": t_gen, "env_s": t_env}
+    return ro, {
+        "env_steps": env_steps,
+        "calls": calls,
+        "rows": sum(r.policy_calls for r in records),
+        "round_trips": round_trips,
+        "gen_s": t_gen,
+        "env_s": t_env,
+    }
 
 
 def mmrl_rollout(policy, batch, G: int):
@@ -261,9 +324,14 @@ def mmrl_rollout(policy, batch, G: int):
     steps0 = before["env_steps"] if before else 0
     calls0 = before["step_calls"] if before else 0
     calls = int(round(ro.metrics["rollout/policy_calls"]))
-    return ro, {"env_steps": after["env_steps"] - steps0, "calls": calls,
-                "rows": int(sum(s["policy_calls"] for s in ro.samples)), "round_trips": after["step_calls"] - calls0,
-                "gen_s": ro.metrics["time/generation"], "env_s": ro.metrics["time/env"]}
+    return ro, {
+        "env_steps": after["env_steps"] - steps0,
+        "calls": calls,
+        "rows": int(sum(s["policy_calls"] for s in ro.samples)),
+        "round_trips": after["step_calls"] - calls0,
+        "gen_s": ro.metrics["time/generation"],
+        "env_s": ro.metrics["time/env"],
+    }
 
 
 # ============================================================================ C: floors
@@ -321,19 +389,28 @@ def _ms(xs: list[float]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--benchmark", choices=sorted(BENCHMARKS), default="tabletop",
-                        help="simulator family: tabletop (vla_reach), metaworld, libero")
-    parser.add_argument("--task", default=None, help="task of the benchmark (default: reach_red / reach-v3 / "
-                                                     "libero_object/0)")
+    parser.add_argument(
+        "--benchmark",
+        choices=sorted(BENCHMARKS),
+        default="tabletop",
+        help="simulator family: tabletop (vla_reach), metaworld, libero",
+    )
+    parser.add_argument(
+        "--task", default=None, help="task of the benchmark (default: reach_red / reach-v3 / libero_object/0)"
+    )
     parser.add_argument("--items", type=int, default=1, help="prompt items (initial states) per rollout (B)")
     parser.add_argument("--group", type=int, default=8, help="episodes per item (G)")
     parser.add_argument("--workers", type=int, default=2, help="env worker processes on BOTH sides")
     parser.add_argument("--rollouts", type=int, default=20, help="rollouts per side per repeat")
     parser.add_argument("--chunk", type=int, default=1, help="actions per policy call (model.chunk)")
     parser.add_argument("--image-size", type=int, default=128, help="frame side (the tasks' default)")
-    parser.add_argument("--max-steps", type=int, default=None,
-                        help="episode length limit (default: 16 tabletop as vla_reach, 30 metaworld as its default, "
-                             "40 libero: the first 40 of a LIBERO episode's 220-520 steps)")
+    parser.add_argument(
+        "--max-steps",
+        type=int,
+        default=None,
+        help="episode length limit (default: 16 tabletop as vla_reach, 30 metaworld as its default, "
+        "40 libero: the first 40 of a LIBERO episode's 220-520 steps)",
+    )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--torch-threads", type=int, default=1)
     parser.add_argument("--override", nargs="*", default=[], help="extra config overrides")
@@ -368,8 +445,11 @@ def main(argv: list[str] | None = None) -> int:
         mmrl_rollout(policy, plan(task, 10_000, args.items, 0), G)
         pool_start_s = time.perf_counter() - t0
         peer_rollout(policy, peer, plan(task, 10_000, args.items, 0), G)
-        print(f"policy built in {build_s:.1f} s; mmrl pool start + first rollout {pool_start_s:.1f} s; "
-              f"gymnasium AsyncVectorEnv start {peer_start_s:.1f} s", flush=True)
+        print(
+            f"policy built in {build_s:.1f} s; mmrl pool start + first rollout {pool_start_s:.1f} s; "
+            f"gymnasium AsyncVectorEnv start {peer_start_s:.1f} s",
+            flush=True,
+        )
 
         res: dict[str, list[float]] = {k: [] for k in ("A", "B", "floor_pol", "floor_env")}
         counts: dict[str, dict[str, int]] = {"A": {}, "B": {}}
@@ -405,8 +485,11 @@ def main(argv: list[str] | None = None) -> int:
             for side in ("A", "B"):
                 phases[side]["gen_s"].append(gen[side])
                 phases[side]["env_s"].append(env_t[side])
-            print(f"repeat {rep + 1}: mmrl {wall['A']:.2f} s, gymnasium {wall['B']:.2f} s, policy alone "
-                  f"{wall['floor_pol']:.2f} s, envs alone {wall['floor_env']:.2f} s", flush=True)
+            print(
+                f"repeat {rep + 1}: mmrl {wall['A']:.2f} s, gymnasium {wall['B']:.2f} s, policy alone "
+                f"{wall['floor_pol']:.2f} s, envs alone {wall['floor_env']:.2f} s",
+                flush=True,
+            )
     except BaseException:
         import traceback
 
@@ -425,46 +508,66 @@ def main(argv: list[str] | None = None) -> int:
     floor_w = [p + e / W for p, e in zip(res["floor_pol"], res["floor_env"])]
     print("\n=== settings (both sides) ===")
     print(f"env {spec.env_name} via mmrl.simulators.make_env({spec.env_name!r}, **{spec.env_kwargs})")
-    print(f"policy: VLAPolicy from load_config({overrides}) + build_vla_policy; {cfg.model.path}, "
-          f"{sum(p.numel() for p in policy.module.parameters()):,} params, dtype {cfg.model.dtype}, device {policy.device}, "
-          f"{policy.tokens_per_call} action tokens/call ({cfg.model.n_bins} bins), temperature {cfg.model.temperature}, "
-          f"top_p {cfg.model.top_p}, sampled (not greedy)")
-    print(f"{N} episodes per rollout ({args.items} item(s) x G={G}), {args.rollouts} rollouts per side per repeat "
-          f"= {episodes_per_repeat} episodes, max {policy.max_policy_calls()} policy calls/episode, chunk {args.chunk}, "
-          f"{args.image_size}x{args.image_size} frames, {W} env worker processes per side ({N // W} envs each)")
+    print(
+        f"policy: VLAPolicy from load_config({overrides}) + build_vla_policy; {cfg.model.path}, "
+        f"{sum(p.numel() for p in policy.module.parameters()):,} params, dtype {cfg.model.dtype}, device {policy.device}, "
+        f"{policy.tokens_per_call} action tokens/call ({cfg.model.n_bins} bins), temperature {cfg.model.temperature}, "
+        f"top_p {cfg.model.top_p}, sampled (not greedy)"
+    )
+    print(
+        f"{N} episodes per rollout ({args.items} item(s) x G={G}), {args.rollouts} rollouts per side per repeat "
+        f"= {episodes_per_repeat} episodes, max {policy.max_policy_calls()} policy calls/episode, chunk {args.chunk}, "
+        f"{args.image_size}x{args.image_size} frames, {W} env worker processes per side ({N // W} envs each)"
+    )
     print(f"mmrl: EnvPool(spawn, shared-memory frames, step_timeout_s={cfg.model.step_timeout_s}), chunk run in worker")
-    print(f"gymnasium {gymnasium.__version__}: AsyncVectorEnv(context='spawn', shared_memory=True, copy=True, "
-          f"autoreset_mode=DISABLED) of {W} SyncVectorEnv(s) of {N // W} env(s); held-at-end wrapper")
-    print(f"torch {torch.__version__} ({torch.get_num_threads()} thread(s)), transformers {transformers.__version__}, "
-          f"python {platform.python_version()}, {os.cpu_count()} CPUs, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}, "
-          f"MUJOCO_GL={os.environ.get('MUJOCO_GL')}, load average {os.getloadavg()[0]:.1f}")
+    print(
+        f"gymnasium {gymnasium.__version__}: AsyncVectorEnv(context='spawn', shared_memory=True, copy=True, "
+        f"autoreset_mode=DISABLED) of {W} SyncVectorEnv(s) of {N // W} env(s); held-at-end wrapper"
+    )
+    print(
+        f"torch {torch.__version__} ({torch.get_num_threads()} thread(s)), transformers {transformers.__version__}, "
+        f"python {platform.python_version()}, {os.cpu_count()} CPUs, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}, "
+        f"MUJOCO_GL={os.environ.get('MUJOCO_GL')}, load average {os.getloadavg()[0]:.1f}"
+    )
     print("\n=== work done (all repeats) ===")
     for side, label in (("A", "mmrl"), ("B", "gymnasium")):
         c = counts[side]
-        print(f"{label:>9}: {c['env_steps']} env steps, {c['calls']} policy calls ({c['rows']} observation rows), "
-              f"{c['round_trips']} env round trips, {c['successes']} successes")
+        print(
+            f"{label:>9}: {c['env_steps']} env steps, {c['calls']} policy calls ({c['rows']} observation rows), "
+            f"{c['round_trips']} env round trips, {c['successes']} successes"
+        )
     print(f"{'floor':>9}: {floor_steps} env steps (in-process), {counts['A']['rows']} observation rows replayed")
     print(f"identical action tokens: {compared - mismatched}/{compared} episodes")
     if counts["A"]["env_steps"] != counts["B"]["env_steps"] or counts["A"]["rows"] != counts["B"]["rows"]:
         print("WARNING: the two sides did different work")
-    print(f"\n=== per repeat ({episodes_per_repeat} episodes, {steps_per_repeat:.0f} env steps): "
-          f"median [min-max] over {R} ===")
+    print(
+        f"\n=== per repeat ({episodes_per_repeat} episodes, {steps_per_repeat:.0f} env steps): "
+        f"median [min-max] over {R} ==="
+    )
     print(f"{'':>28} | {'wall s':>22} | {'episodes/s':>9} | {'env steps/s':>11} | {'gen s':>7} | {'env s':>7}")
     for side, label in (("A", "A mmrl rollout"), ("B", "B gymnasium AsyncVectorEnv")):
         m = float(np.median(res[side]))
-        print(f"{label:>28} | {_ms(res[side]):>22} | {episodes_per_repeat / m:>9.2f} | {steps_per_repeat / m:>11.1f} | "
-              f"{np.median(phases[side]['gen_s']):>7.2f} | {np.median(phases[side]['env_s']):>7.2f}")
+        print(
+            f"{label:>28} | {_ms(res[side]):>22} | {episodes_per_repeat / m:>9.2f} | {steps_per_repeat / m:>11.1f} | "
+            f"{np.median(phases[side]['gen_s']):>7.2f} | {np.median(phases[side]['env_s']):>7.2f}"
+        )
     print(f"{'C1 policy alone':>28} | {_ms(res['floor_pol']):>22} |")
     print(f"{'C2 envs alone (serial)':>28} | {_ms(res['floor_env']):>22} |")
-    print(f"{'floor C1 + C2':>28} | {_ms(floor):>22} | {episodes_per_repeat / np.median(floor):>9.2f} | "
-          f"{steps_per_repeat / np.median(floor):>11.1f}")
-    print(f"{f'floor C1 + C2 / {W}':>28} | {_ms(floor_w):>22} | {episodes_per_repeat / np.median(floor_w):>9.2f} | "
-          f"{steps_per_repeat / np.median(floor_w):>11.1f}")
+    print(
+        f"{'floor C1 + C2':>28} | {_ms(floor):>22} | {episodes_per_repeat / np.median(floor):>9.2f} | "
+        f"{steps_per_repeat / np.median(floor):>11.1f}"
+    )
+    print(
+        f"{f'floor C1 + C2 / {W}':>28} | {_ms(floor_w):>22} | {episodes_per_repeat / np.median(floor_w):>9.2f} | "
+        f"{steps_per_repeat / np.median(floor_w):>11.1f}"
+    )
     ratio = [a / b for a, b in zip(res["A"], res["B"])]
     print(f"\nwall mmrl / gymnasium (per repeat): {_ms(ratio)}  (< 1: mmrl faster)")
     for label, side in (("mmrl", "A"), ("gymnasium", "B")):
-        print(f"wall {label} / floor C1+C2: {_ms([a / f for a, f in zip(res[side], floor)])}; "
-              f"/ floor C1+C2/{W}: {_ms([a / f for a, f in zip(res[side], floor_w)])}")
+        print(
+            f"wall {label} / floor C1+C2: {_ms([a / f for a, f in zip(res[side], floor)])}; "
+            f"/ floor C1+C2/{W}: {_ms([a / f for a, f in zip(res[side], floor_w)])}"
+        )
     return 0
 
 

@@ -71,6 +71,7 @@ then ``--repeats`` blocks of ``--steps`` steps each are measured; for every bloc
 median step time and the ratios of those medians, and prints, per side and per ratio, the median across blocks
 and the spread (min-max). Targets at G=8: mmrl / TRL matched <= 0.4, mmrl / floor <= 1.15.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -97,25 +98,48 @@ LABELS = {
     "floor_plain": "floor without sharing (G prompt copies)",
 }
 RATIOS = (  # (numerator, denominator, target or None)
-    ("mmrl", "trl_matched", 0.4), ("mmrl", "trl_default", None), ("mmrl", "floor", 1.15),
-    ("mmrl", "floor_plain", None), ("floor", "floor_plain", None), ("trl_matched", "trl_default", None),
+    ("mmrl", "trl_matched", 0.4),
+    ("mmrl", "trl_default", None),
+    ("mmrl", "floor", 1.15),
+    ("mmrl", "floor_plain", None),
+    ("floor", "floor_plain", None),
+    ("trl_matched", "trl_default", None),
 )
 
 
 # ============================================================================ mmrl side
 
 
-def mmrl_overrides(family: str, out_dir: str, *, batch: int, group: int, new_tokens: int, lr: float,
-                   max_steps: int) -> list[str]:
+def mmrl_overrides(
+    family: str, out_dir: str, *, batch: int, group: int, new_tokens: int, lr: float, max_steps: int
+) -> list[str]:
     """The config overrides of the mmrl run (shared settings in the module docstring)."""
     return [
-        "task=vqa_grounding", f"model=tiny_{family}", f"trainer.batch_size={batch}", f"algo.group_size={group}",
-        f"model.max_new_tokens={new_tokens}", "trainer.sft_steps=0", f"trainer.lr={lr}", "trainer.threads=1",
-        f"trainer.max_steps={max_steps}", "trainer.device=cpu", "trainer.eval_every=0", "trainer.eval_at_end=false",
-        "trainer.progress=false", "trainer.tensorboard=false", "algo.kl_coef=0.0", "algo.ppo_epochs=1",
-        "algo.num_minibatches=1", "trainer.grad_accum=1", "model.temperature=1.0", "model.top_p=1.0",
-        "model.dtype=float32", "model.shared_prefix=true", "model.gradient_checkpointing=false",
-        f"trainer.output_dir={out_dir}", "trainer.run_name=mmrl",
+        "task=vqa_grounding",
+        f"model=tiny_{family}",
+        f"trainer.batch_size={batch}",
+        f"algo.group_size={group}",
+        f"model.max_new_tokens={new_tokens}",
+        "trainer.sft_steps=0",
+        f"trainer.lr={lr}",
+        "trainer.threads=1",
+        f"trainer.max_steps={max_steps}",
+        "trainer.device=cpu",
+        "trainer.eval_every=0",
+        "trainer.eval_at_end=false",
+        "trainer.progress=false",
+        "trainer.tensorboard=false",
+        "algo.kl_coef=0.0",
+        "algo.ppo_epochs=1",
+        "algo.num_minibatches=1",
+        "trainer.grad_accum=1",
+        "model.temperature=1.0",
+        "model.top_p=1.0",
+        "model.dtype=float32",
+        "model.shared_prefix=true",
+        "model.gradient_checkpointing=false",
+        f"trainer.output_dir={out_dir}",
+        "trainer.run_name=mmrl",
     ]
 
 
@@ -132,8 +156,9 @@ def _features_object(out, per_image: Sequence[int]):
     return type(out)(**kw)
 
 
-def _train_update(lm, logits: torch.Tensor, comp: torch.Tensor, mask: torch.Tensor,
-                  optimizer: torch.optim.Optimizer) -> torch.Tensor:
+def _train_update(
+    lm, logits: torch.Tensor, comp: torch.Tensor, mask: torch.Tensor, optimizer: torch.optim.Optimizer
+) -> torch.Tensor:
     """Token-mean log-likelihood loss of ``comp`` under ``logits`` [B, T, V], backward, clip 1.0, AdamW."""
     logp = logits.float().log_softmax(-1).gather(-1, comp[..., None]).squeeze(-1)
     m = mask.float()
@@ -145,8 +170,17 @@ def _train_update(lm, logits: torch.Tensor, comp: torch.Tensor, mask: torch.Tens
     return logp.detach()
 
 
-def floor_step(lm, processor, items: Sequence[dict], group: int, max_new_tokens: int, eos_ids: list[int],
-               pad_id: int, suppress_ids: list[int], optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+def floor_step(
+    lm,
+    processor,
+    items: Sequence[dict],
+    group: int,
+    max_new_tokens: int,
+    eos_ids: list[int],
+    pad_id: int,
+    suppress_ids: list[int],
+    optimizer: torch.optim.Optimizer,
+) -> dict[str, Any]:
     """Generate once, then train on the same completions with the shared-prefix and the plain forward.
 
     Returns the seconds of the four parts (``gen`` with each prompt prefilled once, ``gen_plain`` prefilling every
@@ -158,8 +192,9 @@ def floor_step(lm, processor, items: Sequence[dict], group: int, max_new_tokens:
     base = _base_model(lm)
     n, G = len(items), group
     t0 = time.perf_counter()
-    texts = [processor.apply_chat_template(build_messages(it, 1), add_generation_prompt=True, tokenize=False)
-             for it in items]
+    texts = [
+        processor.apply_chat_template(build_messages(it, 1), add_generation_prompt=True, tokenize=False) for it in items
+    ]
     enc = processor(text=texts, images=[it["image"] for it in items], padding=True, return_tensors="pt")
     grid = enc["image_grid_thw"]
     lm.eval()
@@ -173,8 +208,16 @@ def floor_step(lm, processor, items: Sequence[dict], group: int, max_new_tokens:
         "mm_token_type_ids": enc["mm_token_type_ids"].repeat_interleave(G, 0),
         "image_grid_thw": grid.repeat_interleave(G, 0),
     }
-    sampling = dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=max_new_tokens,
-                    eos_token_id=eos_ids, pad_token_id=pad_id, suppress_tokens=suppress_ids)
+    sampling = dict(
+        do_sample=True,
+        temperature=1.0,
+        top_k=0,
+        top_p=1.0,
+        max_new_tokens=max_new_tokens,
+        eos_token_id=eos_ids,
+        pad_token_id=pad_id,
+        suppress_tokens=suppress_ids,
+    )
     t_vis = time.perf_counter() - t0
     # ---- generate without prefix sharing (timed for the floor without sharing; its completions are not used)
     t_g = time.perf_counter()
@@ -191,15 +234,26 @@ def floor_step(lm, processor, items: Sequence[dict], group: int, max_new_tokens:
     cache = DynamicCache(config=base.config)
     base.model.rope_deltas = None
     with torch.no_grad():
-        lm(input_ids=enc["input_ids"][:, :-1], attention_mask=enc["attention_mask"][:, :-1],
-           mm_token_type_ids=enc["mm_token_type_ids"][:, :-1], image_grid_thw=grid,
-           mm_encoder_outputs={"image": _features_object(vis, range(n))}, use_cache=True, logits_to_keep=1,
-           **{cache_kwarg(lm): cache})
+        lm(
+            input_ids=enc["input_ids"][:, :-1],
+            attention_mask=enc["attention_mask"][:, :-1],
+            mm_token_type_ids=enc["mm_token_type_ids"][:, :-1],
+            image_grid_thw=grid,
+            mm_encoder_outputs={"image": _features_object(vis, range(n))},
+            use_cache=True,
+            logits_to_keep=1,
+            **{cache_kwarg(lm): cache},
+        )
         index = torch.tensor(rep)
         cache.batch_select_indices(index)
         base.model.rope_deltas = base.model.rope_deltas[index]
-        out = lm.generate(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"],
-                          mm_token_type_ids=inputs["mm_token_type_ids"], **{cache_kwarg(lm): cache}, **sampling)
+        out = lm.generate(
+            input_ids=inputs["input_ids"],
+            attention_mask=inputs["attention_mask"],
+            mm_token_type_ids=inputs["mm_token_type_ids"],
+            **{cache_kwarg(lm): cache},
+            **sampling,
+        )
     P = inputs["input_ids"].shape[1]
     comp = out[:, P:]
     is_eos = torch.isin(comp, torch.tensor(eos_ids))
@@ -210,8 +264,12 @@ def floor_step(lm, processor, items: Sequence[dict], group: int, max_new_tokens:
 
     # ---- plain training forward: G rows of prompt + completion per prompt, features reused
     t1 = time.perf_counter()
-    fwd = dict(inputs, input_ids=out, attention_mask=torch.cat([inputs["attention_mask"], mask], 1),
-               mm_token_type_ids=torch.cat([inputs["mm_token_type_ids"], torch.zeros_like(comp)], 1))
+    fwd = dict(
+        inputs,
+        input_ids=out,
+        attention_mask=torch.cat([inputs["attention_mask"], mask], 1),
+        mm_token_type_ids=torch.cat([inputs["mm_token_type_ids"], torch.zeros_like(comp)], 1),
+    )
     lm.train()
     logits = lm(**fwd, mm_encoder_outputs={"image": feats_rep}, logits_to_keep=T + 1, use_cache=False).logits[:, :-1]
     logp_plain = _train_update(lm, logits, comp, mask, optimizer)
@@ -224,23 +282,34 @@ def floor_step(lm, processor, items: Sequence[dict], group: int, max_new_tokens:
     att = enc["attention_mask"].bool()
     prompt_ids = [enc["input_ids"][i][att[i]] for i in range(n)]
     prompt_mm = [enc["mm_token_type_ids"][i][att[i]] for i in range(n)]
-    layout = sp.plan_layout([list(range(i * G, (i + 1) * G)) for i in range(n)], [p.numel() for p in prompt_ids],
-                            lengths)
+    layout = sp.plan_layout(
+        [list(range(i * G, (i + 1) * G)) for i in range(n)], [p.numel() for p in prompt_ids], lengths
+    )
     ids = sp.pack_rows(layout, prompt_ids, comp, pad_id)
     mm = sp.pack_rows(layout, prompt_mm, None, 0)
     E, R = layout.prefix_end, layout.num_rows
     prompt_cols = sp.segment_ids(layout)[:, :E] == sp.PREFIX_SEGMENT
     one = torch.ones(R, 1, dtype=torch.long)
-    pos, _ = base.model.get_rope_index(input_ids=torch.cat([ids[:, :E], one * pad_id], 1),
-                                       mm_token_type_ids=torch.cat([mm[:, :E], one * 0], 1),
-                                       attention_mask=torch.cat([prompt_cols.long(), one], 1), image_grid_thw=grid)
+    pos, _ = base.model.get_rope_index(
+        input_ids=torch.cat([ids[:, :E], one * pad_id], 1),
+        mm_token_type_ids=torch.cat([mm[:, :E], one * 0], 1),
+        attention_mask=torch.cat([prompt_cols.long(), one], 1),
+        image_grid_thw=grid,
+    )
     positions = sp.pack_positions(layout, pos[:, :, :E], pos[:, :, E])
     text_config = lm.config.get_text_config()
     amask = sp.model_attention_mask(text_config, sp.segment_ids(layout), torch.float32)
     lm.train()
-    logits = lm(input_ids=ids, attention_mask=amask, position_ids=positions, mm_token_type_ids=mm,
-                image_grid_thw=grid, mm_encoder_outputs={"image": _features_object(vis, range(n))},
-                logits_to_keep=layout.width - E + 1, use_cache=False).logits
+    logits = lm(
+        input_ids=ids,
+        attention_mask=amask,
+        position_ids=positions,
+        mm_token_type_ids=mm,
+        image_grid_thw=grid,
+        mm_encoder_outputs={"image": _features_object(vis, range(n))},
+        logits_to_keep=layout.width - E + 1,
+        use_cache=False,
+    ).logits
     logits = sp.unpack(logits, sp.prediction_index(layout, T), first_col=layout.width - logits.shape[1])
     logp_shared = _train_update(lm, logits, comp, mask, optimizer)
     del logits
@@ -248,8 +317,13 @@ def floor_step(lm, processor, items: Sequence[dict], group: int, max_new_tokens:
     t_shared = time.perf_counter() - t2
     m = mask.bool()
     return {
-        "gen": t_gen, "gen_plain": t_gen_plain, "shared": t_shared, "plain": t_plain, "len": float(mask.float().sum(1).mean()),
-        "tokens_shared": layout.tokens, "tokens_plain": int(out.shape[0] * out.shape[1]),
+        "gen": t_gen,
+        "gen_plain": t_gen_plain,
+        "shared": t_shared,
+        "plain": t_plain,
+        "len": float(mask.float().sum(1).mean()),
+        "tokens_shared": layout.tokens,
+        "tokens_plain": int(out.shape[0] * out.shape[1]),
         "width_shared": R * layout.width,
         "logp_diff": float((logp_plain - logp_shared)[m].abs().max()) if bool(m.any()) else 0.0,
     }
@@ -297,12 +371,21 @@ def trl_reward_funcs(task, family: str, box_frame: str, eos_ids: Sequence[int]) 
         out = []
         for c, ids, isz, osz in zip(completions, completion_ids, input_size, orig_size):
             text = c[0]["content"] if isinstance(c, list) else c
-            out.append({"text": text, "truncated": not (ids and int(ids[-1]) in eos), "input_size": isz,
-                        "orig_size": osz, "family": family, "box_frame": box_frame})
+            out.append(
+                {
+                    "text": text,
+                    "truncated": not (ids and int(ids[-1]) in eos),
+                    "input_size": isz,
+                    "orig_size": osz,
+                    "family": family,
+                    "box_frame": box_frame,
+                }
+            )
         return out
 
     funcs = []
     for spec in task.reward_specs():
+
         def fn(prompts, completions, completion_ids, input_size, orig_size, _inner=spec.fn, **cols):
             cols = {k: v for k, v in cols.items() if k in ("gt_boxes", "gt_labels", "answer_frame", "image_size", "id")}
             return _inner(prompts, to_samples(completions, completion_ids, input_size, orig_size), **cols)
@@ -385,9 +468,21 @@ class TRLRunner:
         return self.times[-1], self.lengths[-1]
 
 
-def build_trl(model_path: str, dataset, reward_funcs: list[Callable], out_dir: str, *, group: int,
-              batch: int, new_tokens: int, lr: float, max_steps: int, suppress_ids: list[int], callback,
-              gradient_checkpointing: bool | None):
+def build_trl(
+    model_path: str,
+    dataset,
+    reward_funcs: list[Callable],
+    out_dir: str,
+    *,
+    group: int,
+    batch: int,
+    new_tokens: int,
+    lr: float,
+    max_steps: int,
+    suppress_ids: list[int],
+    callback,
+    gradient_checkpointing: bool | None,
+):
     """TRL's GRPOTrainer on the saved tiny model, with the same settings as the mmrl run;
     ``gradient_checkpointing=None`` keeps ``GRPOConfig``'s own default."""
     from transformers import AutoProcessor
@@ -397,16 +492,44 @@ def build_trl(model_path: str, dataset, reward_funcs: list[Callable], out_dir: s
     processor.tokenizer.padding_side = "left"
     extra = {} if gradient_checkpointing is None else {"gradient_checkpointing": gradient_checkpointing}
     args = GRPOConfig(
-        output_dir=out_dir, per_device_train_batch_size=batch * group, num_generations=group,
-        gradient_accumulation_steps=1, max_completion_length=new_tokens, beta=0.0, temperature=1.0, top_p=1.0,
-        top_k=0, learning_rate=lr, max_steps=max_steps, use_cpu=True, bf16=False, fp16=False, report_to="none",
-        logging_steps=1, save_strategy="no", use_vllm=False, dataloader_num_workers=0, loss_type="grpo",
-        scale_rewards="group", max_grad_norm=1.0, weight_decay=0.0, remove_unused_columns=False, disable_tqdm=True,
+        output_dir=out_dir,
+        per_device_train_batch_size=batch * group,
+        num_generations=group,
+        gradient_accumulation_steps=1,
+        max_completion_length=new_tokens,
+        beta=0.0,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        learning_rate=lr,
+        max_steps=max_steps,
+        use_cpu=True,
+        bf16=False,
+        fp16=False,
+        report_to="none",
+        logging_steps=1,
+        save_strategy="no",
+        use_vllm=False,
+        dataloader_num_workers=0,
+        loss_type="grpo",
+        scale_rewards="group",
+        max_grad_norm=1.0,
+        weight_decay=0.0,
+        remove_unused_columns=False,
+        disable_tqdm=True,
         reward_weights=[REWARD_WEIGHTS[f.__name__] for f in reward_funcs],
-        generation_kwargs={"suppress_tokens": list(suppress_ids)}, seed=0, **extra,
+        generation_kwargs={"suppress_tokens": list(suppress_ids)},
+        seed=0,
+        **extra,
     )
-    trainer = GRPOTrainer(model=model_path, reward_funcs=reward_funcs, args=args, train_dataset=dataset,
-                          processing_class=processor, callbacks=[callback])
+    trainer = GRPOTrainer(
+        model=model_path,
+        reward_funcs=reward_funcs,
+        args=args,
+        train_dataset=dataset,
+        processing_class=processor,
+        callbacks=[callback],
+    )
     from transformers.trainer_callback import PrinterCallback
 
     trainer.remove_callback(PrinterCallback)  # no metrics dict printed per step
@@ -427,8 +550,17 @@ def freeze_vision(model) -> int:
 # ============================================================================ driver
 
 
-def run(family: str, steps: int, warmup: int, repeats: int, *, batch: int = 8, group: int = 8,
-        new_tokens: int = 32, lr: float = 1e-5) -> dict[str, Any]:
+def run(
+    family: str,
+    steps: int,
+    warmup: int,
+    repeats: int,
+    *,
+    batch: int = 8,
+    group: int = 8,
+    new_tokens: int = 32,
+    lr: float = 1e-5,
+) -> dict[str, Any]:
     """Interleave all sides step by step; per-side times and lengths of every measured step, by repeat."""
     torch.set_num_threads(1)
     from mmrl.config import load_config
@@ -437,8 +569,9 @@ def run(family: str, steps: int, warmup: int, repeats: int, *, batch: int = 8, g
 
     total = warmup + repeats * steps
     out = tempfile.mkdtemp(prefix=f"bench-vlm-{family}-")
-    cfg = load_config(mmrl_overrides(family, out, batch=batch, group=group, new_tokens=new_tokens, lr=lr,
-                                     max_steps=total))
+    cfg = load_config(
+        mmrl_overrides(family, out, batch=batch, group=group, new_tokens=new_tokens, lr=lr, max_steps=total)
+    )
     tr = Trainer(cfg)
     tr.setup_run_dir()
     pol = tr.policy
@@ -453,29 +586,42 @@ def run(family: str, steps: int, warmup: int, repeats: int, *, batch: int = 8, g
     trl_settings: dict[str, dict[str, Any]] = {}
     for name, gc in (("trl_default", None), ("trl_matched", False)):
         r = TRLRunner(name)
-        r.trainer = build_trl(model_path, rows, funcs, tempfile.mkdtemp(prefix=f"bench-{name}-"), group=group,
-                              batch=batch, new_tokens=new_tokens, lr=lr, max_steps=total,
-                              suppress_ids=pol.suppress_ids, callback=r.callback(), gradient_checkpointing=gc)
+        r.trainer = build_trl(
+            model_path,
+            rows,
+            funcs,
+            tempfile.mkdtemp(prefix=f"bench-{name}-"),
+            group=group,
+            batch=batch,
+            new_tokens=new_tokens,
+            lr=lr,
+            max_steps=total,
+            suppress_ids=pol.suppress_ids,
+            callback=r.callback(),
+            gradient_checkpointing=gc,
+        )
         freeze_vision(r.trainer.model)
         runners[name] = r
     for name, r in runners.items():
         r.start()  # train() has set the model up (checkpointing is switched on there)
-        trl_settings[name] = {"gradient_checkpointing": r.trainer.args.gradient_checkpointing,
-                              "model_gc": bool(getattr(r.trainer.model, "is_gradient_checkpointing", False))}
+        trl_settings[name] = {
+            "gradient_checkpointing": r.trainer.args.gradient_checkpointing,
+            "model_gc": bool(getattr(r.trainer.model, "is_gradient_checkpointing", False)),
+        }
     if trl_settings["trl_default"]["gradient_checkpointing"] is not True:
         raise RuntimeError("expected GRPOConfig's default gradient_checkpointing=True; this TRL differs")
 
     data: dict[str, list[list[tuple[float, float]]]] = {s: [[] for _ in range(repeats)] for s in SIDES}
-    floor_info: dict[str, list[float]] = {"tokens_shared": [], "tokens_plain": [], "width_shared": [],
-                                          "logp_diff": []}
+    floor_info: dict[str, list[float]] = {"tokens_shared": [], "tokens_plain": [], "width_shared": [], "logp_diff": []}
     floor_step_no = [0]
 
     def floor_side() -> dict[str, tuple[float, float]]:
         k = floor_step_no[0]
         floor_step_no[0] += 1
         items = [prepared[(k * batch + j) % len(prepared)] for j in range(batch)]
-        f = floor_step(pol.module.lm, pol.processor, items, group, new_tokens, pol.eos_ids, pol.pad_id,
-                       pol.suppress_ids, floor_opt)
+        f = floor_step(
+            pol.module.lm, pol.processor, items, group, new_tokens, pol.eos_ids, pol.pad_id, pol.suppress_ids, floor_opt
+        )
         for key in floor_info:
             floor_info[key].append(f[key])
         return {"floor": (f["gen"] + f["shared"], f["len"]), "floor_plain": (f["gen_plain"] + f["plain"], f["len"])}
@@ -497,10 +643,20 @@ def run(family: str, steps: int, warmup: int, repeats: int, *, batch: int = 8, g
             for s in SIDES:
                 data[s][rep].append(results[s])
     mm_guard = pol.shared_prefix
-    return {"family": family, "batch": batch, "group": group, "new_tokens": new_tokens, "steps": steps,
-            "warmup": warmup, "repeats": repeats, "data": data, "floor_info": floor_info,
-            "trl_settings": trl_settings, "mmrl_shared": dict(mm_guard.metrics()),
-            "mmrl_shared_enabled": bool(mm_guard.enabled)}
+    return {
+        "family": family,
+        "batch": batch,
+        "group": group,
+        "new_tokens": new_tokens,
+        "steps": steps,
+        "warmup": warmup,
+        "repeats": repeats,
+        "data": data,
+        "floor_info": floor_info,
+        "trl_settings": trl_settings,
+        "mmrl_shared": dict(mm_guard.metrics()),
+        "mmrl_shared_enabled": bool(mm_guard.enabled),
+    }
 
 
 def report(r: dict[str, Any]) -> str:
@@ -519,8 +675,10 @@ def report(r: dict[str, Any]) -> str:
     ]
     for s in SIDES:
         lens = [n for rep in data[s] for _, n in rep]
-        lines.append(f"  {LABELS[s]:<54}: {spread(med[s], 1000):>26}   (completion {statistics.fmean(lens):.1f}"
-                     f" tokens, min {min(lens):.1f}, max {max(lens):.1f})")
+        lines.append(
+            f"  {LABELS[s]:<54}: {spread(med[s], 1000):>26}   (completion {statistics.fmean(lens):.1f}"
+            f" tokens, min {min(lens):.1f}, max {max(lens):.1f})"
+        )
     lines.append("  ratios (per repeat: ratio of the medians), median [min-max]:")
     ratios: dict[str, float] = {}
     for a, b, target in RATIOS:
@@ -529,14 +687,18 @@ def report(r: dict[str, Any]) -> str:
         tgt = f"   (target <= {target})" if target is not None else ""
         lines.append(f"    {a + ' / ' + b:<26}: {spread(xs, 1, '{:.3f}')}{tgt}")
     fi = r["floor_info"]
-    lines.append(f"  floor training tokens per step (mean): shared {statistics.fmean(fi['tokens_shared']):.0f} "
-                 f"(packed width incl. padding {statistics.fmean(fi['width_shared']):.0f}), plain "
-                 f"{statistics.fmean(fi['tokens_plain']):.0f} (incl. padding); max |logp shared - plain| "
-                 f"{max(fi['logp_diff']):.2e}")
+    lines.append(
+        f"  floor training tokens per step (mean): shared {statistics.fmean(fi['tokens_shared']):.0f} "
+        f"(packed width incl. padding {statistics.fmean(fi['width_shared']):.0f}), plain "
+        f"{statistics.fmean(fi['tokens_plain']):.0f} (incl. padding); max |logp shared - plain| "
+        f"{max(fi['logp_diff']):.2e}"
+    )
     lines.append(f"  mmrl shared-prefix guard: {r['mmrl_shared']}")
     if ratios["mmrl/floor"] < 1.0:
-        lines.append("  WARNING: mmrl is below the floor: the floor does more work than it must (a wrong floor), "
-                     "not a real speed-up")
+        lines.append(
+            "  WARNING: mmrl is below the floor: the floor does more work than it must (a wrong floor), "
+            "not a real speed-up"
+        )
     for s in ("trl_default", "trl_matched"):
         if statistics.median(med[s]) < statistics.median(med["floor_plain"]):
             lines.append(f"  WARNING: {s} is below the floor without sharing: that floor is wrong")
@@ -559,8 +721,9 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING)
     warnings.filterwarnings("ignore")
     for fam in FAMILIES if args.family == "all" else (args.family,):
-        res = run(fam, args.steps, args.warmup, args.repeats, batch=args.prompts, group=args.group,
-                  new_tokens=args.new_tokens)
+        res = run(
+            fam, args.steps, args.warmup, args.repeats, batch=args.prompts, group=args.group, new_tokens=args.new_tokens
+        )
         print(report(res), flush=True)
 
 

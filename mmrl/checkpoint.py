@@ -28,6 +28,7 @@ turn a missing, empty, truncated or garbage file into one :class:`DamagedCheckpo
 the reason. Weights that are readable but do not fit the model built from the config raise
 :class:`CheckpointMismatchError` naming the first differing parameter and both shapes.
 """
+
 from __future__ import annotations
 
 import json
@@ -88,6 +89,7 @@ def _file_size(path: Path) -> int:
 
 # ---------------------------------------------------------------------------------------------- defensive readers
 
+
 def read_json(path: str | Path) -> Any:
     """The parsed JSON of a checkpoint file; missing, empty, undecodable or non-JSON is a
     :class:`DamagedCheckpointError` naming the file."""
@@ -98,8 +100,9 @@ def read_json(path: str | Path) -> Any:
     except UnicodeDecodeError:
         raise DamagedCheckpointError(path, "it is not JSON (binary bytes, not UTF-8 text)") from None
     except json.JSONDecodeError as e:
-        raise DamagedCheckpointError(path, f"it is not JSON ({e.msg} at line {e.lineno} column {e.colno}; "
-                                           "truncated or overwritten)") from None
+        raise DamagedCheckpointError(
+            path, f"it is not JSON ({e.msg} at line {e.lineno} column {e.colno}; truncated or overwritten)"
+        ) from None
     except OSError as e:
         raise DamagedCheckpointError(path, f"it cannot be read ({_first_line(e)})") from None
 
@@ -108,8 +111,9 @@ def read_state_json(path: str | Path) -> dict:
     """``training_state/state.json``: a JSON object with an integer ``step`` (else :class:`DamagedCheckpointError`)."""
     state = read_json(path)
     if not isinstance(state, dict):
-        raise DamagedCheckpointError(path, f"it holds a JSON {type(state).__name__}, not the trainer state "
-                                           "(an object with 'step')")
+        raise DamagedCheckpointError(
+            path, f"it holds a JSON {type(state).__name__}, not the trainer state (an object with 'step')"
+        )
     step = state.get("step")
     if not isinstance(step, int) or isinstance(step, bool) or step < 0:
         why = "has no 'step'" if "step" not in state else f"has step={step!r}, not a step number"
@@ -117,8 +121,24 @@ def read_state_json(path: str | Path) -> dict:
     return state
 
 
-_ST_DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U64": 8,
-                   "U32": 4, "U16": 2, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1, "C64": 8}
+_ST_DTYPE_BYTES = {
+    "F64": 8,
+    "F32": 4,
+    "F16": 2,
+    "BF16": 2,
+    "I64": 8,
+    "I32": 4,
+    "I16": 2,
+    "I8": 1,
+    "U64": 8,
+    "U32": 4,
+    "U16": 2,
+    "U8": 1,
+    "BOOL": 1,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+    "C64": 8,
+}
 
 
 def check_safetensors(path: str | Path) -> dict[str, tuple[str, tuple[int, ...]]]:
@@ -128,14 +148,16 @@ def check_safetensors(path: str | Path) -> dict[str, tuple[str, tuple[int, ...]]
     path = Path(path)
     size = _file_size(path)
     if size < 8:
-        raise DamagedCheckpointError(path, f"truncated ({size} bytes; a safetensors file starts with an 8-byte header "
-                                           "length)")
+        raise DamagedCheckpointError(
+            path, f"truncated ({size} bytes; a safetensors file starts with an 8-byte header length)"
+        )
     with open(path, "rb") as f:
         n = int.from_bytes(f.read(8), "little")
         if n > size - 8:
             if n > 100_000_000:  # no real header is this long: the first bytes are not a safetensors header
-                raise DamagedCheckpointError(path, "it is not a safetensors file (garbage bytes where the header "
-                                                   "length should be)")
+                raise DamagedCheckpointError(
+                    path, "it is not a safetensors file (garbage bytes where the header length should be)"
+                )
             raise DamagedCheckpointError(path, f"truncated (its header needs {n} bytes, the file holds {size - 8})")
         raw = f.read(n)
     try:
@@ -143,8 +165,9 @@ def check_safetensors(path: str | Path) -> dict[str, tuple[str, tuple[int, ...]]
     except (UnicodeDecodeError, json.JSONDecodeError):
         header = None
     if not isinstance(header, dict):
-        raise DamagedCheckpointError(path, "it is not a safetensors file (its header is not a JSON object: garbage "
-                                           "or overwritten bytes)")
+        raise DamagedCheckpointError(
+            path, "it is not a safetensors file (its header is not a JSON object: garbage or overwritten bytes)"
+        )
     found, end = {}, 0
     for name, info in header.items():
         if name == "__metadata__":
@@ -158,17 +181,20 @@ def check_safetensors(path: str | Path) -> dict[str, tuple[str, tuple[int, ...]]
         except (KeyError, TypeError, ValueError):
             ok = False
         if not ok:
-            raise DamagedCheckpointError(path, f"its header entry for tensor {name!r} is inconsistent (overwritten "
-                                               "bytes)")
+            raise DamagedCheckpointError(
+                path, f"its header entry for tensor {name!r} is inconsistent (overwritten bytes)"
+            )
         found[name] = (dtype, shape)
         end = max(end, e)
     data = size - 8 - n
     if data < end:
-        raise DamagedCheckpointError(path, f"truncated (its header describes {end} bytes of tensor data, the file "
-                                           f"holds {data})")
+        raise DamagedCheckpointError(
+            path, f"truncated (its header describes {end} bytes of tensor data, the file holds {data})"
+        )
     if data > end:
-        raise DamagedCheckpointError(path, f"{data - end} unexpected bytes after its tensor data (appended to or "
-                                           "overwritten)")
+        raise DamagedCheckpointError(
+            path, f"{data - end} unexpected bytes after its tensor data (appended to or overwritten)"
+        )
     return found
 
 
@@ -198,8 +224,9 @@ def check_torch_file(path: str | Path) -> None:
         with zipfile.ZipFile(path) as z:
             names = z.namelist()
     except (zipfile.BadZipFile, OSError, ValueError) as e:
-        raise DamagedCheckpointError(path, f"truncated or damaged ({size} bytes; not a complete torch zip archive: "
-                                           f"{_first_line(e)})") from None
+        raise DamagedCheckpointError(
+            path, f"truncated or damaged ({size} bytes; not a complete torch zip archive: {_first_line(e)})"
+        ) from None
     if not any(n.endswith("data.pkl") for n in names):
         raise DamagedCheckpointError(path, "it is a zip archive but not a torch checkpoint file (no data.pkl)")
 
@@ -219,8 +246,13 @@ def _unsafe_globals(path: Path, err: BaseException) -> list[str]:
 def _numpy_state_to_plain(state: tuple) -> dict:
     """``np.random.get_state()`` as tensors and numbers (loadable with ``weights_only=True``), losslessly."""
     name, keys, pos, has_gauss, cached = state
-    return {"bit_generator": str(name), "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)),
-            "pos": int(pos), "has_gauss": int(has_gauss), "cached_gaussian": float(cached)}
+    return {
+        "bit_generator": str(name),
+        "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)),
+        "pos": int(pos),
+        "has_gauss": int(has_gauss),
+        "cached_gaussian": float(cached),
+    }
 
 
 def _numpy_state_from_plain(state) -> tuple:
@@ -231,8 +263,11 @@ def _numpy_state_from_plain(state) -> tuple:
 
 
 def rng_state() -> dict:
-    state = {"python": random.getstate(), "numpy": _numpy_state_to_plain(np.random.get_state()),
-             "torch": torch.get_rng_state()}
+    state = {
+        "python": random.getstate(),
+        "numpy": _numpy_state_to_plain(np.random.get_state()),
+        "torch": torch.get_rng_state(),
+    }
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -249,9 +284,13 @@ def set_rng_state(state: dict) -> None:
 # rng.pt of checkpoints written before the RNG state was saved as plain data held numpy's state as a uint32
 # ndarray: array reconstruction and that dtype (nothing that calls user code) are allowed for that file only.
 _reconstruct = np.empty(0).__reduce__()[0]  # numpy.core (1.x) / numpy._core (2.x) .multiarray._reconstruct
-_LEGACY_RNG_GLOBALS = [(_reconstruct, "numpy.core.multiarray._reconstruct"),
-                       (_reconstruct, "numpy._core.multiarray._reconstruct"),
-                       np.ndarray, np.dtype, type(np.dtype(np.uint32))]
+_LEGACY_RNG_GLOBALS = [
+    (_reconstruct, "numpy.core.multiarray._reconstruct"),
+    (_reconstruct, "numpy._core.multiarray._reconstruct"),
+    np.ndarray,
+    np.dtype,
+    type(np.dtype(np.uint32)),
+]
 
 
 def safe_load(path: str | Path, *, allow: list | tuple = ()):
@@ -315,9 +354,7 @@ def publish_checkpoint(tmp: Path, run_dir: Path, step: int, keep_last: int) -> P
     return final
 
 
-def save_checkpoint(
-    run_dir: Path, step: int, *, policy, optimizer, scheduler, state: dict, keep_last: int = 2
-) -> Path:
+def save_checkpoint(run_dir: Path, step: int, *, policy, optimizer, scheduler, state: dict, keep_last: int = 2) -> Path:
     """Write checkpoint ``step`` atomically (one process) and prune older complete ones beyond ``keep_last``."""
     tmp = start_staging(run_dir, step)
     try:
@@ -356,6 +393,7 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
 
 
 # ---------------------------------------------------------------------------------------------- validation
+
 
 def check_pretrained_folder(folder: str | Path) -> None:
     """Validate ``pretrained_model/`` cheaply: it holds model weights (``model.safetensors``, an index and every shard
@@ -442,7 +480,9 @@ def resolve_checkpoint(path: str | Path) -> Path:
     p = Path(path)
     ckpt = p if (p / MARKER).exists() else latest_checkpoint(p)
     if ckpt is None:
-        raise FileNotFoundError(f"no complete checkpoint at {p} (expected a step_N folder with a {MARKER} marker, or a run dir)")
+        raise FileNotFoundError(
+            f"no complete checkpoint at {p} (expected a step_N folder with a {MARKER} marker, or a run dir)"
+        )
     try:
         check_checkpoint(ckpt)
     except DamagedCheckpointError as e:
@@ -453,8 +493,9 @@ def resolve_checkpoint(path: str | Path) -> Path:
     return ckpt
 
 
-def load_state_checked(module: torch.nn.Module, saved: dict, path: str | Path, *,
-                       may_miss: Callable[[str], bool] = lambda name: False) -> None:
+def load_state_checked(
+    module: torch.nn.Module, saved: dict, path: str | Path, *, may_miss: Callable[[str], bool] = lambda name: False
+) -> None:
     """``module.load_state_dict(saved)`` after checking that the names and shapes agree; the first differing
     parameter is a one-line :class:`CheckpointMismatchError` (``may_miss``: model entries the file may lack, e.g.
     tied output embeddings)."""
@@ -462,17 +503,20 @@ def load_state_checked(module: torch.nn.Module, saved: dict, path: str | Path, *
     module.load_state_dict(saved, strict=False)
 
 
-def check_state_fits(expected: dict, saved: dict, path: str | Path, *,
-                     may_miss: Callable[[str], bool] = lambda name: False) -> None:
+def check_state_fits(
+    expected: dict, saved: dict, path: str | Path, *, may_miss: Callable[[str], bool] = lambda name: False
+) -> None:
     """Raise :class:`CheckpointMismatchError` for the first entry of ``saved`` whose shape differs from
     ``expected``'s, else the first unexpected one, else the first missing one (unless ``may_miss``)."""
+
     def shape(t) -> tuple:
         return tuple(getattr(t, "shape", ()))
 
     for name, t in saved.items():
         if name in expected and shape(t) != shape(expected[name]):
-            raise CheckpointMismatchError(path, f"weight {name} is {shape(t)} in the checkpoint, "
-                                                f"{shape(expected[name])} in the model")
+            raise CheckpointMismatchError(
+                path, f"weight {name} is {shape(t)} in the checkpoint, {shape(expected[name])} in the model"
+            )
     for name, t in saved.items():
         if name not in expected:
             raise CheckpointMismatchError(path, f"weight {name} {shape(t)} is in the checkpoint but not in the model")

@@ -8,6 +8,7 @@
 Overrides are Hydra-style ``key=value``; a bad key, value or option exits with code 2 and a message
 that names it and the valid choices.
 """
+
 from __future__ import annotations
 
 import json
@@ -86,22 +87,32 @@ def resume_command(overrides: list[str], run_dir, output_dir: str, checkpoint=No
         name = run_dir.relative_to(Path(output_dir)).as_posix()
     except ValueError:
         name = None
-    again = ([f"trainer.run_name={name}", "trainer.resume=auto"] if name and checkpoint is None
-             else [f"trainer.resume={checkpoint or run_dir}"])
+    again = (
+        [f"trainer.run_name={name}", "trainer.resume=auto"]
+        if name and checkpoint is None
+        else [f"trainer.resume={checkpoint or run_dir}"]
+    )
     return shlex.join(["mmrl", "train", *keep, *again])
 
 
 def _stopped_line(trainer, overrides: list[str], cfg) -> str:
     """One line for a run that stopped on an error after :meth:`Trainer.fit` saved what it trained."""
     ckpt = trainer.stop_checkpoint
-    where = (f"checkpoint saved in {ckpt}" + (f" (the run folder {trainer.run_dir} could not be written)"
-                                                if trainer.rescued else "")) if ckpt else "no checkpoint (nothing trained)"
+    where = (
+        (
+            f"checkpoint saved in {ckpt}"
+            + (f" (the run folder {trainer.run_dir} could not be written)" if trainer.rescued else "")
+        )
+        if ckpt
+        else "no checkpoint (nothing trained)"
+    )
     line = f"aborted at step {trainer.step}: {trainer.stop_reason}; {where}"
     if trainer.stop_error_log is not None:
         line += f"; traceback in {trainer.stop_error_log}"
     if ckpt:
-        line += "; resume with: " + resume_command(overrides, trainer.run_dir, cfg.trainer.output_dir,
-                                                   ckpt if trainer.rescued else None)
+        line += "; resume with: " + resume_command(
+            overrides, trainer.run_dir, cfg.trainer.output_dir, ckpt if trainer.rescued else None
+        )
     return line
 
 
@@ -129,8 +140,11 @@ def cmd_train(overrides: list[str]) -> int:
         return 1
     except Exception as e:
         prompt_too_long = sys.modules.get("mmrl.policies.vlm_errors")
-        if prompt_too_long is not None and isinstance(e, prompt_too_long.PromptTooLongError) \
-                and trainer.stop_checkpoint is None:  # the warm start cannot train on it: one line from main, exit 2
+        if (
+            prompt_too_long is not None
+            and isinstance(e, prompt_too_long.PromptTooLongError)
+            and trainer.stop_checkpoint is None
+        ):  # the warm start cannot train on it: one line from main, exit 2
             raise
         if trainer.is_main:
             print(f"mmrl train: {_stopped_line(trainer, overrides, cfg)}", file=sys.stderr)
@@ -144,28 +158,46 @@ def cmd_train(overrides: list[str]) -> int:
 
             from mmrl.checkpoint import latest_checkpoint
 
-            print(f"mmrl train: stopped by {signal.Signals(signum).name} at step {trainer.step}; checkpoint saved in "
-                  f"{latest_checkpoint(run_dir) or run_dir}; resume with: "
-                  f"{resume_command(overrides, run_dir, cfg.trainer.output_dir)}", file=sys.stderr)
+            print(
+                f"mmrl train: stopped by {signal.Signals(signum).name} at step {trainer.step}; checkpoint saved in "
+                f"{latest_checkpoint(run_dir) or run_dir}; resume with: "
+                f"{resume_command(overrides, run_dir, cfg.trainer.output_dir)}",
+                file=sys.stderr,
+            )
         return 128 + signum
     if trainer.rescued:
         if trainer.is_main:
-            print(f"mmrl train: error: the run finished but its folder {run_dir} could not be written; checkpoint saved "
-                  f"in {trainer.stop_checkpoint}; continue or evaluate from there (mmrl eval "
-                  f"checkpoint={trainer.stop_checkpoint})", file=sys.stderr)
+            print(
+                f"mmrl train: error: the run finished but its folder {run_dir} could not be written; checkpoint saved "
+                f"in {trainer.stop_checkpoint}; continue or evaluate from there (mmrl eval "
+                f"checkpoint={trainer.stop_checkpoint})",
+                file=sys.stderr,
+            )
         return 1
     if trainer.is_main:
-        shown = {k: round(v, 4) for k, v in final.items() if k.startswith(("eval/", "reward/mean")) and isinstance(v, float)}
+        shown = {
+            k: round(v, 4) for k, v in final.items() if k.startswith(("eval/", "reward/mean")) and isinstance(v, float)
+        }
         if cfg.trainer.progress:  # for people: the end summary on stderr; stdout gets the JSON only with --json
             from mmrl.checkpoint import latest_checkpoint
             from mmrl.run_report import end_summary
 
-            print(end_summary(trainer.report, run_dir=run_dir, step=trainer.step,
-                              checkpoint=latest_checkpoint(run_dir), plot=cfg.trainer.plot,
-                              tensorboard=cfg.trainer.tensorboard,
-                              resume_cmd=resume_command([o for o in overrides if not o.startswith("trainer.max_steps=")],
-                                                        run_dir, cfg.trainer.output_dir)),
-                  file=sys.stderr)
+            print(
+                end_summary(
+                    trainer.report,
+                    run_dir=run_dir,
+                    step=trainer.step,
+                    checkpoint=latest_checkpoint(run_dir),
+                    plot=cfg.trainer.plot,
+                    tensorboard=cfg.trainer.tensorboard,
+                    resume_cmd=resume_command(
+                        [o for o in overrides if not o.startswith("trainer.max_steps=")],
+                        run_dir,
+                        cfg.trainer.output_dir,
+                    ),
+                ),
+                file=sys.stderr,
+            )
             if as_json:
                 print(json.dumps(shown, indent=1))
         else:  # quiet mode (trainer.progress=false): the run folder and the last metrics, as before
@@ -184,20 +216,32 @@ def cmd_eval(overrides: list[str]) -> int:
     ev = evaluate_checkpoint(overrides)
     metrics = ev.metrics
     if not int(metrics.get("eval/n", 0)):  # an evaluation that scored nothing is not a result
-        print(f"mmrl eval: error: nothing was scored: all {ev.n_items} items of {ev.data} were skipped "
-              f"({int(metrics.get('eval/skipped', 0))} skipped; the warnings above name the files and reasons); "
-              f"no score written", file=sys.stderr)
+        print(
+            f"mmrl eval: error: nothing was scored: all {ev.n_items} items of {ev.data} were skipped "
+            f"({int(metrics.get('eval/skipped', 0))} skipped; the warnings above name the files and reasons); "
+            f"no score written",
+            file=sys.stderr,
+        )
         return 1
     print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in metrics.items()}, indent=1))
     width = max([len("metric"), *(len(k) for k in metrics)])
-    rows = [f"{'metric'.ljust(width)}  value"] + [f"{k.ljust(width)}  {v:.4f}" if isinstance(v, float) else
-                                                  f"{k.ljust(width)}  {v}" for k, v in sorted(metrics.items())]
+    rows = [f"{'metric'.ljust(width)}  value"] + [
+        f"{k.ljust(width)}  {v:.4f}" if isinstance(v, float) else f"{k.ljust(width)}  {v}"
+        for k, v in sorted(metrics.items())
+    ]
     skipped = int(metrics.get("eval/skipped", 0))
-    weights = f"checkpoint {ev.checkpoint}" if ev.checkpoint is not None else \
-        f"model.path={getattr(ev.config.model, 'path', None)} (no checkpoint)"
-    rows.append(f"evaluated {ev.n_items} items ({int(metrics.get('eval/n', 0))} samples"
-                + (f", {skipped} items skipped" if skipped else "") + f") of {ev.data} with {weights}"
-                + (f" (step {ev.step})" if ev.step is not None else "") + f"; results in {ev.out_dir}")
+    weights = (
+        f"checkpoint {ev.checkpoint}"
+        if ev.checkpoint is not None
+        else f"model.path={getattr(ev.config.model, 'path', None)} (no checkpoint)"
+    )
+    rows.append(
+        f"evaluated {ev.n_items} items ({int(metrics.get('eval/n', 0))} samples"
+        + (f", {skipped} items skipped" if skipped else "")
+        + f") of {ev.data} with {weights}"
+        + (f" (step {ev.step})" if ev.step is not None else "")
+        + f"; results in {ev.out_dir}"
+    )
     table_md = ev.out_dir / "success_table.md"
     if ev.table is not None and table_md.exists():
         rows += ["", table_md.read_text()]
@@ -214,11 +258,22 @@ def cmd_collect(overrides: list[str]) -> int:
     task = get_task_class(cfg.task.name)(cfg.task, cfg)
     path = getattr(cfg.task, "demos_path", None)
     if not path:
-        raise ConfigError("mmrl collect needs a task with scripted experts (vla_reach, vla_lift, metaworld) or demo files "
-                          "(libero*: task.demo_hdf5=DIR) and task.demos_path=PATH")
+        raise ConfigError(
+            "mmrl collect needs a task with scripted experts (vla_reach, vla_lift, metaworld) or demo files "
+            "(libero*: task.demo_hdf5=DIR) and task.demos_path=PATH"
+        )
     demos = task.collect_demos(path)  # the base Task raises a ConfigError naming the tasks that have experts
-    print(json.dumps({"path": path, "episodes": len(demos), "successes": sum(d.success for d in demos),
-                      "steps": sum(d.length for d in demos)}, indent=1))
+    print(
+        json.dumps(
+            {
+                "path": path,
+                "episodes": len(demos),
+                "successes": sum(d.success for d in demos),
+                "steps": sum(d.length for d in demos),
+            },
+            indent=1,
+        )
+    )
     return 0
 
 

@@ -7,6 +7,7 @@ the wrong type for its field (every value is checked against its annotation befo
 override whose value the override grammar cannot read, with the quoted form to type instead
 (``'trainer.run_name="café"'``).
 """
+
 from __future__ import annotations
 
 import ast
@@ -278,19 +279,25 @@ class RewardConfig:
 
         check_choice(self.mode, ("add", "replace"), "reward.mode")
         if self.weights and len(self.weights) != len(self.fns):
-            raise ConfigError(f"reward.weights has {len(self.weights)} values for {len(self.fns)} reward.fns; "
-                              "give one weight per function, or none (1.0 each)")
+            raise ConfigError(
+                f"reward.weights has {len(self.weights)} values for {len(self.fns)} reward.fns; "
+                "give one weight per function, or none (1.0 each)"
+            )
         if any(not math.isfinite(w) for w in self.weights):
             raise ConfigError(f"reward.weights must be finite numbers, got {self.weights}")
         if self.mode == "replace" and not self.fns:
             raise ConfigError("reward.mode=replace needs at least one function in reward.fns")
         if self.fn_kwargs and len(self.fn_kwargs) != len(self.fns):
-            raise ConfigError(f"reward.fn_kwargs has {len(self.fn_kwargs)} entries for {len(self.fns)} reward.fns; "
-                              "give one per function, in order ({} or null for one without arguments), or none")
+            raise ConfigError(
+                f"reward.fn_kwargs has {len(self.fn_kwargs)} entries for {len(self.fns)} reward.fns; "
+                "give one per function, in order ({} or null for one without arguments), or none"
+            )
         check_choice(self.completion_format, ("auto", "text", "conversational"), "reward.completion_format")
         bad = {k: v for k, v in self.columns.items() if not (isinstance(v, str) and str(k).isidentifier())}
         if bad:
-            raise ConfigError(f"reward.columns maps argument names to task columns, e.g. {{solution: answer}}; got {bad}")
+            raise ConfigError(
+                f"reward.columns maps argument names to task columns, e.g. {{solution: answer}}; got {bad}"
+            )
         if not (math.isfinite(self.timeout_s) and self.timeout_s > 0):
             raise ConfigError(f"reward.timeout_s must be a positive number of seconds, got {self.timeout_s}")
         if self.max_retries < 0 or self.max_concurrency < 1 or self.batch_size < 1:
@@ -316,6 +323,7 @@ class RunConfig:
 
 
 # ---------------------------------------------------------------- field docs
+
 
 @functools.cache
 def field_docs(cls: type) -> dict[str, str]:
@@ -347,8 +355,10 @@ def describe_fields(cls: type, prefix: str) -> list[str]:
     hints = typing.get_type_hints(cls)
     lines = []
     for f in dataclasses.fields(cls):
-        default = f.default if f.default is not dataclasses.MISSING else (
-            f.default_factory() if f.default_factory is not dataclasses.MISSING else "<required>"
+        default = (
+            f.default
+            if f.default is not dataclasses.MISSING
+            else (f.default_factory() if f.default_factory is not dataclasses.MISSING else "<required>")
         )
         if dataclasses.is_dataclass(default):
             continue
@@ -368,7 +378,7 @@ a ``str`` field keeps the text as typed (``trainer.run_name=1.10`` is ``'1.10'``
 def _show(value: Any, limit: int = 80) -> str:
     """``repr(value)`` cut to ``limit`` characters: error messages stay one short line whatever the user passed."""
     text = repr(value)
-    return text if len(text) <= limit else text[:limit - 4] + " ..."
+    return text if len(text) <= limit else text[: limit - 4] + " ..."
 
 
 def _describe(tp: Any) -> str:
@@ -543,7 +553,9 @@ def validate_algo(algo: AlgoConfig) -> None:
     check_choice(algo.adv_scale, ("group", "batch", "none"), "algo.adv_scale")
     check_choice(algo.old_logp, ("auto", "recompute", "rollout"), "algo.old_logp")
     if not algo.adv_eps >= 0:
-        raise ConfigError(f"algo.adv_eps must be >= 0 (an all-equal group gets advantage 0 even with 0), got {algo.adv_eps}")
+        raise ConfigError(
+            f"algo.adv_eps must be >= 0 (an all-equal group gets advantage 0 even with 0), got {algo.adv_eps}"
+        )
     if algo.group_size < 1 or algo.ppo_epochs < 1 or algo.num_minibatches < 1:
         raise ConfigError("algo.group_size, algo.ppo_epochs and algo.num_minibatches must be >= 1")
 
@@ -557,8 +569,10 @@ def validate_trainer(tr: TrainerConfig) -> None:
     if tr.batch_size < 1 or tr.grad_accum < 1 or tr.max_steps < 0:
         raise ConfigError("trainer.batch_size and trainer.grad_accum must be >= 1, trainer.max_steps >= 0")
     if tr.eval_samples < 1 or (tr.eval_samples > 1 and tr.eval_greedy):
-        raise ConfigError(f"trainer.eval_samples={tr.eval_samples}: must be >= 1, and > 1 only with "
-                          "trainer.eval_greedy=false (greedy copies are identical)")
+        raise ConfigError(
+            f"trainer.eval_samples={tr.eval_samples}: must be >= 1, and > 1 only with "
+            "trainer.eval_greedy=false (greedy copies are identical)"
+        )
     if tr.sft_max_items is not None and tr.sft_max_items < 1:
         raise ConfigError(f"trainer.sft_max_items must be >= 1 (or null for all items), got {tr.sft_max_items}")
 
@@ -574,8 +588,10 @@ def validate_sampling(model: Any) -> None:
         return
     t, top_p = model.temperature, getattr(model, "top_p", 1.0)
     if not (math.isfinite(t) and t > 0):
-        raise ConfigError(f"model.temperature must be a finite number > 0 (rollouts sample, and log-probs are "
-                          f"computed, at logits / temperature), got {t}")
+        raise ConfigError(
+            f"model.temperature must be a finite number > 0 (rollouts sample, and log-probs are "
+            f"computed, at logits / temperature), got {t}"
+        )
     if not (math.isfinite(top_p) and 0 < top_p <= 1):
         raise ConfigError(f"model.top_p must be in (0, 1], got {top_p}")
     if getattr(model, "rollout_engine", "hf") != "vllm":
@@ -587,12 +603,15 @@ def validate_sampling(model: Any) -> None:
     except ValueError as e:
         raise ConfigError(f"model.temperature with model.rollout_engine=vllm: {e}") from None
     if not 0 < model.vllm_gpu_memory_utilization <= 1:
-        raise ConfigError(f"model.vllm_gpu_memory_utilization must be in (0, 1], got {model.vllm_gpu_memory_utilization}")
+        raise ConfigError(
+            f"model.vllm_gpu_memory_utilization must be in (0, 1], got {model.vllm_gpu_memory_utilization}"
+        )
     if model.vllm_max_images_per_prompt < 1:
         raise ConfigError(f"model.vllm_max_images_per_prompt must be >= 1, got {model.vllm_max_images_per_prompt}")
 
 
 # ---------------------------------------------------------------- composition
+
 
 def configs_dir() -> Path:
     """The packaged configs folder (works from any working directory)."""
@@ -646,8 +665,10 @@ def _unparseable(ov: str, reason: str) -> ConfigError:
     if not value.isascii():
         return ConfigError(f"{ov}: a value with non-ASCII characters must be quoted: {quoted}")
     if reason == "sweep":
-        return ConfigError(f"{ov}: a comma makes a sweep of several runs, which mmrl does not do; for a list write "
-                           f"{shlex.quote(f'{key}=[{value}]')}, for text quote it: {quoted}")
+        return ConfigError(
+            f"{ov}: a comma makes a sweep of several runs, which mmrl does not do; for a list write "
+            f"{shlex.quote(f'{key}=[{value}]')}, for text quote it: {quoted}"
+        )
     return ConfigError(f"{ov}: the value cannot be read ({reason}); if it is text, quote it: {quoted}")
 
 
@@ -669,8 +690,10 @@ def parse_override(ov: str) -> tuple[str, Any]:
         raise ConfigError(f"override '{ov}' is not of the form key=value")
     key = ov.split("=", 1)[0].lstrip("+")
     if not _KEY.fullmatch(key):
-        raise ConfigError(f"{ov}: '{key}' is not a config key (names of letters, digits and '_' joined by '.'; "
-                          "`mmrl train --help` lists them)")
+        raise ConfigError(
+            f"{ov}: '{key}' is not a config key (names of letters, digits and '_' joined by '.'; "
+            "`mmrl train --help` lists them)"
+        )
     try:
         parsed = _override_parser().parse_override("++" + ov.lstrip("+"))
     except Exception as e:  # noqa: BLE001 - the grammar's errors (HydraException and its parse errors): one line
@@ -721,7 +744,9 @@ def compose_dict(overrides: list[str] | None = None) -> dict:
         if key in CONFIG_GROUPS:
             options = group_options(key)
             if value not in options:
-                raise ConfigError(f"unknown {key} '{value}'{suggest(value, options)}; valid choices: {', '.join(options)}")
+                raise ConfigError(
+                    f"unknown {key} '{value}'{suggest(value, options)}; valid choices: {', '.join(options)}"
+                )
         elif not key.startswith("~"):
             parse_override(ov)
     GlobalHydra.instance().clear()
@@ -741,8 +766,9 @@ def _section(raw: dict, key: str) -> dict:
     if value is None:
         return {}
     if not isinstance(value, dict):
-        raise ConfigError(f"{key}: expected a mapping of {key} fields (set them as {key}.FIELD=VALUE), "
-                          f"got {_show(value)}")
+        raise ConfigError(
+            f"{key}: expected a mapping of {key} fields (set them as {key}.FIELD=VALUE), got {_show(value)}"
+        )
     return dict(value)
 
 
@@ -754,11 +780,14 @@ def build_run_config(raw: dict, *, texts: dict[str, str] | None = None) -> RunCo
     from mmrl.tasks import get_task_class
 
     if not isinstance(raw, dict):
-        raise ConfigError(f"a run config is a mapping of task, model, algo, trainer, reward, checkpoint; "
-                          f"got {_show(raw)}")
+        raise ConfigError(
+            f"a run config is a mapping of task, model, algo, trainer, reward, checkpoint; got {_show(raw)}"
+        )
     for key in raw:
         if key not in ("task", "model", "algo", "trainer", "reward", "checkpoint"):
-            raise ConfigError(f"unknown key '{key}'; valid top-level keys: task, model, algo, trainer, reward, checkpoint")
+            raise ConfigError(
+                f"unknown key '{key}'; valid top-level keys: task, model, algo, trainer, reward, checkpoint"
+            )
     token = _OVERRIDE_TEXT.set(dict(texts or {}))
     try:
         task_raw = _section(raw, "task")
@@ -844,7 +873,11 @@ def load_run_config(run_dir: str | Path, overrides: list[str] | None = None) -> 
         saved = yaml.safe_load(path.read_text())
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
         raise FileNotFoundError(f"{path}: {type(e).__name__}") from None
-    if not isinstance(saved, dict) or not isinstance(saved.get("task"), dict) or not isinstance(saved.get("model"), dict):
+    if (
+        not isinstance(saved, dict)
+        or not isinstance(saved.get("task"), dict)
+        or not isinstance(saved.get("model"), dict)
+    ):
         raise FileNotFoundError(f"{path}: not a run config saved by mmrl")
     updates = []
     for ov in overrides or []:
@@ -853,23 +886,31 @@ def load_run_config(run_dir: str | Path, overrides: list[str] | None = None) -> 
         key, value = ov.split("=", 1)
         key = key.lstrip("+")
         if key.startswith("~"):
-            raise ConfigError(f"'{ov}': deleting keys is not supported on a saved run config; set {key[1:]}=null instead")
+            raise ConfigError(
+                f"'{ov}': deleting keys is not supported on a saved run config; set {key[1:]}=null instead"
+            )
         if key in ("task", "model"):
             own = saved[key].get("name")
             if value != own:
-                raise ConfigError(f"checkpoint {run_dir} was trained with {trained_with(saved)}; it does not fit "
-                                  f"{key}={value}: drop {key}= to evaluate it with its own {key}")
+                raise ConfigError(
+                    f"checkpoint {run_dir} was trained with {trained_with(saved)}; it does not fit "
+                    f"{key}={value}: drop {key}= to evaluate it with its own {key}"
+                )
             continue
         if key in CONFIG_GROUPS:
-            raise ConfigError(f"'{ov}': a {key} preset cannot be applied on top of the run's saved config; "
-                              f"set its fields instead ({key}.FIELD=VALUE)")
+            raise ConfigError(
+                f"'{ov}': a {key} preset cannot be applied on top of the run's saved config; "
+                f"set its fields instead ({key}.FIELD=VALUE)"
+            )
         updates.append((ov, *parse_override(ov)))  # the grammar of `mmrl train`, and its one-line errors
     conf = OmegaConf.create(saved)
     for ov, key, value in updates:
         try:
             OmegaConf.update(conf, key, value, merge=True, force_add=True)
         except Exception as e:  # noqa: BLE001 - OmegaConf refuses the update (e.g. a field below a scalar): one line
-            raise ConfigError(f"{ov}: cannot apply it to {path}: {(str(e).splitlines() or [type(e).__name__])[0]}") from None
+            raise ConfigError(
+                f"{ov}: cannot apply it to {path}: {(str(e).splitlines() or [type(e).__name__])[0]}"
+            ) from None
     raw = _resolve(conf)
     _greedy_override_means_one_sample(raw, [o.lstrip("+") for o in overrides or []])
     return build_run_config(raw, texts=_number_texts([ov for ov, _, _ in updates]))

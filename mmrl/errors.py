@@ -1,4 +1,5 @@
 """The configuration error every layer raises, and the choice check that words it (no imports of mmrl)."""
+
 from __future__ import annotations
 
 import difflib

@@ -9,6 +9,7 @@ scores with the run's reward manager and returns ``eval/*`` metrics: ``eval/n``,
 overrides), written to ``<run>/eval/<name>/{results.json,predictions.jsonl}`` with a fingerprint of the eval data
 (docs/evaluation.md).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -34,8 +35,9 @@ EVAL_SEED_STREAM = 0xE7A1
 """Mixed into the run seed for the per-item evaluation seeds (disjoint from the training prompts' seeds)."""
 
 
-def prepare_batch(task: Task, indices: Sequence[int], seeds: Sequence[int], source: Sequence[dict],
-                  *, what: str = "item") -> tuple[PromptBatch, int]:
+def prepare_batch(
+    task: Task, indices: Sequence[int], seeds: Sequence[int], source: Sequence[dict], *, what: str = "item"
+) -> tuple[PromptBatch, int]:
     """``task.prepare_item`` on ``source[i]`` for each index; items that raise :class:`SkipItem` are logged and left
     out. Returns the batch of the prepared items (with their indices and seeds) and the number skipped."""
     items, idx, sd = [], [], []
@@ -51,9 +53,19 @@ def prepare_batch(task: Task, indices: Sequence[int], seeds: Sequence[int], sour
     return PromptBatch(items=items, indices=idx, seeds=sd), skipped
 
 
-def evaluate_policy(task: Task, policy: Policy, rewards: RewardManager, items: Sequence[dict], *, seed: int,
-                    batch_size: int, samples: int = 1, greedy: bool = True,
-                    predictions: list | None = None, progress=None) -> dict[str, float]:
+def evaluate_policy(
+    task: Task,
+    policy: Policy,
+    rewards: RewardManager,
+    items: Sequence[dict],
+    *,
+    seed: int,
+    batch_size: int,
+    samples: int = 1,
+    greedy: bool = True,
+    predictions: list | None = None,
+    progress=None,
+) -> dict[str, float]:
     """Roll out ``samples`` completions (episodes, images) per item in batches of ``batch_size`` items, score them and
     return the ``eval/*`` metrics (module docstring). Runs inside ``policy.evaluation_outputs()``.
 
@@ -77,21 +89,35 @@ def evaluate_policy(task: Task, policy: Policy, rewards: RewardManager, items: S
                 continue
             with torch.no_grad():
                 ro = policy.rollout(batch, samples, greedy=greedy).without_probes()
-            rep = [batch.items[i] for i in ro.prompt_index.tolist()] if ro.prompt_index is not None else \
-                [it for it in batch.items for _ in range(samples)]  # prompt-major, like every rollout
+            rep = (
+                [batch.items[i] for i in ro.prompt_index.tolist()]
+                if ro.prompt_index is not None
+                else [it for it in batch.items for _ in range(samples)]
+            )  # prompt-major, like every rollout
             skipped += int(ro.metrics.get("data/too_long", 0))  # prompts the policy left out (model.max_prompt_tokens)
             columns = task.reward_columns(rep)
             res = rewards([it.get("prompt", "") for it in rep], ro.samples, columns)
             if predictions is not None:
-                pos = ro.prompt_index.tolist() if ro.prompt_index is not None else \
-                    [p for p in range(len(batch)) for _ in range(samples)]
+                pos = (
+                    ro.prompt_index.tolist()
+                    if ro.prompt_index is not None
+                    else [p for p in range(len(batch)) for _ in range(samples)]
+                )
                 seen: dict[int, int] = {}
                 for j, p in enumerate(pos):
                     k = seen[p] = seen.get(p, -1) + 1
                     total = float(res.total[j]) if bool(res.valid[j]) else math.nan
-                    predictions.append(prediction_row(batch.indices[p], k, rep[j], ro.samples[j], total,
-                                                      {n: float(v[j]) for n, v in res.per_fn.items()},
-                                                      {c: vals[j] for c, vals in columns.items()}))
+                    predictions.append(
+                        prediction_row(
+                            batch.indices[p],
+                            k,
+                            rep[j],
+                            ro.samples[j],
+                            total,
+                            {n: float(v[j]) for n, v in res.per_fn.items()},
+                            {c: vals[j] for c, vals in columns.items()},
+                        )
+                    )
             all_items += rep
             all_samples += ro.samples
             totals.append(res.total)
@@ -135,8 +161,15 @@ def json_fields(record: dict) -> dict:
     return out
 
 
-def prediction_row(index: int, sample_no: int, item: dict, sample: Any, reward: float, per_fn: dict[str, float],
-                   columns: dict[str, Any]) -> dict:
+def prediction_row(
+    index: int,
+    sample_no: int,
+    item: dict,
+    sample: Any,
+    reward: float,
+    per_fn: dict[str, float],
+    columns: dict[str, Any],
+) -> dict:
     """One row of ``predictions.jsonl``: eval item index, sample number within the item, item id, prompt text, raw
     output text (a sample dict's ``text``; null for other samples: images, episodes), total reward and per-function
     rewards (null for NaN / a failed reward), and the item's JSON-serialisable reward columns (the ground truth)."""
@@ -182,8 +215,10 @@ def eval_data_files(task_cfg: Any) -> list[tuple[str, str]]:
 def data_fingerprint(task_cfg: Any, items: Sequence[dict]) -> dict:
     """What was evaluated: the eval data files (path, sha256, bytes), the number of items and a sha256 over the
     items' JSON-serialisable fields (in order; media objects left out, media paths included)."""
-    files = [{"key": key, "path": path, "sha256": file_sha256(path), "bytes": Path(path).stat().st_size}
-             for key, path in eval_data_files(task_cfg)]
+    files = [
+        {"key": key, "path": path, "sha256": file_sha256(path), "bytes": Path(path).stat().st_size}
+        for key, path in eval_data_files(task_cfg)
+    ]
     h = hashlib.sha256()
     for it in items:
         h.update(json.dumps(json_fields(it), sort_keys=True, separators=(",", ":")).encode())
@@ -243,11 +278,13 @@ def _checkpoint_step(ckpt: Path) -> int | None:
 def _first_bad_weight(e: BaseException) -> str:
     """The first missing / unexpected / mis-sized weight named in a load error, else the error's first line."""
     msg = str(e)
-    for pattern, what in ((r"missing \[['\"]([^'\"]+)", "missing weight"),
-                          (r"Missing key\(s\) in state_dict: \"([^\"]+)", "missing weight"),
-                          (r"unexpected \[['\"]([^'\"]+)", "unexpected weight"),
-                          (r"Unexpected key\(s\) in state_dict: \"([^\"]+)", "unexpected weight"),
-                          (r"size mismatch for ([^:\s]+)", "size mismatch for")):
+    for pattern, what in (
+        (r"missing \[['\"]([^'\"]+)", "missing weight"),
+        (r"Missing key\(s\) in state_dict: \"([^\"]+)", "missing weight"),
+        (r"unexpected \[['\"]([^'\"]+)", "unexpected weight"),
+        (r"Unexpected key\(s\) in state_dict: \"([^\"]+)", "unexpected weight"),
+        (r"size mismatch for ([^:\s]+)", "size mismatch for"),
+    ):
         m = re.search(pattern, msg)
         if m:
             return f"{what} {m.group(1)}"
@@ -302,8 +339,11 @@ def build_rewards(cfg: Any, task: Task) -> RewardManager:
     from mmrl.rewards.user import compose_reward_specs
 
     tr = cfg.trainer
-    return RewardManager(compose_reward_specs(task.reward_specs(), cfg.reward),
-                         error_threshold=tr.reward_error_threshold, window=tr.reward_error_window)
+    return RewardManager(
+        compose_reward_specs(task.reward_specs(), cfg.reward),
+        error_threshold=tr.reward_error_threshold,
+        window=tr.reward_error_window,
+    )
 
 
 def build_policy(cfg: Any, task: Task) -> Policy:
@@ -332,8 +372,10 @@ def evaluate_checkpoint(overrides: list[str]) -> CheckpointEval:
         raise ConfigError(f"{EVAL_NAME_KEY}={name!r}: use a folder name (letters, digits, '.', '_', '-')")
     if not checkpoint:
         if not any(ov.lstrip("+").split("=", 1)[0] == "task" for ov in rest):
-            raise ConfigError("mmrl eval needs checkpoint=PATH (a checkpoint folder or a run directory), or task=NAME "
-                              "to evaluate the model of model.path as it is")
+            raise ConfigError(
+                "mmrl eval needs checkpoint=PATH (a checkpoint folder or a run directory), or task=NAME "
+                "to evaluate the model of model.path as it is"
+            )
         ckpt = run_dir = saved_desc = step = None
         cfg = load_config(rest)
         name = name or f"{cfg.task.name}_{cfg.model.name}"
@@ -347,8 +389,13 @@ def evaluate_checkpoint(overrides: list[str]) -> CheckpointEval:
         cfg, saved_desc = _eval_config(checkpoint, ckpt, run_dir, rest)
         step = _checkpoint_step(ckpt)
         if name is None:  # the checkpoint folder's own name (step_000120), so eval/ mirrors checkpoints/
-            name = ckpt.name if re.match(r"^step_\d+$", ckpt.name) else f"step_{step}" if step is not None else \
-                "checkpoint"
+            name = (
+                ckpt.name
+                if re.match(r"^step_\d+$", ckpt.name)
+                else f"step_{step}"
+                if step is not None
+                else "checkpoint"
+            )
         out_dir = (run_dir if run_dir is not None else ckpt) / "eval" / name
 
     task, rewards, policy, device = build_for_eval(cfg)
@@ -361,23 +408,49 @@ def evaluate_checkpoint(overrides: list[str]) -> CheckpointEval:
             policy.to_device(device)
         tr = cfg.trainer
         all_items = list(task.eval_items())
-        items = all_items[:tr.eval_size] if tr.eval_size is not None else all_items
+        items = all_items[: tr.eval_size] if tr.eval_size is not None else all_items
         predictions: list[dict] = []
         from mmrl.progress import PhaseProgress
 
         with PhaseProgress(f"mmrl eval {cfg.task.name}", len(items), unit="item", enabled=tr.progress) as bar:
-            metrics = evaluate_policy(task, policy, rewards, items, seed=tr.seed, batch_size=tr.batch_size,
-                                      samples=tr.eval_samples, greedy=tr.eval_greedy, predictions=predictions,
-                                      progress=bar)
+            metrics = evaluate_policy(
+                task,
+                policy,
+                rewards,
+                items,
+                seed=tr.seed,
+                batch_size=tr.batch_size,
+                samples=tr.eval_samples,
+                greedy=tr.eval_greedy,
+                predictions=predictions,
+                progress=bar,
+            )
     finally:
         policy.close()
     data = describe_eval_data(cfg.task, len(items), len(all_items))
     table = task.last_eval_table
-    _write_eval_outputs(out_dir, metrics, predictions, cfg, ckpt=ckpt, step=step, run_dir=run_dir,
-                        saved_desc=saved_desc, data={"description": data, **data_fingerprint(cfg.task, items)},
-                        table=table)
-    return CheckpointEval(metrics=metrics, checkpoint=ckpt, step=step, out_dir=out_dir, n_items=len(items), data=data,
-                          config=cfg, table=table)
+    _write_eval_outputs(
+        out_dir,
+        metrics,
+        predictions,
+        cfg,
+        ckpt=ckpt,
+        step=step,
+        run_dir=run_dir,
+        saved_desc=saved_desc,
+        data={"description": data, **data_fingerprint(cfg.task, items)},
+        table=table,
+    )
+    return CheckpointEval(
+        metrics=metrics,
+        checkpoint=ckpt,
+        step=step,
+        out_dir=out_dir,
+        n_items=len(items),
+        data=data,
+        config=cfg,
+        table=table,
+    )
 
 
 def _eval_config(checkpoint: str, ckpt: Path, run_dir: Path | None, overrides: list[str]) -> tuple[Any, str | None]:
@@ -394,8 +467,10 @@ def _eval_config(checkpoint: str, ckpt: Path, run_dir: Path | None, overrides: l
         saved_desc = trained_with(yaml.safe_load((run_dir / "config.yaml").read_text()))
     except FileNotFoundError as e:
         if not any(ov.lstrip("+").split("=", 1)[0] == "task" for ov in overrides):
-            raise ConfigError(f"checkpoint={checkpoint} has no readable run config ({e}); give task=NAME (and the "
-                              "model=PRESET it was trained with) to evaluate it") from None
+            raise ConfigError(
+                f"checkpoint={checkpoint} has no readable run config ({e}); give task=NAME (and the "
+                "model=PRESET it was trained with) to evaluate it"
+            ) from None
         log.debug("no readable run config for %s (%s): evaluating with the command-line config", ckpt, e)
         cfg, saved_desc = load_config(overrides), None
     cfg.checkpoint = str(ckpt)
@@ -423,14 +498,26 @@ def _load_weights_or_explain(policy: Policy, ckpt: Path, cfg: Any, saved_desc: s
     if saved_desc:
         msg = f"checkpoint {ckpt} was trained with {saved_desc}; it does not fit {model}"
     else:
-        msg = (f"checkpoint {ckpt} (no run config.yaml tells what it was trained with) does not fit "
-               f"task={cfg.task.name} {model}")
+        msg = (
+            f"checkpoint {ckpt} (no run config.yaml tells what it was trained with) does not fit "
+            f"task={cfg.task.name} {model}"
+        )
     raise ConfigError(f"{msg}: {detail}") from None
 
 
-def _write_eval_outputs(out_dir: Path, metrics: dict, predictions: list[dict], cfg: Any, *, ckpt: Path | None,
-                        step: int | None, run_dir: Path | None, saved_desc: str | None, data: dict,
-                        table: dict | None = None) -> None:
+def _write_eval_outputs(
+    out_dir: Path,
+    metrics: dict,
+    predictions: list[dict],
+    cfg: Any,
+    *,
+    ckpt: Path | None,
+    step: int | None,
+    run_dir: Path | None,
+    saved_desc: str | None,
+    data: dict,
+    table: dict | None = None,
+) -> None:
     """``results.json`` (metrics, checkpoint, data fingerprint, config, success table) and ``predictions.jsonl`` in
     ``out_dir``."""
     from mmrl.config import to_dict

@@ -8,6 +8,7 @@ ETA is measured from its own units only (the RL ETA never includes the warm star
 Numbers shown to people are rounded here (:func:`fmt`); numbers written for programs (metrics.jsonl) keep full
 precision.
 """
+
 from __future__ import annotations
 
 import math
@@ -54,8 +55,18 @@ def interactive(stream: TextIO | None = None) -> bool:
 class PhaseProgress:
     """Progress of one phase of ``total`` units (``unit``: step, item, episode); see the module docstring."""
 
-    def __init__(self, desc: str, total: int, *, enabled: bool = True, unit: str = "step", initial: int = 0,
-                 stream: TextIO | None = None, every_s: float | None = None, tty: bool | None = None) -> None:
+    def __init__(
+        self,
+        desc: str,
+        total: int,
+        *,
+        enabled: bool = True,
+        unit: str = "step",
+        initial: int = 0,
+        stream: TextIO | None = None,
+        every_s: float | None = None,
+        tty: bool | None = None,
+    ) -> None:
         self.desc, self.total, self.unit, self.enabled = desc, total, unit, enabled and total > 0
         self.initial = self.done = initial
         self.stream = stream or sys.stderr
@@ -103,8 +114,11 @@ class PhaseProgress:
         per = self.seconds_per_unit
         if per is not None:
             parts.append(f"{fmt(per)} s/{self.unit}")
-            parts.append(f"ETA {fmt_duration(self.eta_s)}" if self.done < self.total else
-                         f"done in {fmt_duration(time.monotonic() - self.t0)}")
+            parts.append(
+                f"ETA {fmt_duration(self.eta_s)}"
+                if self.done < self.total
+                else f"done in {fmt_duration(time.monotonic() - self.t0)}"
+            )
         return ", ".join(parts)
 
     def _line(self) -> None:

@@ -12,6 +12,7 @@ Every start of a run (the first and each resume) leaves its resolved config in `
 :func:`record_start`); ``config.yaml`` is the config of the latest start, the one its newest checkpoint was trained
 with (``mmrl eval`` reads it).
 """
+
 from __future__ import annotations
 
 import logging
@@ -46,24 +47,34 @@ def check_run_name(name: str, output_dir: str | Path) -> None:
     """ConfigError (one line) unless ``name`` is a relative folder name that stays below ``output_dir``."""
     shown = name if len(name) <= 60 else name[:57] + "..."
     if not name or not name.strip():
-        raise ConfigError("trainer.run_name is empty; give a folder name below trainer.output_dir (or leave it unset "
-                          "for '<task>-<timestamp>')")
+        raise ConfigError(
+            "trainer.run_name is empty; give a folder name below trainer.output_dir (or leave it unset "
+            "for '<task>-<timestamp>')"
+        )
     if "\x00" in name or any(ord(c) < 32 for c in name):
-        raise ConfigError(f"trainer.run_name={shown!r} holds control characters; use letters, digits, '-', '_', '.', '/'")
+        raise ConfigError(
+            f"trainer.run_name={shown!r} holds control characters; use letters, digits, '-', '_', '.', '/'"
+        )
     if os.path.isabs(name) or name.startswith("~"):
-        raise ConfigError(f"trainer.run_name={shown} is an absolute path; a run name is a folder below "
-                          f"trainer.output_dir={output_dir} (to write elsewhere set trainer.output_dir)")
+        raise ConfigError(
+            f"trainer.run_name={shown} is an absolute path; a run name is a folder below "
+            f"trainer.output_dir={output_dir} (to write elsewhere set trainer.output_dir)"
+        )
     parts = Path(name).parts
     if ".." in parts:
-        raise ConfigError(f"trainer.run_name={shown} has a '..' component: a run folder stays inside "
-                          f"trainer.output_dir={output_dir} (to write elsewhere set trainer.output_dir)")
+        raise ConfigError(
+            f"trainer.run_name={shown} has a '..' component: a run folder stays inside "
+            f"trainer.output_dir={output_dir} (to write elsewhere set trainer.output_dir)"
+        )
     if len(name) > MAX_NAME_CHARS:
         raise ConfigError(f"trainer.run_name is {len(name)} characters long (at most {MAX_NAME_CHARS}): {shown}")
     limit = _name_max(Path(output_dir))
     for part in parts:
         if len(part.encode("utf-8", "surrogateescape")) > limit:
-            raise ConfigError(f"trainer.run_name: the component {part[:40]!r}... is longer than this filesystem's "
-                              f"{limit}-byte file-name limit")
+            raise ConfigError(
+                f"trainer.run_name: the component {part[:40]!r}... is longer than this filesystem's "
+                f"{limit}-byte file-name limit"
+            )
     if all(p in (".", "") for p in parts):
         raise ConfigError(f"trainer.run_name={shown!r} names the output folder itself; give a folder name below it")
 
@@ -76,8 +87,10 @@ def run_dir_path(output_dir: str | Path, name: str) -> Path:
     run_dir = out / name
     root, target = out.resolve(), run_dir.resolve()
     if target == root or root not in target.parents:
-        raise ConfigError(f"trainer.run_name={name} resolves to {target}, outside trainer.output_dir={root} "
-                          "(a symbolic link?); choose another name")
+        raise ConfigError(
+            f"trainer.run_name={name} resolves to {target}, outside trainer.output_dir={root} "
+            "(a symbolic link?); choose another name"
+        )
     return run_dir
 
 
@@ -89,8 +102,10 @@ def check_writable(folder: str | Path, what: str = "trainer.output_dir") -> None
         with tempfile.NamedTemporaryFile(dir=folder, prefix=".mmrl-write-probe-"):
             pass
     except OSError as e:
-        raise ConfigError(f"{what}={folder} is not writable ({e.strerror or type(e).__name__}); choose a folder you can "
-                          f"write to with {what}=PATH") from None
+        raise ConfigError(
+            f"{what}={folder} is not writable ({e.strerror or type(e).__name__}); choose a folder you can "
+            f"write to with {what}=PATH"
+        ) from None
 
 
 def is_mmrl_run(run_dir: Path) -> bool:
@@ -109,8 +124,10 @@ def create_run_dir(run_dir: Path) -> None:
 def clear_run_dir(run_dir: Path) -> None:
     """``trainer.overwrite=true``: delete a run folder mmrl created; ConfigError for any other folder."""
     if not is_mmrl_run(run_dir):
-        raise ConfigError(f"trainer.overwrite=true: {run_dir} was not created by mmrl (no {RUN_MARKER} marker); "
-                          "mmrl deletes only its own run folders. Remove it yourself or choose another trainer.run_name")
+        raise ConfigError(
+            f"trainer.overwrite=true: {run_dir} was not created by mmrl (no {RUN_MARKER} marker); "
+            "mmrl deletes only its own run folders. Remove it yourself or choose another trainer.run_name"
+        )
     shutil.rmtree(run_dir)
 
 
@@ -135,13 +152,44 @@ def rescue_dir(run_name: str) -> Path:
 
 # ---------------------------------------------------------------- what changed between two starts
 
-HARMLESS_TRAINER_KEYS = frozenset({
-    "max_steps", "eval_every", "eval_at_end", "eval_size", "eval_greedy", "eval_samples", "save_every", "keep_last",
-    "output_dir", "run_name", "resume", "overwrite", "resume_accept_changes", "log_every", "tensorboard", "wandb",
-    "wandb_project", "progress", "plot", "threads", "device", "reward_error_threshold", "reward_error_window",
-    "data_skip_threshold", "max_consecutive_nonfinite", "log_samples_every", "log_samples_max", "sft_steps", "sft_lr",
-    "sft_batch_size", "sft_max_items", "strategy", "fsdp_reshard_after_forward", "fsdp_offload",
-})
+HARMLESS_TRAINER_KEYS = frozenset(
+    {
+        "max_steps",
+        "eval_every",
+        "eval_at_end",
+        "eval_size",
+        "eval_greedy",
+        "eval_samples",
+        "save_every",
+        "keep_last",
+        "output_dir",
+        "run_name",
+        "resume",
+        "overwrite",
+        "resume_accept_changes",
+        "log_every",
+        "tensorboard",
+        "wandb",
+        "wandb_project",
+        "progress",
+        "plot",
+        "threads",
+        "device",
+        "reward_error_threshold",
+        "reward_error_window",
+        "data_skip_threshold",
+        "max_consecutive_nonfinite",
+        "log_samples_every",
+        "log_samples_max",
+        "sft_steps",
+        "sft_lr",
+        "sft_batch_size",
+        "sft_max_items",
+        "strategy",
+        "fsdp_reshard_after_forward",
+        "fsdp_offload",
+    }
+)
 """Trainer keys a resume may change freely (logged): length, cadence, logging, failure limits, hardware layout.
 The warm-start keys are here because a resumed run never redoes its warm start."""
 
@@ -200,8 +248,10 @@ def check_same_experiment(run_dir: Path, new: dict, *, accept: bool, log_changes
     try:
         saved = yaml.safe_load(path.read_text())
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
-        raise ConfigError(f"cannot resume {run_dir}: its config.yaml is unreadable or damaged ({type(e).__name__}); "
-                          "mmrl compares it with the new config before loading weights") from None
+        raise ConfigError(
+            f"cannot resume {run_dir}: its config.yaml is unreadable or damaged ({type(e).__name__}); "
+            "mmrl compares it with the new config before loading weights"
+        ) from None
     if not isinstance(saved, dict):
         raise ConfigError(f"cannot resume {run_dir}: {path} is not a run config written by mmrl")
     significant, harmless = config_changes(saved, new)
@@ -210,12 +260,17 @@ def check_same_experiment(run_dir: Path, new: dict, *, accept: bool, log_changes
     if not significant:
         return
     if not accept:
-        raise ConfigError(f"cannot resume {run_dir}: the config differs from the run's in keys that make it another "
-                          f"experiment ({describe_changes(significant)}); undo them, start a new run "
-                          "(another trainer.run_name), or pass trainer.resume_accept_changes=true to continue anyway")
+        raise ConfigError(
+            f"cannot resume {run_dir}: the config differs from the run's in keys that make it another "
+            f"experiment ({describe_changes(significant)}); undo them, start a new run "
+            "(another trainer.run_name), or pass trainer.resume_accept_changes=true to continue anyway"
+        )
     if log_changes:
-        log.warning("resuming %s with trainer.resume_accept_changes=true despite: %s", run_dir,
-                    describe_changes(significant, limit=20))
+        log.warning(
+            "resuming %s with trainer.resume_accept_changes=true despite: %s",
+            run_dir,
+            describe_changes(significant, limit=20),
+        )
 
 
 def auto_resume_checkpoint(run_dir: Path, *, warn: bool = True) -> Path | None:
@@ -226,13 +281,23 @@ def auto_resume_checkpoint(run_dir: Path, *, warn: bool = True) -> Path | None:
 
     found, skipped = latest_loadable_checkpoint(run_dir)
     if found is None and skipped:
-        raise DamagedCheckpointError(skipped[0][0], f"{skipped[0][1]}; every checkpoint of {run_dir} is damaged, "
-                                     "none can be continued (move the run folder away to start over)")
+        raise DamagedCheckpointError(
+            skipped[0][0],
+            f"{skipped[0][1]}; every checkpoint of {run_dir} is damaged, "
+            "none can be continued (move the run folder away to start over)",
+        )
     if warn:
         for path, why in skipped:
-            log.warning("trainer.resume=auto: skipping damaged checkpoint %s (%s); %s", path, why,
-                        f"continuing from {found}" if found is not None else "no earlier complete checkpoint")
+            log.warning(
+                "trainer.resume=auto: skipping damaged checkpoint %s (%s); %s",
+                path,
+                why,
+                f"continuing from {found}" if found is not None else "no earlier complete checkpoint",
+            )
         if found is None:
-            log.warning("trainer.resume=auto: run directory %s has no complete checkpoint to continue; "
-                        "training from step 0 in it", run_dir)
+            log.warning(
+                "trainer.resume=auto: run directory %s has no complete checkpoint to continue; "
+                "training from step 0 in it",
+                run_dir,
+            )
     return found

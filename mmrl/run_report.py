@@ -3,6 +3,7 @@
 Both are plain text built from facts the trainer records (:class:`RunReport`); numbers are rounded for people
 (:func:`mmrl.progress.fmt`), while metrics.jsonl keeps full precision.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -45,33 +46,48 @@ class RunReport:
         self.add_time("updates", float(metrics.get("time/update", 0.0)) + float(metrics.get("time/prepare", 0.0)))
 
 
-def start_banner(cfg, *, run_dir: Path, resumed_step: int | None, device: str, processes: int,
-                 memory_gb: float | None = None) -> str:
+def start_banner(
+    cfg, *, run_dir: Path, resumed_step: int | None, device: str, processes: int, memory_gb: float | None = None
+) -> str:
     """A few lines: task, model, algorithm, group size, steps, device / processes / strategy, the run folder, the
     resume point and (on a GPU) the planner's memory estimate."""
     tr, algo, model = cfg.trainer, cfg.algo, cfg.model
     name = getattr(model, "name", "") or getattr(model, "type", "?")
     path = getattr(model, "path", "")
     model_text = name + (f" (path {path})" if path and str(path) != str(name) else "")
-    lines = [f"mmrl train: task={cfg.task.name}  model={model_text}",
-             f"  algorithm: {algo.name} (advantage {algo.advantage}, {algo.policy_loss}, {algo.loss_agg}), "
-             f"group size {algo.group_size}, {tr.max_steps} steps x {tr.batch_size} prompts, lr {fmt(tr.lr)}"
-             + (f", warm start {tr.sft_steps} SFT steps" if tr.sft_steps and not resumed_step else "")]
+    lines = [
+        f"mmrl train: task={cfg.task.name}  model={model_text}",
+        f"  algorithm: {algo.name} (advantage {algo.advantage}, {algo.policy_loss}, {algo.loss_agg}), "
+        f"group size {algo.group_size}, {tr.max_steps} steps x {tr.batch_size} prompts, lr {fmt(tr.lr)}"
+        + (f", warm start {tr.sft_steps} SFT steps" if tr.sft_steps and not resumed_step else ""),
+    ]
     where = f"  device: {device}, {processes} process{'es' if processes > 1 else ''}"
     if processes > 1:
         where += f", strategy {tr.strategy}"
     if memory_gb is not None:
         where += f", planned memory {memory_gb:.1f} GiB per device"
     lines.append(where)
-    lines.append(f"  run folder: {run_dir}" + (f" (resumed from step {resumed_step})" if resumed_step is not None else ""))
+    lines.append(
+        f"  run folder: {run_dir}" + (f" (resumed from step {resumed_step})" if resumed_step is not None else "")
+    )
     return "\n".join(lines)
 
 
-def end_summary(report: RunReport, *, run_dir: Path, step: int, checkpoint: Path | None, plot: bool,
-                tensorboard: bool, resume_cmd: str | None) -> str:
+def end_summary(
+    report: RunReport,
+    *,
+    run_dir: Path,
+    step: int,
+    checkpoint: Path | None,
+    plot: bool,
+    tensorboard: bool,
+    resume_cmd: str | None,
+) -> str:
     """Headline metrics start -> end, wall time by phase, and the paths and commands that matter next."""
-    lines = [f"mmrl train: done: {step - report.first_step} steps (step {report.first_step} -> {step}) in "
-             f"{fmt_duration(report.wall_s)}"]
+    lines = [
+        f"mmrl train: done: {step - report.first_step} steps (step {report.first_step} -> {step}) in "
+        f"{fmt_duration(report.wall_s)}"
+    ]
     if report.eval_scores:
         lines.append("  eval score: " + " -> ".join(f"{fmt(v)} ({when})" for when, v in report.eval_scores))
     if report.first_reward is not None:
@@ -83,8 +99,10 @@ def end_summary(report: RunReport, *, run_dir: Path, step: int, checkpoint: Path
         lines.append(f"  checkpoint: {checkpoint}")
     if plot and (run_dir / "curves.png").exists():
         lines.append(f"  curves: {run_dir / 'curves.png'}")
-    lines.append(f"  metrics: {run_dir / 'metrics.jsonl'}" + (f"; TensorBoard: tensorboard --logdir {run_dir}"
-                                                               if tensorboard else ""))
+    lines.append(
+        f"  metrics: {run_dir / 'metrics.jsonl'}"
+        + (f"; TensorBoard: tensorboard --logdir {run_dir}" if tensorboard else "")
+    )
     lines.append(f"  evaluate: mmrl eval checkpoint={run_dir}")
     if resume_cmd:
         lines.append(f"  continue: {resume_cmd} trainer.max_steps=<more>")

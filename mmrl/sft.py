@@ -4,6 +4,7 @@ With ``trainer.sft_steps=N`` the trainer first fits the policy to the task's ref
 (``Task.sft_target``) for N steps with token cross-entropy (``Policy.sft_loss``), evaluates, and
 then starts RL from that model. Real recipes do the same (cold-start SFT, then GRPO).
 """
+
 from __future__ import annotations
 
 import json
@@ -34,7 +35,9 @@ def run_sft(trainer, steps: int, on_step: Callable[[dict], None] | None = None) 
     cfg = trainer.cfg.trainer
     policy, task = trainer.policy, trainer.task
     if not policy.supports_sft:
-        raise ConfigError(f"trainer.sft_steps>0 but the {type(policy).__name__} policy has no supervised loss (sft_loss)")
+        raise ConfigError(
+            f"trainer.sft_steps>0 but the {type(policy).__name__} policy has no supervised loss (sft_loss)"
+        )
     bs = cfg.sft_batch_size or cfg.batch_size
     # a task may warm-start on other items than its RL prompts (e.g. VLA: one item per demo observation)
     source = list(task.sft_items())
@@ -62,8 +65,12 @@ def run_sft(trainer, steps: int, on_step: Callable[[dict], None] | None = None) 
         gn = torch.nn.utils.clip_grad_norm_(policy.trainable_parameters(), cfg.max_grad_norm or 1e9)
         if torch.isfinite(loss) and torch.isfinite(gn):
             opt.step()
-        last = {"sft/step": k + 1, "sft/loss": float(loss.detach()), "sft/grad_norm": float(gn),
-                "time/sft_step": time.perf_counter() - t0}
+        last = {
+            "sft/step": k + 1,
+            "sft/loss": float(loss.detach()),
+            "sft/grad_norm": float(gn),
+            "time/sft_step": time.perf_counter() - t0,
+        }
         if out_path is not None and trainer.is_main:
             with out_path.open("a") as f:
                 f.write(json.dumps(last) + "\n")

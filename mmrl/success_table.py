@@ -1,6 +1,7 @@
 """Success-rate tables of simulator evaluations, laid out as the VLA papers report them: one column per suite
 (LIBERO: Spatial / Object / Goal / Long) plus the average over suites, the number of episodes under each, and a
 per-task breakdown. Pure functions over ``(suite, task, success)`` rows."""
+
 from __future__ import annotations
 
 from collections import defaultdict
@@ -25,13 +26,28 @@ def success_table(rows: Iterable[tuple[str, str, bool]], labels: dict[str, str] 
         acc[1] += n
         n_tasks[suite] += 1
     labels = labels or {}
-    suite_rows = [{"suite": k, "label": labels.get(k, k), "tasks": n_tasks[k], "episodes": n, "successes": s,
-                   "success_rate": s / n} for k, (s, n) in suites.items()]
-    task_rows = [{"suite": suite, "task": task, "episodes": n, "successes": s, "success_rate": s / n}
-                 for (suite, task), (s, n) in per_task.items()]
+    suite_rows = [
+        {
+            "suite": k,
+            "label": labels.get(k, k),
+            "tasks": n_tasks[k],
+            "episodes": n,
+            "successes": s,
+            "success_rate": s / n,
+        }
+        for k, (s, n) in suites.items()
+    ]
+    task_rows = [
+        {"suite": suite, "task": task, "episodes": n, "successes": s, "success_rate": s / n}
+        for (suite, task), (s, n) in per_task.items()
+    ]
     average = sum(r["success_rate"] for r in suite_rows) / len(suite_rows) if suite_rows else float("nan")
-    return {"suites": suite_rows, "tasks": task_rows, "average": average,
-            "episodes": sum(r["episodes"] for r in suite_rows)}
+    return {
+        "suites": suite_rows,
+        "tasks": task_rows,
+        "average": average,
+        "episodes": sum(r["episodes"] for r in suite_rows),
+    }
 
 
 def markdown_table(table: dict, task_names: dict[str, str] | None = None) -> str:
@@ -40,13 +56,21 @@ def markdown_table(table: dict, task_names: dict[str, str] | None = None) -> str
     if not suites:
         return "no valid episodes\n"
     head = [r["label"] for r in suites] + (["Average"] if len(suites) > 1 else [])
-    rate = [f"{100 * r['success_rate']:.1f}" for r in suites] + ([f"{100 * table['average']:.1f}"] if len(suites) > 1
-                                                                  else [])
-    eps = [f"{r['episodes']} ({r['tasks']} tasks)" for r in suites] + ([str(table["episodes"])] if len(suites) > 1
-                                                                         else [])
-    lines = ["| | " + " | ".join(head) + " |", "|---|" + "---|" * len(head),
-             "| success (%) | " + " | ".join(rate) + " |", "| episodes | " + " | ".join(eps) + " |", "",
-             "| task | success (%) | episodes |", "|---|---|---|"]
+    rate = [f"{100 * r['success_rate']:.1f}" for r in suites] + (
+        [f"{100 * table['average']:.1f}"] if len(suites) > 1 else []
+    )
+    eps = [f"{r['episodes']} ({r['tasks']} tasks)" for r in suites] + (
+        [str(table["episodes"])] if len(suites) > 1 else []
+    )
+    lines = [
+        "| | " + " | ".join(head) + " |",
+        "|---|" + "---|" * len(head),
+        "| success (%) | " + " | ".join(rate) + " |",
+        "| episodes | " + " | ".join(eps) + " |",
+        "",
+        "| task | success (%) | episodes |",
+        "|---|---|---|",
+    ]
     names = task_names or {}
     for r in table["tasks"]:
         name = names.get(r["task"])

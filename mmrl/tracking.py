@@ -3,6 +3,7 @@
 Metric names follow a `group/name` scheme: `reward/mean`, `reward/<fn>`, `loss/policy`,
 `loss/clipfrac`, `policy/entropy`, `policy/kl`, `time/rollout`, `time/update`, `data/skipped`...
 """
+
 from __future__ import annotations
 
 import json
@@ -22,9 +23,19 @@ def _finite(v) -> bool:
 class Tracker:
     """Writes metrics of the main process; a no-op on other ranks."""
 
-    def __init__(self, run_dir: Path, *, enabled: bool = True, tensorboard: bool = True, wandb: bool = False,
-                 wandb_project: str = "mmrl", run_name: str = "", config: dict | None = None,
-                 resume_step: int | None = None, wandb_id: str | None = None) -> None:
+    def __init__(
+        self,
+        run_dir: Path,
+        *,
+        enabled: bool = True,
+        tensorboard: bool = True,
+        wandb: bool = False,
+        wandb_project: str = "mmrl",
+        run_name: str = "",
+        config: dict | None = None,
+        resume_step: int | None = None,
+        wandb_id: str | None = None,
+    ) -> None:
         self.enabled = enabled
         self.path = Path(run_dir) / "metrics.jsonl"
         self._tb = None
@@ -38,7 +49,10 @@ class Tracker:
             try:
                 from torch.utils.tensorboard import SummaryWriter
 
-                self._tb = SummaryWriter(log_dir=str(Path(run_dir) / "tensorboard"), purge_step=resume_step + 1 if resume_step is not None else None)
+                self._tb = SummaryWriter(
+                    log_dir=str(Path(run_dir) / "tensorboard"),
+                    purge_step=resume_step + 1 if resume_step is not None else None,
+                )
             except ImportError:  # pragma: no cover - tensorboard is a core dependency
                 log.warning("tensorboard is not installed; metrics go to metrics.jsonl only")
         if self._tb is not None:  # summaries are built off the training thread
@@ -119,13 +133,13 @@ def plot_metrics(metrics_path: Path, out_png: Path, keys=DEFAULT_PLOT_KEYS, titl
         ax.plot(xs, ys, marker="." if len(xs) < 40 else None, lw=1.2)
         if key.startswith("reward") and len(ys) >= 10:
             w = max(3, len(ys) // 15)
-            smooth = [sum(ys[max(0, i - w + 1): i + 1]) / len(ys[max(0, i - w + 1): i + 1]) for i in range(len(ys))]
+            smooth = [sum(ys[max(0, i - w + 1) : i + 1]) / len(ys[max(0, i - w + 1) : i + 1]) for i in range(len(ys))]
             ax.plot(xs, smooth, lw=2.0, color="C3", label=f"mean of {w}")
             ax.legend(fontsize=7)
         ax.set_title(key, fontsize=9)
         ax.set_xlabel("step", fontsize=8)
         ax.grid(alpha=0.3)
-    for ax in list(axes.flat)[len(present):]:
+    for ax in list(axes.flat)[len(present) :]:
         ax.axis("off")
     if title:
         fig.suptitle(title, fontsize=10)

@@ -12,6 +12,7 @@ aggregation uses per-token weights computed from whole-minibatch totals (all-red
 data-parallel ranks), so gradient accumulation and data parallel give the same update as one big
 batch.
 """
+
 from __future__ import annotations
 
 import json
@@ -69,8 +70,9 @@ class _StepStats:
     def add(self, key: str, value: float) -> None:
         self.sums[key] = self.sums.get(key, 0.0) + value
 
-    def add_rollout_gap(self, logp: Tensor, rollout_logp: Tensor, mask: Tensor, *, cap: float,
-                        count_ratios: bool) -> None:
+    def add_rollout_gap(
+        self, logp: Tensor, rollout_logp: Tensor, mask: Tensor, *, cap: float, count_ratios: bool
+    ) -> None:
         """|trainer - rollout engine| log-prob gap (summed) and the extreme importance ratios of a micro-batch."""
         self.add("rollout/logp_abs_diff_sum", float(((logp - rollout_logp).abs() * mask).sum()))
         self.add("rollout/tokens", float(mask.sum()))
@@ -111,8 +113,10 @@ def _checkpoint_step(path: Path) -> int:
 def check_algo_against_task(algo, reward_names: list[str], task_name: str) -> None:
     """ConfigError for algorithm settings that name something the task does not have (T-GRPO's correctness reward)."""
     if algo.tgrpo_enabled and algo.tgrpo.correct_reward not in reward_names:
-        raise ConfigError(f"algo.tgrpo.correct_reward={algo.tgrpo.correct_reward!r} is not a reward of task={task_name}; "
-                          f"choose from {', '.join(reward_names)}")
+        raise ConfigError(
+            f"algo.tgrpo.correct_reward={algo.tgrpo.correct_reward!r} is not a reward of task={task_name}; "
+            f"choose from {', '.join(reward_names)}"
+        )
 
 
 class Trainer:
@@ -170,16 +174,20 @@ class Trainer:
         self.dp.wrap(self.policy, ema=bool(getattr(cfg.model, "ema", False)))
         self.sharded = self.dp.sharded  # True when trainer.strategy=fsdp2 sharded the policy over several processes
         if self.world == 1 and tr.strategy == "fsdp2" and self.is_main:
-            log.info("trainer.strategy=fsdp2 in one process: nothing to shard; training unsharded, checkpoints in the "
-                     "sharded format (loadable at any world size)")
+            log.info(
+                "trainer.strategy=fsdp2 in one process: nothing to shard; training unsharded, checkpoints in the "
+                "sharded format (loadable at any world size)"
+            )
         # built after sharding: FSDP2's optimizer holds the sharded parameters
         params = self._params = self.policy.trainable_parameters()
         if not params:
             raise ConfigError("the policy has no trainable parameters")
-        self.optimizer = torch.optim.AdamW(params, lr=tr.lr, betas=tuple(tr.adam_betas), eps=tr.adam_eps,
-                                           weight_decay=tr.weight_decay)
+        self.optimizer = torch.optim.AdamW(
+            params, lr=tr.lr, betas=tuple(tr.adam_betas), eps=tr.adam_eps, weight_decay=tr.weight_decay
+        )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, _lr_lambda(tr.lr_schedule, tr.warmup_steps, tr.max_steps))
+            self.optimizer, _lr_lambda(tr.lr_schedule, tr.warmup_steps, tr.max_steps)
+        )
 
         self.step = 0
         self.skipped_total = 0
@@ -249,9 +257,11 @@ class Trainer:
                 resume_from = resolve_checkpoint(tr.resume)
             except FileNotFoundError as e:
                 why = str(e) if Path(tr.resume).exists() else f"{tr.resume} does not exist"
-                raise ConfigError(f"trainer.resume={tr.resume}: {why}; trainer.resume takes auto (continue "
-                                  "trainer.run_name's run), never, a checkpoint folder (<run dir>/checkpoints/step_N) "
-                                  "or a run directory") from None
+                raise ConfigError(
+                    f"trainer.resume={tr.resume}: {why}; trainer.resume takes auto (continue "
+                    "trainer.run_name's run), never, a checkpoint folder (<run dir>/checkpoints/step_N) "
+                    "or a run directory"
+                ) from None
             run_dir = resume_from.parent.parent
         elif run_dir.exists() and any(run_dir.iterdir()):
             if tr.resume == "auto":
@@ -267,9 +277,13 @@ class Trainer:
             if tr.run_name:
                 log.info("trainer.resume=auto: no run %s to continue yet; starting it", run_dir)
             else:  # a timestamped name is new every time: auto can never find a run without trainer.run_name
-                log.warning("trainer.resume=auto without trainer.run_name: no run to continue (a run without a name gets a "
-                            "new timestamped directory, here %s); to continue a run pass trainer.run_name=<its folder "
-                            "name in %s> trainer.resume=auto (or trainer.resume=<its run dir>)", run_dir, tr.output_dir)
+                log.warning(
+                    "trainer.resume=auto without trainer.run_name: no run to continue (a run without a name gets a "
+                    "new timestamped directory, here %s); to continue a run pass trainer.run_name=<its folder "
+                    "name in %s> trainer.resume=auto (or trainer.resume=<its run dir>)",
+                    run_dir,
+                    tr.output_dir,
+                )
         if resume_from is not None:  # before any weight is loaded
             check_same_experiment(run_dir, to_dict(self.cfg), accept=tr.resume_accept_changes, log_changes=self.is_main)
         self.accelerator.wait_for_everyone()
@@ -286,9 +300,17 @@ class Trainer:
             state = self.load_checkpoint(resume_from)
             wandb_id = state.get("wandb_id")
             self._saved_step = self.step
-        self.tracker = Tracker(run_dir, enabled=self.is_main, tensorboard=tr.tensorboard, wandb=tr.wandb,
-                               wandb_project=tr.wandb_project, run_name=name, config=to_dict(self.cfg),
-                               resume_step=self.step if resume_from is not None else None, wandb_id=wandb_id)
+        self.tracker = Tracker(
+            run_dir,
+            enabled=self.is_main,
+            tensorboard=tr.tensorboard,
+            wandb=tr.wandb,
+            wandb_project=tr.wandb_project,
+            run_name=name,
+            config=to_dict(self.cfg),
+            resume_step=self.step if resume_from is not None else None,
+            wandb_id=wandb_id,
+        )
         return run_dir
 
     # ------------------------------------------------------------------ checkpoints
@@ -311,9 +333,15 @@ class Trainer:
             path = self._save_sharded_checkpoint()
         else:
             if self.is_main:
-                path = save_checkpoint(self.run_dir, self.step, policy=self.policy, optimizer=self.optimizer,
-                                       scheduler=self.scheduler, state=self.trainer_state(),
-                                       keep_last=self.cfg.trainer.keep_last)
+                path = save_checkpoint(
+                    self.run_dir,
+                    self.step,
+                    policy=self.policy,
+                    optimizer=self.optimizer,
+                    scheduler=self.scheduler,
+                    state=self.trainer_state(),
+                    keep_last=self.cfg.trainer.keep_last,
+                )
             self.accelerator.wait_for_everyone()
         self.report.add_time("checkpoints", time.perf_counter() - t0)
         return path
@@ -355,21 +383,28 @@ class Trainer:
         sharded_state = path / "training_state" / SHARDED_DIR
         if self.sharded:
             if not sharded_state.exists():
-                raise ConfigError(f"{path} was written with trainer.strategy=ddp (one optimizer file); continue it with "
-                                  "trainer.strategy=ddp (an fsdp2 run resumes from fsdp2 checkpoints)")
+                raise ConfigError(
+                    f"{path} was written with trainer.strategy=ddp (one optimizer file); continue it with "
+                    "trainer.strategy=ddp (an fsdp2 run resumes from fsdp2 checkpoints)"
+                )
             # the trained parameters come from the shards; frozen ones are the model's own build
         else:
             self.policy.load_pretrained(path / "pretrained_model")
         if sharded_state.exists():
             load_sharded_state(sharded_state, self.policy.model, self.optimizer)
-        state = load_training_state(path, optimizer=None if sharded_state.exists() else self.optimizer,
-                                    scheduler=self.scheduler, rng_file=rank_rng_file(self.rank))
+        state = load_training_state(
+            path,
+            optimizer=None if sharded_state.exists() else self.optimizer,
+            scheduler=self.scheduler,
+            rng_file=rank_rng_file(self.rank),
+        )
         self.step = state["step"]
         try:
             self.sampler.load_state_dict(state["sampler"])
         except (KeyError, TypeError) as e:
-            raise DamagedCheckpointError(path / "training_state" / "state.json",
-                                         f"its data position ('sampler') is missing or malformed ({e!r})") from None
+            raise DamagedCheckpointError(
+                path / "training_state" / "state.json", f"its data position ('sampler') is missing or malformed ({e!r})"
+            ) from None
         self.skipped_total = state.get("skipped_total", 0)
         self.seen_total = state.get("seen_total", 0)
         log.info("resumed from %s at step %d", path, self.step)
@@ -381,14 +416,18 @@ class Trainer:
 
     def _next_prompts(self) -> tuple[PromptBatch, int]:
         indices, seeds = self.sampler.next_batch()
-        return self._prepare(shard(indices, self.rank, self.world), shard(seeds, self.rank, self.world),
-                             self.train_items)
+        return self._prepare(
+            shard(indices, self.rank, self.world), shard(seeds, self.rank, self.world), self.train_items
+        )
 
     # ------------------------------------------------------------------ rollout + rewards
     def _score(self, batch: PromptBatch, ro: Rollout) -> None:
         G = ro.batch_size // max(1, len(batch))
-        rep = [batch.items[i] for i in ro.prompt_index.tolist()] if ro.prompt_index is not None else \
-            [it for it in batch.items for _ in range(G)]
+        rep = (
+            [batch.items[i] for i in ro.prompt_index.tolist()]
+            if ro.prompt_index is not None
+            else [it for it in batch.items for _ in range(G)]
+        )
         self.rewards.set_progress(self.step, self.cfg.trainer.max_steps)  # TRL's trainer_state.global_step / max_steps
         res = self.rewards([it.get("prompt", "") for it in rep], ro.samples, self.task.reward_columns(rep))
         ro.rewards = res.total
@@ -408,8 +447,13 @@ class Trainer:
         for j in range(min(ro.batch_size, self.cfg.trainer.log_samples_max)):
             sample = ro.samples[j]
             text = sample.get("text") if isinstance(sample, dict) else sample if isinstance(sample, str) else None
-            row = {"step": self.step + 1, "group": int(ro.group_id[j]), "id": items[j].get("id"),
-                   "text": text, "reward": float(ro.rewards[j]) if ro.rewards.dim() == 1 else None}
+            row = {
+                "step": self.step + 1,
+                "group": int(ro.group_id[j]),
+                "id": items[j].get("id"),
+                "text": text,
+                "reward": float(ro.rewards[j]) if ro.rewards.dim() == 1 else None,
+            }
             row.update({f"reward/{name}": _finite_or_none(v[j]) for name, v in per_fn.items()})
             rows.append(row)
         with open(self.run_dir / "samples.jsonl", "a") as f:
@@ -436,7 +480,9 @@ class Trainer:
                 if not len(batch):
                     continue
                 ro = self.policy.rollout(batch, algo.group_size)
-                too_long = int(ro.metrics.get("data/too_long", 0))  # prompts the policy could not take: skipped items too
+                too_long = int(
+                    ro.metrics.get("data/too_long", 0)
+                )  # prompts the policy could not take: skipped items too
                 skipped += too_long
                 too_long_total += too_long
                 self._score(batch, ro)
@@ -461,7 +507,8 @@ class Trainer:
             raise TrainingAborted(
                 f"{self.skipped_total} of {self.seen_total} data items were skipped (> "
                 f"{self.cfg.trainer.data_skip_threshold:.0%}, trainer.data_skip_threshold); see the warnings above "
-                "for the files and reasons")
+                "for the files and reasons"
+            )
         if algo.filter_groups:
             metrics["filter/rounds"] = float(rounds)
             metrics["filter/kept_groups"] = float(n_groups_kept)
@@ -512,8 +559,17 @@ class Trainer:
         algo = self.cfg.algo
         mask = ro.mask * ro.valid[:, None].float()
         if self.world == 1 or algo.advantage == algos.CRITIC_ESTIMATOR:
-            return algos.token_advantages(ro.rewards, ro.group_id, ro.valid, mask, algo, kl_tok=kl_tok,
-                                          bonus=ro.adv_bonus, values=ro.values, token_rewards=ro.token_rewards)
+            return algos.token_advantages(
+                ro.rewards,
+                ro.group_id,
+                ro.valid,
+                mask,
+                algo,
+                kl_tok=kl_tok,
+                bonus=ro.adv_bonus,
+                values=ro.values,
+                token_rewards=ro.token_rewards,
+            )
         rewards = algos.fold_kl_into_rewards(ro.rewards, mask, algo, kl_tok)
         bonus = ro.adv_bonus if ro.adv_bonus is not None else torch.zeros_like(rewards)
         local = (rewards.cpu(), ro.group_id.cpu(), ro.valid.cpu(), bonus.float().cpu())
@@ -521,7 +577,7 @@ class Trainer:
         torch.distributed.all_gather_object(parts, local)
         offset = sum(p[0].shape[0] for p in parts[: self.rank])
         r, g, v, b = (torch.cat([p[k] for p in parts]) for k in range(4))
-        adv = algos.outcome_advantages(r, g, v, algo, bonus=b)[offset: offset + ro.batch_size]
+        adv = algos.outcome_advantages(r, g, v, algo, bonus=b)[offset : offset + ro.batch_size]
         return algos.broadcast_to_tokens(adv.to(mask.device), mask), None
 
     # ------------------------------------------------------------------ one RL step
@@ -561,7 +617,9 @@ class Trainer:
         if algo.kl_coef > 0 and not own_kl:
             ro.ref_logp, _ = self._no_grad_pass(ro, values=False, reference=True)
             if algo.kl_in_reward:
-                kl_tok = algos.kl_estimate(ro.rollout_logp if old_logp is None else old_logp, ro.ref_logp, algo.kl_estimator)
+                kl_tok = algos.kl_estimate(
+                    ro.rollout_logp if old_logp is None else old_logp, ro.ref_logp, algo.kl_estimator
+                )
         metrics["time/prepare"] = time.perf_counter() - t0
         adv, returns = self._advantages(ro, kl_tok)
         mask = ro.mask * ro.valid[:, None].float()
@@ -581,8 +639,16 @@ class Trainer:
             raise TrainingAborted(self._abort_after_step, step_completed=True)
         return metrics
 
-    def _update(self, ro: Rollout, mask: Tensor, adv: Tensor, returns: Tensor | None, old_logp: Tensor | None,
-                *, current_old: bool) -> dict[str, float]:
+    def _update(
+        self,
+        ro: Rollout,
+        mask: Tensor,
+        adv: Tensor,
+        returns: Tensor | None,
+        old_logp: Tensor | None,
+        *,
+        current_old: bool,
+    ) -> dict[str, float]:
         algo = self.cfg.algo
         tr = self.cfg.trainer
         use_gae = algo.advantage == algos.CRITIC_ESTIMATOR
@@ -616,13 +682,22 @@ class Trainer:
                         old = logp.detach() if current_old else old_logp[mi].to(dev)
                         beh = ro.rollout_logp[mi].to(dev)
                         loss, terms = algos.rl_objective(
-                            logp, old_logp=old, advantages=adv[mi].to(dev), mask=m, cfg=algo, num_tokens=num_tokens,
-                            num_seqs=num_seqs, rollout_logp=beh,
+                            logp,
+                            old_logp=old,
+                            advantages=adv[mi].to(dev),
+                            mask=m,
+                            cfg=algo,
+                            num_tokens=num_tokens,
+                            num_seqs=num_seqs,
+                            rollout_logp=beh,
                             ref_logp=ro.ref_logp[mi].to(dev) if ro.ref_logp is not None else None,
-                            policy_kl=out.kl, entropy=out.entropy,
+                            policy_kl=out.kl,
+                            entropy=out.entropy,
                             values=out.values if use_gae else None,
                             old_values=ro.values[mi].to(dev) if use_gae else None,
-                            returns=returns[mi].to(dev) if use_gae else None, scale=0.0 if dummy else 1.0)
+                            returns=returns[mi].to(dev) if use_gae else None,
+                            scale=0.0 if dummy else 1.0,
+                        )
                         for name, value in terms.items():
                             st.add(name, float(value))
                         if epoch == 0 and n_opt_steps == 0:  # before any update: trainer vs rollout engine
@@ -630,8 +705,11 @@ class Trainer:
                         loss = loss * self.world  # DDP averages gradients over ranks
                         self.accelerator.backward(loss)
                 # the total norm is non-finite iff some gradient is: one pass checks and clips
-                gn = float(torch.nn.utils.clip_grad_norm_(
-                    self._params, tr.max_grad_norm if tr.max_grad_norm is not None else math.inf))
+                gn = float(
+                    torch.nn.utils.clip_grad_norm_(
+                        self._params, tr.max_grad_norm if tr.max_grad_norm is not None else math.inf
+                    )
+                )
                 finite = math.isfinite(gn)
                 if finite:
                     st.add("optim/grad_norm", gn)
@@ -655,7 +733,8 @@ class Trainer:
             if self.nonfinite_streak >= tr.max_consecutive_nonfinite:
                 self._abort_after_step = (
                     f"{self.nonfinite_streak} consecutive steps had non-finite losses or gradients "
-                    f"(trainer.max_consecutive_nonfinite={tr.max_consecutive_nonfinite}); lower trainer.lr or check the rewards")
+                    f"(trainer.max_consecutive_nonfinite={tr.max_consecutive_nonfinite}); lower trainer.lr or check the rewards"
+                )
         else:
             self.nonfinite_streak = 0
         return out
@@ -670,11 +749,23 @@ class Trainer:
         if limit is not None:
             items = items[:limit]
         t0 = time.perf_counter()
-        with self._gathered(), PhaseProgress(f"{self.cfg.task.name} eval", len(items), unit="item",
-                                             enabled=tr.progress and self.is_main) as bar:
-            self.last_eval = evaluate_policy(self.task, self.policy, self.rewards, items, seed=tr.seed,
-                                             batch_size=tr.batch_size, samples=tr.eval_samples,
-                                             greedy=tr.eval_greedy, progress=bar)
+        with (
+            self._gathered(),
+            PhaseProgress(
+                f"{self.cfg.task.name} eval", len(items), unit="item", enabled=tr.progress and self.is_main
+            ) as bar,
+        ):
+            self.last_eval = evaluate_policy(
+                self.task,
+                self.policy,
+                self.rewards,
+                items,
+                seed=tr.seed,
+                batch_size=tr.batch_size,
+                samples=tr.eval_samples,
+                greedy=tr.eval_greedy,
+                progress=bar,
+            )
         self.report.add_time("evaluation", time.perf_counter() - t0)
         return self.last_eval
 
@@ -683,8 +774,9 @@ class Trainer:
         if self._stop_signal is not None:  # second signal: stop now
             raise KeyboardInterrupt
         self._stop_signal = signum
-        log.warning("received %s: finishing the current step, saving a checkpoint and exiting",
-                    signal.Signals(signum).name)
+        log.warning(
+            "received %s: finishing the current step, saving a checkpoint and exiting", signal.Signals(signum).name
+        )
 
     def banner(self) -> str:
         """The start banner (:func:`mmrl.run_report.start_banner`) of this run."""
@@ -693,8 +785,14 @@ class Trainer:
             from mmrl.planning.report import device_memory_gb, run_memory_gb
 
             memory = run_memory_gb(self.cfg, device_gb=device_memory_gb(self.accelerator.device), world_size=self.world)
-        return start_banner(self.cfg, run_dir=self.run_dir, resumed_step=self.step if self.resumed else None,
-                            device=str(self.accelerator.device), processes=self.world, memory_gb=memory)
+        return start_banner(
+            self.cfg,
+            run_dir=self.run_dir,
+            resumed_step=self.step if self.resumed else None,
+            device=str(self.accelerator.device),
+            processes=self.world,
+            memory_gb=memory,
+        )
 
     def _warm_start(self) -> None:
         """Supervised warm start before RL, with evaluations before and after (logged at step 0)."""
@@ -704,8 +802,9 @@ class Trainer:
         before = self.evaluate() if tr.eval_at_end or tr.eval_every else {}
         self.report.add_eval("start", before)
         t0 = time.perf_counter()
-        with PhaseProgress(f"{self.cfg.task.name} warm start (SFT)", tr.sft_steps,
-                           enabled=tr.progress and self.is_main) as bar:
+        with PhaseProgress(
+            f"{self.cfg.task.name} warm start (SFT)", tr.sft_steps, enabled=tr.progress and self.is_main
+        ) as bar:
             sft = run_sft(self, tr.sft_steps, on_step=lambda m: bar.update(1, loss=m["sft/loss"]))
         self.report.add_time("warm start", time.perf_counter() - t0)
         after = self.evaluate() if tr.eval_at_end or tr.eval_every else {}
@@ -714,8 +813,12 @@ class Trainer:
         if "eval/score" in before:
             row["sft/eval_score_before"] = before["eval/score"]
         self.tracker.log(row, 0)
-        log.info("warm start: %d SFT steps, eval score %s -> %s", tr.sft_steps, fmt(before.get("eval/score")),
-                 fmt(after.get("eval/score")))
+        log.info(
+            "warm start: %d SFT steps, eval score %s -> %s",
+            tr.sft_steps,
+            fmt(before.get("eval/score")),
+            fmt(after.get("eval/score")),
+        )
 
     def fit(self) -> dict[str, float]:
         """Train for ``trainer.max_steps`` steps; returns the final metrics (with the last eval).
@@ -747,8 +850,9 @@ class Trainer:
                 warm_started = True
                 self.save_checkpoint()  # step 0 = the warm-started weights: a resume never redoes or loses SFT
             # created after the warm start: its ETA is measured on RL steps only
-            bar = PhaseProgress(f"{self.cfg.task.name} RL", tr.max_steps, initial=self.step,
-                                enabled=tr.progress and self.is_main)
+            bar = PhaseProgress(
+                f"{self.cfg.task.name} RL", tr.max_steps, initial=self.step, enabled=tr.progress and self.is_main
+            )
             while self.step < tr.max_steps and self._stop_signal is None:
                 metrics = self.train_step()
                 self.step += 1
@@ -764,15 +868,20 @@ class Trainer:
                 for cb in self.callbacks:
                     cb(self, metrics)
                 last = metrics
-                bar.update(1, reward=metrics.get("reward/mean"), **({"eval": metrics["eval/score"]}
-                                                                    if "eval/score" in metrics else {}))
+                bar.update(
+                    1,
+                    reward=metrics.get("reward/mean"),
+                    **({"eval": metrics["eval/score"]} if "eval/score" in metrics else {}),
+                )
                 if tr.save_every and self.step % tr.save_every == 0 and self.step < tr.max_steps:
                     self.save_checkpoint()
             if self.step > first_step and not self.updates_done and not warm_started and self._stop_signal is None:
-                self.stop_reason = (f"trained nothing: {self.step - first_step} step(s) ran and none had a usable batch "
-                                    f"({self.skipped_total} of {self.seen_total} data items skipped"
-                                    + (", every group filtered out by algo.filter_groups" if self.cfg.algo.filter_groups
-                                       else "") + "); no checkpoint written")
+                self.stop_reason = (
+                    f"trained nothing: {self.step - first_step} step(s) ran and none had a usable batch "
+                    f"({self.skipped_total} of {self.seen_total} data items skipped"
+                    + (", every group filtered out by algo.filter_groups" if self.cfg.algo.filter_groups else "")
+                    + "); no checkpoint written"
+                )
                 raise NothingTrained(self.stop_reason)
             if self._saved_step != self.step:
                 self._save_or_rescue("the final save")
@@ -792,8 +901,12 @@ class Trainer:
             if self.tracker is not None:
                 self.tracker.close()
         if self._stop_signal is not None:
-            log.warning("stopped by %s at step %d; checkpoint saved in %s", signal.Signals(self._stop_signal).name,
-                        self.step, self.run_dir)
+            log.warning(
+                "stopped by %s at step %d; checkpoint saved in %s",
+                signal.Signals(self._stop_signal).name,
+                self.step,
+                self.run_dir,
+            )
         if tr.plot and self.is_main:
             plot_metrics(self.run_dir / "metrics.jsonl", self.run_dir / "curves.png", title=self.cfg.task.name)
         return {**last, **self.last_eval}
@@ -840,12 +953,23 @@ class Trainer:
             from mmrl.run_dir import create_run_dir, record_start, rescue_dir
 
             rescue = rescue_dir(self.run_dir.name)
-            log.error("%s could not be written in %s (%s); saving it to %s instead", what, self.run_dir,
-                      e.strerror or type(e).__name__, rescue)
+            log.error(
+                "%s could not be written in %s (%s); saving it to %s instead",
+                what,
+                self.run_dir,
+                e.strerror or type(e).__name__,
+                rescue,
+            )
             create_run_dir(rescue)
             record_start(rescue, yaml.safe_dump(to_dict(self.cfg), sort_keys=False), self.step)
-            self.stop_checkpoint = save_checkpoint(rescue, self.step, policy=self.policy, optimizer=self.optimizer,
-                                                   scheduler=self.scheduler, state=self.trainer_state(),
-                                                   keep_last=self.cfg.trainer.keep_last)
+            self.stop_checkpoint = save_checkpoint(
+                rescue,
+                self.step,
+                policy=self.policy,
+                optimizer=self.optimizer,
+                scheduler=self.scheduler,
+                state=self.trainer_state(),
+                keep_last=self.cfg.trainer.keep_last,
+            )
             self.rescued = True
             return self.stop_checkpoint

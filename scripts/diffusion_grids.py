@@ -11,6 +11,7 @@ identity: "before" is the model RL started from), draws one deterministic sample
 ``--scale`` times and captioned with its prompt and the task's reward for it; the grids are written to
 ``OUT/NAME_before.png`` and ``OUT/NAME_after.png`` and the per-tile rewards printed as JSON.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,8 +45,10 @@ def split_grid(grid: Any, tile: int, count: int, cols: int) -> list[Any]:
     """The first ``count`` ``tile`` x ``tile`` tiles of a grid image, row by row, ``cols`` per row."""
     if grid.width < cols * tile or grid.height < math.ceil(count / cols) * tile:
         raise ValueError(f"a {grid.width}x{grid.height} grid cannot hold {count} tiles of {tile} px in {cols} columns")
-    return [grid.crop(((k % cols) * tile, (k // cols) * tile, (k % cols + 1) * tile, (k // cols + 1) * tile))
-            for k in range(count)]
+    return [
+        grid.crop(((k % cols) * tile, (k // cols) * tile, (k % cols + 1) * tile, (k // cols + 1) * tile))
+        for k in range(count)
+    ]
 
 
 def labelled_grid(tiles: Sequence[Any], captions: Sequence[Sequence[str]], cols: int, scale: int) -> Any:
@@ -129,10 +132,16 @@ def main(argv: list[str] | None = None) -> dict:
     before = render(policy, task, items, args.out / f"{name}_before.png", cols=args.cols, scale=args.scale)
     policy.load_pretrained(Path(ckpt) / "pretrained_model")
     after = render(policy, task, items, args.out / f"{name}_after.png", cols=args.cols, scale=args.scale)
-    summary = {"run_dir": str(args.run_dir), "checkpoint": str(ckpt), "prompts": [it["prompt"] for it in items],
-               "reward_before": before, "reward_after": after,
-               "mean_before": sum(before) / len(before), "mean_after": sum(after) / len(after),
-               "images": [str(args.out / f"{name}_before.png"), str(args.out / f"{name}_after.png")]}
+    summary = {
+        "run_dir": str(args.run_dir),
+        "checkpoint": str(ckpt),
+        "prompts": [it["prompt"] for it in items],
+        "reward_before": before,
+        "reward_after": after,
+        "mean_before": sum(before) / len(before),
+        "mean_after": sum(after) / len(after),
+        "images": [str(args.out / f"{name}_before.png"), str(args.out / f"{name}_after.png")],
+    }
     print(json.dumps(summary, indent=1))
     return summary
 

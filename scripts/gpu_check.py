@@ -23,6 +23,7 @@ Measuring memory: every worker process of a sub-run imports a generated ``sitecu
 when ``MMRL_GPU_CHECK_MEMORY_DIR`` is set, writes ``torch.cuda.max_memory_allocated`` / ``max_memory_reserved`` and
 the peak RSS of its rank twice a second and at exit; nothing in mmrl changes for it.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,7 +41,7 @@ from pathlib import Path
 from typing import Sequence
 
 REPO = Path(__file__).resolve().parent.parent
-GIB = 1024 ** 3
+GIB = 1024**3
 MODEL_MARKER = "gpu_check_model.json"
 """Written last into a built model folder: a complete folder is reused by the next check."""
 
@@ -143,14 +144,29 @@ class Settings:
 
 def train_overrides(sub: SubRun, s: Settings, run_root: Path) -> list[str]:
     """The ``mmrl train`` overrides of one sub-run (also given to ``mmrl plan``)."""
-    ov = ["task=vqa_grounding", *s.model_overrides,
-          "task.num_train=32", "task.num_eval=0", "task.image_sizes=[[448,448]]",
-          f"trainer.max_steps={s.steps}", f"trainer.batch_size={sub.world}", f"algo.group_size={s.group_size}",
-          f"model.max_new_tokens={s.max_new_tokens}", "trainer.sft_steps=0", "trainer.eval_every=0",
-          "trainer.eval_at_end=false", "trainer.save_every=0",
-          "trainer.plot=false", "trainer.tensorboard=false", "trainer.progress=false", "trainer.seed=0",
-          f"trainer.strategy={sub.strategy}", f"trainer.output_dir={run_root}", f"trainer.run_name={run_name(sub)}",
-          f"model.rollout_engine={sub.engine}"]
+    ov = [
+        "task=vqa_grounding",
+        *s.model_overrides,
+        "task.num_train=32",
+        "task.num_eval=0",
+        "task.image_sizes=[[448,448]]",
+        f"trainer.max_steps={s.steps}",
+        f"trainer.batch_size={sub.world}",
+        f"algo.group_size={s.group_size}",
+        f"model.max_new_tokens={s.max_new_tokens}",
+        "trainer.sft_steps=0",
+        "trainer.eval_every=0",
+        "trainer.eval_at_end=false",
+        "trainer.save_every=0",
+        "trainer.plot=false",
+        "trainer.tensorboard=false",
+        "trainer.progress=false",
+        "trainer.seed=0",
+        f"trainer.strategy={sub.strategy}",
+        f"trainer.output_dir={run_root}",
+        f"trainer.run_name={run_name(sub)}",
+        f"model.rollout_engine={sub.engine}",
+    ]
     if s.cpu:
         ov.append("trainer.device=cpu")
     if sub.engine == "vllm":
@@ -166,8 +182,14 @@ def run_name(sub: SubRun) -> str:
 def plan_overrides(sub: SubRun, s: Settings) -> list[str]:
     """The ``plan.*`` settings matching a sub-run: its world size and strategy, the device, one image of 448 x 448
     (256 vision tokens) per prompt and the optimizer the trainer builds (torch AdamW, state in the model dtype)."""
-    return [f"plan.world_size={sub.world}", f"plan.strategy={sub.strategy}", f"plan.device_gb={s.device_gb:g}",
-            "plan.images=1", "plan.image_tokens=256", "plan.optim=model"]
+    return [
+        f"plan.world_size={sub.world}",
+        f"plan.strategy={sub.strategy}",
+        f"plan.device_gb={s.device_gb:g}",
+        "plan.images=1",
+        "plan.image_tokens=256",
+        "plan.optim=model",
+    ]
 
 
 def predicted_gib(overrides: Sequence[str], plan: Sequence[str]) -> tuple[float | None, str]:
@@ -196,15 +218,20 @@ def summarise(rows: Sequence[dict], world: int) -> dict:
         return {"steps": 0}
     timed = steps[1:] if len(steps) > 1 else steps
     out: dict = {"steps": len(steps), "step_s": statistics.median(r["time/step"] for r in timed)}
-    rates = [world * r["update/samples"] * r["response/length"] / r["time/step"] for r in timed
-             if r.get("update/samples") is not None and r.get("response/length") is not None and r["time/step"] > 0]
+    rates = [
+        world * r["update/samples"] * r["response/length"] / r["time/step"]
+        for r in timed
+        if r.get("update/samples") is not None and r.get("response/length") is not None and r["time/step"] > 0
+    ]
     if rates:
         out["tokens_per_s"] = statistics.median(rates)
     last = steps[-1]
     notes = []
     if last.get("vllm/sync_checked") is not None:
-        notes.append(f"sync canary {last.get('vllm/sync_max_abs_diff', float('nan')):g} over "
-                     f"{int(last['vllm/sync_checked'])} tensors, sync {last.get('vllm/sync_time', float('nan')):.2f}s")
+        notes.append(
+            f"sync canary {last.get('vllm/sync_max_abs_diff', float('nan')):g} over "
+            f"{int(last['vllm/sync_checked'])} tensors, sync {last.get('vllm/sync_time', float('nan')):.2f}s"
+        )
     lo = [r["rollout/is_ratio_min"] for r in steps if r.get("rollout/is_ratio_min") is not None]
     hi = [r["rollout/is_ratio_max"] for r in steps if r.get("rollout/is_ratio_max") is not None]
     if lo and hi:
@@ -246,9 +273,20 @@ def _gib(x: float | None) -> str:
 def format_table(rows: Sequence[Row]) -> str:
     """The summary: one line per configuration, columns aligned, notes last."""
     head = ["config", "status", "steps", "step s", "tok/s", "peak alloc GiB", "peak device GiB", "plan GiB", "notes"]
-    body = [[r.config, r.status, str(r.steps), _num(r.step_s, ".2f"), _num(r.tokens_per_s, ".0f"),
-             _gib(r.peak_alloc_gib), _gib(r.peak_device_gib), _gib(r.plan_gib), r.notes]
-            for r in rows]
+    body = [
+        [
+            r.config,
+            r.status,
+            str(r.steps),
+            _num(r.step_s, ".2f"),
+            _num(r.tokens_per_s, ".0f"),
+            _gib(r.peak_alloc_gib),
+            _gib(r.peak_device_gib),
+            _gib(r.plan_gib),
+            r.notes,
+        ]
+        for r in rows
+    ]
     width = [max(len(line[i]) for line in [head, *body]) for i in range(len(head) - 1)]
     fmt = lambda line: "  ".join(c.ljust(w) for c, w in zip(line, width)) + "  " + line[-1]  # noqa: E731
     rule = "-" * (sum(width) + 2 * len(width) + len("notes"))
@@ -293,8 +331,12 @@ def nvidia_smi(field_name: str) -> list[float]:
     if exe is None:
         return []
     try:
-        out = subprocess.run([exe, f"--query-gpu={field_name}", "--format=csv,noheader,nounits"], capture_output=True,
-                             text=True, timeout=10).stdout
+        out = subprocess.run(
+            [exe, f"--query-gpu={field_name}", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout
         return [float(x) for x in out.split() if x.strip()]
     except (OSError, subprocess.SubprocessError, ValueError):
         return []
@@ -343,15 +385,30 @@ def run_sub(sub: SubRun, s: Settings, work: Path, timeout_s: float) -> Row:
     memory_dir.mkdir(parents=True)
     overrides = train_overrides(sub, s, run_root)
     plan, plan_note = predicted_gib(overrides, plan_overrides(sub, s))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={sub.world}",
-           "-m", "mmrl.cli", "train", *overrides]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={sub.world}",
+        "-m",
+        "mmrl.cli",
+        "train",
+        *overrides,
+    ]
     log_path = work / "logs" / f"{run_name(sub)}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     status, detail = "timeout", f"no result within {timeout_s:.0f}s"
     t0 = time.monotonic()
     with open(log_path, "w") as log_file, DeviceMemoryPoller() as poller:
-        proc = subprocess.Popen(cmd, cwd=REPO, env=worker_env(work / "hook", memory_dir, cpu=s.cpu), stdout=log_file,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd,
+            cwd=REPO,
+            env=worker_env(work / "hook", memory_dir, cpu=s.cpu),
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         try:
             while time.monotonic() - t0 < timeout_s:
                 done = proc.poll() is not None
@@ -373,9 +430,17 @@ def run_sub(sub: SubRun, s: Settings, work: Path, timeout_s: float) -> Row:
     if s.cpu and rss is not None:
         alloc = rss
         notes.insert(0, "CPU: peak alloc = peak RSS per process")
-    row = Row(config=sub.name, status=status, steps=summary.get("steps", 0), step_s=summary.get("step_s"),
-              tokens_per_s=summary.get("tokens_per_s"), peak_alloc_gib=alloc, peak_device_gib=poller.peak,
-              plan_gib=plan, notes="; ".join(notes))
+    row = Row(
+        config=sub.name,
+        status=status,
+        steps=summary.get("steps", 0),
+        step_s=summary.get("step_s"),
+        tokens_per_s=summary.get("tokens_per_s"),
+        peak_alloc_gib=alloc,
+        peak_device_gib=poller.peak,
+        plan_gib=plan,
+        notes="; ".join(notes),
+    )
     shutil.rmtree(run_dir, ignore_errors=True)  # a 3B run's checkpoint files would fill the disk
     return row
 
@@ -421,8 +486,9 @@ def build_random_vlm(folder: Path, preset: str = "qwen2_5_vl_3b", *, device: str
     with torch.device(device):
         model = AutoModelForImageTextToText.from_config(config, dtype=torch.bfloat16)
     tok = processor.tokenizer
-    model.generation_config = GenerationConfig(bos_token_id=tok.pad_token_id, pad_token_id=tok.pad_token_id,
-                                               eos_token_id=[tok.eos_token_id, tok.pad_token_id])
+    model.generation_config = GenerationConfig(
+        bos_token_id=tok.pad_token_id, pad_token_id=tok.pad_token_id, eos_token_id=[tok.eos_token_id, tok.pad_token_id]
+    )
     n = sum(p.numel() for p in model.parameters())
     model.to("cpu").save_pretrained(folder, safe_serialization=True)
     processor.save_pretrained(folder)
@@ -441,22 +507,43 @@ def random_vlm_config(preset: str):
     if family != "qwen2_5_vl":
         raise ValueError(f"the GPU check builds Qwen2.5-VL presets; {preset} is {family}")
     spec = tv.TinyVLMSpec(family=family, limits=tv.ProcessorLimits(image_max_tokens=1280))
-    tokenizer = build_bpe_tokenizer(default_vlm_corpus(), vocab_size=spec.bpe_vocab_size,
-                                    chat_template=QWEN_VL_CHAT_TEMPLATE)
+    tokenizer = build_bpe_tokenizer(
+        default_vlm_corpus(), vocab_size=spec.bpe_vocab_size, chat_template=QWEN_VL_CHAT_TEMPLATE
+    )
     processor = tv._build_processor(spec, tokenizer)
     tiny = tv._build_config(spec, tokenizer)
     d = tiny.to_dict()
     text = {k: v for k, v in d["text_config"].items() if k != "layer_types"}  # derived from the layer count
-    text.update({k: published[k] for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
-                                           "num_attention_heads", "num_key_value_heads", "vocab_size")})
+    text.update(
+        {
+            k: published[k]
+            for k in (
+                "hidden_size",
+                "intermediate_size",
+                "num_hidden_layers",
+                "num_attention_heads",
+                "num_key_value_heads",
+                "vocab_size",
+            )
+        }
+    )
     head_dim = text["hidden_size"] // text["num_attention_heads"]
     text["rope_parameters"] = dict(text["rope_parameters"], mrope_section=tv.mrope_section(head_dim, family))
     vision = dict(d["vision_config"])
     vision.update({k: v for k, v in published["vision_config"].items() if k != "in_chans"})
-    vision.update(in_channels=published["vision_config"].get("in_chans", 3),
-                  window_size=112, fullatt_block_indexes=[7, 15, 23, 31])  # the published Qwen2.5-VL values
-    config = type(tiny).from_dict({**d, "text_config": text, "vision_config": vision,
-                                   "tie_word_embeddings": bool(published["tie_word_embeddings"])})
+    vision.update(
+        in_channels=published["vision_config"].get("in_chans", 3),
+        window_size=112,
+        fullatt_block_indexes=[7, 15, 23, 31],
+    )  # the published Qwen2.5-VL values
+    config = type(tiny).from_dict(
+        {
+            **d,
+            "text_config": text,
+            "vision_config": vision,
+            "tie_word_embeddings": bool(published["tie_word_embeddings"]),
+        }
+    )
     return config, processor
 
 
@@ -499,13 +586,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     gpus = 0 if args.cpu_smoke else _gpu_count()
     world = args.nproc or max(1, gpus)
     if args.cpu_smoke:
-        settings = Settings(["model=tiny_qwen2_5_vl"], steps=args.steps or 1, group_size=2, max_new_tokens=8,
-                            device_gb=80.0, cpu=True, extra=args.extra)
+        settings = Settings(
+            ["model=tiny_qwen2_5_vl"],
+            steps=args.steps or 1,
+            group_size=2,
+            max_new_tokens=8,
+            device_gb=80.0,
+            cpu=True,
+            extra=args.extra,
+        )
         model_row = Row("model: tiny_qwen2_5_vl (offline build)", "ok", notes="CPU smoke: not a measurement")
     else:
         mem = nvidia_smi("memory.total")
-        settings = Settings([], steps=args.steps or 3, group_size=4, max_new_tokens=32,
-                            device_gb=(min(mem) / 1024) if mem else 80.0, extra=args.extra)
+        settings = Settings(
+            [],
+            steps=args.steps or 3,
+            group_size=4,
+            max_new_tokens=32,
+            device_gb=(min(mem) / 1024) if mem else 80.0,
+            extra=args.extra,
+        )
         model_row = _build_model_row(work / "qwen2_5_vl_3b-random", deadline, gpus)
         if model_row.status == "ok":
             settings.model_overrides = ["model=qwen2_5_vl_3b", f"model.path={work / 'qwen2_5_vl_3b-random'}"]
@@ -520,8 +620,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             left = deadline - time.monotonic()
             rows.append(run_sub(sub, settings, work, timeout_s=min(args.sub_timeout_s, left - 10)))
     table = format_table(rows)
-    print(f"\nmmrl GPU check ({'CPU smoke' if args.cpu_smoke else f'{gpus} GPU(s)'}, "
-          f"{time.monotonic() - start:.0f}s; logs in {work / 'logs'})")
+    print(
+        f"\nmmrl GPU check ({'CPU smoke' if args.cpu_smoke else f'{gpus} GPU(s)'}, "
+        f"{time.monotonic() - start:.0f}s; logs in {work / 'logs'})"
+    )
     print(table)
     if args.report is not None:
         args.report.parent.mkdir(parents=True, exist_ok=True)
@@ -536,10 +638,14 @@ def _build_model_row(folder: Path, deadline: float, gpus: int) -> Row:
         return Row(name, "skipped", notes="no GPU visible (nvidia-smi lists none); use --cpu-smoke on CPU")
     t0 = time.monotonic()
     try:
-        p = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--build-model", str(folder)], cwd=REPO,
-                           capture_output=True, text=True, timeout=max(30.0, min(180.0, deadline - t0 - 60)),
-                           env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO),
-                                                                                        os.environ.get("PYTHONPATH")]))})
+        p = subprocess.run(
+            [sys.executable, str(Path(__file__).resolve()), "--build-model", str(folder)],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=max(30.0, min(180.0, deadline - t0 - 60)),
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))},
+        )
     except subprocess.TimeoutExpired:
         return Row(name, "timeout", notes="the model build did not finish in time")
     if p.returncode != 0:
@@ -554,8 +660,9 @@ def _skip_reason(sub: SubRun, s: Settings, model_row: Row, gpus: int, deadline: 
     if model_row.status != "ok":
         return "no model (see the model row)"
     if sub.engine == "vllm":
-        why = (["vLLM needs a CUDA GPU (CPU smoke)"] if s.cpu else []) + \
-              ([] if _vllm_importable() else ["vLLM not importable here (pip install 'mmrl[vllm]'; docs/vllm.md)"])
+        why = (["vLLM needs a CUDA GPU (CPU smoke)"] if s.cpu else []) + (
+            [] if _vllm_importable() else ["vLLM not importable here (pip install 'mmrl[vllm]'; docs/vllm.md)"]
+        )
         if why:
             return "; ".join(why)
     if not s.cpu and gpus < sub.world:

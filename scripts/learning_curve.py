@@ -6,6 +6,7 @@
 Runs `mmrl train task=<task>` (the same code path as the CLI) into a scratch run directory, then
 plots the eval score and the training reward against the step and prints start/end numbers.
 """
+
 from __future__ import annotations
 
 import json
@@ -26,9 +27,12 @@ def from_run(run_dir: Path, task: str) -> int:
     steps = max(r["step"] for r in rows)
     docs = Path(__file__).resolve().parent.parent / "docs" / "curves"
     docs.mkdir(parents=True, exist_ok=True)
-    png = plot_metrics(run_dir / "metrics.jsonl", docs / f"{task}.png",
-                       keys=("eval/score", "reward/mean", "policy/entropy", "loss/clipfrac"),
-                       title=f"{task}: embedded default, {steps} steps ({run_dir.name})")
+    png = plot_metrics(
+        run_dir / "metrics.jsonl",
+        docs / f"{task}.png",
+        keys=("eval/score", "reward/mean", "policy/entropy", "loss/clipfrac"),
+        title=f"{task}: embedded default, {steps} steps ({run_dir.name})",
+    )
     summary = {"task": task, "run": run_dir.name, "eval_curve": evals, "steps": steps, "plot": str(png)}
     (docs / f"{task}.json").write_text(json.dumps(summary, indent=1))
     print(json.dumps(summary, indent=1))
@@ -59,12 +63,22 @@ def main(argv: list[str]) -> int:
     rows = read_metrics(tr.run_dir / "metrics.jsonl")
     docs = Path(__file__).resolve().parent.parent / "docs" / "curves"
     docs.mkdir(parents=True, exist_ok=True)
-    png = plot_metrics(tr.run_dir / "metrics.jsonl", docs / f"{task}.png",
-                       keys=("eval/score", "reward/mean", "policy/entropy", "loss/clipfrac"),
-                       title=f"{task}: embedded default, {cfg.trainer.max_steps} steps, {wall / 60:.1f} min on CPU")
+    png = plot_metrics(
+        tr.run_dir / "metrics.jsonl",
+        docs / f"{task}.png",
+        keys=("eval/score", "reward/mean", "policy/entropy", "loss/clipfrac"),
+        title=f"{task}: embedded default, {cfg.trainer.max_steps} steps, {wall / 60:.1f} min on CPU",
+    )
     evals = [(r["step"], r["eval/score"]) for r in rows if r.get("eval/score") is not None]
-    summary = {"task": task, "start_eval_score": start.get("eval/score"), "end_eval_score": final.get("eval/score"),
-               "eval_curve": evals, "wall_s": round(wall, 1), "steps": cfg.trainer.max_steps, "plot": str(png)}
+    summary = {
+        "task": task,
+        "start_eval_score": start.get("eval/score"),
+        "end_eval_score": final.get("eval/score"),
+        "eval_curve": evals,
+        "wall_s": round(wall, 1),
+        "steps": cfg.trainer.max_steps,
+        "plot": str(png),
+    }
     (docs / f"{task}.json").write_text(json.dumps(summary, indent=1))
     print(json.dumps(summary, indent=1))
     return 0

@@ -8,6 +8,7 @@ process; give the fast, targeted test files first (``-x`` stops at the first fai
 each mutant as ``killed`` or ``survived`` and the counts; ``--survivors-out FILE`` writes the names still alive.
 Works on a finished or a stopped run (mutants not checked yet are left alone).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,8 +23,13 @@ ALIVE = ("survived", "no tests", "timeout", "suspicious")
 
 
 def survivors(run_dir: Path) -> list[str]:
-    out = subprocess.run([str(Path(sys.executable).with_name("mutmut")), "results"], cwd=run_dir, text=True,
-                         capture_output=True, check=True).stdout
+    out = subprocess.run(
+        [str(Path(sys.executable).with_name("mutmut")), "results"],
+        cwd=run_dir,
+        text=True,
+        capture_output=True,
+        check=True,
+    ).stdout
     names = []
     for line in out.splitlines():
         name, _, status = line.strip().rpartition(": ")

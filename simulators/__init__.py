@@ -8,6 +8,7 @@
 
 mujoco and robosuite are imported only when an environment is built.
 """
+
 from .registry import DuplicateEnvError, UnknownEnvError, list_envs, make_env, register_env, unregister_env
 from .rendering import RenderBackendError
 

@@ -1,4 +1,5 @@
 """Pieces shared by the simulator wrappers."""
+
 from __future__ import annotations
 
 import contextlib

@@ -6,6 +6,7 @@ step has its ``success`` and ``sim_error``, :meth:`EpisodeCounter.finish_step` d
 success or a simulator blow-up terminates, ``max_steps`` steps truncate, and a step after the end is an
 :class:`EpisodeOverError`.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -72,8 +73,9 @@ class EpisodeCounter:
         if self.done:
             raise EpisodeOverError(f"{self.owner}.step called after the episode ended; call reset() first")
 
-    def finish_step(self, *, success: bool, sim_error: bool, n_clipped: int,
-                    max_steps: int) -> tuple[bool, bool, dict[str, Any]]:
+    def finish_step(
+        self, *, success: bool, sim_error: bool, n_clipped: int, max_steps: int
+    ) -> tuple[bool, bool, dict[str, Any]]:
         """Count one step and decide its ending: ``(terminated, truncated, counters)`` where success or a blow-up
         terminates, the ``max_steps``-th step truncates, and ``counters`` holds the step's info entries
         (success, sim_error, action_clipped, action_clipped_total, steps)."""
@@ -82,6 +84,14 @@ class EpisodeCounter:
         terminated = bool(success or sim_error)
         truncated = bool(not terminated and self.steps >= max_steps)
         self.done = terminated or truncated
-        return terminated, truncated, {"success": bool(success), "sim_error": bool(sim_error),
-                                       "action_clipped": int(n_clipped), "action_clipped_total": self.clipped_total,
-                                       "steps": self.steps}
+        return (
+            terminated,
+            truncated,
+            {
+                "success": bool(success),
+                "sim_error": bool(sim_error),
+                "action_clipped": int(n_clipped),
+                "action_clipped_total": self.clipped_total,
+                "steps": self.steps,
+            },
+        )

@@ -29,6 +29,7 @@ anchors' protocol, :data:`MAX_STEPS`) truncate it.
 :meth:`LiberoEnv.set_task` switches the task between episodes. Each task is its own scene (~5 s to build with its
 render context), so the wrapper keeps the last ``task_cache`` built tasks.
 """
+
 from __future__ import annotations
 
 from collections import OrderedDict
@@ -47,15 +48,30 @@ PROPRIO_DIM = 8
 NOOP_ACTION = (0.0, 0.0, 0.0, 0.0, 0.0, 0.0, -1.0)
 """The no-op of the settling steps: no arm motion, gripper open."""
 
-SUITE_TASKS: dict[str, int] = {"libero_spatial": 10, "libero_object": 10, "libero_goal": 10, "libero_10": 10,
-                               "libero_90": 90}
+SUITE_TASKS: dict[str, int] = {
+    "libero_spatial": 10,
+    "libero_object": 10,
+    "libero_goal": 10,
+    "libero_10": 10,
+    "libero_90": 90,
+}
 """Tasks per suite (libero_10 is LIBERO-Long; libero_90 is the training suite of LIBERO-100)."""
-MAX_STEPS: dict[str, int] = {"libero_spatial": 220, "libero_object": 280, "libero_goal": 300, "libero_10": 520,
-                             "libero_90": 400}
+MAX_STEPS: dict[str, int] = {
+    "libero_spatial": 220,
+    "libero_object": 280,
+    "libero_goal": 300,
+    "libero_10": 520,
+    "libero_90": 400,
+}
 """Policy steps per episode in the anchors' protocol (OpenVLA / OpenVLA-OFT / SimpleVLA-RL LIBERO evaluation: about
 the longest demonstration of the suite plus a margin)."""
-SUITE_LABELS: dict[str, str] = {"libero_spatial": "Spatial", "libero_object": "Object", "libero_goal": "Goal",
-                                "libero_10": "Long", "libero_90": "LIBERO-90"}
+SUITE_LABELS: dict[str, str] = {
+    "libero_spatial": "Spatial",
+    "libero_object": "Object",
+    "libero_goal": "Goal",
+    "libero_10": "Long",
+    "libero_90": "LIBERO-90",
+}
 """Column names of the reported table (SimpleVLA-RL / OpenVLA-OFT: Spatial / Object / Goal / Long)."""
 INIT_STATES_PER_TASK = 50
 """Official initial states per task in every suite."""
@@ -133,8 +149,13 @@ class _TaskScene:
         with seeded_global_numpy([LIBERO_SEED, index, SUITE_TASKS[suite]]):
             # ignore_done: robosuite's own horizon (1000 steps) would refuse steps of a long episode; the wrapper
             # truncates at max_steps itself
-            self.env = OffScreenRenderEnv(bddl_file_name=bddl, camera_heights=image_size, camera_widths=image_size,
-                                          hard_reset=False, ignore_done=True)
+            self.env = OffScreenRenderEnv(
+                bddl_file_name=bddl,
+                camera_heights=image_size,
+                camera_widths=image_size,
+                hard_reset=False,
+                ignore_done=True,
+            )
             apply_fast_render(self.env.sim)
             self.env.seed(LIBERO_SEED)
             self.env.reset()  # builds the sim once; episodes then only load states (no XML reload)
@@ -160,9 +181,18 @@ class LiberoEnv(_gym().Env):
 
     metadata = {"render_modes": []}
 
-    def __init__(self, task: str, *, image_size: int = 128, max_steps: int | None = None, wait_steps: int = 10,
-                 view: str = "tile", seed: int | None = None, render_backend: str | None = None,
-                 task_cache: int = 1) -> None:
+    def __init__(
+        self,
+        task: str,
+        *,
+        image_size: int = 128,
+        max_steps: int | None = None,
+        wait_steps: int = 10,
+        view: str = "tile",
+        seed: int | None = None,
+        render_backend: str | None = None,
+        task_cache: int = 1,
+    ) -> None:
         validate_libero_args(task, image_size, max_steps, wait_steps, view)
         if task_cache < 1:
             raise LiberoConfigError(f"task_cache must be >= 1, got {task_cache}")
@@ -175,12 +205,14 @@ class LiberoEnv(_gym().Env):
         self.view = view
         self.task_cache = int(task_cache)
         width = 2 * self.image_size if view == "tile" else self.image_size
-        self.observation_space = spaces.Dict({
-            "image": spaces.Box(0, 255, (self.image_size, width, 3), np.uint8),
-            "wrist_image": spaces.Box(0, 255, (self.image_size, self.image_size, 3), np.uint8),
-            "proprio": spaces.Box(-np.inf, np.inf, (PROPRIO_DIM,), np.float32),
-            "instruction": spaces.Text(max_length=256, charset=INSTRUCTION_CHARSET),
-        })
+        self.observation_space = spaces.Dict(
+            {
+                "image": spaces.Box(0, 255, (self.image_size, width, 3), np.uint8),
+                "wrist_image": spaces.Box(0, 255, (self.image_size, self.image_size, 3), np.uint8),
+                "proprio": spaces.Box(-np.inf, np.inf, (PROPRIO_DIM,), np.float32),
+                "instruction": spaces.Text(max_length=256, charset=INSTRUCTION_CHARSET),
+            }
+        )
         self.action_space = spaces.Box(-1.0, 1.0, shape=(ACTION_DIM,), dtype=np.float32)
         self._scenes: OrderedDict[str, _TaskScene] = OrderedDict()
         self._seed_generator = np.random.default_rng(seed)
@@ -234,8 +266,10 @@ class LiberoEnv(_gym().Env):
         if index is None:
             index = int(self._seed_generator.integers(0, self.n_init_states))
         if isinstance(index, bool) or not isinstance(index, (int, np.integer)) or not 0 <= index < self.n_init_states:
-            raise ValueError(f"LiberoEnv({self.task}).reset: init_state must be 0..{self.n_init_states - 1} (the "
-                             f"task's official initial states), got {index!r}")
+            raise ValueError(
+                f"LiberoEnv({self.task}).reset: init_state must be 0..{self.n_init_states - 1} (the "
+                f"task's official initial states), got {index!r}"
+            )
         env = self.raw_env
         state = self._scene.init_states[int(index)]
         with seeded_global_numpy([LIBERO_SEED, int(index)]):
@@ -246,8 +280,14 @@ class LiberoEnv(_gym().Env):
                 raw, _r, _d, _i = env.step(np.asarray(NOOP_ACTION))
         self.init_state = int(index)
         self._episode.start()
-        info = {"instruction": self.instruction, "init_state": self.init_state, "task": self.task, "success": False,
-                "sim_error": False, "init_state_hash": fingerprint}
+        info = {
+            "instruction": self.instruction,
+            "init_state": self.init_state,
+            "task": self.task,
+            "success": False,
+            "sim_error": False,
+            "init_state_hash": fingerprint,
+        }
         return self._observation(raw), info
 
     def step(self, action: Any) -> tuple[dict, float, bool, bool, dict]:
@@ -260,8 +300,9 @@ class LiberoEnv(_gym().Env):
         raw, _reward, _done, _info = env.step(clean)
         sim_error = sim_blew_up(data, before)
         success = (not sim_error) and bool(env.check_success())
-        terminated, truncated, counters = self._episode.finish_step(success=success, sim_error=sim_error,
-                                                                    n_clipped=n_clipped, max_steps=self.max_steps)
+        terminated, truncated, counters = self._episode.finish_step(
+            success=success, sim_error=sim_error, n_clipped=n_clipped, max_steps=self.max_steps
+        )
         info = {"instruction": self.instruction, "init_state": self.init_state, "task": self.task, **counters}
         return self._observation(raw), float(success), terminated, truncated, info
 
@@ -279,8 +320,9 @@ class LiberoEnv(_gym().Env):
     def _observation(self, raw: dict[str, Any]) -> dict[str, Any]:
         agent = np.ascontiguousarray(raw["agentview_image"][::-1, ::-1])
         wrist = np.ascontiguousarray(raw["robot0_eye_in_hand_image"][::-1, ::-1])
-        proprio = np.concatenate([raw["robot0_eef_pos"], quat_to_axis_angle(raw["robot0_eef_quat"]),
-                                  raw["robot0_gripper_qpos"]]).astype(np.float32)
+        proprio = np.concatenate(
+            [raw["robot0_eef_pos"], quat_to_axis_angle(raw["robot0_eef_quat"]), raw["robot0_gripper_qpos"]]
+        ).astype(np.float32)
         image = np.concatenate([agent, wrist], axis=1) if self.view == "tile" else agent
         return {"image": image, "wrist_image": wrist, "proprio": proprio, "instruction": self.instruction}
 

@@ -22,6 +22,7 @@ Tasks: :meth:`MetaWorldEnv.set_task` switches the benchmark task between episode
 Each task is its own MuJoCo model (~0.13 s and ~22 MB to build), so the wrapper keeps the last ``task_cache``
 built tasks. Renderers (a GL context with the task's meshes, ~50 MB) are shared by all envs of a task in a process.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -94,8 +95,18 @@ METAWORLD_TASKS: dict[str, str] = {
 }
 """Every Meta-World v3 task (``metaworld.env_dict.ALL_V3_ENVIRONMENTS``, = MT50) and its instruction."""
 
-MT10: tuple[str, ...] = ("reach-v3", "push-v3", "pick-place-v3", "door-open-v3", "drawer-open-v3", "drawer-close-v3",
-                         "button-press-topdown-v3", "peg-insert-side-v3", "window-open-v3", "window-close-v3")
+MT10: tuple[str, ...] = (
+    "reach-v3",
+    "push-v3",
+    "pick-place-v3",
+    "door-open-v3",
+    "drawer-open-v3",
+    "drawer-close-v3",
+    "button-press-topdown-v3",
+    "peg-insert-side-v3",
+    "window-open-v3",
+    "window-close-v3",
+)
 """The MT10 benchmark's tasks (``metaworld.env_dict.MT10_V3``), in its order."""
 
 TASK_SETS: dict[str, tuple[str, ...]] = {"mt10": MT10, "mt50": tuple(METAWORLD_TASKS)}
@@ -126,8 +137,10 @@ def resolve_tasks(tasks: str | list[str] | tuple[str, ...]) -> list[str]:
 
             close = difflib.get_close_matches(key, [*METAWORLD_TASKS, *TASK_SETS], n=1)
             hint = f" (did you mean '{close[0]}'?)" if close else ""
-            raise MetaWorldConfigError(f"unknown Meta-World task {key!r}{hint}; valid: the sets {sorted(TASK_SETS)} "
-                                       f"or task names {sorted(METAWORLD_TASKS)}")
+            raise MetaWorldConfigError(
+                f"unknown Meta-World task {key!r}{hint}; valid: the sets {sorted(TASK_SETS)} "
+                f"or task names {sorted(METAWORLD_TASKS)}"
+            )
     if not out:
         raise MetaWorldConfigError("no Meta-World task selected; give task names, 'mt10' or 'mt50'")
     return list(dict.fromkeys(out))
@@ -174,8 +187,7 @@ class _SharedRenderer:
         self.users = 0
 
     @classmethod
-    def acquire(cls, task: str, camera: str, size: int, model: Any, data: Any,
-                backend: str | None) -> _SharedRenderer:
+    def acquire(cls, task: str, camera: str, size: int, model: Any, data: Any, backend: str | None) -> _SharedRenderer:
         key = (task, camera, int(size))
         shared = cls._cache.get(key)
         if shared is None:
@@ -212,7 +224,9 @@ class _TaskSim:
         env.seeded_rand_vec = True
         self.env = env
         self.expert = ENV_POLICY_MAP[task]()
-        self.renderer = _SharedRenderer.acquire(task, camera, image_size, env.model, env.data, backend) if render else None
+        self.renderer = (
+            _SharedRenderer.acquire(task, camera, image_size, env.model, env.data, backend) if render else None
+        )
 
     def render(self) -> np.ndarray:
         return self.renderer.render(self.env.data)
@@ -322,8 +336,14 @@ class MetaWorldEnv(_gym().Env):
         self.init_state = int(index)
         self._episode.start()
         goal = np.asarray(env._target_pos, dtype=np.float64)
-        info = {"instruction": self.instruction, "init_state": self.init_state, "success": False, "sim_error": False,
-                "task": self.task, "init_state_hash": state_fingerprint(np.concatenate([env.data.qpos, goal]))}
+        info = {
+            "instruction": self.instruction,
+            "init_state": self.init_state,
+            "success": False,
+            "sim_error": False,
+            "task": self.task,
+            "init_state_hash": state_fingerprint(np.concatenate([env.data.qpos, goal])),
+        }
         return self._observation(state), info
 
     def step(self, action: Any) -> tuple[dict, float, bool, bool, dict]:
@@ -340,8 +360,9 @@ class MetaWorldEnv(_gym().Env):
             success = (not sim_error) and bool(mw_info.get("success", 0.0))
             if success or sim_error:
                 break
-        terminated, truncated, counters = self._episode.finish_step(success=success, sim_error=sim_error,
-                                                                    n_clipped=n_clipped, max_steps=self.max_steps)
+        terminated, truncated, counters = self._episode.finish_step(
+            success=success, sim_error=sim_error, n_clipped=n_clipped, max_steps=self.max_steps
+        )
         info = {"instruction": self.instruction, "init_state": self.init_state, "task": self.task, **counters}
         return self._observation(state), float(success), terminated, truncated, info
 

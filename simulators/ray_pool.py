@@ -15,6 +15,7 @@ Ray is imported lazily; without it, constructing the pool raises ``ImportError``
 ``pip install ray``.  Use it to spread envs over the CPUs of several nodes; on one machine
 ``EnvPool`` is lighter.
 """
+
 from __future__ import annotations
 
 import os
@@ -72,8 +73,15 @@ class RayEnvPool(PoolCore):
         ray_init_kwargs: passed to ``ray.init`` when Ray is not initialised yet.
     """
 
-    def __init__(self, env_name: str | Sequence[str], num_envs: int, *, num_cpus_per_worker: float = 1.0,
-                 ray_init_kwargs: Mapping[str, Any] | None = None, **options: Any) -> None:
+    def __init__(
+        self,
+        env_name: str | Sequence[str],
+        num_envs: int,
+        *,
+        num_cpus_per_worker: float = 1.0,
+        ray_init_kwargs: Mapping[str, Any] | None = None,
+        **options: Any,
+    ) -> None:
         self._ray = import_ray()
         super().__init__(PoolOptions(env_name, num_envs, **options))
         ray = self._ray

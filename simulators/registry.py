@@ -1,4 +1,5 @@
 """Name -> environment factory registry (``"tabletop/reach_red"``, ``"robosuite/Lift"``, ...)."""
+
 from __future__ import annotations
 
 from typing import Any, Callable
@@ -79,18 +80,22 @@ def _register_builtin() -> None:
     from .tabletop.env import TASKS
 
     for task, spec in TASKS.items():
-        register_env(f"tabletop/{task}", _lazy_factory("tabletop.env", "TabletopEnv", task, spec.instruction),
-                     overwrite=True)
+        register_env(
+            f"tabletop/{task}", _lazy_factory("tabletop.env", "TabletopEnv", task, spec.instruction), overwrite=True
+        )
     for task, instruction in ROBOSUITE_TASKS.items():
-        register_env(f"robosuite/{task}", _lazy_factory("robosuite_env", "RobosuiteEnv", task, instruction),
-                     overwrite=True)
+        register_env(
+            f"robosuite/{task}", _lazy_factory("robosuite_env", "RobosuiteEnv", task, instruction), overwrite=True
+        )
     for task, instruction in METAWORLD_TASKS.items():
-        register_env(f"metaworld/{task}", _lazy_factory("metaworld_env", "MetaWorldEnv", task, instruction),
-                     overwrite=True)
+        register_env(
+            f"metaworld/{task}", _lazy_factory("metaworld_env", "MetaWorldEnv", task, instruction), overwrite=True
+        )
     for suite in SUITE_TASKS:
         for task in suite_task_names(suite):
-            register_env(f"libero/{task}", _lazy_factory("libero_env", "LiberoEnv", task, f"LIBERO {task}"),
-                         overwrite=True)
+            register_env(
+                f"libero/{task}", _lazy_factory("libero_env", "LiberoEnv", task, f"LIBERO {task}"), overwrite=True
+            )
 
 
 _register_builtin()

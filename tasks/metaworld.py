@@ -10,6 +10,7 @@ The embedded default is three easy tasks, small enough for a CPU (~12 min on 2 c
 them from the demos (held-out success 0.06-0.08 -> 0.34-0.42) and 20 GRPO steps raise held-out success above that on
 every tested seed (+0.05 to +0.18; docs/tasks/metaworld.md has the measurements).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -65,18 +66,30 @@ class MetaWorldConfig(VLASharedConfig):
             validate_metaworld_args(self.tasks[0], self.camera, self.image_size, self.max_steps, self.action_repeat)
         except MetaWorldConfigError as e:  # camera, image_size, max_steps or action_repeat (the message names it)
             raise ConfigError(f"task: {e}") from None
-        if min(self.train_init_states, self.eval_init_states, self.demo_episodes, self.demo_max_steps,
-               self.env_task_cache) < 1:
-            raise ConfigError("task.train_init_states, eval_init_states, demo_episodes, demo_max_steps and "
-                              "env_task_cache must be >= 1")
+        if (
+            min(
+                self.train_init_states,
+                self.eval_init_states,
+                self.demo_episodes,
+                self.demo_max_steps,
+                self.env_task_cache,
+            )
+            < 1
+        ):
+            raise ConfigError(
+                "task.train_init_states, eval_init_states, demo_episodes, demo_max_steps and "
+                "env_task_cache must be >= 1"
+            )
         self.validate_action_range("dx, dy, dz, grip")
         self.validate_shared()
 
 
 class MetaWorldTask(VLATask):
     name = "metaworld"
-    description = ("VLA on Meta-World v3 (task.tasks=[...] / mt10 / mt50): shipped scripted experts -> SFT -> GRPO "
-                   "with binary success (needs metaworld)")
+    description = (
+        "VLA on Meta-World v3 (task.tasks=[...] / mt10 / mt50): shipped scripted experts -> SFT -> GRPO "
+        "with binary success (needs metaworld)"
+    )
     config_cls = MetaWorldConfig
     gripper_dims = (3,)
     action_dim = 4
@@ -85,9 +98,13 @@ class MetaWorldTask(VLATask):
         return [f"metaworld/{t}" for t in self.cfg.tasks]
 
     def env_kwargs(self, demo: bool = False) -> dict:
-        return {"image_size": self.cfg.image_size, "camera": self.cfg.camera, "action_repeat": self.cfg.action_repeat,
-                "max_steps": self.cfg.demo_max_steps if demo else self.cfg.max_steps,
-                "task_cache": self.cfg.env_task_cache}
+        return {
+            "image_size": self.cfg.image_size,
+            "camera": self.cfg.camera,
+            "action_repeat": self.cfg.action_repeat,
+            "max_steps": self.cfg.demo_max_steps if demo else self.cfg.max_steps,
+            "task_cache": self.cfg.env_task_cache,
+        }
 
     def instruction(self, task: str) -> str:
         from mmrl.simulators.metaworld_env import METAWORLD_TASKS
@@ -98,5 +115,8 @@ class MetaWorldTask(VLATask):
         """``task.action_low`` / ``action_high`` when set, else the demos' percentiles (:meth:`VLATask.action_stats`)."""
         if self.cfg.action_low is None:
             return super().action_stats()
-        return {"low": [float(x) for x in self.cfg.action_low], "high": [float(x) for x in self.cfg.action_high],
-                "gripper_dims": list(self.gripper_dims)}
+        return {
+            "low": [float(x) for x in self.cfg.action_low],
+            "high": [float(x) for x in self.cfg.action_high],
+            "gripper_dims": list(self.gripper_dims),
+        }

@@ -10,6 +10,7 @@ Pre-training takes about 1-2 minutes on one CPU thread (tiny_sd3, defaults) and 
 ``save_sample_grid(policy, prompts, path)`` writes a PNG grid of deterministic samples (before /
 after training, from a notebook or script).
 """
+
 from __future__ import annotations
 
 import logging
@@ -73,6 +74,7 @@ class T2IColorConfig:
 
 # ---------------------------------------------------------------- synthetic images
 
+
 def prompt_items(colors: Sequence[str], shapes: Sequence[str], backgrounds: Sequence[str]) -> list[dict]:
     """Every (colour, shape, background) with colour != background, as task records."""
     from mmrl.data.synthetic_scenes import PALETTE
@@ -83,8 +85,16 @@ def prompt_items(colors: Sequence[str], shapes: Sequence[str], backgrounds: Sequ
             for b in backgrounds:
                 if c == b:
                     continue
-                out.append({"prompt": f"a {c} {s} on a {b} background", "color": c, "shape": s, "background": b,
-                            "object_color": PALETTE[c], "background_color": PALETTE[b]})
+                out.append(
+                    {
+                        "prompt": f"a {c} {s} on a {b} background",
+                        "color": c,
+                        "shape": s,
+                        "background": b,
+                        "object_color": PALETTE[c],
+                        "background_color": PALETTE[b],
+                    }
+                )
     return out
 
 
@@ -123,14 +133,24 @@ def _image_batch(items: list[dict], size: int, rng):
 
 # ---------------------------------------------------------------- pre-training
 
-def pretrain_pipeline(base_path: str, model_cfg: Any, task_cfg: T2IColorConfig, *, cache_root: Path | None = None) -> Path:
+
+def pretrain_pipeline(
+    base_path: str, model_cfg: Any, task_cfg: T2IColorConfig, *, cache_root: Path | None = None
+) -> Path:
     """Pre-train (VAE, then denoiser) the pipeline at ``base_path`` on the task's synthetic images; cached."""
     from mmrl.models.cache import cached_build
 
     spec = {
-        "base": str(base_path), "version": PRETRAIN_VERSION, "pipeline": model_cfg.pipeline,
-        "resolution": model_cfg.resolution, "max_sequence_length": model_cfg.max_sequence_length,
-        "task": {k: v for k, v in asdict(task_cfg).items() if k.startswith("pretrain") or k in ("colors", "shapes", "backgrounds")},
+        "base": str(base_path),
+        "version": PRETRAIN_VERSION,
+        "pipeline": model_cfg.pipeline,
+        "resolution": model_cfg.resolution,
+        "max_sequence_length": model_cfg.max_sequence_length,
+        "task": {
+            k: v
+            for k, v in asdict(task_cfg).items()
+            if k.startswith("pretrain") or k in ("colors", "shapes", "backgrounds")
+        },
     }
     base_spec = Path(base_path) / "mmrl_spec.json"
     if base_spec.exists():  # a tiny build: its own spec identifies it even if the cache moves
@@ -218,8 +238,16 @@ def _train(base_path: str, model_cfg: Any, cfg: T2IColorConfig):
 
 # ---------------------------------------------------------------- sample grid
 
-def save_sample_grid(policy: Any, prompts: Sequence[str], path: str | Path, *, seed: int = 0, cols: int | None = None,
-                     greedy: bool = True) -> Path:
+
+def save_sample_grid(
+    policy: Any,
+    prompts: Sequence[str],
+    path: str | Path,
+    *,
+    seed: int = 0,
+    cols: int | None = None,
+    greedy: bool = True,
+) -> Path:
     """Sample one image per prompt (deterministic ODE when ``greedy``) and save them as a PNG grid."""
     import torch
     from PIL import Image
@@ -228,7 +256,9 @@ def save_sample_grid(policy: Any, prompts: Sequence[str], path: str | Path, *, s
     from mmrl.rollout.noise import mix_seed
 
     items = [{"prompt": p} for p in prompts]
-    batch = PromptBatch(items=items, indices=list(range(len(items))), seeds=[mix_seed(seed, i) for i in range(len(items))])
+    batch = PromptBatch(
+        items=items, indices=list(range(len(items))), seeds=[mix_seed(seed, i) for i in range(len(items))]
+    )
     with torch.no_grad():
         ro = policy.rollout(batch, 1, greedy=greedy)
     images = [s["image"] for s in ro.samples]
@@ -245,6 +275,7 @@ def save_sample_grid(policy: Any, prompts: Sequence[str], path: str | Path, *, s
 
 
 # ---------------------------------------------------------------- the task
+
 
 def _color_reward_fn(tol: float):
     from mmrl.rewards.image import color_rule_score

@@ -3,6 +3,7 @@
 A tiny causal LM (built offline, random init) reads ``"a+b="`` and must write the answer. GRPO with
 the verifiable reward raises greedy accuracy from chance to well above it on CPU in a few minutes.
 """
+
 from __future__ import annotations
 
 import operator

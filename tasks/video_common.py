@@ -13,6 +13,7 @@ Bad annotation files stop the run before training with one line (``mmrl train: e
 usable rows. Items whose prompt is longer than ``task.max_prompt_chars`` are dropped at load time and counted
 (:meth:`VideoTaskBase.finish_items`: one warning line, ``data/load_skipped``), never truncated.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -140,12 +141,15 @@ class VideoTaskConfig:
         """Raise ConfigError on inconsistent shared settings (subclasses add their own checks)."""
         if self.data_format not in self.DATA_FORMATS:
             raise ConfigError(
-                f"task.data_format: {self.data_format!r} is not valid; choose from {', '.join(self.DATA_FORMATS)}")
+                f"task.data_format: {self.data_format!r} is not valid; choose from {', '.join(self.DATA_FORMATS)}"
+            )
         if self.data_format != "synthetic" and not self.data:
             raise ConfigError(f"task.data: data_format={self.data_format} needs an annotation file (task.data=PATH)")
         if self.data_format == "synthetic" and (self.data or self.eval_data):
-            raise ConfigError(f"task.data_format=synthetic ignores task.data / task.eval_data ({self.data or self.eval_data}); "
-                              f"set task.data_format to the file's format ({', '.join(self.DATA_FORMATS[1:])})")
+            raise ConfigError(
+                f"task.data_format=synthetic ignores task.data / task.eval_data ({self.data or self.eval_data}); "
+                f"set task.data_format to the file's format ({', '.join(self.DATA_FORMATS[1:])})"
+            )
         if self.num_train < 1 or self.num_eval < 0:
             raise ConfigError("task.num_train must be >= 1 and task.num_eval >= 0")
         if not math.isfinite(self.format_weight):
@@ -167,7 +171,8 @@ def size_multiple_for_model(run_cfg: Any) -> int:
         shown = {k: getattr(model_cfg, k, None) for k in ("type", "name", "path")} if model_cfg is not None else None
         raise ConfigError(
             f"cannot tell the Qwen-VL family of the model {shown}; set task.video.size_multiple "
-            "(28 for Qwen2-VL / Qwen2.5-VL, 32 for Qwen3-VL)")
+            "(28 for Qwen2-VL / Qwen2.5-VL, 32 for Qwen3-VL)"
+        )
     return _FAMILY_SIZE_MULTIPLE[family]
 
 
@@ -219,7 +224,9 @@ class VideoTaskBase(Task):
         super().__init__(cfg, run_cfg)
         model_type = getattr(getattr(run_cfg, "model", None), "type", None)
         if model_type is not None and model_type != "vlm":
-            raise ConfigError(f"task={self.name} needs a vision-language model (model.type=vlm), got model.type={model_type}")
+            raise ConfigError(
+                f"task={self.name} needs a vision-language model (model.type=vlm), got model.type={model_type}"
+            )
         multiple = cfg.video.size_multiple or (size_multiple_for_model(run_cfg) if run_cfg is not None else 28)
         self.sampling = cfg.video.sampling(multiple)
         """The :class:`~mmrl.data.video.VideoSamplingConfig` every item of this run is decoded with."""
@@ -231,8 +238,9 @@ class VideoTaskBase(Task):
                 path = getattr(cfg, key)
                 if path and not Path(path).expanduser().is_file():
                     what = "is a directory, not a file" if Path(path).expanduser().is_dir() else "file not found"
-                    raise ConfigError(f"task.{key}={path}: {what}; give the path of an existing {cfg.data_format} "
-                                      "annotation file")
+                    raise ConfigError(
+                        f"task.{key}={path}: {what}; give the path of an existing {cfg.data_format} annotation file"
+                    )
 
     def data_path(self, split: str) -> tuple[str, str]:
         """``(config key, path)`` of the annotation file ``split`` is read from."""
@@ -244,8 +252,10 @@ class VideoTaskBase(Task):
         """ConfigError (one line naming the file) when an annotation file gives no rows at all."""
         if not recs:
             key, path = self.data_path(split)
-            raise ConfigError(f"task.{key}={path}: no usable rows (the file has no annotation lines); "
-                              "give a non-empty annotation file")
+            raise ConfigError(
+                f"task.{key}={path}: no usable rows (the file has no annotation lines); "
+                "give a non-empty annotation file"
+            )
 
     def finish_items(self, items: list[dict], split: str) -> list[dict]:
         """``items`` without those whose prompt is over ``task.max_prompt_chars`` (one warning line with the count;
@@ -256,13 +266,22 @@ class VideoTaskBase(Task):
         self.load_skipped[split] = dropped
         if dropped:
             first = next(it for it in items if len(it["prompt"]) > limit)
-            log.warning("%s %s: skipped %d of %d items with prompts over task.max_prompt_chars=%d (first: %s, %d "
-                        "characters)", self.name, split, dropped, len(items), limit, first.get("source", first.get("id")),
-                        len(first["prompt"]))
+            log.warning(
+                "%s %s: skipped %d of %d items with prompts over task.max_prompt_chars=%d (first: %s, %d characters)",
+                self.name,
+                split,
+                dropped,
+                len(items),
+                limit,
+                first.get("source", first.get("id")),
+                len(first["prompt"]),
+            )
         if not kept and items and (split == "train" or self.cfg.num_eval > 0):
             key, path = self.data_path(split)
-            raise ConfigError(f"task.{key}={path}: no usable {split} items: all {len(items)} have prompts over "
-                              f"task.max_prompt_chars={limit}; raise it or fix the annotation file")
+            raise ConfigError(
+                f"task.{key}={path}: no usable {split} items: all {len(items)} have prompts over "
+                f"task.max_prompt_chars={limit}; raise it or fix the annotation file"
+            )
         return kept
 
     def load_metrics(self) -> dict[str, float]:

@@ -9,6 +9,7 @@ accuracy overall and per question type (``eval/score`` = accuracy). See docs/tas
 Data: synthetic event videos by default (colour of the moving shape, multiple choice; number of
 flashes of the square, numeric), or a JSONL file.
 """
+
 from __future__ import annotations
 
 import functools
@@ -116,8 +117,11 @@ def check_qa_record(rec: Mapping[str, Any], where: str) -> dict:
     out: dict[str, Any] = {"question": question.strip(), "question_type": qtype}
     if qtype == "multiple_choice":
         options = rec.get("options")
-        if not isinstance(options, list) or not 2 <= len(options) <= len(_LETTERS) or \
-                not all(isinstance(o, str) and o.strip() for o in options):
+        if (
+            not isinstance(options, list)
+            or not 2 <= len(options) <= len(_LETTERS)
+            or not all(isinstance(o, str) and o.strip() for o in options)
+        ):
             raise AnnotationError(f"{where}: multiple_choice needs 'options': a list of 2..{len(_LETTERS)} strings")
         letter = str(answer).strip()
         if letter in options and not (len(letter) == 1 and letter.upper() in _LETTERS[: len(options)]):
@@ -160,8 +164,11 @@ def load_video_qa_jsonl(path: str | Path, video_root: str | Path | None = None) 
         if not isinstance(video, str) or not video:
             raise AnnotationError(f"{where}: missing 'video' (a path)")
         item = check_qa_record(rec, where)
-        item.update(video=str(Path(video) if Path(video).is_absolute() else root / video),
-                    id=str(rec.get("id", f"{path.stem}:{n}")), source=where)
+        item.update(
+            video=str(Path(video) if Path(video).is_absolute() else root / video),
+            id=str(rec.get("id", f"{path.stem}:{n}")),
+            source=where,
+        )
         for key in ("clip_start", "clip_end"):
             if rec.get(key) is not None:
                 value = finite_number(rec[key])
@@ -175,8 +182,9 @@ def load_video_qa_jsonl(path: str | Path, video_root: str | Path | None = None) 
 # ----------------------------------------------------------------------------- rewards
 
 
-def accuracy_reward(prompts, completions, question_type, answer, options=None, *, format_gate: bool = False,
-                    **columns) -> list[float | None]:
+def accuracy_reward(
+    prompts, completions, question_type, answer, options=None, *, format_gate: bool = False, **columns
+) -> list[float | None]:
     """:func:`mmrl.rewards.qa.qa_reward` per sample, dispatched on its ``question_type``; with
     ``format_gate`` a completion that fails :func:`mmrl.rewards.format.is_clean_answer` scores 0."""
     from mmrl.rewards.format import is_clean_answer
@@ -219,9 +227,18 @@ class VideoQATask(VideoTaskBase):
             from mmrl.data.synthetic_video import make_video_dataset
 
             n, seed = (cfg.num_train, cfg.seed) if split == "train" else (cfg.num_eval, cfg.eval_seed)
-            recs = make_video_dataset(synthetic_video_folder("qa"), n, seed, "qa", duration_s=cfg.video_duration_s,
-                                      fps=cfg.video_fps, size=tuple(cfg.video_size), event_grid=cfg.event_grid,
-                                      event_scale=cfg.event_scale, mover_scale=cfg.mover_scale)
+            recs = make_video_dataset(
+                synthetic_video_folder("qa"),
+                n,
+                seed,
+                "qa",
+                duration_s=cfg.video_duration_s,
+                fps=cfg.video_fps,
+                size=tuple(cfg.video_size),
+                event_grid=cfg.event_grid,
+                event_scale=cfg.event_scale,
+                mover_scale=cfg.mover_scale,
+            )
             out = []
             for r in recs:
                 if cfg.option_order == "fixed" and r["question_type"] == "multiple_choice":
@@ -235,21 +252,30 @@ class VideoQATask(VideoTaskBase):
         self.check_rows(recs, split)
         if cfg.eval_data is None:
             if len(recs) <= cfg.num_eval:
-                raise ConfigError(f"task.data {path} has {len(recs)} items: too few to hold out task.num_eval="
-                                    f"{cfg.num_eval}; give task.eval_data or lower task.num_eval")
+                raise ConfigError(
+                    f"task.data {path} has {len(recs)} items: too few to hold out task.num_eval="
+                    f"{cfg.num_eval}; give task.eval_data or lower task.num_eval"
+                )
             cut = len(recs) - cfg.num_eval
             recs = recs[:cut] if split == "train" else recs[cut:]
         return recs
 
     def build_items(self, split: str) -> list[dict]:
-        return self.finish_items([{**r, "prompt": build_prompt(r["question"], r["question_type"], r.get("options"))}
-                                  for r in self._records(split)], split)
+        return self.finish_items(
+            [
+                {**r, "prompt": build_prompt(r["question"], r["question_type"], r.get("options"))}
+                for r in self._records(split)
+            ],
+            split,
+        )
 
     def reward_specs(self) -> list[RewardSpec]:
         """accuracy (accuracy_weight) + format (format_weight)."""
         accuracy = functools.partial(accuracy_reward, format_gate=self.cfg.format_gate)
-        return [RewardSpec("accuracy", accuracy, self.cfg.accuracy_weight),
-                RewardSpec("format", qa_format_reward, self.cfg.format_weight)]
+        return [
+            RewardSpec("accuracy", accuracy, self.cfg.accuracy_weight),
+            RewardSpec("format", qa_format_reward, self.cfg.format_weight),
+        ]
 
     def reward_columns(self, items: Sequence[dict]) -> dict[str, list]:
         """Ground truth the rewards read (every item gets every key; missing ones are None)."""
@@ -267,8 +293,11 @@ class VideoQATask(VideoTaskBase):
         ordered = [s for s in samples if not s.get("shuffled")]
         if not ordered:
             return self.load_metrics()
-        return {"monitor/no_answer_rate": sum(find_tag_content(s["text"], "answer") is None for s in ordered) / len(ordered),
-                **self.load_metrics()}
+        return {
+            "monitor/no_answer_rate": sum(find_tag_content(s["text"], "answer") is None for s in ordered)
+            / len(ordered),
+            **self.load_metrics(),
+        }
 
     def eval_metrics(self, items: Sequence[Mapping], samples: list, per_fn: dict) -> dict[str, float]:
         """eval/accuracy and eval/accuracy/<question_type> (a sample is correct when its answer reward
@@ -276,10 +305,14 @@ class VideoQATask(VideoTaskBase):
         items = per_sample_items(items, samples)
         if not items:
             return {}
-        scores = accuracy_reward([None] * len(samples), samples,
-                                 [it.get("question_type") for it in items], [it.get("answer") for it in items],
-                                 [it.get("options") for it in items],
-                                 **{k: [it.get(k) for it in items] for k in ("rel_tol", "abs_tol", "metric")})
+        scores = accuracy_reward(
+            [None] * len(samples),
+            samples,
+            [it.get("question_type") for it in items],
+            [it.get("answer") for it in items],
+            [it.get("options") for it in items],
+            **{k: [it.get(k) for it in items] for k in ("rel_tol", "abs_tol", "metric")},
+        )
         correct = [s is not None and s >= 0.5 for s in scores]
         acc = sum(correct) / len(correct)
         out = {"eval/accuracy": acc, "eval/score": acc}

@@ -10,6 +10,7 @@ Data: synthetic event videos (real mp4 files written under the mmrl cache, decod
 decord; no download), Charades-STA annotation lines (``video_id start end##sentence``) or a
 generic JSONL (docs/tasks/video.md).
 """
+
 from __future__ import annotations
 
 import math
@@ -67,7 +68,9 @@ class VideoTemporalGroundingConfig(VideoTaskConfig):
         if self.data_format == "charades" and not self.video_root:
             raise ConfigError("task.video_root: data_format=charades needs the folder of the videos")
         if self.reward_kind not in REWARD_KINDS:
-            raise ConfigError(f"task.reward_kind: {self.reward_kind!r} is not valid; choose from {', '.join(REWARD_KINDS)}")
+            raise ConfigError(
+                f"task.reward_kind: {self.reward_kind!r} is not valid; choose from {', '.join(REWARD_KINDS)}"
+            )
         if self.on_reversed not in ("reject", "swap"):
             raise ConfigError(f"task.on_reversed: {self.on_reversed!r} is not valid; choose from reject, swap")
         if not 0.0 < self.tau <= 1.0:
@@ -140,8 +143,15 @@ def load_charades_sta(path: str | Path, video_root: str | Path, *, video_ext: st
             raise AnnotationError(f"{where}: start/end must be numbers, got {s!r} {e!r}") from None
         if not sentence.strip():
             raise AnnotationError(f"{where}: empty sentence")
-        out.append({"video": str(root / f"{vid}{video_ext}"), "query": sentence.strip(), "segments": [seg],
-                    "id": f"{vid}@{n}", "source": where})
+        out.append(
+            {
+                "video": str(root / f"{vid}{video_ext}"),
+                "query": sentence.strip(),
+                "segments": [seg],
+                "id": f"{vid}@{n}",
+                "source": where,
+            }
+        )
     return out
 
 
@@ -176,8 +186,13 @@ def load_temporal_jsonl(path: str | Path, video_root: str | Path | None = None) 
             segments = [_segment_from(rec["timestamp"], where)]
         else:
             raise AnnotationError(f"{where}: missing 'segments' (or 'timestamp')")
-        item = {"video": str(Path(video) if Path(video).is_absolute() else root / video), "query": query.strip(),
-                "segments": segments, "id": str(rec.get("id", f"{path.stem}:{n}")), "source": where}
+        item = {
+            "video": str(Path(video) if Path(video).is_absolute() else root / video),
+            "query": query.strip(),
+            "segments": segments,
+            "id": str(rec.get("id", f"{path.stem}:{n}")),
+            "source": where,
+        }
         for key in ("clip_start", "clip_end", "duration"):
             if rec.get(key) is not None:
                 value = finite_number(rec[key])
@@ -226,8 +241,10 @@ def temporal_format_ok(text: str, duration: float | None, truncated: bool) -> bo
 
 def temporal_format_reward(prompts, completions, duration, **_) -> list[float]:
     """1.0 when :func:`temporal_format_ok`, else 0.0."""
-    return [1.0 if temporal_format_ok(c["text"], d, bool(c.get("truncated"))) else 0.0
-            for c, d in zip(completions, duration)]
+    return [
+        1.0 if temporal_format_ok(c["text"], d, bool(c.get("truncated"))) else 0.0
+        for c, d in zip(completions, duration)
+    ]
 
 
 def first_segment_iou(text: str, segments: Sequence[Sequence[float]], duration: float) -> tuple[float, bool]:
@@ -257,11 +274,28 @@ class VideoTemporalGroundingTask(VideoTaskBase):
             from mmrl.data.synthetic_video import make_video_dataset
 
             n, seed = (cfg.num_train, cfg.seed) if split == "train" else (cfg.num_eval, cfg.eval_seed)
-            recs = make_video_dataset(synthetic_video_folder("temporal"), n, seed, "temporal",
-                                      duration_s=cfg.video_duration_s, fps=cfg.video_fps, size=tuple(cfg.video_size),
-                                      event_grid=cfg.event_grid, event_scale=cfg.event_scale)
-            return [{"video": r["video"], "query": r["question"].split("?")[0] + "?", "segments": r["segments"],
-                     "id": r["id"], "source": r["video"], "event": r["event"]} for r in recs]
+            recs = make_video_dataset(
+                synthetic_video_folder("temporal"),
+                n,
+                seed,
+                "temporal",
+                duration_s=cfg.video_duration_s,
+                fps=cfg.video_fps,
+                size=tuple(cfg.video_size),
+                event_grid=cfg.event_grid,
+                event_scale=cfg.event_scale,
+            )
+            return [
+                {
+                    "video": r["video"],
+                    "query": r["question"].split("?")[0] + "?",
+                    "segments": r["segments"],
+                    "id": r["id"],
+                    "source": r["video"],
+                    "event": r["event"],
+                }
+                for r in recs
+            ]
         path = cfg.data if split == "train" or cfg.eval_data is None else cfg.eval_data
         if cfg.data_format == "charades":
             recs = load_charades_sta(path, cfg.video_root, video_ext=cfg.video_ext)
@@ -270,8 +304,10 @@ class VideoTemporalGroundingTask(VideoTaskBase):
         self.check_rows(recs, split)
         if cfg.eval_data is None:
             if len(recs) <= cfg.num_eval:
-                raise ConfigError(f"task.data {path} has {len(recs)} items: too few to hold out task.num_eval="
-                                    f"{cfg.num_eval}; give task.eval_data or lower task.num_eval")
+                raise ConfigError(
+                    f"task.data {path} has {len(recs)} items: too few to hold out task.num_eval="
+                    f"{cfg.num_eval}; give task.eval_data or lower task.num_eval"
+                )
             cut = len(recs) - cfg.num_eval
             recs = recs[:cut] if split == "train" else recs[cut:]
         return recs
@@ -292,8 +328,10 @@ class VideoTemporalGroundingTask(VideoTaskBase):
         for s, e in item["segments"]:
             s, e = s - start, e - start
             if s >= duration or e <= 0 or e > duration + tol or s < -tol:
-                raise SkipItem(f"{clip.path}: annotated segment [{s + start:g}, {e + start:g}] s is outside the video "
-                               f"window [{start:g}, {start + duration:g}] s")
+                raise SkipItem(
+                    f"{clip.path}: annotated segment [{s + start:g}, {e + start:g}] s is outside the video "
+                    f"window [{start:g}, {start + duration:g}] s"
+                )
             segments.append([max(0.0, s), min(duration, e)])
         item["segments"] = segments
         return item
@@ -302,9 +340,16 @@ class VideoTemporalGroundingTask(VideoTaskBase):
     def reward_specs(self) -> list[RewardSpec]:
         """temporal (iou_weight) + format (format_weight)."""
         return [
-            RewardSpec("temporal", make_temporal_reward(self.cfg.reward_kind, tau=self.cfg.tau,
-                                                        on_reversed=self.cfg.on_reversed,
-                                                        format_gate=self.cfg.format_gate), self.cfg.iou_weight),
+            RewardSpec(
+                "temporal",
+                make_temporal_reward(
+                    self.cfg.reward_kind,
+                    tau=self.cfg.tau,
+                    on_reversed=self.cfg.on_reversed,
+                    format_gate=self.cfg.format_gate,
+                ),
+                self.cfg.iou_weight,
+            ),
             RewardSpec("format", temporal_format_reward, self.cfg.format_weight),
         ]
 
@@ -346,7 +391,9 @@ class VideoTemporalGroundingTask(VideoTaskBase):
         items = per_sample_items(items, samples)
         if not items:
             return {}
-        ious, parsed = zip(*(first_segment_iou(s["text"], it["segments"], it["duration"]) for it, s in zip(items, samples)))
+        ious, parsed = zip(
+            *(first_segment_iou(s["text"], it["segments"], it["duration"]) for it, s in zip(items, samples))
+        )
         miou = mean_iou(ious)
         out = {"eval/miou": miou, "eval/parse_fail_rate": 1.0 - sum(parsed) / len(parsed), "eval/score": miou}
         out.update({f"eval/{k}": v for k, v in recall_at(ious).items()})

@@ -6,6 +6,7 @@ GRPO groups are episodes from the same initial state, the reward is binary succe
 ``robosuite==1.4.0`` with ``mujoco<=3.9``; it runs end to end on CPU but, at ~20-40 env steps/s, a
 real learning run needs many more steps (and a GPU for a real model) than the embedded default.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -40,9 +41,13 @@ class VLALiftConfig(VLASharedConfig):
         from mmrl.errors import ConfigError
 
         if list(self.tasks) != ["Lift"]:
-            raise ConfigError(f"task.tasks: vla_lift supports ['Lift'] (the task with a scripted expert), got {self.tasks}")
-        if min(self.train_init_states, self.eval_init_states, self.demo_episodes, self.max_steps,
-               self.demo_max_steps) < 1:
+            raise ConfigError(
+                f"task.tasks: vla_lift supports ['Lift'] (the task with a scripted expert), got {self.tasks}"
+            )
+        if (
+            min(self.train_init_states, self.eval_init_states, self.demo_episodes, self.max_steps, self.demo_max_steps)
+            < 1
+        ):
             raise ConfigError("task counts and horizons must be >= 1")
         self.validate_shared()
 
@@ -58,8 +63,11 @@ class VLALiftTask(VLATask):
         return [f"robosuite/{t}" for t in self.cfg.tasks]
 
     def env_kwargs(self, demo: bool = False) -> dict:
-        return {"image_size": self.cfg.image_size, "cameras": (self.cfg.camera,),
-                "horizon": self.cfg.demo_max_steps if demo else self.cfg.max_steps}
+        return {
+            "image_size": self.cfg.image_size,
+            "cameras": (self.cfg.camera,),
+            "horizon": self.cfg.demo_max_steps if demo else self.cfg.max_steps,
+        }
 
     def instruction(self, task: str) -> str:
         from mmrl.simulators.robosuite_env import ROBOSUITE_TASKS

@@ -9,6 +9,7 @@ start (``trainer.sft_steps``), then GRPO improves success on the fixed RL initia
 :class:`VLATask` holds everything VLA tasks share (items, demos, SFT items, the success reward,
 per-task / per-initial-state success metrics, evaluation videos); ``vla_lift`` reuses it.
 """
+
 from __future__ import annotations
 
 import json
@@ -174,9 +175,14 @@ class VLATask(Task):
         others per item (``env.set_task``) when there are several."""
         from mmrl.policies.vla import VLAEnvSpec
 
-        return VLAEnvSpec(env_name=self.env_names()[0], env_kwargs=self.env_kwargs(), max_steps=self.episode_steps(),
-                          switch_tasks=len(self.cfg.tasks) > 1, action_dim=self.action_dim,
-                          gripper_dims=self.gripper_dims)
+        return VLAEnvSpec(
+            env_name=self.env_names()[0],
+            env_kwargs=self.env_kwargs(),
+            max_steps=self.episode_steps(),
+            switch_tasks=len(self.cfg.tasks) > 1,
+            action_dim=self.action_dim,
+            gripper_dims=self.gripper_dims,
+        )
 
     def episode_steps(self) -> int:
         """Env steps of an RL / evaluation episode before it is truncated."""
@@ -196,8 +202,11 @@ class VLATask(Task):
 
     # ------------------------------------------------------------------ items
     def _items(self, n_states: int, offset: int = 0) -> list[dict]:
-        return [{"prompt": self.instruction(t), "env_task": t, "task": t, "init_state": s}
-                for t in self.cfg.tasks for s in range(offset, offset + n_states)]
+        return [
+            {"prompt": self.instruction(t), "env_task": t, "task": t, "init_state": s}
+            for t in self.cfg.tasks
+            for s in range(offset, offset + n_states)
+        ]
 
     def train_items(self):
         return self._items(self.cfg.train_init_states)
@@ -233,10 +242,18 @@ class VLATask(Task):
         n = self.cfg.demo_episodes
         states = list(range(self.cfg.demo_init_offset, self.cfg.demo_init_offset + n))
         arm_dims = [d for d in range(self.action_dim) if d not in self.gripper_dims]
-        demos = collect_demos(self.env_names(), n, states, path, env_kwargs=self.env_kwargs(demo=True), subprocess=True,
-                              noise_std=self.cfg.demo_noise, noise_dims=arm_dims,
-                              seed=self.cfg.demo_seed,
-                              progress=bool(self.run_cfg is not None and self.run_cfg.trainer.progress))
+        demos = collect_demos(
+            self.env_names(),
+            n,
+            states,
+            path,
+            env_kwargs=self.env_kwargs(demo=True),
+            subprocess=True,
+            noise_std=self.cfg.demo_noise,
+            noise_dims=arm_dims,
+            seed=self.cfg.demo_seed,
+            progress=bool(self.run_cfg is not None and self.run_cfg.trainer.progress),
+        )
         ok = sum(d.success for d in demos)
         log.info("collected %d expert demos (%d successful, %d steps)", len(demos), ok, sum(d.length for d in demos))
         return demos
@@ -265,8 +282,15 @@ class VLATask(Task):
                 continue
             for t in range(d.length):
                 idx = np.minimum(np.arange(t, t + chunk), d.length - 1)
-                out.append({"prompt": d.instruction, "frame": d.frames[t], "expert_chunk": d.actions[idx],
-                            "task": d.env, "init_state": d.init_state})
+                out.append(
+                    {
+                        "prompt": d.instruction,
+                        "frame": d.frames[t],
+                        "expert_chunk": d.actions[idx],
+                        "task": d.env,
+                        "init_state": d.init_state,
+                    }
+                )
         return out
 
     def sft_target(self, item, meta):
@@ -312,13 +336,17 @@ class VLATask(Task):
         rate of its episodes) + videos."""
         valid = [s.get("valid", True) for s in samples]
         n = max(1, sum(valid))
-        out: dict[str, float] = {"eval/success_rate": sum(bool(s["success"]) for s, v in zip(samples, valid) if v) / n,
-                                 "eval/episode_length": sum(s["length"] for s, v in zip(samples, valid) if v) / n,
-                                 "eval/invalid": float(len(samples) - sum(valid))}
+        out: dict[str, float] = {
+            "eval/success_rate": sum(bool(s["success"]) for s, v in zip(samples, valid) if v) / n,
+            "eval/episode_length": sum(s["length"] for s, v in zip(samples, valid) if v) / n,
+            "eval/invalid": float(len(samples) - sum(valid)),
+        }
         for task, (s, k) in self._success_by(items, samples, lambda it: it["task"]).items():
             out[f"eval/success/{task}"] = s / k
-        table = success_table(((self.suite_of_item(it), it["task"], bool(s["success"]))
-                               for it, s, v in zip(items, samples, valid) if v), self.suite_labels())
+        table = success_table(
+            ((self.suite_of_item(it), it["task"], bool(s["success"])) for it, s, v in zip(items, samples, valid) if v),
+            self.suite_labels(),
+        )
         if len(table["suites"]) > 1:
             for row in table["suites"]:
                 out[f"eval/success/suite/{row['suite']}"] = row["success_rate"]
@@ -332,8 +360,9 @@ class VLATask(Task):
                 runs[init_state_key(it)].append(bool(s["success"]))
             per_state = {k: sum(v) / len(v) for k, v in runs.items()}
             run_dir.mkdir(parents=True, exist_ok=True)
-            (run_dir / "eval_success.json").write_text(json.dumps({"summary": out, "table": table,
-                                                                   "per_init_state": per_state}, indent=1))
+            (run_dir / "eval_success.json").write_text(
+                json.dumps({"summary": out, "table": table, "per_init_state": per_state}, indent=1)
+            )
             (run_dir / "success_table.md").write_text(markdown_table(table, self.task_titles(items)))
             self._write_videos(run_dir / "videos", items, samples)
         return out
@@ -385,8 +414,10 @@ class VLATask(Task):
 
 class VLAReachTask(VLATask):
     name = "vla_reach"
-    description = ("VLA: a tiny Qwen-VL emits action tokens to reach coloured blocks in MuJoCo; demos -> SFT -> "
-                   "GRPO raises success (CPU, minutes)")
+    description = (
+        "VLA: a tiny Qwen-VL emits action tokens to reach coloured blocks in MuJoCo; demos -> SFT -> "
+        "GRPO raises success (CPU, minutes)"
+    )
     config_cls = VLAReachConfig
     gripper_dims = (3,)
     action_dim = 4
@@ -395,8 +426,12 @@ class VLAReachTask(VLATask):
         return [f"tabletop/{t}" for t in self.cfg.tasks]
 
     def env_kwargs(self, demo: bool = False) -> dict:
-        return {"image_size": self.cfg.image_size, "camera": self.cfg.camera, "reach_radius": self.cfg.success_radius,
-                "max_steps": self.cfg.demo_max_steps if demo else self.cfg.max_steps}
+        return {
+            "image_size": self.cfg.image_size,
+            "camera": self.cfg.camera,
+            "reach_radius": self.cfg.success_radius,
+            "max_steps": self.cfg.demo_max_steps if demo else self.cfg.max_steps,
+        }
 
     def instruction(self, task: str) -> str:
         from mmrl.simulators.tabletop.env import TASKS
@@ -411,6 +446,11 @@ class VLAReachTask(VLATask):
         kwargs = self.env_kwargs()
         if multi:
             kwargs["task"] = self.cfg.tasks[0]
-        return VLAEnvSpec(env_name=SWITCHABLE_TABLETOP if multi else self.env_names()[0], env_kwargs=kwargs,
-                          max_steps=self.cfg.max_steps, switch_tasks=multi, action_dim=self.action_dim,
-                          gripper_dims=self.gripper_dims)
+        return VLAEnvSpec(
+            env_name=SWITCHABLE_TABLETOP if multi else self.env_names()[0],
+            env_kwargs=kwargs,
+            max_steps=self.cfg.max_steps,
+            switch_tasks=multi,
+            action_dim=self.action_dim,
+            gripper_dims=self.gripper_dims,
+        )

@@ -4,6 +4,7 @@ Every function takes and returns torch tensors, is vectorised over samples and t
 NaN-free on edge cases (empty masks, groups of one, all-equal groups). Algorithms are looked up by
 name in the registries below; an unknown name raises ``UnknownNameError`` listing the choices.
 """
+
 from .advantages import broadcast_to_tokens, drgrpo, gae, grpo, reinforce_pp, rloo
 from .aggregation import AGGREGATION_MODES, aggregate, token_weights
 from .estimators import (

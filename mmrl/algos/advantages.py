@@ -34,6 +34,7 @@ These are the pure functions, with keyword arguments. ``algo.advantage`` selects
 :mod:`mmrl.algos.estimators`, where each is registered behind the one signature
 ``fn(rewards, group_ids, valid, cfg)``.
 """
+
 from __future__ import annotations
 
 import torch
@@ -143,9 +144,7 @@ def reinforce_pp(
     """
     _check_eps(eps, "reinforce_pp")
     if baseline not in _RPP_BASELINES:
-        raise AlgoInputError(
-            f"reinforce_pp: unknown baseline {baseline!r}; valid choices: {', '.join(_RPP_BASELINES)}"
-        )
+        raise AlgoInputError(f"reinforce_pp: unknown baseline {baseline!r}; valid choices: {', '.join(_RPP_BASELINES)}")
     gm = group_moments(rewards, group_ids, valid, where="reinforce_pp")
     raw = _centred(gm) if baseline == "group" else gm.rewards
     # Group-centred values have batch mean exactly 0 in exact arithmetic (each group's centred values sum to 0), so

@@ -16,6 +16,7 @@ shard losses equals the full-batch loss. With m the mask, len_i = sum_t m[i, t]:
 Rows with len_i = 0 get weight 0; an empty mask (or a total of 0) gives all-zero weights and a
 loss of 0.0, never NaN.
 """
+
 from __future__ import annotations
 
 import torch

@@ -11,6 +11,7 @@ names. The math lives in the pure functions of :mod:`mmrl.algos.advantages` (han
 ``gae`` is the critic-based estimator (``algo.advantage=gae``): it needs token rewards and values, so it is
 not an outcome estimator; :func:`token_advantages` runs it.
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable
@@ -22,8 +23,16 @@ from .advantages import broadcast_to_tokens, drgrpo, gae, grpo, reinforce_pp, rl
 from .masked import masked_whiten
 from .registry import ADVANTAGE_ESTIMATORS
 
-__all__ = ["CRITIC_ESTIMATOR", "GROUP_RELATIVE", "advantage_choices", "fold_kl_into_rewards", "group_relative",
-           "is_group_relative", "outcome_advantages", "token_advantages"]
+__all__ = [
+    "CRITIC_ESTIMATOR",
+    "GROUP_RELATIVE",
+    "advantage_choices",
+    "fold_kl_into_rewards",
+    "group_relative",
+    "is_group_relative",
+    "outcome_advantages",
+    "token_advantages",
+]
 
 CRITIC_ESTIMATOR = "gae"
 """The name of the critic-based estimator (token-level; everything else in ``algo.advantage`` is an outcome one)."""
@@ -36,6 +45,7 @@ GROUP_RELATIVE: dict[str, Callable[[Any], bool]] = {}
 
 def group_relative(when: Callable[[Any], bool] = lambda cfg: True):
     """Declare the decorated estimator group-relative (under the algo configs for which ``when`` is true)."""
+
     def decorator(fn):
         GROUP_RELATIVE[fn.__mmrl_name__] = when
         return fn
@@ -51,6 +61,7 @@ def is_group_relative(cfg: Any) -> bool:
 
 def _named(name: str):
     """Register an outcome estimator under ``name`` and remember the name (for :func:`group_relative`)."""
+
     def decorator(fn):
         fn.__mmrl_name__ = name
         return ADVANTAGE_ESTIMATORS.register(name)(fn)
@@ -91,8 +102,9 @@ def advantage_choices() -> list[str]:
     return sorted(ADVANTAGE_ESTIMATORS.names() + [CRITIC_ESTIMATOR])
 
 
-def outcome_advantages(rewards: Tensor, group_ids: Tensor, valid: Tensor, cfg: Any, *,
-                       bonus: Tensor | None = None) -> Tensor:
+def outcome_advantages(
+    rewards: Tensor, group_ids: Tensor, valid: Tensor, cfg: Any, *, bonus: Tensor | None = None
+) -> Tensor:
     """[B] advantages of the estimator ``cfg.advantage``, plus a per-sample ``bonus`` added after normalisation (so
     the group statistics cannot cancel it: T-GRPO, :mod:`mmrl.algos.tgrpo`), clipped to ``cfg.adv_clip``. Invalid
     samples get 0 (their bonus too)."""

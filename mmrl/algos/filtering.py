@@ -14,6 +14,7 @@ The filters return False for invalid samples, so their output can be used as the
 ``valid`` mask directly. Everything is vectorised with ``torch.unique(return_inverse=True)``
 plus ``index_add_``/``scatter_reduce_``; group ids may be any int64 values, in any order.
 """
+
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -88,7 +89,8 @@ def group_moments(
     # std + eps gave all-equal groups a nonzero advantage.)
     inf = torch.tensor(float("inf"), dtype=rewards.dtype, device=rewards.device)
     ref = torch.full((num_groups,), float("inf"), dtype=rewards.dtype, device=rewards.device).scatter_reduce(
-        0, inverse, torch.where(valid, rewards, inf), reduce="amin")
+        0, inverse, torch.where(valid, rewards, inf), reduce="amin"
+    )
     ref = torch.where(count > 0, ref, torch.zeros_like(ref))
     shifted = (rewards - ref[inverse]) * vf
     mean = ref + torch.zeros_like(count).index_add_(0, inverse, shifted) / count.clamp_min(1.0)

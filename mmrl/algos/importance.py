@@ -14,6 +14,7 @@ computed as exp(min(log-ratio, log C)) so it never overflows; masked positions g
 mean |trainer - rollout|, and the fraction of tokens whose ratio exceeds C. A ratio far from 1
 (e.g. ~1e-7) means the engine and the trainer hold different weights (broken weight sync).
 """
+
 from __future__ import annotations
 
 import math
@@ -58,9 +59,7 @@ def truncated_is_weights(
     """Detached truncated IS weights [B, T]: min(ratio, cap) per token or per sequence; 0 where masked."""
     _check_cap(cap, "truncated_is_weights")
     if level not in IS_LEVELS:
-        raise AlgoInputError(
-            f"truncated_is_weights: unknown level {level!r}; valid choices: {', '.join(IS_LEVELS)}"
-        )
+        raise AlgoInputError(f"truncated_is_weights: unknown level {level!r}; valid choices: {', '.join(IS_LEVELS)}")
     log_ratio, m = _log_ratio(trainer_logp, rollout_logp, mask, "truncated_is_weights")
     if level == "sequence":
         log_ratio = masked_sum(log_ratio, m, dim=1)[:, None].expand_as(log_ratio)

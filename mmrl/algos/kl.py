@@ -10,6 +10,7 @@ With log-ratio x = logp - ref_logp at a token sampled from pi:
 For k3 the log-ratio is clamped to [-20, 20] before exp so it never overflows.
 ``KL_ESTIMATORS`` maps "k1", "k2", "k3" and the alias "low_var_kl" to functions ``fn(logp, ref_logp)``.
 """
+
 from __future__ import annotations
 
 import torch
@@ -54,9 +55,7 @@ def kl_estimate(logp: Tensor, ref_logp: Tensor, kind: str, *, mask: Tensor | Non
     logp = as_float(logp, "kl_estimate: logp")
     ref_logp = as_float(ref_logp, "kl_estimate: ref_logp").detach()
     if ref_logp.shape != logp.shape:
-        raise AlgoInputError(
-            f"kl_estimate: ref_logp shape {tuple(ref_logp.shape)} != logp shape {tuple(logp.shape)}"
-        )
+        raise AlgoInputError(f"kl_estimate: ref_logp shape {tuple(ref_logp.shape)} != logp shape {tuple(logp.shape)}")
     if mask is None:
         return estimator(logp, ref_logp)
     m = as_bool_mask(mask, logp, "kl_estimate: mask")

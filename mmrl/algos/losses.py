@@ -20,6 +20,7 @@ Flags: ``clipped`` marks tokens where the clipped branch is strictly active, so 
 where the dual-clip bound -A c is active (also zero gradient). The two never overlap.
 All outputs are 0 / False where the mask is 0.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -11,6 +11,7 @@ With m the mask (nonzero = valid) and n = sum(m):
 - ``masked_whiten(x, m) = (x - mean) / sqrt(var + eps)`` (+ mean again if not ``shift_mean``),
   0 at masked positions.
 """
+
 from __future__ import annotations
 
 import torch
@@ -48,9 +49,7 @@ def as_bool_mask(mask: Tensor, like: Tensor, where: str = "mask") -> Tensor:
     if not isinstance(mask, Tensor):
         raise AlgoInputError(f"{where}: expected a torch.Tensor, got {type(mask).__name__}")
     if mask.shape != like.shape:
-        raise AlgoInputError(
-            f"{where}: shape {tuple(mask.shape)} does not match the values' shape {tuple(like.shape)}"
-        )
+        raise AlgoInputError(f"{where}: shape {tuple(mask.shape)} does not match the values' shape {tuple(like.shape)}")
     return mask if mask.dtype == torch.bool else mask != 0
 
 
@@ -86,8 +85,9 @@ def _first_valid(xz: Tensor, m: Tensor, dim: int | None) -> Tensor:
 def _exact_mean(xz: Tensor, m: Tensor, dim: int | None) -> Tensor:
     """``ref + sum(m (x - ref)) / n`` with ``ref`` a valid entry: exact for constant inputs."""
     ref = _first_valid(xz, m, dim)
-    shifted = torch.where(m, xz - (ref if dim is None else ref.unsqueeze(dim)), torch.zeros((), dtype=xz.dtype,
-                                                                                          device=xz.device))
+    shifted = torch.where(
+        m, xz - (ref if dim is None else ref.unsqueeze(dim)), torch.zeros((), dtype=xz.dtype, device=xz.device)
+    )
     total = shifted.sum() if dim is None else shifted.sum(dim)
     count = masked_count(m, dim, dtype=xz.dtype)
     return ref + total / count.clamp_min(1.0)

@@ -14,6 +14,7 @@ the engine's behaviour log-probs) and ``kl`` is the policy's own KL when it has 
 ``kl_estimate(logp, ref_logp, cfg.kl_estimator)``. The statistics are the same weighted sums (summed over
 micro-batches they are minibatch means).
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -64,10 +65,15 @@ def rl_objective(
     Stats (detached 0-d tensors): ``loss/policy``, ``loss/clipfrac``, ``policy/ratio_mean`` and, when present,
     ``policy/kl``, ``policy/entropy``, ``loss/value``.
     """
-    w = token_weights(mask, cfg.loss_agg, num_tokens=max(num_tokens, 1.0), num_seqs=max(num_seqs, 1.0),
-                      max_len=cfg.loss_max_len) * scale
-    pl = POLICY_LOSSES.get(cfg.policy_loss)(logp, old_logp, advantages, mask, clip_low=cfg.clip_low,
-                                            clip_high=cfg.clip_high, dual_clip=cfg.dual_clip)
+    w = (
+        token_weights(
+            mask, cfg.loss_agg, num_tokens=max(num_tokens, 1.0), num_seqs=max(num_seqs, 1.0), max_len=cfg.loss_max_len
+        )
+        * scale
+    )
+    pl = POLICY_LOSSES.get(cfg.policy_loss)(
+        logp, old_logp, advantages, mask, clip_low=cfg.clip_low, clip_high=cfg.clip_high, dual_clip=cfg.dual_clip
+    )
     tok_loss = pl.loss
     if cfg.truncated_is:
         if rollout_logp is None:

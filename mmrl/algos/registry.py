@@ -6,6 +6,7 @@ A ``Registry`` maps those names to functions and answers an unknown name with
 (difflib), e.g. ``unknown policy loss 'ppo_clp'; valid choices: gspo, ppo_clip;
 did you mean 'ppo_clip'?``.
 """
+
 from __future__ import annotations
 
 import difflib

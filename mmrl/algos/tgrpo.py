@@ -35,6 +35,7 @@ is set; after scoring, the trainer calls :func:`rollout_temporal_bonus` and stor
 ``Rollout.adv_bonus``; :func:`mmrl.algos.advantages.outcome_advantages` adds it after normalisation. Evaluation
 and training both drop probes with ``Rollout.without_probes()``.
 """
+
 from __future__ import annotations
 
 from typing import Any, Mapping, NamedTuple
@@ -127,14 +128,22 @@ def rollout_temporal_bonus(rollout: Any, reward_terms: Mapping[str, Tensor], cfg
     if cfg.correct_reward not in reward_terms:
         raise AlgoInputError(
             f"tgrpo.correct_reward={cfg.correct_reward!r} is not a reward of this task; its rewards are "
-            f"{', '.join(sorted(reward_terms))}")
+            f"{', '.join(sorted(reward_terms))}"
+        )
     values = reward_terms[cfg.correct_reward].float()
     finite = torch.isfinite(values)
     is_shuffled = rollout.probe.bool()
     ordered = ~is_shuffled & rollout.valid.bool() & finite
     shuffled = is_shuffled & finite
-    res = temporal_bonus(torch.nan_to_num(values, nan=0.0), rollout.group_id, ordered, shuffled,
-                         alpha=cfg.alpha, mu=cfg.mu, threshold=cfg.threshold)
+    res = temporal_bonus(
+        torch.nan_to_num(values, nan=0.0),
+        rollout.group_id,
+        ordered,
+        shuffled,
+        alpha=cfg.alpha,
+        mu=cfg.mu,
+        threshold=cfg.threshold,
+    )
     n_cmp = int(res.compared.sum())
     metrics: dict[str, float] = {"tgrpo/compared_groups": float(n_cmp)}
     if n_cmp:

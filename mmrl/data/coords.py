@@ -180,9 +180,7 @@ def smart_resize(height: int, width: int, *, factor: int, min_pixels: int, max_p
         h_bar = math.ceil(height * beta / factor) * factor
         w_bar = math.ceil(width * beta / factor) * factor
     if h_bar <= 0 or w_bar <= 0:
-        raise FrameError(
-            f"smart_resize: {height}x{width} rounds to a zero side with factor={factor}; raise min_pixels"
-        )
+        raise FrameError(f"smart_resize: {height}x{width} rounds to a zero side with factor={factor}; raise min_pixels")
     return h_bar, w_bar
 
 

@@ -22,6 +22,7 @@ The module also registers ``"vla/tabletop"``: a tabletop env whose task can be s
 multi-task batch without rebuilding its MuJoCo model and GL context. Only numpy and the simulator
 registry are imported at module level (env-pool workers import this module).
 """
+
 from __future__ import annotations
 
 import json
@@ -110,12 +111,21 @@ def expert_for(env_name: str) -> Callable[[Any, dict], np.ndarray]:
     for prefix, fn in _EXPERTS.items():
         if env_name.startswith(prefix):
             return fn
-    raise DemoError(f"no scripted expert for env {env_name!r}; experts exist for names starting with {sorted(_EXPERTS)}")
+    raise DemoError(
+        f"no scripted expert for env {env_name!r}; experts exist for names starting with {sorted(_EXPERTS)}"
+    )
 
 
-def run_expert_episode(env: Any, env_name: str, init_state: int, expert: Callable | None = None, *,
-                       noise_std: float = 0.0, noise_dims: Sequence[int] | None = None,
-                       rng: np.random.Generator | None = None) -> Demo:
+def run_expert_episode(
+    env: Any,
+    env_name: str,
+    init_state: int,
+    expert: Callable | None = None,
+    *,
+    noise_std: float = 0.0,
+    noise_dims: Sequence[int] | None = None,
+    rng: np.random.Generator | None = None,
+) -> Demo:
     """Reset ``env`` to ``init_state`` and let the expert act until the episode ends.
 
     ``noise_std > 0`` injects noise DART-style (Laskey et al., 2017): the env executes the expert's
@@ -145,9 +155,15 @@ def run_expert_episode(env: Any, env_name: str, init_state: int, expert: Callabl
         if terminated or truncated:
             success = bool(info.get("success", False))
             break
-    return Demo(env=env_name, instruction=str(obs.get("instruction") or info.get("instruction") or ""),
-                init_state=int(init_state), success=success, frames=np.stack(frames), proprio=np.stack(proprio),
-                actions=np.stack(actions))
+    return Demo(
+        env=env_name,
+        instruction=str(obs.get("instruction") or info.get("instruction") or ""),
+        init_state=int(init_state),
+        success=success,
+        frames=np.stack(frames),
+        proprio=np.stack(proprio),
+        actions=np.stack(actions),
+    )
 
 
 def collect_demos(
@@ -176,8 +192,13 @@ def collect_demos(
     segfaults), so trainers collect this way. ``progress``: a progress display over the episodes
     (:class:`mmrl.progress.PhaseProgress`, on the same stderr from the child process).
     """
-    opts = {"env_kwargs": env_kwargs, "noise_std": noise_std, "noise_dims": noise_dims, "seed": seed,
-            "progress": progress}
+    opts = {
+        "env_kwargs": env_kwargs,
+        "noise_std": noise_std,
+        "noise_dims": noise_dims,
+        "seed": seed,
+        "progress": progress,
+    }
     if subprocess:
         import multiprocessing as mp
         from concurrent.futures import ProcessPoolExecutor
@@ -191,7 +212,8 @@ def collect_demos(
             except BrokenProcessPool as e:
                 raise DemoError(
                     "the demo-collection subprocess died before it returned (a simulator crash, or a script run as "
-                    "__main__ without the `if __name__ == \"__main__\":` guard that spawned processes need)") from e
+                    '__main__ without the `if __name__ == "__main__":` guard that spawned processes need)'
+                ) from e
         if path is not None:
             save_demos(demos, path)
         return demos
@@ -213,8 +235,9 @@ def collect_demos(
             try:
                 for s in states:
                     rng = np.random.default_rng([int(seed), k, s]) if noise_std > 0 else None
-                    demos.append(run_expert_episode(env, name, s, expert, noise_std=noise_std, noise_dims=noise_dims,
-                                                    rng=rng))
+                    demos.append(
+                        run_expert_episode(env, name, s, expert, noise_std=noise_std, noise_dims=noise_dims, rng=rng)
+                    )
                     bar.update(1, success=sum(d.success for d in demos) / len(demos))
             finally:
                 env.close()
@@ -241,13 +264,27 @@ def save_demos(demos: Sequence[Demo], path: str | Path) -> tuple[Path, Path]:
     npz, jsonl = demo_paths(path)
     npz.parent.mkdir(parents=True, exist_ok=True)
     offsets = np.concatenate([[0], np.cumsum([d.length for d in demos])]).astype(np.int64)
-    np.savez_compressed(npz, frames=np.concatenate([d.frames for d in demos]),
-                        proprio=np.concatenate([d.proprio for d in demos]),
-                        actions=np.concatenate([d.actions for d in demos]), offsets=offsets)
+    np.savez_compressed(
+        npz,
+        frames=np.concatenate([d.frames for d in demos]),
+        proprio=np.concatenate([d.proprio for d in demos]),
+        actions=np.concatenate([d.actions for d in demos]),
+        offsets=offsets,
+    )
     with jsonl.open("w") as f:
         for d in demos:
-            f.write(json.dumps({"env": d.env, "instruction": d.instruction, "init_state": d.init_state,
-                                "success": d.success, "length": d.length}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "env": d.env,
+                        "instruction": d.instruction,
+                        "init_state": d.init_state,
+                        "success": d.success,
+                        "length": d.length,
+                    }
+                )
+                + "\n"
+            )
     return npz, jsonl
 
 
@@ -262,16 +299,26 @@ def load_demos(path: str | Path) -> list[Demo]:
         arrays = {k: data[k] for k in ("frames", "proprio", "actions", "offsets")}
     off = arrays["offsets"]
     if len(off) != len(meta) + 1 or off[-1] != len(arrays["actions"]):
-        raise DemoError(f"{npz} holds {len(off) - 1} episodes / {len(arrays['actions'])} steps but {jsonl} lists "
-                        f"{len(meta)} episodes: the two files do not belong together")
+        raise DemoError(
+            f"{npz} holds {len(off) - 1} episodes / {len(arrays['actions'])} steps but {jsonl} lists "
+            f"{len(meta)} episodes: the two files do not belong together"
+        )
     demos = []
     for e, m in enumerate(meta):
         sl = slice(int(off[e]), int(off[e + 1]))
         if m.get("length") != sl.stop - sl.start:
             raise DemoError(f"{jsonl} line {e + 1}: length {m.get('length')} but {sl.stop - sl.start} rows in {npz}")
-        demos.append(Demo(env=m["env"], instruction=m["instruction"], init_state=int(m["init_state"]),
-                          success=bool(m["success"]), frames=arrays["frames"][sl], proprio=arrays["proprio"][sl],
-                          actions=arrays["actions"][sl]))
+        demos.append(
+            Demo(
+                env=m["env"],
+                instruction=m["instruction"],
+                init_state=int(m["init_state"]),
+                success=bool(m["success"]),
+                frames=arrays["frames"][sl],
+                proprio=arrays["proprio"][sl],
+                actions=arrays["actions"][sl],
+            )
+        )
     return demos
 
 

@@ -12,6 +12,7 @@ validation, the same errors ("source: reason") and the same skip report. See
   only with ``allow_pickle=True``).
 - :func:`from_hf_dataset` — any Hugging Face ``datasets.Dataset`` or sequence of dicts.
 """
+
 from __future__ import annotations
 
 import io
@@ -88,7 +89,11 @@ def _vlm_r1_to_canonical(item: object, source: str, *, bbox_frame: str, keep_ins
         raise DataFormatError(source, "missing key 'image'")
     if "conversations" in item:
         conv = item["conversations"]
-        if not isinstance(conv, list) or len(conv) < 2 or not all(isinstance(t, Mapping) and "value" in t for t in conv[:2]):
+        if (
+            not isinstance(conv, list)
+            or len(conv) < 2
+            or not all(isinstance(t, Mapping) and "value" in t for t in conv[:2])
+        ):
             raise DataFormatError(source, "'conversations' must hold a human turn and a gpt turn, each with a 'value'")
         prompt, answer = conv[0]["value"], conv[1]["value"]
     elif "problem" in item and "solution" in item:
@@ -172,7 +177,9 @@ def load_vlm_r1_rec(
         raise FileNotFoundError(f"VLM-R1 REC file not found: {path}")
     return samples_from_records(
         _read_json_or_jsonl(path),
-        convert=lambda item, src: _vlm_r1_to_canonical(item, src, bbox_frame=bbox_frame, keep_instruction=keep_instruction),
+        convert=lambda item, src: _vlm_r1_to_canonical(
+            item, src, bbox_frame=bbox_frame, keep_instruction=keep_instruction
+        ),
         origin=str(path),
         base_dir=image_root,
         on_invalid_box=on_invalid_box,
@@ -254,8 +261,9 @@ def _xywh_to_xyxy_raw(bbox: object, source: str, i: int) -> list:
         raise InvalidSampleError(source, f"box {i} is not 4 numbers [x, y, w, h] ({bbox!r})", KIND_NOT_NUMBERS)
     x, y, w, h = (float(v) for v in bbox)
     if w < 0 or h < 0:
-        raise InvalidSampleError(source, f"box {i} has a negative width or height in xywh ({format_box_values(bbox)})",
-                                 KIND_REVERSED)
+        raise InvalidSampleError(
+            source, f"box {i} has a negative width or height in xywh ({format_box_values(bbox)})", KIND_REVERSED
+        )
     return [x, y, x + w, y + h]
 
 
@@ -320,7 +328,9 @@ def _ref_boxes(ref: Mapping, coco: _CocoInstances, source: str) -> tuple[list, l
     return ann_ids, boxes
 
 
-def _ref_records(ref: Mapping, coco: _CocoInstances, source: str, one_sample_per_sentence: bool) -> list[tuple[str, dict]]:
+def _ref_records(
+    ref: Mapping, coco: _CocoInstances, source: str, one_sample_per_sentence: bool
+) -> list[tuple[str, dict]]:
     """The ``(source, canonical record)`` pairs of one ref: one per sentence, or one for the ref."""
     ref_id = ref["ref_id"]
     image = _ref_image(ref, coco, source)
@@ -354,14 +364,18 @@ def _refcoco_records(
             continue
         records.extend(_ref_records(ref, coco, f"{refs_name}[ref_id={ref['ref_id']}]", one_sample_per_sentence))
     if split is not None and not records:
-        raise DataFormatError(refs_name, f"no refs in split {split!r} (splits present: {', '.join(sorted(splits_seen))})")
+        raise DataFormatError(
+            refs_name, f"no refs in split {split!r} (splits present: {', '.join(sorted(splits_seen))})"
+        )
     return records
 
 
 def _refcoco_convert(record: object, source: str) -> object:
     """``convert`` hook of :func:`samples_from_records`: the refs' xywh boxes to xyxy."""
     rec = dict(record)  # type: ignore[arg-type]
-    rec["boxes"] = [{**entry, "bbox": _xywh_to_xyxy_raw(entry["bbox"], source, j)} for j, entry in enumerate(rec["boxes"])]
+    rec["boxes"] = [
+        {**entry, "bbox": _xywh_to_xyxy_raw(entry["bbox"], source, j)} for j, entry in enumerate(rec["boxes"])
+    ]
     return rec
 
 
@@ -434,7 +448,9 @@ def _hf_image(value: object, source: str) -> object:
             return img
         if isinstance(value.get("path"), str):
             return value["path"]
-    raise DataFormatError(source, f"unsupported image cell {type(value).__name__}: expected a PIL image, a path or {{'bytes', 'path'}}")
+    raise DataFormatError(
+        source, f"unsupported image cell {type(value).__name__}: expected a PIL image, a path or {{'bytes', 'path'}}"
+    )
 
 
 def _hf_boxes(value: object, source: str) -> list:
@@ -472,7 +488,9 @@ def _check_hf_columns(ds: object, cols: _HfColumns, name: str) -> None:
     if isinstance(columns, list):
         absent = [c for c in cols.needed if c not in columns]
         if absent:
-            raise DataFormatError(name, f"missing column(s) {', '.join(map(repr, absent))} (columns: {', '.join(columns)})")
+            raise DataFormatError(
+                name, f"missing column(s) {', '.join(map(repr, absent))} (columns: {', '.join(columns)})"
+            )
 
 
 def _hf_labels(row: Mapping, label_column: str | None, n: int, source: str) -> list[str | None]:
@@ -493,7 +511,9 @@ def _hf_row_record(row: object, source: str, *, cols: _HfColumns, bbox_format: s
         raise DataFormatError(source, f"a row must be a mapping, got {type(row).__name__}")
     absent = [c for c in cols.needed if c not in row]
     if absent:
-        raise DataFormatError(source, f"missing column(s) {', '.join(map(repr, absent))} (columns: {', '.join(map(str, row))})")
+        raise DataFormatError(
+            source, f"missing column(s) {', '.join(map(repr, absent))} (columns: {', '.join(map(str, row))})"
+        )
     raw = _hf_boxes(row[cols.bbox], source)
     if bbox_format == "xywh":
         raw = [_xywh_to_xyxy_raw(b, source, i) for i, b in enumerate(raw)]

@@ -23,6 +23,7 @@ Two kinds of problem:
 Both are :class:`~mmrl.errors.ConfigError` subclasses (and ``ValueError``), so ``mmrl train``
 reports them as one line naming ``file:line`` and exits with code 2.
 """
+
 from __future__ import annotations
 
 import json
@@ -180,8 +181,7 @@ class LoadReport:
         kinds = self.skip_kinds or {"invalid sample": len(self.skipped)}
         what = next(iter(kinds)) if len(kinds) == 1 else ", ".join(f"{k}: {n}" for k, n in kinds.items())
         src, reason = self.skipped[0]
-        return (f"skipped {len(self.skipped)} of {self.n_records} rows of {self.origin}: {what} "
-                f"(first: {src}: {reason})")
+        return f"skipped {len(self.skipped)} of {self.n_records} rows of {self.origin}: {what} (first: {src}: {reason})"
 
     def summary(self) -> str:
         """One line: counts of records, skips, clips and swaps."""
@@ -276,7 +276,9 @@ def check_boxes(
             raise InvalidSampleError(source, f"box {i} is not 4 numbers ({shown})", KIND_NOT_NUMBERS)
         vals = [float(v) for v in raw]
         if not all(math.isfinite(v) for v in vals):
-            raise InvalidSampleError(source, f"box {i} has a non-finite value ({format_box_values(raw)})", KIND_NOT_FINITE)
+            raise InvalidSampleError(
+                source, f"box {i} has a non-finite value ({format_box_values(raw)})", KIND_NOT_FINITE
+            )
         x1, y1, x2, y2 = vals
         for lo, hi, axis in ((x1, x2, "x"), (y1, y2, "y")):
             if hi < lo and not swap_reversed:
@@ -389,7 +391,9 @@ def _parse_record(record: object, source: str, default_id: str, opts: _Options) 
     labels: list[str | None] = []
     for i, box in enumerate(boxes):
         if not isinstance(box, Mapping) or "bbox" not in box:
-            raise DataFormatError(source, f"box {i} must be an object with a 'bbox' key, got {json.dumps(box, default=str)}")
+            raise DataFormatError(
+                source, f"box {i} must be an object with a 'bbox' key, got {json.dumps(box, default=str)}"
+            )
         label = box.get("label")
         if label is not None and not isinstance(label, str):
             raise DataFormatError(source, f"box {i} label must be a string or null, got {_type_name(label)}")
@@ -401,7 +405,9 @@ def _parse_record(record: object, source: str, default_id: str, opts: _Options) 
         size = _check_image_size(record["image_size"], source)
     if isinstance(image, Image.Image):
         if size is not None and size != tuple(image.size):
-            raise DataFormatError(source, f"image_size {list(size)} differs from the in-memory image's {list(image.size)}")
+            raise DataFormatError(
+                source, f"image_size {list(size)} differs from the in-memory image's {list(image.size)}"
+            )
         size = (int(image.size[0]), int(image.size[1]))
     elif opts.check_images:
         from mmrl.data.media import MediaError, image_size
@@ -411,8 +417,9 @@ def _parse_record(record: object, source: str, default_id: str, opts: _Options) 
         except MediaError as exc:
             raise InvalidSampleError(source, f"image {exc.path}: {exc.reason}", KIND_IMAGE) from exc
         if size is not None and size != file_size:
-            raise InvalidSampleError(source, f"image_size {list(size)} differs from the file's size {list(file_size)}",
-                                     KIND_IMAGE_SIZE)
+            raise InvalidSampleError(
+                source, f"image_size {list(size)} differs from the file's size {list(file_size)}", KIND_IMAGE_SIZE
+            )
         size = file_size
     elif opts.read_image_sizes and size is None and frame == "pixels" and raw:
         size = _header_size(image, opts.size_cache)

@@ -9,6 +9,7 @@ orientation is *not* applied, matching how COCO-style annotations are written). 
 ``max_side`` shrinks an image, the original size is kept in ``image.info["orig_size"]``
 so that boxes given in the original pixel frame can still be converted correctly.
 """
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -6,6 +6,7 @@ batch that runs past the end of an epoch continues into the next. The state is j
 including across an epoch boundary. Under data parallel every process computes the same global
 batch and takes its contiguous slice.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

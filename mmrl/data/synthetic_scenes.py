@@ -28,6 +28,7 @@ palette colour has a channel below 60, so the two can never be confused.
 Each sample's ``extra`` holds ``kind``, the structured ``query`` and every ``object`` (colour,
 shape, size, bbox) so that tests and evaluations can check the semantics.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -155,8 +156,16 @@ def _resolve(query: dict, objects: list[_Obj]) -> list[int]:
 class _SceneBuilder:
     """Builds one scene from a generator; every random draw comes from ``rng``."""
 
-    def __init__(self, rng: np.random.Generator, size: tuple[int, int], colors, shapes, masks: _MaskCache,
-                 position_cue: float = 0.0, object_scale: float = 1.0) -> None:
+    def __init__(
+        self,
+        rng: np.random.Generator,
+        size: tuple[int, int],
+        colors,
+        shapes,
+        masks: _MaskCache,
+        position_cue: float = 0.0,
+        object_scale: float = 1.0,
+    ) -> None:
         self.rng = rng
         self.position_cue = position_cue
         self.object_scale = object_scale
@@ -193,7 +202,10 @@ class _SceneBuilder:
             x = int(self.rng.integers(_EDGE, hi_x + 1))
             y = int(self.rng.integers(_EDGE, hi_y + 1))
             free = all(
-                x + obj.side + _GAP <= p.x or p.x + p.side + _GAP <= x or y + obj.side + _GAP <= p.y or p.y + p.side + _GAP <= y
+                x + obj.side + _GAP <= p.x
+                or p.x + p.side + _GAP <= x
+                or y + obj.side + _GAP <= p.y
+                or p.y + p.side + _GAP <= y
                 for p in placed
             )
             if not free:
@@ -253,7 +265,9 @@ class _SceneBuilder:
         return placed, query
 
     def build_relation(self, max_objects: int) -> tuple[list[_Obj], dict] | None:
-        (color, shape), (a_color, a_shape) = (self.combos[i] for i in self.rng.choice(len(self.combos), 2, replace=False))
+        (color, shape), (a_color, a_shape) = (
+            self.combos[i] for i in self.rng.choice(len(self.combos), 2, replace=False)
+        )
         relation = self.pick(RELATIONS)
         anchor, target, twin = self.obj(a_color, a_shape), self.obj(color, shape), self.obj(color, shape)
         placed: list[_Obj] = []

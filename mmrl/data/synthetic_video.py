@@ -15,6 +15,7 @@ Everything is a function of ``seed`` (and the size/fps/duration arguments). Layo
 in the top-left corner, circle in the upper right part, triangle along the bottom band; they
 never overlap, so a pixel check at the circle centre tells whether the event is visible.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -101,7 +102,9 @@ def _check_video_args(
             f"make_event_video: duration_s * fps = {duration_s * fps:g} must be a whole number of frames >= 16"
         )
     if not (isinstance(event_grid, int) and 1 <= event_grid <= num_frames // 4):
-        raise SyntheticVideoError(f"make_event_video: event_grid must be an int in [1, {num_frames // 4}], got {event_grid!r}")
+        raise SyntheticVideoError(
+            f"make_event_video: event_grid must be an int in [1, {num_frames // 4}], got {event_grid!r}"
+        )
     for name, value in (("event_scale", event_scale), ("mover_scale", mover_scale)):
         if not 0.05 <= value <= 0.3:
             raise SyntheticVideoError(f"make_event_video: {name} must be in [0.05, 0.3], got {value!r}")
@@ -125,7 +128,9 @@ def _event_frames(rng: np.random.Generator, num_frames: int, event_grid: int) ->
     return [a0 * g, (a0 + event_len) * g]
 
 
-def _flash_schedule(rng: np.random.Generator, num_frames: int, fps: int, event_grid: int) -> tuple[int, list[list[int]]]:
+def _flash_schedule(
+    rng: np.random.Generator, num_frames: int, fps: int, event_grid: int
+) -> tuple[int, list[list[int]]]:
     """``(count, [[start, stop), ...])`` of the square's flashes, each ~0.25 s long; with a grid,
     one grid cell long and on the grid."""
     if event_grid == 1:
@@ -138,7 +143,9 @@ def _flash_schedule(rng: np.random.Generator, num_frames: int, fps: int, event_g
     return flash_count, [[a * g, b * g] for a, b in _flash_frames(rng, cells, flash_count, 1)]
 
 
-def _sample_layout(rng: np.random.Generator, width: int, height: int, event_scale: float, mover_scale: float) -> dict[str, Any]:
+def _sample_layout(
+    rng: np.random.Generator, width: int, height: int, event_scale: float, mover_scale: float
+) -> dict[str, Any]:
     """Square in the top-left corner, circle (random centre) in the upper right part, triangle
     along the bottom band: the ``_Scene`` fields ``square_box, center, radius, tri, band_y``."""
     side = max(6, round(0.15 * min(width, height)))
@@ -146,22 +153,42 @@ def _sample_layout(rng: np.random.Generator, width: int, height: int, event_scal
     cx = int(rng.integers(max(round(0.4 * width), 2 + side) + radius, width - radius - 2))
     cy = int(rng.integers(radius + 2, max(round(0.6 * height) - radius, radius + 3)))
     tri = max(6, round(mover_scale * height))
-    return {"square_box": [2, 2, 2 + side, 2 + side], "center": (cx, cy), "radius": radius, "tri": tri,
-            "band_y": height - tri - 3}
+    return {
+        "square_box": [2, 2, 2 + side, 2 + side],
+        "center": (cx, cy),
+        "radius": radius,
+        "tri": tri,
+        "band_y": height - tri - 3,
+    }
 
 
 def _sample_scene(
-    rng: np.random.Generator, width: int, height: int, fps: int, num_frames: int,
-    event_grid: int, event_scale: float, mover_scale: float,
+    rng: np.random.Generator,
+    width: int,
+    height: int,
+    fps: int,
+    num_frames: int,
+    event_grid: int,
+    event_scale: float,
+    mover_scale: float,
 ) -> _Scene:
     """Draw everything random about one video, in a fixed order (colours, event, flashes, circle centre)."""
     event_color, moving_color = _pick_colors(rng)
     event_frames = _event_frames(rng, num_frames, event_grid)
     flash_count, flashes = _flash_schedule(rng, num_frames, fps, event_grid)
     layout = _sample_layout(rng, width, height, event_scale, mover_scale)
-    return _Scene(width=width, height=height, fps=fps, num_frames=num_frames, event_color=event_color,
-                  moving_color=moving_color, event_frames=event_frames, flash_count=flash_count, flashes=flashes,
-                  **layout)
+    return _Scene(
+        width=width,
+        height=height,
+        fps=fps,
+        num_frames=num_frames,
+        event_color=event_color,
+        moving_color=moving_color,
+        event_frames=event_frames,
+        flash_count=flash_count,
+        flashes=flashes,
+        **layout,
+    )
 
 
 def _mover_points(scene: _Scene, i: int) -> np.ndarray:
@@ -187,7 +214,7 @@ def _render_frame(scene: _Scene, i: int, background: np.ndarray, circle: np.ndar
 
 def _render_frames(scene: _Scene) -> Iterator[np.ndarray]:
     """All the frames of the video, in order."""
-    yy, xx = np.mgrid[0:scene.height, 0:scene.width]
+    yy, xx = np.mgrid[0 : scene.height, 0 : scene.width]
     cx, cy = scene.center
     circle = (xx - cx) ** 2 + (yy - cy) ** 2 <= scene.radius**2
     background = np.empty((scene.height, scene.width, 3), np.uint8)
@@ -374,8 +401,16 @@ def make_video_dataset(
             except (OSError, ValueError, KeyError):
                 truth = None
         if truth is None:
-            truth = make_event_video(video, seed=_video_seed(seed, i), duration_s=duration_s, fps=fps, size=size,
-                                     event_grid=event_grid, event_scale=event_scale, mover_scale=mover_scale)
+            truth = make_event_video(
+                video,
+                seed=_video_seed(seed, i),
+                duration_s=duration_s,
+                fps=fps,
+                size=size,
+                event_grid=event_grid,
+                event_scale=event_scale,
+                mover_scale=mover_scale,
+            )
             payload = json.dumps({"file_size": video.stat().st_size, "truth": truth})
             tmp = meta.with_name(f".{meta.name}.tmp{os.getpid()}")
             tmp.write_text(payload)

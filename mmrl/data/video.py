@@ -32,6 +32,7 @@ pipes, so it works inside daemonic DataLoader workers too); a decode that takes 
 library raises :class:`VideoReaderUnavailable` (a setup error, never a silent switch to
 another reader).
 """
+
 from __future__ import annotations
 
 import atexit
@@ -191,8 +192,17 @@ class VideoSamplingConfig(VideoSamplingBaseConfig):
     """Threads the decoder library may use (1 suits the shared 2-core machines)."""
 
     FRAME_FIELDS = (
-        "fps", "min_frames", "max_frames", "max_pixels_per_frame", "total_pixel_budget",
-        "clip_start", "clip_end", "frame_factor", "size_multiple", "reader", "fallback_fps",
+        "fps",
+        "min_frames",
+        "max_frames",
+        "max_pixels_per_frame",
+        "total_pixel_budget",
+        "clip_start",
+        "clip_end",
+        "frame_factor",
+        "size_multiple",
+        "reader",
+        "fallback_fps",
     )
 
     def __post_init__(self) -> None:
@@ -203,8 +213,14 @@ class VideoSamplingConfig(VideoSamplingBaseConfig):
                 raise ValueError(f"VideoSamplingConfig.{name} must be > 0, got {value!r}")
 
         positive("fps", self.fps)
-        for name in ("min_frames", "max_frames", "max_pixels_per_frame", "frame_factor", "size_multiple",
-                     "decoder_threads"):
+        for name in (
+            "min_frames",
+            "max_frames",
+            "max_pixels_per_frame",
+            "frame_factor",
+            "size_multiple",
+            "decoder_threads",
+        ):
             positive(name, getattr(self, name), int)
         if self.min_frames > self.max_frames:
             raise ValueError(f"VideoSamplingConfig: min_frames={self.min_frames} > max_frames={self.max_frames}")
@@ -234,9 +250,7 @@ class VideoSamplingConfig(VideoSamplingBaseConfig):
         if self.clip_start is not None and self.clip_start < 0:
             raise ValueError(f"VideoSamplingConfig.clip_start must be >= 0, got {self.clip_start}")
         if self.clip_start is not None and self.clip_end is not None and self.clip_end <= self.clip_start:
-            raise ValueError(
-                f"VideoSamplingConfig: clip_end={self.clip_end} must be > clip_start={self.clip_start}"
-            )
+            raise ValueError(f"VideoSamplingConfig: clip_end={self.clip_end} must be > clip_start={self.clip_start}")
         if self.reader not in READERS:
             raise ValueError(f"VideoSamplingConfig.reader must be one of {READERS}, got {self.reader!r}")
         if self.fallback_fps is not None:
@@ -244,7 +258,9 @@ class VideoSamplingConfig(VideoSamplingBaseConfig):
         if self.decode_timeout_s is not None and (
             not isinstance(self.decode_timeout_s, (int, float)) or self.decode_timeout_s < 0
         ):
-            raise ValueError(f"VideoSamplingConfig.decode_timeout_s must be >= 0 or None, got {self.decode_timeout_s!r}")
+            raise ValueError(
+                f"VideoSamplingConfig.decode_timeout_s must be >= 0 or None, got {self.decode_timeout_s!r}"
+            )
 
     def frame_fields(self) -> dict[str, Any]:
         """The fields that change the decoded frames (the frame cache key uses exactly these)."""
@@ -498,9 +514,7 @@ class VideoClip:
         times = self.relative_timestamps
         if len(times) % temporal_patch_size:
             times = times + [times[-1]] * (temporal_patch_size - len(times) % temporal_patch_size)
-        return [
-            (times[i] + times[i + temporal_patch_size - 1]) / 2 for i in range(0, len(times), temporal_patch_size)
-        ]
+        return [(times[i] + times[i + temporal_patch_size - 1]) / 2 for i in range(0, len(times), temporal_patch_size)]
 
     def info(self) -> dict[str, Any]:
         """Everything but the frames, JSON-serialisable (the cache stores it next to the frames)."""
@@ -592,7 +606,9 @@ def _open_source(path: Path, cfg: VideoSamplingConfig):
     try:
         return cls(path, cfg.decoder_threads)
     except Exception as exc:  # decord raises RuntimeError/DECORDError, torchcodec ValueError/RuntimeError
-        raise VideoError(path, f"not a readable video (corrupt, truncated or unsupported codec): {_short(exc)}") from exc
+        raise VideoError(
+            path, f"not a readable video (corrupt, truncated or unsupported codec): {_short(exc)}"
+        ) from exc
 
 
 def _check_file(path: Path) -> None:
@@ -631,9 +647,13 @@ def decode_clip(path: str | Path, cfg: VideoSamplingConfig) -> VideoClip:
             path, f"cannot decode frames {unique[0]}..{unique[-1]} (corrupt or truncated data): {_short(exc)}"
         ) from exc
     if raw.ndim != 4 or raw.shape[0] != len(unique) or raw.shape[3] != 3 or raw.dtype != np.uint8:
-        raise VideoError(path, f"decoder returned frames of shape {raw.shape} / {raw.dtype}, expected [{len(unique)}, H, W, 3] uint8")
+        raise VideoError(
+            path, f"decoder returned frames of shape {raw.shape} / {raw.dtype}, expected [{len(unique)}, H, W, 3] uint8"
+        )
     if raw.shape[1:3] != (src.height, src.width):
-        raise VideoError(path, f"frame size changed inside the video ({src.width}x{src.height} -> {raw.shape[2]}x{raw.shape[1]})")
+        raise VideoError(
+            path, f"frame size changed inside the video ({src.width}x{src.height} -> {raw.shape[2]}x{raw.shape[1]})"
+        )
     position = {idx: k for k, idx in enumerate(unique)}
     frames = resize_frames(raw[[position[i] for i in plan.indices]], plan.height, plan.width)
     frames.setflags(write=False)
@@ -762,7 +782,10 @@ class DecodeWorker:
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         proc = subprocess.Popen(
             [sys.executable, "-c", "from mmrl.data.video import _worker_main; _worker_main()"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, close_fds=True,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+            close_fds=True,
         )
         self._proc, self._owner = proc, os.getpid()
         self.starts += 1
@@ -854,7 +877,9 @@ def default_worker() -> DecodeWorker:
         return _DEFAULT_WORKER
 
 
-def load_video(path: str | Path, cfg: VideoSamplingConfig | None = None, *, worker: DecodeWorker | None = None) -> VideoClip:
+def load_video(
+    path: str | Path, cfg: VideoSamplingConfig | None = None, *, worker: DecodeWorker | None = None
+) -> VideoClip:
     """Decode the frames ``cfg`` selects from ``path`` (no caching: see
     :func:`mmrl.data.video_cache.get_or_decode`).
 

@@ -16,6 +16,7 @@ hanging video costs one attempt per process, not one per rollout. The file ident
 ``identity="content"`` it is ``(size, sha256 of the first and last MiB)``, so copies of a
 dataset in other folders share entries.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -290,7 +291,11 @@ _CACHES_LOCK = threading.Lock()
 def frame_cache_for(cfg: VideoSamplingConfig) -> VideoFrameCache:
     """The process-wide cache for ``cfg.cache_dir`` (None: :func:`default_frame_cache_dir`;
     "": memory only). One instance per folder, shared by all callers in this process."""
-    folder = "" if cfg.cache_dir == "" else str(Path(cfg.cache_dir).expanduser() if cfg.cache_dir else default_frame_cache_dir())
+    folder = (
+        ""
+        if cfg.cache_dir == ""
+        else str(Path(cfg.cache_dir).expanduser() if cfg.cache_dir else default_frame_cache_dir())
+    )
     with _CACHES_LOCK:
         cache = _CACHES.get(folder)
         if cache is None:

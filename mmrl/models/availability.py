@@ -7,6 +7,7 @@ without weights becomes a :class:`ModelNotAvailableError` (a :class:`~mmrl.error
 ``mmrl train`` prints one line and exits with code 2) that names the model id, where it was looked
 for and how to fetch it.
 """
+
 from __future__ import annotations
 
 import contextlib

@@ -8,6 +8,7 @@ half-written model that later runs would load.
 Building leaves the caller's random state as it found it (torch, numpy, ``random``): a run that had to build
 its tiny model first draws the same LoRA init, noise and data as a run that found it cached.
 """
+
 from __future__ import annotations
 
 import contextlib

@@ -1,4 +1,5 @@
 """Config dataclasses of the model families (one per `model.type`). Light: no heavy imports."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -16,7 +17,9 @@ class LoraConfig:
     """LoRA alpha (scale = alpha / r)."""
     dropout: float = 0.0
     """LoRA dropout."""
-    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+    target_modules: list[str] = field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    )
     """Module names to adapt (vision-tower modules are always excluded for VLMs)."""
 
 
@@ -108,9 +111,13 @@ class VLMConfig(TokenModelConfig):
 
 
 def _diffusion_lora() -> LoraConfig:
-    return LoraConfig(enabled=True, r=32, alpha=64, dropout=0.0,
-                      target_modules=["to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj",
-                                      "to_add_out"])
+    return LoraConfig(
+        enabled=True,
+        r=32,
+        alpha=64,
+        dropout=0.0,
+        target_modules=["to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out"],
+    )
 
 
 @dataclass
@@ -183,14 +190,17 @@ class DiffusionConfig(BaseModelConfig):
         check_choice(self.pipeline, ("sd3", "flux", "sd"), "model.pipeline")
         check_choice(self.sampler, ("flow_sde", "dance_sde", "cps", "ddim", "ode"), "model.sampler")
         check_choice(self.logprob_reduction, ("mean", "sum"), "model.logprob_reduction")
-        check_choice(self.train_steps, ("all_but_last", "random_fraction", "sde_window", "sliding_window"),
-                     "model.train_steps")
+        check_choice(
+            self.train_steps, ("all_but_last", "random_fraction", "sde_window", "sliding_window"), "model.train_steps"
+        )
         check_choice(self.logprob_layout, ("per_step", "flat"), "model.logprob_layout")
         check_choice(self.kl, ("latent", "logp"), "model.kl")
         check_choice(self.dtype, ("float32", "bfloat16", "float16"), "model.dtype")
         if (self.sampler == "ddim") != (self.pipeline == "sd"):
-            raise ConfigError(f"model.sampler={self.sampler} does not fit model.pipeline={self.pipeline}: "
-                              "use ddim with sd (UNet), and a flow sampler with sd3 / flux")
+            raise ConfigError(
+                f"model.sampler={self.sampler} does not fit model.pipeline={self.pipeline}: "
+                "use ddim with sd (UNet), and a flow sampler with sd3 / flux"
+            )
         if self.num_steps < 2 or self.eval_num_steps < 1:
             raise ConfigError("model.num_steps must be >= 2 and model.eval_num_steps >= 1")
         if not 0 < self.train_fraction <= 1:

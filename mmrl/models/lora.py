@@ -1,4 +1,5 @@
 """What the layers above need to know about a PEFT (LoRA) wrapper, without importing peft."""
+
 from __future__ import annotations
 
 from torch import nn

@@ -4,6 +4,7 @@
 ``qwen2_5_vl_7b``, a local folder, or a hub id ``owner/name``) into something
 :func:`mmrl.models.tiny_vlm.load_vlm` can open.
 """
+
 from __future__ import annotations
 
 import re

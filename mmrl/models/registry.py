@@ -3,6 +3,7 @@
 The config classes are light (no heavy imports); the policy builders are imported lazily so that
 `mmrl tasks` or a text-only run never imports diffusers or robosuite.
 """
+
 from __future__ import annotations
 
 import importlib

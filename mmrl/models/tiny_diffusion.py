@@ -12,6 +12,7 @@ The VAE of a tiny pipeline has ``len(vae_blocks)`` blocks, i.e. a downsampling f
 ``2 ** (len(vae_blocks) - 1)``; weights are random (seeded), so images are noise until a task
 pre-trains the model (see :mod:`mmrl.tasks.t2i_color`).
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
@@ -37,9 +38,35 @@ PIPELINE_KINDS = ("sd3", "flux", "sd")
 
 #: Words the in-memory tokenizers know as whole tokens (any other text splits into characters).
 DEFAULT_WORDS: tuple[str, ...] = (
-    "a", "an", "the", "on", "of", "in", "with", "and", "background", "photo", "image",
-    "red", "green", "blue", "yellow", "purple", "orange", "cyan", "black", "white", "gray",
-    "circle", "square", "triangle", "cat", "dog", "text", "sign", "saying",
+    "a",
+    "an",
+    "the",
+    "on",
+    "of",
+    "in",
+    "with",
+    "and",
+    "background",
+    "photo",
+    "image",
+    "red",
+    "green",
+    "blue",
+    "yellow",
+    "purple",
+    "orange",
+    "cyan",
+    "black",
+    "white",
+    "gray",
+    "circle",
+    "square",
+    "triangle",
+    "cat",
+    "dog",
+    "text",
+    "sign",
+    "saying",
 )
 
 
@@ -83,7 +110,8 @@ class TinyDiffusionSpec:
         patch = 2 if self.kind in ("sd3", "flux") else 1
         if self.resolution % (factor * patch):
             raise TinyDiffusionError(
-                f"resolution={self.resolution} must be divisible by the VAE factor {factor} x patch {patch}")
+                f"resolution={self.resolution} must be divisible by the VAE factor {factor} x patch {patch}"
+            )
         if self.kind == "flux" and (self.hidden // self.heads) % 4:
             raise TinyDiffusionError("flux: head dim (hidden / heads) must be divisible by 4 (rope axes)")
 
@@ -97,6 +125,7 @@ TINY_DIFFUSION_PRESETS: dict[str, TinyDiffusionSpec] = {
 
 
 # ---------------------------------------------------------------- tokenizers
+
 
 def clip_vocab_and_merges(words: tuple[str, ...] | list[str]) -> tuple[dict[str, int], list[tuple[str, str]]]:
     """A CLIP BPE vocabulary and merge list in which each word of ``words`` is one token.
@@ -131,8 +160,15 @@ def _clip_tokenizer(spec: TinyDiffusionSpec):
     from transformers import CLIPTokenizer
 
     vocab, merges = clip_vocab_and_merges(spec.words)
-    return CLIPTokenizer(vocab=vocab, merges=merges, unk_token="<|endoftext|>", bos_token="<|startoftext|>",
-                         eos_token="<|endoftext|>", pad_token="<|endoftext|>", model_max_length=spec.max_text_tokens)
+    return CLIPTokenizer(
+        vocab=vocab,
+        merges=merges,
+        unk_token="<|endoftext|>",
+        bos_token="<|startoftext|>",
+        eos_token="<|endoftext|>",
+        pad_token="<|endoftext|>",
+        model_max_length=spec.max_text_tokens,
+    )
 
 
 def _t5_tokenizer(spec: TinyDiffusionSpec):
@@ -146,23 +182,41 @@ def _t5_tokenizer(spec: TinyDiffusionSpec):
 
 # ---------------------------------------------------------------- components
 
+
 def _clip_encoder(spec: TinyDiffusionSpec, vocab_size: int, projection: int | None):
     """A tiny CLIP text encoder: with a projection head (SD3) when ``projection`` is given, else plain (Flux, SD)."""
     from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
 
-    cfg = CLIPTextConfig(vocab_size=vocab_size, hidden_size=spec.hidden, intermediate_size=2 * spec.hidden,
-                         num_hidden_layers=spec.text_layers, num_attention_heads=spec.heads,
-                         max_position_embeddings=spec.max_text_tokens, projection_dim=projection or spec.hidden,
-                         bos_token_id=0, eos_token_id=1, pad_token_id=1)
+    cfg = CLIPTextConfig(
+        vocab_size=vocab_size,
+        hidden_size=spec.hidden,
+        intermediate_size=2 * spec.hidden,
+        num_hidden_layers=spec.text_layers,
+        num_attention_heads=spec.heads,
+        max_position_embeddings=spec.max_text_tokens,
+        projection_dim=projection or spec.hidden,
+        bos_token_id=0,
+        eos_token_id=1,
+        pad_token_id=1,
+    )
     return CLIPTextModelWithProjection(cfg) if projection else CLIPTextModel(cfg)
 
 
 def _t5_encoder(spec: TinyDiffusionSpec, vocab_size: int):
     from transformers import T5Config, T5EncoderModel
 
-    cfg = T5Config(vocab_size=vocab_size, d_model=spec.hidden, d_kv=spec.hidden // spec.heads, d_ff=2 * spec.hidden,
-                   num_layers=spec.text_layers, num_heads=spec.heads, relative_attention_num_buckets=8,
-                   pad_token_id=0, eos_token_id=1, decoder_start_token_id=0)
+    cfg = T5Config(
+        vocab_size=vocab_size,
+        d_model=spec.hidden,
+        d_kv=spec.hidden // spec.heads,
+        d_ff=2 * spec.hidden,
+        num_layers=spec.text_layers,
+        num_heads=spec.heads,
+        relative_attention_num_buckets=8,
+        pad_token_id=0,
+        eos_token_id=1,
+        decoder_start_token_id=0,
+    )
     return T5EncoderModel(cfg)
 
 
@@ -172,10 +226,17 @@ def _vae(spec: TinyDiffusionSpec, *, shift: bool):
     n = len(spec.vae_blocks)
     groups = min(8, min(spec.vae_blocks))
     return AutoencoderKL(
-        in_channels=3, out_channels=3, latent_channels=spec.latent_channels,
-        down_block_types=("DownEncoderBlock2D",) * n, up_block_types=("UpDecoderBlock2D",) * n,
-        block_out_channels=tuple(spec.vae_blocks), layers_per_block=1, norm_num_groups=groups,
-        sample_size=spec.resolution, scaling_factor=1.0, shift_factor=0.0 if shift else None,
+        in_channels=3,
+        out_channels=3,
+        latent_channels=spec.latent_channels,
+        down_block_types=("DownEncoderBlock2D",) * n,
+        up_block_types=("UpDecoderBlock2D",) * n,
+        block_out_channels=tuple(spec.vae_blocks),
+        layers_per_block=1,
+        norm_num_groups=groups,
+        sample_size=spec.resolution,
+        scaling_factor=1.0,
+        shift_factor=0.0 if shift else None,
     )
 
 
@@ -190,14 +251,30 @@ def _build_sd3(spec: TinyDiffusionSpec):
     vae = _vae(spec, shift=True)
     factor = 2 ** (len(spec.vae_blocks) - 1)
     transformer = SD3Transformer2DModel(
-        sample_size=spec.resolution // factor, patch_size=2, in_channels=spec.latent_channels,
-        out_channels=spec.latent_channels, num_layers=spec.layers, attention_head_dim=spec.hidden // spec.heads,
-        num_attention_heads=spec.heads, joint_attention_dim=spec.hidden, caption_projection_dim=spec.hidden,
-        pooled_projection_dim=2 * clip_proj, pos_embed_max_size=max(16, spec.resolution // factor),
+        sample_size=spec.resolution // factor,
+        patch_size=2,
+        in_channels=spec.latent_channels,
+        out_channels=spec.latent_channels,
+        num_layers=spec.layers,
+        attention_head_dim=spec.hidden // spec.heads,
+        num_attention_heads=spec.heads,
+        joint_attention_dim=spec.hidden,
+        caption_projection_dim=spec.hidden,
+        pooled_projection_dim=2 * clip_proj,
+        pos_embed_max_size=max(16, spec.resolution // factor),
     )
     sched = FlowMatchEulerDiscreteScheduler(shift=3.0)
-    return StableDiffusion3Pipeline(transformer=transformer, scheduler=sched, vae=vae, text_encoder=te, tokenizer=tok,
-                                    text_encoder_2=te2, tokenizer_2=tok2, text_encoder_3=te3, tokenizer_3=tok3)
+    return StableDiffusion3Pipeline(
+        transformer=transformer,
+        scheduler=sched,
+        vae=vae,
+        text_encoder=te,
+        tokenizer=tok,
+        text_encoder_2=te2,
+        tokenizer_2=tok2,
+        text_encoder_3=te3,
+        tokenizer_3=tok3,
+    )
 
 
 def _build_flux(spec: TinyDiffusionSpec):
@@ -210,15 +287,35 @@ def _build_flux(spec: TinyDiffusionSpec):
     head = spec.hidden // spec.heads
     axes = (head // 2, head // 4, head // 4)
     transformer = FluxTransformer2DModel(
-        patch_size=1, in_channels=4 * spec.latent_channels, out_channels=None, num_layers=max(1, spec.layers // 2),
-        num_single_layers=max(1, spec.layers - spec.layers // 2), attention_head_dim=head,
-        num_attention_heads=spec.heads, joint_attention_dim=spec.hidden, pooled_projection_dim=spec.hidden,
-        guidance_embeds=False, axes_dims_rope=axes,
+        patch_size=1,
+        in_channels=4 * spec.latent_channels,
+        out_channels=None,
+        num_layers=max(1, spec.layers // 2),
+        num_single_layers=max(1, spec.layers - spec.layers // 2),
+        attention_head_dim=head,
+        num_attention_heads=spec.heads,
+        joint_attention_dim=spec.hidden,
+        pooled_projection_dim=spec.hidden,
+        guidance_embeds=False,
+        axes_dims_rope=axes,
     )
-    sched = FlowMatchEulerDiscreteScheduler(shift=3.0, use_dynamic_shifting=True, base_shift=0.5, max_shift=1.15,
-                                            base_image_seq_len=16, max_image_seq_len=256)
-    return FluxPipeline(transformer=transformer, scheduler=sched, vae=vae, text_encoder=te, tokenizer=tok,
-                        text_encoder_2=te2, tokenizer_2=tok2)
+    sched = FlowMatchEulerDiscreteScheduler(
+        shift=3.0,
+        use_dynamic_shifting=True,
+        base_shift=0.5,
+        max_shift=1.15,
+        base_image_seq_len=16,
+        max_image_seq_len=256,
+    )
+    return FluxPipeline(
+        transformer=transformer,
+        scheduler=sched,
+        vae=vae,
+        text_encoder=te,
+        tokenizer=tok,
+        text_encoder_2=te2,
+        tokenizer_2=tok2,
+    )
 
 
 def _build_sd(spec: TinyDiffusionSpec):
@@ -230,21 +327,44 @@ def _build_sd(spec: TinyDiffusionSpec):
     factor = 2 ** (len(spec.vae_blocks) - 1)
     widths = (spec.hidden, 2 * spec.hidden)
     unet = UNet2DConditionModel(
-        sample_size=spec.resolution // factor, in_channels=spec.latent_channels, out_channels=spec.latent_channels,
-        down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"), up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
-        block_out_channels=widths, layers_per_block=1, cross_attention_dim=spec.hidden,
-        attention_head_dim=spec.heads, norm_num_groups=min(8, spec.hidden),
+        sample_size=spec.resolution // factor,
+        in_channels=spec.latent_channels,
+        out_channels=spec.latent_channels,
+        down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
+        up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
+        block_out_channels=widths,
+        layers_per_block=1,
+        cross_attention_dim=spec.hidden,
+        attention_head_dim=spec.heads,
+        norm_num_groups=min(8, spec.hidden),
     )
-    sched = DDIMScheduler(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear", clip_sample=False,
-                          set_alpha_to_one=False, steps_offset=1, timestep_spacing="leading")
-    return StableDiffusionPipeline(vae=vae, text_encoder=te, tokenizer=tok, unet=unet, scheduler=sched,
-                                   safety_checker=None, feature_extractor=None, requires_safety_checker=False)
+    sched = DDIMScheduler(
+        beta_start=0.00085,
+        beta_end=0.012,
+        beta_schedule="scaled_linear",
+        clip_sample=False,
+        set_alpha_to_one=False,
+        steps_offset=1,
+        timestep_spacing="leading",
+    )
+    return StableDiffusionPipeline(
+        vae=vae,
+        text_encoder=te,
+        tokenizer=tok,
+        unet=unet,
+        scheduler=sched,
+        safety_checker=None,
+        feature_extractor=None,
+        requires_safety_checker=False,
+    )
 
 
 _BUILDERS = {"sd3": _build_sd3, "flux": _build_flux, "sd": _build_sd}
 
 
-def build_tiny_pipeline(spec: TinyDiffusionSpec | str, *, cache_root: str | Path | None = None, **overrides: Any) -> Path:
+def build_tiny_pipeline(
+    spec: TinyDiffusionSpec | str, *, cache_root: str | Path | None = None, **overrides: Any
+) -> Path:
     """Build (once, cached on disk) the tiny pipeline of ``spec`` (or of a preset name) and return its folder."""
     import torch
 
@@ -252,7 +372,9 @@ def build_tiny_pipeline(spec: TinyDiffusionSpec | str, *, cache_root: str | Path
 
     if isinstance(spec, str):
         if spec not in TINY_DIFFUSION_PRESETS:
-            raise TinyDiffusionError(f"unknown tiny diffusion preset {spec!r}; presets: {', '.join(TINY_DIFFUSION_PRESETS)}")
+            raise TinyDiffusionError(
+                f"unknown tiny diffusion preset {spec!r}; presets: {', '.join(TINY_DIFFUSION_PRESETS)}"
+            )
         spec = TINY_DIFFUSION_PRESETS[spec]
     if overrides:
         spec = replace(spec, **{k: tuple(v) if isinstance(v, list) else v for k, v in overrides.items()})
@@ -272,6 +394,7 @@ def build_tiny_pipeline(spec: TinyDiffusionSpec | str, *, cache_root: str | Path
 
 
 # ---------------------------------------------------------------- loading
+
 
 def _quiet_transformers() -> None:
     from transformers.utils import logging as hf_logging
@@ -324,6 +447,7 @@ def load_diffusion_pipeline(path_or_id: str, dtype: str = "float32", *, expected
         pipe.set_progress_bar_config(disable=True)
     kind = pipeline_kind(pipe)
     if expected_kind is not None and kind != expected_kind:
-        raise TinyDiffusionError(f"{path_or_id}: expected a {expected_kind} pipeline, found {kind} ({type(pipe).__name__})")
+        raise TinyDiffusionError(
+            f"{path_or_id}: expected a {expected_kind} pipeline, found {kind} ({type(pipe).__name__})"
+        )
     return pipe
-

@@ -4,6 +4,7 @@ Used by the text-only RLVR task (`toy_arithmetic`) and the tests: a real
 `transformers.Qwen2ForCausalLM` with a `PreTrainedTokenizerFast`, saved with `save_pretrained`
 (safetensors) into the model cache, then loaded with the `Auto*` classes like any hub model.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -42,8 +43,15 @@ def build_tiny_causal_lm(
     cache_root: Path | None = None,
 ) -> Path:
     """Build (once, cached) a tiny Qwen2 causal LM over ``chars`` and return its folder."""
-    spec = {"chars": "".join(sorted(set(chars))), "hidden": hidden, "layers": layers, "heads": heads,
-            "seed": seed, "max_positions": max_positions, "v": 1}
+    spec = {
+        "chars": "".join(sorted(set(chars))),
+        "hidden": hidden,
+        "layers": layers,
+        "heads": heads,
+        "seed": seed,
+        "max_positions": max_positions,
+        "v": 1,
+    }
 
     def build(folder: Path) -> None:
         import torch

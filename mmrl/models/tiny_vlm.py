@@ -26,6 +26,7 @@ When re-running prompt + completion for log-probs, extend ``mm_token_type_ids`` 
 the completion. Image pixel limits live in the saved processor config (``size`` =
 ``{"shortest_edge": min_pixels, "longest_edge": max_pixels}``), never elsewhere.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -260,12 +261,15 @@ def _build_config(spec: TinyVLMSpec, tokenizer):
     """A small model config of the family, vision token ids taken from ``tokenizer``."""
     import transformers
 
-    ids = {name: tokenizer.convert_tokens_to_ids(tok) for name, tok in (
-        ("image_token_id", "<|image_pad|>"),
-        ("video_token_id", "<|video_pad|>"),
-        ("vision_start_token_id", "<|vision_start|>"),
-        ("vision_end_token_id", "<|vision_end|>"),
-    )}
+    ids = {
+        name: tokenizer.convert_tokens_to_ids(tok)
+        for name, tok in (
+            ("image_token_id", "<|image_pad|>"),
+            ("video_token_id", "<|video_pad|>"),
+            ("vision_start_token_id", "<|vision_start|>"),
+            ("vision_end_token_id", "<|vision_end|>"),
+        )
+    }
     recipe = _RECIPES[spec.family]
     num_heads = spec.hidden_size // _HEAD_DIM
     text = dict(
@@ -435,8 +439,15 @@ def build_tiny_vlm(
 
 # ----------------------------------------------------------------------------- loading / helpers
 
-_DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
-           "float16": "float16", "fp16": "float16", "half": "float16"}
+_DTYPES = {
+    "float32": "float32",
+    "fp32": "float32",
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+    "float16": "float16",
+    "fp16": "float16",
+    "half": "float16",
+}
 
 
 def _resolve_dtype(dtype: Any):

@@ -14,6 +14,7 @@ matters to mmrl:
   ``<|vision_start|><|image_pad|><|vision_end|>`` and a video with ``<|video_pad|>``; the
   Qwen processors expand those pads into one token per merged vision patch.
 """
+
 from __future__ import annotations
 
 import json

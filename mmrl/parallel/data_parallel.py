@@ -3,6 +3,7 @@
 
 With one process every helper is a no-op, so the loop is written once for both cases.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -36,18 +37,25 @@ class DataParallel:
         if launched_as in ("FSDP", "DEEPSPEED", "MEGATRON_LM"):
             raise ConfigError(
                 f"accelerate was configured for {launched_as}: mmrl shards the model itself; launch with a plain "
-                "multi-process config (configs/accelerate/ddp.yaml, or torchrun) and choose trainer.strategy=ddp|fsdp2")
+                "multi-process config (configs/accelerate/ddp.yaml, or torchrun) and choose trainer.strategy=ddp|fsdp2"
+            )
         if self.cfg.strategy == "ddp":
             policy.model = self.accelerator.prepare_model(policy.model)
             return
         if ema:
-            raise ConfigError("model.ema=true with trainer.strategy=fsdp2 is not supported yet (the EMA copy is not "
-                              "sharded); use trainer.strategy=ddp or model.ema=false")
+            raise ConfigError(
+                "model.ema=true with trainer.strategy=fsdp2 is not supported yet (the EMA copy is not "
+                "sharded); use trainer.strategy=ddp or model.ema=false"
+            )
         from mmrl.parallel.fsdp import shard_module
 
         for module in policy.shardable_modules():
-            shard_module(module, reshard_after_forward=self.cfg.fsdp_reshard_after_forward, offload=self.cfg.fsdp_offload,
-                         param_dtype=self.cfg.fsdp_param_dtype)
+            shard_module(
+                module,
+                reshard_after_forward=self.cfg.fsdp_reshard_after_forward,
+                offload=self.cfg.fsdp_offload,
+                param_dtype=self.cfg.fsdp_param_dtype,
+            )
         self.sharded = True
 
     def gathered(self, metrics: dict | None = None):
@@ -56,7 +64,9 @@ class DataParallel:
             return contextlib.nullcontext()
         from mmrl.parallel.fsdp import gathered_parameters
 
-        return gathered_parameters(self._policy.model, metrics, reshard_after_forward=self.cfg.fsdp_reshard_after_forward)
+        return gathered_parameters(
+            self._policy.model, metrics, reshard_after_forward=self.cfg.fsdp_reshard_after_forward
+        )
 
     def no_sync(self, sync: bool):
         """Skip the gradient all-reduce / reduce-scatter of micro-batches before the last one of a minibatch."""

@@ -17,6 +17,7 @@ completions stop at their own EOS): :func:`gathered_parameters` all-gathers ever
 for the whole rollout (no collective inside it), and frees them after. Its cost (time, and the full model on every
 device during rollout, which a colocated generation engine needs anyway) is logged as ``time/unshard``.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -60,8 +61,9 @@ def shard_units(root: nn.Module) -> list[nn.Module]:
     return sorted(units, key=lambda m: -depth[id(m)])
 
 
-def shard_module(root: nn.Module, *, reshard_after_forward: bool = True, offload: bool = False,
-                 param_dtype: str | None = None) -> list[nn.Module]:
+def shard_module(
+    root: nn.Module, *, reshard_after_forward: bool = True, offload: bool = False, param_dtype: str | None = None
+) -> list[nn.Module]:
     """Apply ``fully_shard`` to the units of ``root`` and to ``root``; returns the FSDP modules (root last).
 
     ``param_dtype``: the dtype parameters are gathered and computed in (mixed precision; the sharded master copy and
@@ -69,10 +71,16 @@ def shard_module(root: nn.Module, *, reshard_after_forward: bool = True, offload
     gradients and optimizer state live in CPU memory (``CPUOffloadPolicy``)."""
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
-    mp = MixedPrecisionPolicy(param_dtype=_DTYPES[param_dtype], reduce_dtype=torch.float32) if param_dtype \
+    mp = (
+        MixedPrecisionPolicy(param_dtype=_DTYPES[param_dtype], reduce_dtype=torch.float32)
+        if param_dtype
         else MixedPrecisionPolicy()
-    kw = dict(reshard_after_forward=reshard_after_forward, mp_policy=mp,
-              offload_policy=CPUOffloadPolicy(pin_memory=torch.cuda.is_available()) if offload else OffloadPolicy())
+    )
+    kw = dict(
+        reshard_after_forward=reshard_after_forward,
+        mp_policy=mp,
+        offload_policy=CPUOffloadPolicy(pin_memory=torch.cuda.is_available()) if offload else OffloadPolicy(),
+    )
     units = shard_units(root)
     for m in units:
         fully_shard(m, **kw)
@@ -102,8 +110,9 @@ def is_sharded(module: nn.Module) -> bool:
 
 
 @contextlib.contextmanager
-def gathered_parameters(module: nn.Module, timings: dict[str, float] | None = None, *,
-                        reshard_after_forward: bool = True) -> Iterator[None]:
+def gathered_parameters(
+    module: nn.Module, timings: dict[str, float] | None = None, *, reshard_after_forward: bool = True
+) -> Iterator[None]:
     """Inside: every FSDP unit of ``module`` holds its full parameters and keeps them across forwards, so ranks may
     run different numbers of forwards (generation) without collectives. A no-op for an unsharded module.
 
@@ -199,7 +208,7 @@ def full_state_dict_view(module: nn.Module) -> Iterator[bool]:
             def view(*args, _prefix=prefix, **kwargs):
                 from collections import OrderedDict
 
-                return OrderedDict((k[len(_prefix):], v) for k, v in full.items() if k.startswith(_prefix))
+                return OrderedDict((k[len(_prefix) :], v) for k, v in full.items() if k.startswith(_prefix))
 
             sub.state_dict = view
             patched.append(sub)

@@ -8,6 +8,7 @@ records each tensor's global shape and every shard's offsets, so the state loads
 Saving and loading are collective when a process group is up (every rank calls them); a single process without one
 reads and writes the same format.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -43,8 +44,9 @@ def load_sharded_state(directory: str | Path, model: nn.Module, optimizer: torch
     msd, osd = get_state_dict(model, optimizer, options=_options())  # initialises the optimizer state to load into
     state = {"model": msd, "optimizer": osd}
     dcp.load(state, checkpoint_id=str(directory))
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"],
-                   options=_options())
+    set_state_dict(
+        model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"], options=_options()
+    )
 
 
 def rank_rng_file(rank: int) -> str:

@@ -6,6 +6,7 @@ a finished run reported as failed. Measured on the 2-core CPU machine: 5 of 8 ru
 the previous release) had one such rank; with this call at the end it still happened once in 3 runs, so the test
 script also skips the interpreter teardown (tests/ddp_script.py). Which thread is alive at exit is not known yet.
 """
+
 from __future__ import annotations
 
 

@@ -45,9 +45,7 @@ _SPECIAL_BOX = re.compile(
 )
 _FENCE = re.compile(r"```[A-Za-z0-9_+\-]*[ \t]*\n?(.*?)(```|$)", re.DOTALL)
 _OPENERS = re.compile(r"[\[{]")
-_EMPTY_WORDS = re.compile(
-    r"^(?:none|null|nil|nothing|empty|n/?a|no|not found|not present|not visible|not applicable)$"
-)
+_EMPTY_WORDS = re.compile(r"^(?:none|null|nil|nothing|empty|n/?a|no|not found|not present|not visible|not applicable)$")
 _EMPTY_PHRASES = re.compile(
     r"^(?:there (?:is|are|was|were) no\b|no\b)"
     r"|\b(?:does not exist|doesn't exist|do not exist|not present|not found|cannot (?:find|locate)|"

@@ -18,6 +18,7 @@ fits; then drops the earlier changes that the final combination does not need. T
 order with the total after each; only the last one fits (an empty list: it fits already; ``fits`` false on the last
 entry: nothing here makes it fit).
 """
+
 from __future__ import annotations
 
 import math
@@ -74,6 +75,7 @@ def _offload(level: str):
         if level == "params" and inp.strategy != "fsdp2":
             return None
         return (lambda i: i.with_(offload=level)), f"plan.offload={level}"
+
     return apply
 
 
@@ -93,8 +95,9 @@ def _search(inp: PlanInputs, device: int, values: list, make: Callable[[PlanInpu
     return (lambda i: make(i, chosen)), chosen
 
 
-def candidate_changes(device_bytes: int, grad_accum: int = 1, samples_per_step: int = 1,
-                      batch_size: int | None = None) -> list[Change]:
+def candidate_changes(
+    device_bytes: int, grad_accum: int = 1, samples_per_step: int = 1, batch_size: int | None = None
+) -> list[Change]:
     """The changes :func:`suggest` tries, cheapest first. ``grad_accum`` is the run's trainer.grad_accum,
     ``samples_per_step`` the samples one device trains per optimizer step (micro_batch * grad_accum) and
     ``batch_size`` the run's trainer.batch_size (None: never suggest a smaller one)."""
@@ -108,8 +111,9 @@ def candidate_changes(device_bytes: int, grad_accum: int = 1, samples_per_step: 
             ks.append(k)
             if math.ceil(samples_per_step / k) <= 1:
                 break
-        found = _search(inp, device_bytes, ks,
-                        lambda i, k: i.with_(micro_batch=max(1, math.ceil(samples_per_step / k))))
+        found = _search(
+            inp, device_bytes, ks, lambda i, k: i.with_(micro_batch=max(1, math.ceil(samples_per_step / k)))
+        )
         return found[0], f"trainer.grad_accum={found[1]}"
 
     def pixels(inp: PlanInputs):
@@ -136,28 +140,38 @@ def candidate_changes(device_bytes: int, grad_accum: int = 1, samples_per_step: 
             options.append(f)
         if not options:
             return None
-        found = _search(inp, device_bytes, options,
-                        lambda i, f: i.with_(rollout_samples=max(1, i.rollout_samples // f),
-                                             micro_batch=max(1, i.micro_batch // f)))
+        found = _search(
+            inp,
+            device_bytes,
+            options,
+            lambda i, f: i.with_(
+                rollout_samples=max(1, i.rollout_samples // f), micro_batch=max(1, i.micro_batch // f)
+            ),
+        )
         return found[0], f"trainer.batch_size={batch_size // found[1]}"
 
     return [
-        Change(1, "gradient checkpointing", "recomputes each layer in the backward (~+30% step time); same results",
-               _ckpt),
-        Change(2, "fsdp2", "shards parameters, gradients and optimizer state; more communication, same results",
-               _fsdp),
+        Change(
+            1, "gradient checkpointing", "recomputes each layer in the backward (~+30% step time); same results", _ckpt
+        ),
+        Change(2, "fsdp2", "shards parameters, gradients and optimizer state; more communication, same results", _fsdp),
         Change(3, "grad_accum", "smaller micro-batches one after another; same results", accum),
         Change(4, "offload optimizer", "AdamW state on CPU: slow optimizer step; same results", _offload("optimizer")),
-        Change(5, "offload params", "parameters, gradients and optimizer state on CPU: slower still; same results",
-               _offload("params")),
+        Change(
+            5,
+            "offload params",
+            "parameters, gradients and optimizer state on CPU: slower still; same results",
+            _offload("params"),
+        ),
         Change(6, "lora", "trains LoRA adapters only: other results; no reference copy for the KL", _lora),
         Change(7, "max_pixels", "fewer vision tokens per image: other inputs", pixels),
         Change(8, "batch_size", "fewer prompts per step: another algorithm", batch),
     ]
 
 
-def suggest(inp: PlanInputs, *, grad_accum: int = 1, samples_per_step: int | None = None,
-            batch_size: int | None = None) -> list[Suggestion]:
+def suggest(
+    inp: PlanInputs, *, grad_accum: int = 1, samples_per_step: int | None = None, batch_size: int | None = None
+) -> list[Suggestion]:
     """Cumulative changes, cheapest first, until the run fits ``inp.device_bytes`` (see the module docstring)."""
     device = inp.device_bytes
     if plan_memory(inp).fits(device):

@@ -13,6 +13,7 @@ the cached build's ``config.json`` when the model was built already, else the sa
 Parameter counts are exact for the module layouts of transformers' Qwen2-VL, Qwen2.5-VL, Qwen3-VL and Qwen2
 classes (the layouts are listed in :func:`text_layer_params` and :func:`vision_params`).
 """
+
 from __future__ import annotations
 
 import json
@@ -73,8 +74,15 @@ class TextArch:
     def linear_shapes(self) -> dict[str, tuple[int, int]]:
         """(in, out) of each linear module of one decoder layer, by module name (LoRA targets)."""
         h, q, kv, f = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim, self.intermediate
-        return {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h),
-                "gate_proj": (h, f), "up_proj": (h, f), "down_proj": (f, h)}
+        return {
+            "q_proj": (h, q),
+            "k_proj": (h, kv),
+            "v_proj": (h, kv),
+            "o_proj": (q, h),
+            "gate_proj": (h, f),
+            "up_proj": (h, f),
+            "down_proj": (f, h),
+        }
 
 
 @dataclass(frozen=True)
@@ -176,7 +184,7 @@ def vision_params(v: VisionArch) -> int:
     * qwen3_vl: patch embedding with bias, learned position embeddings; blocks as qwen2_vl (LayerNorm, GELU MLP);
       merger LayerNorm(hidden) + fc1 + fc2; each deepstack merger the same with LayerNorm(4h) after the shuffle.
     """
-    h, f, m2 = v.hidden, v.intermediate, v.merge ** 2
+    h, f, m2 = v.hidden, v.intermediate, v.merge**2
     patch = v.in_channels * v.temporal_patch * v.patch * v.patch * h
     attn = h * 3 * h + 3 * h + h * h + h
     merged = h * m2
@@ -217,47 +225,68 @@ def lora_params(t: TextArch, targets: list[str] | tuple[str, ...], r: int) -> in
 def _vision_from_config(vc: dict, family: str, out_hidden: int) -> VisionArch:
     if family == "qwen2_vl":  # embed_dim + mlp_ratio; "hidden_size" is the merger output
         hidden = int(vc["embed_dim"])
-        return VisionArch(family, depth=int(vc["depth"]), hidden=hidden,
-                          intermediate=int(hidden * float(vc.get("mlp_ratio", 4))), heads=int(vc["num_heads"]),
-                          out_hidden=int(vc.get("hidden_size", out_hidden)), patch=int(vc.get("patch_size", 14)),
-                          merge=int(vc.get("spatial_merge_size", 2)),
-                          temporal_patch=int(vc.get("temporal_patch_size", 2)),
-                          in_channels=int(vc.get("in_channels", vc.get("in_chans", 3))))
-    return VisionArch(family, depth=int(vc["depth"]), hidden=int(vc["hidden_size"]),
-                      intermediate=int(vc["intermediate_size"]), heads=int(vc["num_heads"]),
-                      out_hidden=int(vc.get("out_hidden_size", out_hidden)), patch=int(vc.get("patch_size", 14)),
-                      merge=int(vc.get("spatial_merge_size", 2)), temporal_patch=int(vc.get("temporal_patch_size", 2)),
-                      in_channels=int(vc.get("in_channels", vc.get("in_chans", 3))),
-                      num_position_embeddings=int(vc.get("num_position_embeddings", 0)) if family == "qwen3_vl" else 0,
-                      deepstack=len(vc.get("deepstack_visual_indexes") or []) if family == "qwen3_vl" else 0)
+        return VisionArch(
+            family,
+            depth=int(vc["depth"]),
+            hidden=hidden,
+            intermediate=int(hidden * float(vc.get("mlp_ratio", 4))),
+            heads=int(vc["num_heads"]),
+            out_hidden=int(vc.get("hidden_size", out_hidden)),
+            patch=int(vc.get("patch_size", 14)),
+            merge=int(vc.get("spatial_merge_size", 2)),
+            temporal_patch=int(vc.get("temporal_patch_size", 2)),
+            in_channels=int(vc.get("in_channels", vc.get("in_chans", 3))),
+        )
+    return VisionArch(
+        family,
+        depth=int(vc["depth"]),
+        hidden=int(vc["hidden_size"]),
+        intermediate=int(vc["intermediate_size"]),
+        heads=int(vc["num_heads"]),
+        out_hidden=int(vc.get("out_hidden_size", out_hidden)),
+        patch=int(vc.get("patch_size", 14)),
+        merge=int(vc.get("spatial_merge_size", 2)),
+        temporal_patch=int(vc.get("temporal_patch_size", 2)),
+        in_channels=int(vc.get("in_channels", vc.get("in_chans", 3))),
+        num_position_embeddings=int(vc.get("num_position_embeddings", 0)) if family == "qwen3_vl" else 0,
+        deepstack=len(vc.get("deepstack_visual_indexes") or []) if family == "qwen3_vl" else 0,
+    )
 
 
-_FAMILIES = {"qwen2_vl": "qwen2_vl", "qwen2_5_vl": "qwen2_5_vl", "qwen3_vl": "qwen3_vl",
-             "qwen2": None, "qwen3": None}
+_FAMILIES = {"qwen2_vl": "qwen2_vl", "qwen2_5_vl": "qwen2_5_vl", "qwen3_vl": "qwen3_vl", "qwen2": None, "qwen3": None}
 
 
-def arch_from_hf_config(config: dict, *, name: str = "", source: str = "",
-                        published: int | None = None) -> Architecture:
+def arch_from_hf_config(
+    config: dict, *, name: str = "", source: str = "", published: int | None = None
+) -> Architecture:
     """An :class:`Architecture` from a transformers ``config.json`` dict (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen2 and
     Qwen3 causal LMs; text fields at the top level or under ``text_config``)."""
     model_type = str(config.get("model_type", ""))
     if model_type not in _FAMILIES:
-        raise UnknownArchitectureError(f"{name or 'model'}: model_type {model_type!r} is not one the planner models "
-                                       f"({', '.join(_FAMILIES)})")
+        raise UnknownArchitectureError(
+            f"{name or 'model'}: model_type {model_type!r} is not one the planner models ({', '.join(_FAMILIES)})"
+        )
     family = _FAMILIES[model_type]
     tc = dict(config)
     tc.update(config.get("text_config") or {})
     hidden, heads = int(tc["hidden_size"]), int(tc["num_attention_heads"])
     qwen3 = model_type in ("qwen3_vl", "qwen3")
     text = TextArch(
-        layers=int(tc["num_hidden_layers"]), hidden=hidden, intermediate=int(tc["intermediate_size"]), heads=heads,
-        kv_heads=int(tc.get("num_key_value_heads") or heads), head_dim=int(tc.get("head_dim") or hidden // heads),
+        layers=int(tc["num_hidden_layers"]),
+        hidden=hidden,
+        intermediate=int(tc["intermediate_size"]),
+        heads=heads,
+        kv_heads=int(tc.get("num_key_value_heads") or heads),
+        head_dim=int(tc.get("head_dim") or hidden // heads),
         vocab=int(tc["vocab_size"]),
         tie_embeddings=bool(config.get("tie_word_embeddings", tc.get("tie_word_embeddings", False))),
-        qkv_bias=bool(tc.get("attention_bias", False)) if qwen3 else True, qk_norm=qwen3)
+        qkv_bias=bool(tc.get("attention_bias", False)) if qwen3 else True,
+        qk_norm=qwen3,
+    )
     vision = _vision_from_config(config["vision_config"], family, hidden) if family else None
-    return Architecture(name=name or model_type, kind="token", text=text, vision=vision, source=source,
-                        published_params=published)
+    return Architecture(
+        name=name or model_type, kind="token", text=text, vision=vision, source=source, published_params=published
+    )
 
 
 # ============================================================================ the real presets
@@ -266,41 +295,114 @@ def arch_from_hf_config(config: dict, *, name: str = "", source: str = "",
 
 REAL_VLM_CONFIGS: dict[str, tuple[str, dict, int]] = {
     # https://huggingface.co/Qwen/Qwen2-VL-2B-Instruct/blob/main/config.json
-    "qwen2_vl_2b": ("Qwen/Qwen2-VL-2B-Instruct", {
-        "model_type": "qwen2_vl", "tie_word_embeddings": True,
-        "hidden_size": 1536, "intermediate_size": 8960, "num_hidden_layers": 28, "num_attention_heads": 12,
-        "num_key_value_heads": 2, "vocab_size": 151936,
-        "vision_config": {"depth": 32, "embed_dim": 1280, "mlp_ratio": 4, "num_heads": 16, "hidden_size": 1536,
-                          "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2, "in_chans": 3},
-    }, 2_208_985_600),
+    "qwen2_vl_2b": (
+        "Qwen/Qwen2-VL-2B-Instruct",
+        {
+            "model_type": "qwen2_vl",
+            "tie_word_embeddings": True,
+            "hidden_size": 1536,
+            "intermediate_size": 8960,
+            "num_hidden_layers": 28,
+            "num_attention_heads": 12,
+            "num_key_value_heads": 2,
+            "vocab_size": 151936,
+            "vision_config": {
+                "depth": 32,
+                "embed_dim": 1280,
+                "mlp_ratio": 4,
+                "num_heads": 16,
+                "hidden_size": 1536,
+                "patch_size": 14,
+                "spatial_merge_size": 2,
+                "temporal_patch_size": 2,
+                "in_chans": 3,
+            },
+        },
+        2_208_985_600,
+    ),
     # https://huggingface.co/Qwen/Qwen2.5-VL-3B-Instruct/blob/main/config.json
-    "qwen2_5_vl_3b": ("Qwen/Qwen2.5-VL-3B-Instruct", {
-        "model_type": "qwen2_5_vl", "tie_word_embeddings": True,
-        "hidden_size": 2048, "intermediate_size": 11008, "num_hidden_layers": 36, "num_attention_heads": 16,
-        "num_key_value_heads": 2, "vocab_size": 151936,
-        "vision_config": {"depth": 32, "hidden_size": 1280, "intermediate_size": 3420, "num_heads": 16,
-                          "out_hidden_size": 2048, "patch_size": 14, "spatial_merge_size": 2,
-                          "temporal_patch_size": 2, "in_chans": 3},
-    }, 3_754_622_976),
+    "qwen2_5_vl_3b": (
+        "Qwen/Qwen2.5-VL-3B-Instruct",
+        {
+            "model_type": "qwen2_5_vl",
+            "tie_word_embeddings": True,
+            "hidden_size": 2048,
+            "intermediate_size": 11008,
+            "num_hidden_layers": 36,
+            "num_attention_heads": 16,
+            "num_key_value_heads": 2,
+            "vocab_size": 151936,
+            "vision_config": {
+                "depth": 32,
+                "hidden_size": 1280,
+                "intermediate_size": 3420,
+                "num_heads": 16,
+                "out_hidden_size": 2048,
+                "patch_size": 14,
+                "spatial_merge_size": 2,
+                "temporal_patch_size": 2,
+                "in_chans": 3,
+            },
+        },
+        3_754_622_976,
+    ),
     # https://huggingface.co/Qwen/Qwen2.5-VL-7B-Instruct/blob/main/config.json
-    "qwen2_5_vl_7b": ("Qwen/Qwen2.5-VL-7B-Instruct", {
-        "model_type": "qwen2_5_vl", "tie_word_embeddings": False,
-        "hidden_size": 3584, "intermediate_size": 18944, "num_hidden_layers": 28, "num_attention_heads": 28,
-        "num_key_value_heads": 4, "vocab_size": 152064,
-        "vision_config": {"depth": 32, "hidden_size": 1280, "intermediate_size": 3420, "num_heads": 16,
-                          "out_hidden_size": 3584, "patch_size": 14, "spatial_merge_size": 2,
-                          "temporal_patch_size": 2, "in_chans": 3},
-    }, 8_292_166_656),
+    "qwen2_5_vl_7b": (
+        "Qwen/Qwen2.5-VL-7B-Instruct",
+        {
+            "model_type": "qwen2_5_vl",
+            "tie_word_embeddings": False,
+            "hidden_size": 3584,
+            "intermediate_size": 18944,
+            "num_hidden_layers": 28,
+            "num_attention_heads": 28,
+            "num_key_value_heads": 4,
+            "vocab_size": 152064,
+            "vision_config": {
+                "depth": 32,
+                "hidden_size": 1280,
+                "intermediate_size": 3420,
+                "num_heads": 16,
+                "out_hidden_size": 3584,
+                "patch_size": 14,
+                "spatial_merge_size": 2,
+                "temporal_patch_size": 2,
+                "in_chans": 3,
+            },
+        },
+        8_292_166_656,
+    ),
     # https://huggingface.co/Qwen/Qwen3-VL-4B-Instruct/blob/main/config.json
-    "qwen3_vl_4b": ("Qwen/Qwen3-VL-4B-Instruct", {
-        "model_type": "qwen3_vl", "tie_word_embeddings": True,
-        "text_config": {"hidden_size": 2560, "intermediate_size": 9728, "num_hidden_layers": 36,
-                        "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936},
-        "vision_config": {"depth": 24, "hidden_size": 1024, "intermediate_size": 4096, "num_heads": 16,
-                          "out_hidden_size": 2560, "patch_size": 16, "spatial_merge_size": 2,
-                          "temporal_patch_size": 2, "in_channels": 3, "num_position_embeddings": 2304,
-                          "deepstack_visual_indexes": [5, 11, 17]},
-    }, 4_437_815_808),
+    "qwen3_vl_4b": (
+        "Qwen/Qwen3-VL-4B-Instruct",
+        {
+            "model_type": "qwen3_vl",
+            "tie_word_embeddings": True,
+            "text_config": {
+                "hidden_size": 2560,
+                "intermediate_size": 9728,
+                "num_hidden_layers": 36,
+                "num_attention_heads": 32,
+                "num_key_value_heads": 8,
+                "head_dim": 128,
+                "vocab_size": 151936,
+            },
+            "vision_config": {
+                "depth": 24,
+                "hidden_size": 1024,
+                "intermediate_size": 4096,
+                "num_heads": 16,
+                "out_hidden_size": 2560,
+                "patch_size": 16,
+                "spatial_merge_size": 2,
+                "temporal_patch_size": 2,
+                "in_channels": 3,
+                "num_position_embeddings": 2304,
+                "deepstack_visual_indexes": [5, 11, 17],
+            },
+        },
+        4_437_815_808,
+    ),
 }
 _HF_ID_TO_PRESET = {hf_id: key for key, (hf_id, _, _) in REAL_VLM_CONFIGS.items()}
 
@@ -316,28 +418,56 @@ REAL_DIFFUSION: dict[str, DiffusionArch] = {
     # dual_attention_layers 0..12. LoRA per rank on to_q/k/v/out.0 + add_q/k/v_proj + to_add_out: 24 blocks x 8 x
     # 2 x 1536 + 13 dual attentions x 4 x 2 x 1536 - the last block's to_add_out (context_pre_only).
     "sd3_5_medium": DiffusionArch(
-        denoiser_params=2_470_000_000, frozen_params=_CLIP_L_PROJ + _CLIP_G + _T5_XXL + _VAE_16CH, layers=24,
-        hidden=1536, heads=24, head_dim=64, text_tokens=77, lora_params_per_rank=24 * 8 * 3072 + 13 * 4 * 3072 - 3072,
-        source="stabilityai/stable-diffusion-3.5-medium (transformer ~2.47B, model card: 2.5B)"),
+        denoiser_params=2_470_000_000,
+        frozen_params=_CLIP_L_PROJ + _CLIP_G + _T5_XXL + _VAE_16CH,
+        layers=24,
+        hidden=1536,
+        heads=24,
+        head_dim=64,
+        text_tokens=77,
+        lora_params_per_rank=24 * 8 * 3072 + 13 * 4 * 3072 - 3072,
+        source="stabilityai/stable-diffusion-3.5-medium (transformer ~2.47B, model card: 2.5B)",
+    ),
     # https://huggingface.co/black-forest-labs/FLUX.1-dev: transformer/config.json num_layers 19 (double stream),
     # num_single_layers 38, num_attention_heads 24, attention_head_dim 128 (hidden 3072), guidance_embeds true;
     # 11,901,408,320 parameters ("12B"). LoRA per rank: 19 x 8 x 2 x 3072 (double) + 38 x 3 x 2 x 3072 (single: q/k/v).
     "flux1_dev": DiffusionArch(
-        denoiser_params=11_901_408_320, frozen_params=_CLIP_L + _T5_XXL + _VAE_16CH, layers=19 + 38, hidden=3072,
-        heads=24, head_dim=128, text_tokens=0, lora_params_per_rank=19 * 8 * 6144 + 38 * 3 * 6144,
-        guidance_embeds=True, source="black-forest-labs/FLUX.1-dev (transformer 11.9B)"),
+        denoiser_params=11_901_408_320,
+        frozen_params=_CLIP_L + _T5_XXL + _VAE_16CH,
+        layers=19 + 38,
+        hidden=3072,
+        heads=24,
+        head_dim=128,
+        text_tokens=0,
+        lora_params_per_rank=19 * 8 * 6144 + 38 * 3 * 6144,
+        guidance_embeds=True,
+        source="black-forest-labs/FLUX.1-dev (transformer 11.9B)",
+    ),
     # https://huggingface.co/stable-diffusion-v1-5/stable-diffusion-v1-5: UNet2DConditionModel 859,520,964
     # parameters; LoRA per rank on to_q/k/v/out.0 of the 16 transformer blocks (widths 320/640/1280, cross-attention
     # k/v from 768): 199,296 (r=4: 797,184, the count diffusers' LoRA examples print).
     "sd1_5": DiffusionArch(
-        denoiser_params=859_520_964, frozen_params=_CLIP_L + _VAE_SD, layers=16, hidden=640, heads=8, head_dim=80,
-        text_tokens=0, lora_params_per_rank=199_296, patch=1, latent_channels=4, unet=True, joint_t5=False,
-        source="stable-diffusion-v1-5 (UNet 0.86B)"),
+        denoiser_params=859_520_964,
+        frozen_params=_CLIP_L + _VAE_SD,
+        layers=16,
+        hidden=640,
+        heads=8,
+        head_dim=80,
+        text_tokens=0,
+        lora_params_per_rank=199_296,
+        patch=1,
+        latent_channels=4,
+        unet=True,
+        joint_t5=False,
+        source="stable-diffusion-v1-5 (UNet 0.86B)",
+    ),
 }
-_DIFFUSION_IDS = {"stabilityai/stable-diffusion-3.5-medium": "sd3_5_medium",
-                  "black-forest-labs/FLUX.1-dev": "flux1_dev",
-                  "stable-diffusion-v1-5/stable-diffusion-v1-5": "sd1_5",
-                  "runwayml/stable-diffusion-v1-5": "sd1_5"}
+_DIFFUSION_IDS = {
+    "stabilityai/stable-diffusion-3.5-medium": "sd3_5_medium",
+    "black-forest-labs/FLUX.1-dev": "flux1_dev",
+    "stable-diffusion-v1-5/stable-diffusion-v1-5": "sd1_5",
+    "runwayml/stable-diffusion-v1-5": "sd1_5",
+}
 
 
 def real_vlm(key: str) -> Architecture:
@@ -364,12 +494,23 @@ def tiny_vlm_config(family: str, **tiny_kwargs: Any) -> tuple[dict, str]:
     tok = build_bpe_tokenizer(default_vlm_corpus(), vocab_size=spec.bpe_vocab_size, chat_template=QWEN_VL_CHAT_TEMPLATE)
     h = spec.hidden_size
     heads = h // tv._HEAD_DIM
-    text = {"hidden_size": h, "intermediate_size": 2 * h, "num_hidden_layers": spec.num_layers,
-            "num_attention_heads": heads, "num_key_value_heads": max(1, heads // 2), "vocab_size": len(tok)}
+    text = {
+        "hidden_size": h,
+        "intermediate_size": 2 * h,
+        "num_hidden_layers": spec.num_layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": max(1, heads // 2),
+        "vocab_size": len(tok),
+    }
     patch = tv._RECIPES[family].patch_size
-    vision: dict[str, Any] = {"depth": spec.vision_depth, "num_heads": tv._VISION_HEADS, "patch_size": patch,
-                              "spatial_merge_size": tv._MERGE_SIZE, "temporal_patch_size": tv._TEMPORAL_PATCH,
-                              "in_channels": 3}
+    vision: dict[str, Any] = {
+        "depth": spec.vision_depth,
+        "num_heads": tv._VISION_HEADS,
+        "patch_size": patch,
+        "spatial_merge_size": tv._MERGE_SIZE,
+        "temporal_patch_size": tv._TEMPORAL_PATCH,
+        "in_channels": 3,
+    }
     if family == "qwen2_vl":
         vision.update(embed_dim=tv._VISION_WIDTH, hidden_size=h, mlp_ratio=2)
     else:
@@ -377,16 +518,25 @@ def tiny_vlm_config(family: str, **tiny_kwargs: Any) -> tuple[dict, str]:
     if family == "qwen3_vl":
         text["head_dim"] = tv._HEAD_DIM
         vision.update(num_position_embeddings=256, deepstack_visual_indexes=[0] if spec.vision_depth > 1 else [])
-    return ({"model_type": family, "tie_word_embeddings": True, "text_config": text, "vision_config": vision},
-            f"tiny builder constants (mmrl/models/tiny_vlm.py; {folder.name} not built yet)")
+    return (
+        {"model_type": family, "tie_word_embeddings": True, "text_config": text, "vision_config": vision},
+        f"tiny builder constants (mmrl/models/tiny_vlm.py; {folder.name} not built yet)",
+    )
 
 
 def tiny_lm_arch(hidden: int, layers: int, heads: int, vocab: int) -> Architecture:
     """The tiny causal LM of :func:`mmrl.models.tiny_lm.build_tiny_causal_lm` (Qwen2, MLP 2h, kv heads = heads,
     tied embeddings); ``vocab`` = the task's characters + 3 special tokens."""
-    config = {"model_type": "qwen2", "hidden_size": hidden, "intermediate_size": 2 * hidden,
-              "num_hidden_layers": layers, "num_attention_heads": heads, "num_key_value_heads": heads,
-              "vocab_size": vocab, "tie_word_embeddings": True}
+    config = {
+        "model_type": "qwen2",
+        "hidden_size": hidden,
+        "intermediate_size": 2 * hidden,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": heads,
+        "vocab_size": vocab,
+        "tie_word_embeddings": True,
+    }
     return arch_from_hf_config(config, name="tiny_lm", source="tiny builder constants (mmrl/models/tiny_lm.py)")
 
 
@@ -434,25 +584,34 @@ def resolve_architecture(model_cfg: Any, *, vocab_hint: int | None = None) -> Ar
             return arch_from_hf_config(config, name=name, source=f"{path}/config.json")
         raise UnknownArchitectureError(
             f"model.path={path}: not a preset the planner knows ({', '.join(sorted(REAL_VLM_CONFIGS))}, tiny_*) and no "
-            "local config.json (a folder, or an HF id already in the hub cache)")
+            "local config.json (a folder, or an HF id already in the hub cache)"
+        )
     if mtype == "causal_lm":
         if path == "tiny":
             arch = tiny_lm_arch(model_cfg.tiny_hidden, model_cfg.tiny_layers, model_cfg.tiny_heads, vocab_hint or 64)
             if vocab_hint is None:
-                arch = Architecture(arch.name, arch.kind, arch.text, source=arch.source,
-                                    notes=("tiny LM vocabulary assumed 64 tokens (the task decides it)",))
+                arch = Architecture(
+                    arch.name,
+                    arch.kind,
+                    arch.text,
+                    source=arch.source,
+                    notes=("tiny LM vocabulary assumed 64 tokens (the task decides it)",),
+                )
             return arch
         config = _local_config(path)
         if config is not None:
             return arch_from_hf_config(config, name=name, source=f"{path}/config.json")
-        raise UnknownArchitectureError(f"model.path={path}: no local config.json (a folder, or an HF id already in "
-                                       "the hub cache); the planner never downloads")
+        raise UnknownArchitectureError(
+            f"model.path={path}: no local config.json (a folder, or an HF id already in "
+            "the hub cache); the planner never downloads"
+        )
     if mtype == "diffusion":
         key = path if path in REAL_DIFFUSION else _DIFFUSION_IDS.get(path)
         if key is None:
             raise UnknownArchitectureError(
                 f"model.path={path}: the planner knows the diffusion presets {', '.join(sorted(REAL_DIFFUSION))} "
-                "(the tiny pipelines are below 1M parameters and not modelled)")
+                "(the tiny pipelines are below 1M parameters and not modelled)"
+            )
         d = REAL_DIFFUSION[key]
         return Architecture(name=key, kind="diffusion", diffusion=d, source=d.source)
     raise UnknownArchitectureError(f"model.type={mtype} is not modelled by the planner")

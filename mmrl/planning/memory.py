@@ -28,6 +28,7 @@ Conventions (docs/scaling.md, "Conventions"):
   reservation with sleep mode). Gradients are freed after every optimizer step (``zero_grad(set_to_none=True)``), so
   they never coexist with the rollout; the optimizer state persists from the first step on.
 """
+
 from __future__ import annotations
 
 import math
@@ -53,7 +54,7 @@ __all__ = [
     "prefill_bytes",
 ]
 
-GIB = 1024 ** 3
+GIB = 1024**3
 
 LOGIT_BYTES_PER_ELEMENT = 21
 """Bytes per (completion position x vocabulary entry) of one sample's loss head while the backward runs:
@@ -84,9 +85,16 @@ class ParamCounts:
         return self.trainable + self.frozen
 
 
-def param_counts(arch: Architecture, *, dtype_bytes: int, lora: bool = False, lora_r: int = 16,
-                 lora_targets: tuple[str, ...] = (), freeze_vision: bool = True, value_head: bool = False,
-                 ) -> ParamCounts:
+def param_counts(
+    arch: Architecture,
+    *,
+    dtype_bytes: int,
+    lora: bool = False,
+    lora_r: int = 16,
+    lora_targets: tuple[str, ...] = (),
+    freeze_vision: bool = True,
+    value_head: bool = False,
+) -> ParamCounts:
     """Trainable vs frozen parameters of a token model (VLM / causal LM) or a diffusion denoiser.
 
     LoRA: adapters (fp32) train, the whole base model is frozen. Full fine-tuning: every LM parameter trains; the
@@ -118,8 +126,9 @@ class StateBytes:
     optimizer: int
 
 
-def model_state_bytes(counts: ParamCounts, *, strategy: str = "ddp", world_size: int = 1, offload: str = "none",
-                      optim_dtype: str = "fp32") -> StateBytes:
+def model_state_bytes(
+    counts: ParamCounts, *, strategy: str = "ddp", world_size: int = 1, offload: str = "none", optim_dtype: str = "fp32"
+) -> StateBytes:
     """Parameters, gradients and AdamW state on one device (bytes).
 
     params = trainable * trainable_bytes + frozen * frozen_bytes; grads = trainable * trainable_bytes;
@@ -154,9 +163,20 @@ def model_state_bytes(counts: ParamCounts, *, strategy: str = "ddp", world_size:
 # ============================================================================ activations
 
 
-def layer_activation_bytes(seq: int, *, hidden: int, heads: int, kv_heads: int, head_dim: int, intermediate: int,
-                           dtype_bytes: int, eager_attention: bool = False, gated_mlp: bool = True,
-                           lora_inputs: int = 0, lora_rank_sum: int = 0) -> int:
+def layer_activation_bytes(
+    seq: int,
+    *,
+    hidden: int,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    intermediate: int,
+    dtype_bytes: int,
+    eager_attention: bool = False,
+    gated_mlp: bool = True,
+    lora_inputs: int = 0,
+    lora_rank_sum: int = 0,
+) -> int:
     """Bytes one decoder layer keeps for the backward, for one sample of ``seq`` tokens (b = dtype_bytes).
 
     Per token (the Korthikanti et al. 2022 accounting -- 34 s h + 5 a s^2 bytes for a GPT layer in fp16 -- redone for
@@ -181,8 +201,9 @@ def layer_activation_bytes(seq: int, *, hidden: int, heads: int, kv_heads: int, 
     return total
 
 
-def activation_bytes(*, layers: int, per_layer: int, seq: int, hidden: int, samples: int, dtype_bytes: int,
-                     checkpointing: bool) -> int:
+def activation_bytes(
+    *, layers: int, per_layer: int, seq: int, hidden: int, samples: int, dtype_bytes: int, checkpointing: bool
+) -> int:
     """Activations of one micro-batch of ``samples`` sequences through ``layers`` decoder layers (bytes).
 
     Without checkpointing: samples * (layers * per_layer + final norm); with (non-reentrant) checkpointing each layer
@@ -196,8 +217,9 @@ def activation_bytes(*, layers: int, per_layer: int, seq: int, hidden: int, samp
     return samples * per_sample
 
 
-def logits_bytes(completion_tokens: int, vocab: int, samples: int,
-                 bytes_per_element: int = LOGIT_BYTES_PER_ELEMENT) -> int:
+def logits_bytes(
+    completion_tokens: int, vocab: int, samples: int, bytes_per_element: int = LOGIT_BYTES_PER_ELEMENT
+) -> int:
     """The loss head of one micro-batch: samples * completion positions * vocab * bytes_per_element (fp32 log-softmax,
     probabilities and masked log-probs kept for the entropy, plus the backward's two fp32 tensors; see
     :data:`LOGIT_BYTES_PER_ELEMENT`)."""
@@ -338,17 +360,25 @@ def _vision_root(arch: Architecture) -> int:
     from mmrl.planning.architectures import vision_params
 
     v = arch.vision
-    one_block = (vision_params(replace(v, depth=2)) - vision_params(replace(v, depth=1)))
+    one_block = vision_params(replace(v, depth=2)) - vision_params(replace(v, depth=1))
     return v.params() - v.depth * one_block
 
 
 def plan_memory(inp: PlanInputs) -> MemoryBreakdown:
     """The per-device memory of one training run (bytes per term; see the module docstring for the conventions)."""
     arch = inp.arch
-    counts = param_counts(arch, dtype_bytes=inp.dtype_bytes, lora=inp.lora, lora_r=inp.lora_r,
-                          lora_targets=inp.lora_targets, freeze_vision=inp.freeze_vision, value_head=inp.value_head)
-    state = model_state_bytes(counts, strategy=inp.strategy, world_size=inp.world_size, offload=inp.offload,
-                              optim_dtype=inp.optim_dtype)
+    counts = param_counts(
+        arch,
+        dtype_bytes=inp.dtype_bytes,
+        lora=inp.lora,
+        lora_r=inp.lora_r,
+        lora_targets=inp.lora_targets,
+        freeze_vision=inp.freeze_vision,
+        value_head=inp.value_head,
+    )
+    state = model_state_bytes(
+        counts, strategy=inp.strategy, world_size=inp.world_size, offload=inp.offload, optim_dtype=inp.optim_dtype
+    )
     b = inp.dtype_bytes
     notes: list[str] = []
     reference = 0
@@ -363,19 +393,50 @@ def plan_memory(inp: PlanInputs) -> MemoryBreakdown:
     t = arch.text
     rows = inp.micro_batch * inp.rows_per_sample  # VLA: one row per (episode, policy call)
     lora_in, lora_r = _lora_activation_terms(t, inp)
-    per_layer = layer_activation_bytes(inp.seq, hidden=t.hidden, heads=t.heads, kv_heads=t.kv_heads,
-                                       head_dim=t.head_dim, intermediate=t.intermediate, dtype_bytes=b,
-                                       eager_attention=inp.eager_attention, lora_inputs=lora_in, lora_rank_sum=lora_r)
-    acts = activation_bytes(layers=t.layers, per_layer=per_layer, seq=inp.seq, hidden=t.hidden,
-                            samples=rows, dtype_bytes=b, checkpointing=inp.gradient_checkpointing)
+    per_layer = layer_activation_bytes(
+        inp.seq,
+        hidden=t.hidden,
+        heads=t.heads,
+        kv_heads=t.kv_heads,
+        head_dim=t.head_dim,
+        intermediate=t.intermediate,
+        dtype_bytes=b,
+        eager_attention=inp.eager_attention,
+        lora_inputs=lora_in,
+        lora_rank_sum=lora_r,
+    )
+    acts = activation_bytes(
+        layers=t.layers,
+        per_layer=per_layer,
+        seq=inp.seq,
+        hidden=t.hidden,
+        samples=rows,
+        dtype_bytes=b,
+        checkpointing=inp.gradient_checkpointing,
+    )
     if arch.vision is not None and not inp.freeze_vision and inp.image_tokens:
         v = arch.vision
-        patches = inp.image_tokens * v.merge ** 2
-        v_layer = layer_activation_bytes(patches, hidden=v.hidden, heads=v.heads, kv_heads=v.heads,
-                                         head_dim=v.hidden // v.heads, intermediate=v.intermediate, dtype_bytes=b,
-                                         eager_attention=inp.eager_attention, gated_mlp=v.family == "qwen2_5_vl")
-        acts += activation_bytes(layers=v.depth, per_layer=v_layer, seq=patches, hidden=v.hidden,
-                                 samples=rows, dtype_bytes=b, checkpointing=inp.gradient_checkpointing)
+        patches = inp.image_tokens * v.merge**2
+        v_layer = layer_activation_bytes(
+            patches,
+            hidden=v.hidden,
+            heads=v.heads,
+            kv_heads=v.heads,
+            head_dim=v.hidden // v.heads,
+            intermediate=v.intermediate,
+            dtype_bytes=b,
+            eager_attention=inp.eager_attention,
+            gated_mlp=v.family == "qwen2_5_vl",
+        )
+        acts += activation_bytes(
+            layers=v.depth,
+            per_layer=v_layer,
+            seq=patches,
+            hidden=v.hidden,
+            samples=rows,
+            dtype_bytes=b,
+            checkpointing=inp.gradient_checkpointing,
+        )
         notes.append("vision tower trains: its activations are included")
     logits = logits_bytes(inp.new_tokens, inp.logit_vocab or t.vocab, rows)
     kv = prefill = 0
@@ -387,19 +448,44 @@ def plan_memory(inp: PlanInputs) -> MemoryBreakdown:
         else:
             rollout, vllm_persistent = 0, reservation
     else:
-        kv = kv_cache_bytes(layers=t.layers, kv_heads=t.kv_heads, head_dim=t.head_dim, tokens=inp.seq,
-                            samples=inp.rollout_samples, dtype_bytes=b)
-        prefill = prefill_bytes(prompt_tokens=inp.prompt_tokens, samples=inp.rollout_samples, hidden=t.hidden,
-                                intermediate=t.intermediate, dtype_bytes=b)
+        kv = kv_cache_bytes(
+            layers=t.layers,
+            kv_heads=t.kv_heads,
+            head_dim=t.head_dim,
+            tokens=inp.seq,
+            samples=inp.rollout_samples,
+            dtype_bytes=b,
+        )
+        prefill = prefill_bytes(
+            prompt_tokens=inp.prompt_tokens,
+            samples=inp.rollout_samples,
+            hidden=t.hidden,
+            intermediate=t.intermediate,
+            dtype_bytes=b,
+        )
         rollout = kv + prefill
-    return MemoryBreakdown(params=state.params, grads=state.grads, optimizer=state.optimizer, activations=acts,
-                           logits=logits, rollout=rollout, reference=reference, fsdp_buffers=_fsdp_buffers(arch, inp),
-                           overhead=inp.overhead_bytes, vllm_persistent=vllm_persistent, counts=counts,
-                           per_layer=per_layer, kv_cache=kv, prefill=prefill, notes=notes)
+    return MemoryBreakdown(
+        params=state.params,
+        grads=state.grads,
+        optimizer=state.optimizer,
+        activations=acts,
+        logits=logits,
+        rollout=rollout,
+        reference=reference,
+        fsdp_buffers=_fsdp_buffers(arch, inp),
+        overhead=inp.overhead_bytes,
+        vllm_persistent=vllm_persistent,
+        counts=counts,
+        per_layer=per_layer,
+        kv_cache=kv,
+        prefill=prefill,
+        notes=notes,
+    )
 
 
-def _plan_diffusion(inp: PlanInputs, counts: ParamCounts, state: StateBytes, reference: int,
-                    notes: list[str]) -> MemoryBreakdown:
+def _plan_diffusion(
+    inp: PlanInputs, counts: ParamCounts, state: StateBytes, reference: int, notes: list[str]
+) -> MemoryBreakdown:
     """Diffusion: every trained (sample, step) row of a micro-batch keeps its denoiser activations until the backward
     (``log_probs`` returns all trained steps at once); a row is image latent tokens (+ joint text tokens) through the
     transformer blocks with a GELU MLP of 4 h. The rollout keeps the latent chain (fp32) of every sample plus a
@@ -408,17 +494,45 @@ def _plan_diffusion(inp: PlanInputs, counts: ParamCounts, state: StateBytes, ref
     d = inp.arch.diffusion
     b = inp.dtype_bytes
     seq = inp.image_latent_tokens + inp.text_tokens
-    per_layer = layer_activation_bytes(seq, hidden=d.hidden, heads=d.heads, kv_heads=d.heads, head_dim=d.head_dim,
-                                       intermediate=4 * d.hidden, dtype_bytes=b, eager_attention=inp.eager_attention,
-                                       gated_mlp=False)
+    per_layer = layer_activation_bytes(
+        seq,
+        hidden=d.hidden,
+        heads=d.heads,
+        kv_heads=d.heads,
+        head_dim=d.head_dim,
+        intermediate=4 * d.hidden,
+        dtype_bytes=b,
+        eager_attention=inp.eager_attention,
+        gated_mlp=False,
+    )
     rows = inp.micro_batch * inp.rows_per_sample
-    acts = activation_bytes(layers=d.layers, per_layer=per_layer, seq=seq, hidden=d.hidden, samples=rows,
-                            dtype_bytes=b, checkpointing=inp.gradient_checkpointing)
+    acts = activation_bytes(
+        layers=d.layers,
+        per_layer=per_layer,
+        seq=seq,
+        hidden=d.hidden,
+        samples=rows,
+        dtype_bytes=b,
+        checkpointing=inp.gradient_checkpointing,
+    )
     if d.unet:
         notes.append("SD1.5 UNet activations use the transformer rule at width 640 (rough)")
     chain = inp.rollout_samples * (inp.num_steps + 1) * inp.latent_elements * 4
     working = (inp.rollout_forward_batch or inp.rollout_samples) * inp.cfg_branches * per_layer
-    return MemoryBreakdown(params=state.params, grads=state.grads, optimizer=state.optimizer, activations=acts,
-                           logits=0, rollout=chain + working, reference=reference,
-                           fsdp_buffers=_fsdp_buffers(inp.arch, inp), overhead=inp.overhead_bytes, vllm_persistent=0,
-                           counts=counts, per_layer=per_layer, kv_cache=0, prefill=chain + working, notes=notes)
+    return MemoryBreakdown(
+        params=state.params,
+        grads=state.grads,
+        optimizer=state.optimizer,
+        activations=acts,
+        logits=0,
+        rollout=chain + working,
+        reference=reference,
+        fsdp_buffers=_fsdp_buffers(inp.arch, inp),
+        overhead=inp.overhead_bytes,
+        vllm_persistent=0,
+        counts=counts,
+        per_layer=per_layer,
+        kv_cache=0,
+        prefill=chain + working,
+        notes=notes,
+    )

@@ -3,6 +3,7 @@
 ``plan.*`` keys are a namespace of their own: :func:`split_plan_overrides` takes them out of the command line before
 the rest goes to :func:`mmrl.config.load_config`, exactly as ``mmrl train`` would read it.
 """
+
 from __future__ import annotations
 
 import json
@@ -58,8 +59,9 @@ class PlanSettings:
         if self.offload == "params" and self.strategy != "fsdp2":
             raise ConfigError("plan.offload=params needs plan.strategy=fsdp2 (FSDP2's CPUOffloadPolicy)")
         if not self.device_gb > 0 or self.world_size < 1 or self.text_tokens < 0 or (self.overhead_gb or 0) < 0:
-            raise ConfigError("plan.device_gb must be > 0, plan.world_size >= 1, plan.text_tokens and "
-                              "plan.overhead_gb >= 0")
+            raise ConfigError(
+                "plan.device_gb must be > 0, plan.world_size >= 1, plan.text_tokens and plan.overhead_gb >= 0"
+            )
         if (self.images is not None and self.images < 0) or (self.image_tokens is not None and self.image_tokens < 0):
             raise ConfigError("plan.images and plan.image_tokens must be >= 0")
 
@@ -78,7 +80,7 @@ def split_plan_overrides(overrides: list[str]) -> tuple[PlanSettings, list[str]]
             if "=" not in ov or key == "plan":
                 raise ConfigError(f"override '{ov}' is not of the form plan.KEY=value")
             value = ov.split("=", 1)[1]
-            raw[key[len("plan."):]] = parse_override(ov)[1] if value else None  # read as `mmrl train` reads values
+            raw[key[len("plan.") :]] = parse_override(ov)[1] if value else None  # read as `mmrl train` reads values
         else:
             rest.append(ov)
     return from_dict(PlanSettings, raw, "plan"), rest
@@ -129,26 +131,48 @@ def plan_inputs(cfg, settings: PlanSettings, arch: Architecture | None = None) -
     samples = prompts * group  # trained samples per device per step
     minibatch = math.ceil(samples / algo.num_minibatches)
     micro = math.ceil(minibatch / tr.grad_accum)
-    info: dict[str, Any] = {"prompts_per_device": prompts, "samples_per_device": samples, "minibatch": minibatch,
-                            "micro_batch": micro}
+    info: dict[str, Any] = {
+        "prompts_per_device": prompts,
+        "samples_per_device": samples,
+        "minibatch": minibatch,
+        "micro_batch": micro,
+    }
     common = dict(
-        arch=arch, dtype_bytes=dtype_bytes(m.dtype), lora=bool(m.lora.enabled), lora_r=int(m.lora.r),
-        lora_targets=tuple(m.lora.target_modules), gradient_checkpointing=bool(m.gradient_checkpointing),
-        eager_attention=getattr(m, "attn_implementation", "sdpa") == "eager", strategy=settings.strategy,
-        world_size=world, offload=settings.offload, optim_dtype=settings.optim, micro_batch=micro,
-        kl_reference=algo.kl_coef > 0, device_bytes=int(settings.device_gb * GIB),
-        overhead_bytes=int(_overhead_gb(cfg, settings) * GIB), value_head=algo.advantage == "gae")
+        arch=arch,
+        dtype_bytes=dtype_bytes(m.dtype),
+        lora=bool(m.lora.enabled),
+        lora_r=int(m.lora.r),
+        lora_targets=tuple(m.lora.target_modules),
+        gradient_checkpointing=bool(m.gradient_checkpointing),
+        eager_attention=getattr(m, "attn_implementation", "sdpa") == "eager",
+        strategy=settings.strategy,
+        world_size=world,
+        offload=settings.offload,
+        optim_dtype=settings.optim,
+        micro_batch=micro,
+        kl_reference=algo.kl_coef > 0,
+        device_bytes=int(settings.device_gb * GIB),
+        overhead_bytes=int(_overhead_gb(cfg, settings) * GIB),
+        value_head=algo.advantage == "gae",
+    )
     if arch.diffusion is not None:
         d = arch.diffusion
         res = m.resolution or (512 if d.unet else 1024)
         latent_side = res // d.vae_factor
         cfg_branches = 2 if (m.guidance_scale > 1.0 and not d.guidance_embeds) else 1
         steps = _trained_steps(m)
-        inp = PlanInputs(**common, rollout_samples=samples, rollout_forward_batch=m.sample_batch_size or samples,
-                         image_latent_tokens=(latent_side // d.patch) ** 2,
-                         latent_elements=d.latent_channels * latent_side * latent_side, num_steps=m.num_steps,
-                         rows_per_sample=steps * cfg_branches, cfg_branches=cfg_branches, new_tokens=0,
-                         text_tokens=d.text_tokens + (m.max_sequence_length if d.joint_t5 else 0))
+        inp = PlanInputs(
+            **common,
+            rollout_samples=samples,
+            rollout_forward_batch=m.sample_batch_size or samples,
+            image_latent_tokens=(latent_side // d.patch) ** 2,
+            latent_elements=d.latent_channels * latent_side * latent_side,
+            num_steps=m.num_steps,
+            rows_per_sample=steps * cfg_branches,
+            cfg_branches=cfg_branches,
+            new_tokens=0,
+            text_tokens=d.text_tokens + (m.max_sequence_length if d.joint_t5 else 0),
+        )
         info.update(resolution=res, trained_steps=steps, cfg_branches=cfg_branches)
         return inp, info
     images = settings.images if settings.images is not None else (1 if m.type in ("vlm", "vla") else 0)
@@ -159,8 +183,9 @@ def plan_inputs(cfg, settings: PlanSettings, arch: Architecture | None = None) -
         else:
             tiny = str(m.path).startswith("tiny")
             default_tokens = 256 if tiny else _DEFAULT_MAX_TOKENS_REAL
-            per_image = image_tokens_for(arch.vision, getattr(m, "max_pixels", None),
-                                         default_tokens * arch.vision.pixels_per_token)
+            per_image = image_tokens_for(
+                arch.vision, getattr(m, "max_pixels", None), default_tokens * arch.vision.pixels_per_token
+            )
     vla = _vla_episode(cfg, arch) if m.type == "vla" else {}
     if vla:  # every policy call is a training row; its image is the task's camera frame, not the processor's budget
         info.update(vla)
@@ -169,14 +194,20 @@ def plan_inputs(cfg, settings: PlanSettings, arch: Architecture | None = None) -
     probes = 0
     if algo.tgrpo is not None and algo.tgrpo.shuffled_group > 0:
         probes = prompts * algo.tgrpo.shuffled_group  # video prompts: shuffled-frame probes are rolled out too
-    inp = PlanInputs(**common, freeze_vision=bool(getattr(m, "freeze_vision_tower", True)),
-                     rollout_samples=samples + probes, text_tokens=settings.text_tokens, images=images,
-                     image_tokens=images * per_image,
-                     new_tokens=vla["tokens_per_call"] if vla else int(m.max_new_tokens),
-                     rows_per_sample=vla.get("policy_calls", 1), logit_vocab=int(m.n_bins) if vla else 0,
-                     engine=getattr(m, "rollout_engine", "hf"),
-                     vllm_fraction=float(getattr(m, "vllm_gpu_memory_utilization", 0.3)),
-                     vllm_sleep=bool(getattr(m, "vllm_sleep", True)))
+    inp = PlanInputs(
+        **common,
+        freeze_vision=bool(getattr(m, "freeze_vision_tower", True)),
+        rollout_samples=samples + probes,
+        text_tokens=settings.text_tokens,
+        images=images,
+        image_tokens=images * per_image,
+        new_tokens=vla["tokens_per_call"] if vla else int(m.max_new_tokens),
+        rows_per_sample=vla.get("policy_calls", 1),
+        logit_vocab=int(m.n_bins) if vla else 0,
+        engine=getattr(m, "rollout_engine", "hf"),
+        vllm_fraction=float(getattr(m, "vllm_gpu_memory_utilization", 0.3)),
+        vllm_sleep=bool(getattr(m, "vllm_sleep", True)),
+    )
     info.update(per_image_tokens=per_image)
     return inp, info
 
@@ -193,8 +224,12 @@ def _vla_episode(cfg, arch: Architecture) -> dict[str, Any]:
     height, width = task.frame_size()
     side = arch.vision.patch * arch.vision.merge if arch.vision is not None else 1
     tokens = max(1, round(height / side)) * max(1, round(width / side))
-    return {"policy_calls": math.ceil(spec.max_steps / chunk), "tokens_per_call": chunk * spec.action_dim,
-            "image_tokens": tokens, "frame": f"{height}x{width}"}
+    return {
+        "policy_calls": math.ceil(spec.max_steps / chunk),
+        "tokens_per_call": chunk * spec.action_dim,
+        "image_tokens": tokens,
+        "frame": f"{height}x{width}",
+    }
 
 
 def build_plan(overrides: list[str]) -> tuple[Any, PlanSettings, PlanInputs, dict, MemoryBreakdown, list[Suggestion]]:
@@ -238,25 +273,31 @@ def _optim_formula(inp: PlanInputs, bd: MemoryBreakdown) -> str:
     return f"{_n(c.trainable)} trainable x ({per})"
 
 
-def format_report(cfg, settings: PlanSettings, inp: PlanInputs, info: dict, bd: MemoryBreakdown,
-                  suggestions: list[Suggestion]) -> str:
+def format_report(
+    cfg, settings: PlanSettings, inp: PlanInputs, info: dict, bd: MemoryBreakdown, suggestions: list[Suggestion]
+) -> str:
     arch = inp.arch
     m = cfg.model
     c = bd.counts
     b = inp.dtype_bytes
     shard = inp.world_size if inp.strategy == "fsdp2" else 1
     sh = f" / {shard}" if shard > 1 else ""
-    _UNIT[:] = [GIB, "GiB"] if bd.total >= GIB else [1024 ** 2, "MiB"]
+    _UNIT[:] = [GIB, "GiB"] if bd.total >= GIB else [1024**2, "MiB"]
     unit = _UNIT[1]
     lines = [f"mmrl plan: task={cfg.task.name} model={arch.name} -- sizes from {arch.source}"]
     if arch.diffusion is not None:
         d = arch.diffusion
-        lines.append(f"  {_n(arch.total_params())} parameters (denoiser {_n(d.denoiser_params)}, text encoders + VAE "
-                     f"{_n(d.frozen_params)}); {m.dtype}")
+        lines.append(
+            f"  {_n(arch.total_params())} parameters (denoiser {_n(d.denoiser_params)}, text encoders + VAE "
+            f"{_n(d.frozen_params)}); {m.dtype}"
+        )
     else:
         vis = arch.vision.params() if arch.vision else 0
-        lines.append(f"  {_n(arch.total_params())} parameters (LM {_n(arch.text.params())}"
-                     + (f", vision tower {_n(vis)}" if vis else "") + f"); {m.dtype}")
+        lines.append(
+            f"  {_n(arch.total_params())} parameters (LM {_n(arch.text.params())}"
+            + (f", vision tower {_n(vis)}" if vis else "")
+            + f"); {m.dtype}"
+        )
     if inp.lora:
         mode = f"LoRA r={inp.lora_r} on {','.join(inp.lora_targets)} (adapters fp32, base frozen)"
     elif arch.diffusion is not None:
@@ -264,100 +305,170 @@ def format_report(cfg, settings: PlanSettings, inp: PlanInputs, info: dict, bd: 
     else:
         mode = "full fine-tuning" + (", vision tower frozen" if inp.freeze_vision and arch.vision else "")
     lines.append(f"  {mode}; trainable {_n(c.trainable)}, frozen {_n(c.frozen)}")
-    optim = "AdamW fp32 moments" + (" + fp32 master weights" if inp.optim_dtype == "fp32" and c.trainable_bytes < 4
-                                    else "") if inp.optim_dtype == "fp32" else "AdamW moments in the parameter dtype"
-    lines.append(f"  {inp.world_size} x {settings.device_gb:g} GiB, {inp.strategy}, offload {inp.offload}; {optim}; "
-                 f"gradient checkpointing {'on' if inp.gradient_checkpointing else 'off'}")
+    optim = (
+        "AdamW fp32 moments" + (" + fp32 master weights" if inp.optim_dtype == "fp32" and c.trainable_bytes < 4 else "")
+        if inp.optim_dtype == "fp32"
+        else "AdamW moments in the parameter dtype"
+    )
+    lines.append(
+        f"  {inp.world_size} x {settings.device_gb:g} GiB, {inp.strategy}, offload {inp.offload}; {optim}; "
+        f"gradient checkpointing {'on' if inp.gradient_checkpointing else 'off'}"
+    )
     if arch.diffusion is not None:
-        lines.append(f"  {info['resolution']} px: {inp.image_latent_tokens} latent tokens + {inp.text_tokens} "
-                     f"text tokens per row; {info['trained_steps']} trained steps x {info['cfg_branches']} CFG "
-                     f"branch(es) = {inp.rows_per_sample} rows per sample")
+        lines.append(
+            f"  {info['resolution']} px: {inp.image_latent_tokens} latent tokens + {inp.text_tokens} "
+            f"text tokens per row; {info['trained_steps']} trained steps x {info['cfg_branches']} CFG "
+            f"branch(es) = {inp.rows_per_sample} rows per sample"
+        )
     else:
-        lines.append(f"  sequence: {inp.image_tokens} image + {inp.text_tokens} text + {inp.new_tokens} new = "
-                     f"{inp.seq} tokens" + (f" ({inp.images} image(s) x {info.get('per_image_tokens', 0)} tokens)"
-                                            if inp.images else ""))
+        lines.append(
+            f"  sequence: {inp.image_tokens} image + {inp.text_tokens} text + {inp.new_tokens} new = "
+            f"{inp.seq} tokens"
+            + (f" ({inp.images} image(s) x {info.get('per_image_tokens', 0)} tokens)" if inp.images else "")
+        )
     if "policy_calls" in info:
-        lines.append(f"  VLA: {info['frame']} frames; every episode is {info['policy_calls']} training rows (one per "
-                     f"policy call, the longest episode) of {info['tokens_per_call']} action tokens; the loss head "
-                     f"is over the {inp.logit_vocab} action bins")
-    lines.append(f"  micro-batch {inp.micro_batch} samples = {cfg.trainer.batch_size} prompts x {cfg.algo.group_size} "
-                 f"/ {inp.world_size} devices / {cfg.algo.num_minibatches} minibatch(es) / {cfg.trainer.grad_accum} "
-                 f"grad_accum; rollout {inp.rollout_samples} samples at once")
+        lines.append(
+            f"  VLA: {info['frame']} frames; every episode is {info['policy_calls']} training rows (one per "
+            f"policy call, the longest episode) of {info['tokens_per_call']} action tokens; the loss head "
+            f"is over the {inp.logit_vocab} action bins"
+        )
+    lines.append(
+        f"  micro-batch {inp.micro_batch} samples = {cfg.trainer.batch_size} prompts x {cfg.algo.group_size} "
+        f"/ {inp.world_size} devices / {cfg.algo.num_minibatches} minibatch(es) / {cfg.trainer.grad_accum} "
+        f"grad_accum; rollout {inp.rollout_samples} samples at once"
+    )
     lines.append("")
     rows: list[tuple[str, int, str]] = []
     ptxt = f"{_n(c.trainable)} x {c.trainable_bytes} B + {_n(c.frozen)} x {c.frozen_bytes} B{sh}"
     rows.append(("parameters", bd.params, "on CPU (offload=params)" if inp.offload == "params" else ptxt))
-    rows.append(("gradients", bd.grads, "on CPU (offload=params)" if inp.offload == "params"
-                 else f"{_n(c.trainable)} x {c.trainable_bytes} B{sh}"))
+    rows.append(
+        (
+            "gradients",
+            bd.grads,
+            "on CPU (offload=params)" if inp.offload == "params" else f"{_n(c.trainable)} x {c.trainable_bytes} B{sh}",
+        )
+    )
     rows.append(("optimizer state", bd.optimizer, "on CPU" if inp.offload != "none" else _optim_formula(inp, bd) + sh))
     if arch.diffusion is not None:
         d = arch.diffusion
         seq = inp.image_latent_tokens + inp.text_tokens
-        how = (f"{inp.micro_batch * inp.rows_per_sample} rows x " +
-               (f"({d.layers} x {seq} x {d.hidden} x {b} B + one block {bd.per_layer:,} B)"
-                if inp.gradient_checkpointing else f"{d.layers} blocks x {bd.per_layer:,} B") + " (+ final norm)")
+        how = (
+            f"{inp.micro_batch * inp.rows_per_sample} rows x "
+            + (
+                f"({d.layers} x {seq} x {d.hidden} x {b} B + one block {bd.per_layer:,} B)"
+                if inp.gradient_checkpointing
+                else f"{d.layers} blocks x {bd.per_layer:,} B"
+            )
+            + " (+ final norm)"
+        )
         rows.append(("activations", bd.activations, how))
-        rows.append(("rollout (latents + no-grad block)", bd.rollout, f"{inp.rollout_samples} x {inp.num_steps + 1} "
-                     f"latents x {inp.latent_elements} x 4 B + {inp.cfg_branches} x {inp.rollout_forward_batch} rows "
-                     "x one block"))
+        rows.append(
+            (
+                "rollout (latents + no-grad block)",
+                bd.rollout,
+                f"{inp.rollout_samples} x {inp.num_steps + 1} "
+                f"latents x {inp.latent_elements} x 4 B + {inp.cfg_branches} x {inp.rollout_forward_batch} rows "
+                "x one block",
+            )
+        )
     else:
         t = arch.text
-        n = (f"{inp.micro_batch * inp.rows_per_sample:,} rows" if inp.rows_per_sample > 1 else f"{inp.micro_batch}")
+        n = f"{inp.micro_batch * inp.rows_per_sample:,} rows" if inp.rows_per_sample > 1 else f"{inp.micro_batch}"
         if inp.gradient_checkpointing:
-            how = (f"{n} x ({t.layers} layers x {inp.seq} x {t.hidden} x {b} B + one layer "
-                   f"{bd.per_layer:,} B) (+ final norm)")
+            how = (
+                f"{n} x ({t.layers} layers x {inp.seq} x {t.hidden} x {b} B + one layer "
+                f"{bd.per_layer:,} B) (+ final norm)"
+            )
         else:
             how = f"{n} x {t.layers} layers x {bd.per_layer:,} B (+ final norm)"
         how += f"; one layer = {inp.seq} tokens x {bd.per_layer // max(inp.seq, 1):,} B"
         rows.append(("activations", bd.activations, how))
-        rows.append(("logits (loss head)", bd.logits,
-                     f"{n} x {inp.new_tokens} x {inp.logit_vocab or t.vocab} x {LOGIT_BYTES_PER_ELEMENT} B"))
+        rows.append(
+            (
+                "logits (loss head)",
+                bd.logits,
+                f"{n} x {inp.new_tokens} x {inp.logit_vocab or t.vocab} x {LOGIT_BYTES_PER_ELEMENT} B",
+            )
+        )
         if inp.engine == "vllm":
-            rows.append(("rollout: vLLM reservation", bd.rollout + bd.vllm_persistent,
-                         f"{inp.vllm_fraction} x {settings.device_gb:g} GiB"
-                         + (" (sleep: released outside generation)" if inp.vllm_sleep else " (held: no sleep mode)")))
+            rows.append(
+                (
+                    "rollout: vLLM reservation",
+                    bd.rollout + bd.vllm_persistent,
+                    f"{inp.vllm_fraction} x {settings.device_gb:g} GiB"
+                    + (" (sleep: released outside generation)" if inp.vllm_sleep else " (held: no sleep mode)"),
+                )
+            )
         else:
-            rows.append(("rollout: KV cache", bd.kv_cache, f"2 x {t.layers} x {t.kv_heads} kv heads x {t.head_dim} x "
-                         f"{inp.seq} tokens x {inp.rollout_samples} samples x {b} B"))
-            rows.append(("rollout: prefill", bd.prefill, f"{inp.rollout_samples} x {inp.prompt_tokens} x "
-                         f"(3 x {t.intermediate} + 4 x {t.hidden}) x {b} B"))
-    ref_how = ("algo.kl_coef=0: none" if not inp.kl_reference else
-               "LoRA: the adapter-disabled model, no copy" if inp.lora else
-               "frozen full copy in the model dtype (replicated, even with fsdp2)")
+            rows.append(
+                (
+                    "rollout: KV cache",
+                    bd.kv_cache,
+                    f"2 x {t.layers} x {t.kv_heads} kv heads x {t.head_dim} x "
+                    f"{inp.seq} tokens x {inp.rollout_samples} samples x {b} B",
+                )
+            )
+            rows.append(
+                (
+                    "rollout: prefill",
+                    bd.prefill,
+                    f"{inp.rollout_samples} x {inp.prompt_tokens} x (3 x {t.intermediate} + 4 x {t.hidden}) x {b} B",
+                )
+            )
+    ref_how = (
+        "algo.kl_coef=0: none"
+        if not inp.kl_reference
+        else "LoRA: the adapter-disabled model, no copy"
+        if inp.lora
+        else "frozen full copy in the model dtype (replicated, even with fsdp2)"
+    )
     rows.append(("reference model (KL)", bd.reference, ref_how))
     if inp.strategy == "fsdp2" and inp.world_size > 1:
-        rows.append(("fsdp2 gathered units", bd.fsdp_buffers, "root unit (embeddings, lm_head, ...) + 2 layers, "
-                     "unsharded"))
+        rows.append(
+            ("fsdp2 gathered units", bd.fsdp_buffers, "root unit (embeddings, lm_head, ...) + 2 layers, unsharded")
+        )
     rows.append(("runtime overhead", bd.overhead, "plan.overhead_gb"))
     w = max(len(r[0]) for r in rows) + 2
     lines.append(f"  {'term'.ljust(w)}{unit:>8}  how")
     for name, val, how in rows:
         lines.append(f"  {name.ljust(w)}{_g(val):>8}  {how}")
     lines.append("  " + "-" * (w + 8))
-    rollout_name = ("latents + no-grad block" if arch.diffusion is not None else
-                    "vLLM" if inp.engine == "vllm" else "KV cache + prefill")
-    lines.append(f"  {'persistent'.ljust(w)}{_g(bd.persistent):>8}  parameters + optimizer + reference"
-                 + (" + gathered units" if bd.fsdp_buffers else "") + " + overhead"
-                 + (" + vLLM" if bd.vllm_persistent else ""))
+    rollout_name = (
+        "latents + no-grad block"
+        if arch.diffusion is not None
+        else "vLLM"
+        if inp.engine == "vllm"
+        else "KV cache + prefill"
+    )
+    lines.append(
+        f"  {'persistent'.ljust(w)}{_g(bd.persistent):>8}  parameters + optimizer + reference"
+        + (" + gathered units" if bd.fsdp_buffers else "")
+        + " + overhead"
+        + (" + vLLM" if bd.vllm_persistent else "")
+    )
     lines.append(f"  {'training peak'.ljust(w)}{_g(bd.training):>8}  gradients + activations + logits")
     lines.append(f"  {'rollout peak'.ljust(w)}{_g(bd.rollout):>8}  {rollout_name}")
     device = inp.device_bytes
-    verdict = ("fits" if bd.fits(device) else f"does NOT fit ({_g(bd.total - device)} {unit} over)")
-    lines.append(f"  {'total per device'.ljust(w)}{_g(bd.total):>8}  persistent + max(training, rollout): {verdict} "
-                 f"{settings.device_gb:g} GiB")
+    verdict = "fits" if bd.fits(device) else f"does NOT fit ({_g(bd.total - device)} {unit} over)"
+    lines.append(
+        f"  {'total per device'.ljust(w)}{_g(bd.total):>8}  persistent + max(training, rollout): {verdict} "
+        f"{settings.device_gb:g} GiB"
+    )
     for note in list(arch.notes) + bd.notes:
         lines.append(f"  note: {note}")
     if not bd.fits(device):
         lines.append("")
         if not suggestions:
-            lines.append("  no change the planner knows makes it fit: more devices (plan.world_size) or a smaller "
-                         "model")
+            lines.append(
+                "  no change the planner knows makes it fit: more devices (plan.world_size) or a smaller model"
+            )
         else:
             lines.append("  to fit, cheapest first (cumulative):")
             for k, s in enumerate(suggestions, 1):
                 mark = "fits" if s.fits else "still over"
-                lines.append(f"  {k}. {('+ ' if k > 1 else '') + s.override:<40} -> {_g(s.total):>7} {unit}  {mark}; "
-                             f"{s.why}")
+                lines.append(
+                    f"  {k}. {('+ ' if k > 1 else '') + s.override:<40} -> {_g(s.total):>7} {unit}  {mark}; {s.why}"
+                )
             if not suggestions[-1].fits:
                 lines.append("  even all of these do not fit: more devices (plan.world_size) or a smaller model")
     return "\n".join(lines)
@@ -365,10 +476,18 @@ def format_report(cfg, settings: PlanSettings, inp: PlanInputs, info: dict, bd: 
 
 def report_json(inp: PlanInputs, info: dict, bd: MemoryBreakdown, suggestions: list[Suggestion]) -> str:
     terms = {f.name: getattr(bd, f.name) for f in fields(bd) if f.name not in ("counts", "notes")}
-    out = {"terms_bytes": terms, "persistent": bd.persistent, "training": bd.training, "total": bd.total,
-           "fits": bd.fits(inp.device_bytes), "device_bytes": inp.device_bytes, "counts": asdict(bd.counts),
-           "seq": inp.seq, "info": info,
-           "suggestions": [{"override": s.override, "total": s.total, "fits": s.fits} for s in suggestions]}
+    out = {
+        "terms_bytes": terms,
+        "persistent": bd.persistent,
+        "training": bd.training,
+        "total": bd.total,
+        "fits": bd.fits(inp.device_bytes),
+        "device_bytes": inp.device_bytes,
+        "counts": asdict(bd.counts),
+        "seq": inp.seq,
+        "info": info,
+        "suggestions": [{"override": s.override, "total": s.total, "fits": s.fits} for s in suggestions],
+    }
     return json.dumps(out, indent=1)
 
 
@@ -384,19 +503,29 @@ def device_memory_gb(device: Any) -> float | None:
     return torch.cuda.get_device_properties(device).total_memory / GIB
 
 
-_TRAINER_OVERRIDE = {"plan.strategy=fsdp2": "trainer.strategy=fsdp2", "plan.offload=params": "trainer.fsdp_offload=true"}
+_TRAINER_OVERRIDE = {
+    "plan.strategy=fsdp2": "trainer.strategy=fsdp2",
+    "plan.offload=params": "trainer.fsdp_offload=true",
+}
 """The training setting behind a ``plan.*`` suggestion (``plan.offload=optimizer`` alone has none: not offered)."""
 
 
-def _run_plan(cfg, *, device_gb: float, world_size: int) -> tuple[PlanSettings, PlanInputs, dict, MemoryBreakdown] | None:
+def _run_plan(
+    cfg, *, device_gb: float, world_size: int
+) -> tuple[PlanSettings, PlanInputs, dict, MemoryBreakdown] | None:
     """The plan of ``cfg`` as the trainer will run it (its own strategy, offload, world size, AdamW moments in the
     parameter dtype) on a ``device_gb`` device; None when the run is not modelled."""
     from mmrl.errors import ConfigError
     from mmrl.planning.architectures import UnknownArchitectureError
 
     tr = cfg.trainer
-    settings = PlanSettings(device_gb=device_gb, world_size=world_size, strategy=tr.strategy, optim="model",
-                            offload="params" if tr.strategy == "fsdp2" and tr.fsdp_offload else "none")
+    settings = PlanSettings(
+        device_gb=device_gb,
+        world_size=world_size,
+        strategy=tr.strategy,
+        optim="model",
+        offload="params" if tr.strategy == "fsdp2" and tr.fsdp_offload else "none",
+    )
     try:
         inp, info = plan_inputs(cfg, settings)
     except (UnknownArchitectureError, ConfigError, OSError, ValueError, ImportError):  # e.g. a VLA task's simulator
@@ -426,13 +555,18 @@ def start_of_run_warning(cfg, *, device_gb: float | None, world_size: int) -> st
     _, inp, info, bd = plan
     if bd.fits(inp.device_bytes):
         return None
-    sugg = suggest(inp, grad_accum=tr.grad_accum, samples_per_step=info["micro_batch"] * tr.grad_accum,
-                   batch_size=tr.batch_size)
+    sugg = suggest(
+        inp, grad_accum=tr.grad_accum, samples_per_step=info["micro_batch"] * tr.grad_accum, batch_size=tr.batch_size
+    )
     sugg = [s for s in sugg if s.override in _TRAINER_OVERRIDE or not s.override.startswith("plan.")]
-    lines = [f"mmrl plan: this run needs about {bd.total / GIB:.1f} GiB per device and the device has "
-             f"{device_gb:.1f} GiB: it will likely run out of memory (strategy={tr.strategy}, {world_size} "
-             "process(es)). Cheapest changes, in order:"]
-    lines += [f"  {k}. {_TRAINER_OVERRIDE.get(s.override, s.override):<40s} -> {s.total / GIB:.1f} GiB ({'fits' if s.fits else 'still over'})"
-              for k, s in enumerate(sugg, 1)] or ["  (none of the known changes is enough)"]
+    lines = [
+        f"mmrl plan: this run needs about {bd.total / GIB:.1f} GiB per device and the device has "
+        f"{device_gb:.1f} GiB: it will likely run out of memory (strategy={tr.strategy}, {world_size} "
+        "process(es)). Cheapest changes, in order:"
+    ]
+    lines += [
+        f"  {k}. {_TRAINER_OVERRIDE.get(s.override, s.override):<40s} -> {s.total / GIB:.1f} GiB ({'fits' if s.fits else 'still over'})"
+        for k, s in enumerate(sugg, 1)
+    ] or ["  (none of the known changes is enough)"]
     lines.append("  `mmrl plan <the same overrides>` prints the whole breakdown (docs/scaling.md)")
     return "\n".join(lines)

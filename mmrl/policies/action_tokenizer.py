@@ -22,6 +22,7 @@ tiny VLM: :func:`mmrl.models.tokenizer_builder.action_token_ids`).
 Chunks: a chunk of ``chunk`` actions of ``D`` dims is ``chunk * D`` tokens in time-major order,
 token ``t * D + d`` = dimension ``d`` of action ``t`` (the order OFT decodes in one pass).
 """
+
 from __future__ import annotations
 
 import json
@@ -79,7 +80,9 @@ class ActionTokenizer:
         self.low = np.asarray(low, dtype=np.float64).reshape(-1)
         self.high = np.asarray(high, dtype=np.float64).reshape(-1)
         if self.low.shape != self.high.shape or self.low.size == 0:
-            raise ActionTokenError(f"low and high must be non-empty [D] arrays of equal size, got {self.low.shape}, {self.high.shape}")
+            raise ActionTokenError(
+                f"low and high must be non-empty [D] arrays of equal size, got {self.low.shape}, {self.high.shape}"
+            )
         if not (np.isfinite(self.low).all() and np.isfinite(self.high).all()):
             raise ActionTokenError(f"low/high must be finite, got low={self.low}, high={self.high}")
         if (self.high < self.low).any():
@@ -210,7 +213,9 @@ class ActionTokenizer:
             return torch.as_tensor(ids, device=bins.device)[bins.long()]
         b = np.asarray(bins)
         if b.dtype.kind not in "iu" or (b.size and (b.min() < 0 or b.max() >= self.n_bins)):
-            raise ActionTokenError(f"to_token_ids: bins must be integers in [0, {self.n_bins}), got {b.dtype} {b.min() if b.size else ''}..{b.max() if b.size else ''}")
+            raise ActionTokenError(
+                f"to_token_ids: bins must be integers in [0, {self.n_bins}), got {b.dtype} {b.min() if b.size else ''}..{b.max() if b.size else ''}"
+            )
         return np.asarray(ids, dtype=np.int64)[b]
 
     def from_token_ids(self, token_ids: Any) -> Any:
@@ -365,5 +370,7 @@ def group_mask(mask: Any, granularity: str, action_dim: int, chunk: int = 1, str
         partial = g.any(-1) & ~full
         if bool(partial.any()):
             idx = partial.nonzero() if not isinstance(partial, np.ndarray) else np.argwhere(partial)
-            raise PartialGroupError(f"group_mask: {int(partial.sum())} {granularity} groups are partly masked, first at {tuple(int(v) for v in idx[0])}")
+            raise PartialGroupError(
+                f"group_mask: {int(partial.sum())} {granularity} groups are partly masked, first at {tuple(int(v) for v in idx[0])}"
+            )
     return full

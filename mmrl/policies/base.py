@@ -14,6 +14,7 @@ So the trainer only sees tensors shaped ``[B, T]`` (``B`` samples, ``T`` actions
 rewards and group ids. A policy samples (:meth:`Policy.rollout`) and recomputes log-probs under the
 current parameters (:meth:`Policy.log_probs`); everything else is shared.
 """
+
 from __future__ import annotations
 
 import abc
@@ -308,8 +309,9 @@ class Policy(abc.ABC):
     def sft_loss(self, batch: PromptBatch, targets: Sequence[str]) -> Tensor:
         """Supervised loss of ``targets`` given ``batch`` (the warm start, ``trainer.sft_steps``). Default: this
         policy has none (:attr:`supports_sft` is False)."""
-        raise PolicyCapabilityError(f"the {type(self).__name__} policy has no supervised loss (sft_loss); "
-                                    "set trainer.sft_steps=0")
+        raise PolicyCapabilityError(
+            f"the {type(self).__name__} policy has no supervised loss (sft_loss); set trainer.sft_steps=0"
+        )
 
     @property
     def supports_sft(self) -> bool:

@@ -6,6 +6,7 @@ prompt + completion with explicit position ids (left padding shifts them otherwi
 ``model.shared_prefix`` (the default) one packed row per distinct prompt holding its completions
 (:mod:`mmrl.policies.shared_prefix`).
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -98,15 +99,17 @@ class CausalLMPolicy(HFTokenPolicy):
             {"text": t, "length": k, "truncated": bool(tr), "completion_ids": ids.tolist()}
             for t, k, tr, ids in zip(texts, lengths, comp.truncated.tolist(), comp_lists)
         ]
-        return self._first_rollout_check(Rollout(
-            rollout_logp=comp.logp.cpu(),
-            mask=comp.mask.cpu(),
-            group_id=batch.group_ids(group_size),
-            prompt_index=torch.arange(len(batch)).repeat_interleave(group_size),
-            samples=samples,
-            payload={"prompt_ids": rep_ids, "completion_ids": comp_lists},
-            metrics={"rollout/truncated_frac": float(comp.truncated.float().mean())},
-        ))
+        return self._first_rollout_check(
+            Rollout(
+                rollout_logp=comp.logp.cpu(),
+                mask=comp.mask.cpu(),
+                group_id=batch.group_ids(group_size),
+                prompt_index=torch.arange(len(batch)).repeat_interleave(group_size),
+                samples=samples,
+                payload={"prompt_ids": rep_ids, "completion_ids": comp_lists},
+                metrics={"rollout/truncated_frac": float(comp.truncated.float().mean())},
+            )
+        )
 
     def log_probs(self, rollout: Rollout, *, entropy: bool = False, values: bool = False) -> LogProbOutput:
         logp, ent, v = self._forward_logp(rollout, temperature=self.cfg.temperature, entropy=entropy, values=values)
@@ -126,8 +129,9 @@ class CausalLMPolicy(HFTokenPolicy):
 
         keys = [p.numpy().tobytes() for p in prompts]  # identical token ids: one shared prefix
         logits, v = self._completion_logits(keys, mask, forward)
-        logp, ent = token_logp_and_entropy(logits, c_ids.to(logits.device), temperature=temperature, entropy=entropy,
-                                           suppress_ids=self.suppress_ids)
+        logp, ent = token_logp_and_entropy(
+            logits, c_ids.to(logits.device), temperature=temperature, entropy=entropy, suppress_ids=self.suppress_ids
+        )
         return logp, ent, v
 
     def _plain_forward(self, prompts: list[Tensor], c_ids: Tensor, mask: Tensor, values: bool):
@@ -154,20 +158,27 @@ class CausalLMPolicy(HFTokenPolicy):
         layout = sp.plan_layout(groups, [p.numel() for p in reps], lengths)
         ids = sp.pack_rows(layout, reps, c_ids, self.pad_id)
         pos = sp.pack_positions(layout, *sp.text_prefix_positions(layout))[0]
-        return self._packed_forward(layout, mask.shape[1], want_values=values, input_ids=ids.to(self.device),
-                                    position_ids=pos.to(self.device))
+        return self._packed_forward(
+            layout, mask.shape[1], want_values=values, input_ids=ids.to(self.device), position_ids=pos.to(self.device)
+        )
 
     def sft_loss(self, batch: PromptBatch, targets: list[str]) -> torch.Tensor:
         """Mean token cross-entropy of ``targets`` (+ EOS) given the prompts (supervised warm start)."""
         prompts = self.encode_prompts([it["prompt"] for it in batch.items])
-        comps = [torch.tensor(self.tokenizer(t, add_special_tokens=False)["input_ids"] + self.eos_ids[:1])
-                 for t in targets]
+        comps = [
+            torch.tensor(self.tokenizer(t, add_special_tokens=False)["input_ids"] + self.eos_ids[:1]) for t in targets
+        ]
         T = max(c.numel() for c in comps)
         mask = torch.zeros(len(comps), T)
         for i, c in enumerate(comps):
             mask[i, : c.numel()] = 1.0
-        ro = Rollout(rollout_logp=torch.zeros_like(mask), mask=mask, group_id=torch.arange(len(comps)),
-                     samples=[None] * len(comps), payload={"prompt_ids": prompts, "completion_ids": comps})
+        ro = Rollout(
+            rollout_logp=torch.zeros_like(mask),
+            mask=mask,
+            group_id=torch.arange(len(comps)),
+            samples=[None] * len(comps),
+            payload={"prompt_ids": prompts, "completion_ids": comps},
+        )
         logp = self._forward_logp(ro, temperature=1.0)[0]  # cross-entropy of the untempered model
         m = mask.to(logp.device)
         return -(logp * m).sum() / m.sum()
@@ -200,9 +211,14 @@ def build_causal_lm_policy(run_cfg, spec: PolicySpec) -> CausalLMPolicy:
 
         chars = spec.vocabulary
         if not chars:
-            raise ValueError(f"model.path=tiny needs a task with a character vocabulary; task {spec.task_name} has none")
-        path = str(build_tiny_causal_lm(chars, hidden=cfg.tiny_hidden, layers=cfg.tiny_layers, heads=cfg.tiny_heads,
-                                        seed=run_cfg.trainer.seed))
+            raise ValueError(
+                f"model.path=tiny needs a task with a character vocabulary; task {spec.task_name} has none"
+            )
+        path = str(
+            build_tiny_causal_lm(
+                chars, hidden=cfg.tiny_hidden, layers=cfg.tiny_layers, heads=cfg.tiny_heads, seed=run_cfg.trainer.seed
+            )
+        )
     lm, tok = load_causal_lm(path, cfg.dtype)
     needs_ref = run_cfg.algo.kl_coef > 0
     return CausalLMPolicy(lm, tok, cfg, value_head=run_cfg.algo.advantage == "gae", reference=needs_ref)

@@ -6,6 +6,7 @@ of which the policy keeps 0.2%. :func:`restricted_output_vocab` swaps the head f
 duration of a forward, so the model computes ``hidden @ W[ids].T (+ b[ids])`` directly: logits ``[..., len(ids)]``
 in the order of ``ids``, equal to ``full_logits[..., ids]`` and with the gradient flowing into the same weight rows.
 """
+
 from __future__ import annotations
 
 import contextlib

@@ -39,6 +39,7 @@ exact and are refused by :func:`unsupported_reason` (the policy then runs the pl
 
 Everything here but :func:`model_attention_mask` and :class:`SharedPrefixGuard` is pure index maths.
 """
+
 from __future__ import annotations
 
 import logging
@@ -189,19 +190,25 @@ def plan_layout(groups: Sequence[Sequence[int]], prefix_lens: Sequence[int], len
             row[i], start[i] = r, col
             col += max(int(lengths[i]) - 1, 0)
         width = max(width, col)
-    return PackedLayout(groups=tuple(tuple(int(i) for i in g) for g in groups),
-                        prefix_lens=tuple(int(p) for p in prefix_lens), lengths=tuple(int(L) for L in lengths),
-                        prefix_end=prefix_end, width=width, row=tuple(row), start=tuple(start))
+    return PackedLayout(
+        groups=tuple(tuple(int(i) for i in g) for g in groups),
+        prefix_lens=tuple(int(p) for p in prefix_lens),
+        lengths=tuple(int(L) for L in lengths),
+        prefix_end=prefix_end,
+        width=width,
+        row=tuple(row),
+        start=tuple(start),
+    )
 
 
 def segment_ids(layout: PackedLayout) -> Tensor:
     """``[R, W]`` long: -1 on padding, 0 on prompt tokens, ``k + 1`` on the tokens of the row's ``k``-th completion."""
     seg = torch.full((layout.num_rows, layout.width), PAD_SEGMENT, dtype=torch.long)
     for r, P in enumerate(layout.prefix_lens):
-        seg[r, layout.prefix_end - P: layout.prefix_end] = PREFIX_SEGMENT
+        seg[r, layout.prefix_end - P : layout.prefix_end] = PREFIX_SEGMENT
     for r, g in enumerate(layout.groups):
         for k, i in enumerate(g):
-            seg[r, layout.start[i]: layout.start[i] + layout.fed(i)] = k + 1
+            seg[r, layout.start[i] : layout.start[i] + layout.fed(i)] = k + 1
     return seg
 
 
@@ -216,16 +223,18 @@ def pack_rows(layout: PackedLayout, prefixes: Sequence[Tensor], completions: Ten
     for r, p in enumerate(prefixes):
         if p.numel() != layout.prefix_lens[r]:
             raise ValueError(f"pack_rows: prefix {r} has {p.numel()} entries, the layout {layout.prefix_lens[r]}")
-        out[r, layout.prefix_end - p.numel(): layout.prefix_end] = p.to(dtype)
+        out[r, layout.prefix_end - p.numel() : layout.prefix_end] = p.to(dtype)
     if completions is not None:
         if completions.shape[0] != layout.num_samples:
             raise ValueError(f"pack_rows: {completions.shape[0]} completions for {layout.num_samples} samples")
         for i in range(layout.num_samples):
             n = layout.fed(i)
             if n > completions.shape[1]:
-                raise ValueError(f"pack_rows: sample {i} has {layout.lengths[i]} trained tokens, completions only "
-                                 f"{completions.shape[1]} columns")
-            out[layout.row[i], layout.start[i]: layout.start[i] + n] = completions[i, :n].to(dtype)
+                raise ValueError(
+                    f"pack_rows: sample {i} has {layout.lengths[i]} trained tokens, completions only "
+                    f"{completions.shape[1]} columns"
+                )
+            out[layout.row[i], layout.start[i] : layout.start[i] + n] = completions[i, :n].to(dtype)
     return out
 
 
@@ -237,7 +246,7 @@ def text_prefix_positions(layout: PackedLayout) -> tuple[Tensor, Tensor]:
     position after each prompt ``[1, R]`` (``P``): what the plain forward's ``cumsum(attention_mask) - 1`` gives."""
     pos = torch.zeros(1, layout.num_rows, layout.prefix_end, dtype=torch.long)
     for r, P in enumerate(layout.prefix_lens):
-        pos[0, r, layout.prefix_end - P:] = torch.arange(P)
+        pos[0, r, layout.prefix_end - P :] = torch.arange(P)
     return pos, torch.tensor([list(layout.prefix_lens)], dtype=torch.long)
 
 
@@ -251,18 +260,21 @@ def pack_positions(layout: PackedLayout, prefix_positions: Tensor, next_position
     """
     C = prefix_positions.shape[0]
     if prefix_positions.shape[1:] != (layout.num_rows, layout.prefix_end):
-        raise ValueError(f"pack_positions: prefix positions {tuple(prefix_positions.shape)}, expected "
-                         f"[C, {layout.num_rows}, {layout.prefix_end}]")
+        raise ValueError(
+            f"pack_positions: prefix positions {tuple(prefix_positions.shape)}, expected "
+            f"[C, {layout.num_rows}, {layout.prefix_end}]"
+        )
     if next_positions.shape != (C, layout.num_rows):
-        raise ValueError(f"pack_positions: next positions {tuple(next_positions.shape)}, expected "
-                         f"[{C}, {layout.num_rows}]")
+        raise ValueError(
+            f"pack_positions: next positions {tuple(next_positions.shape)}, expected [{C}, {layout.num_rows}]"
+        )
     out = torch.zeros(C, layout.num_rows, layout.width, dtype=torch.long, device=prefix_positions.device)
     out[:, :, : layout.prefix_end] = prefix_positions
     for i in range(layout.num_samples):
         n = layout.fed(i)
         if n:
             r, s = layout.row[i], layout.start[i]
-            out[:, r, s: s + n] = next_positions[:, r, None] + torch.arange(n, device=out.device)
+            out[:, r, s : s + n] = next_positions[:, r, None] + torch.arange(n, device=out.device)
     return out
 
 
@@ -288,8 +300,12 @@ def shared_prefix_mask(segments: Tensor) -> Tensor:
     R, W = segments.shape
     dev = segments.device
     fn = shared_prefix_mask_function(segments)
-    return fn(torch.arange(R, device=dev)[:, None, None, None], torch.zeros(1, 1, 1, 1, dtype=torch.long, device=dev),
-              torch.arange(W, device=dev)[None, None, :, None], torch.arange(W, device=dev)[None, None, None, :])
+    return fn(
+        torch.arange(R, device=dev)[:, None, None, None],
+        torch.zeros(1, 1, 1, 1, dtype=torch.long, device=dev),
+        torch.arange(W, device=dev)[None, None, :, None],
+        torch.arange(W, device=dev)[None, None, None, :],
+    )
 
 
 def unsupported_reason(text_config) -> str | None:
@@ -315,9 +331,18 @@ def model_attention_mask(text_config, segments: Tensor, dtype: torch.dtype):
     impl = getattr(text_config, "_attn_implementation", None) or "eager"
     R, W = segments.shape
     return ALL_MASK_ATTENTION_FUNCTIONS[impl](
-        batch_size=R, q_length=W, kv_length=W, mask_function=shared_prefix_mask_function(segments),
-        attention_mask=None, allow_is_causal_skip=False, allow_is_bidirectional_skip=False, dtype=dtype,
-        config=text_config, use_vmap=False, device=segments.device)
+        batch_size=R,
+        q_length=W,
+        kv_length=W,
+        mask_function=shared_prefix_mask_function(segments),
+        attention_mask=None,
+        allow_is_causal_skip=False,
+        allow_is_bidirectional_skip=False,
+        dtype=dtype,
+        config=text_config,
+        use_vmap=False,
+        device=segments.device,
+    )
 
 
 # ============================================================================ unpacking
@@ -371,8 +396,11 @@ def check_tolerance(dtype: torch.dtype) -> float:
 
 def is_distributed() -> bool:
     """True inside a process group of several processes (DDP / FSDP)."""
-    return torch.distributed.is_available() and torch.distributed.is_initialized() and \
-        torch.distributed.get_world_size() > 1
+    return (
+        torch.distributed.is_available()
+        and torch.distributed.is_initialized()
+        and torch.distributed.get_world_size() > 1
+    )
 
 
 def global_max(x: float, device) -> float:
@@ -423,9 +451,14 @@ class SharedPrefixGuard:
             return True
         self.enabled = False
         self.fallbacks += 1
-        log.warning("shared-prefix forward%s differs from the plain forward (max total-variation gap %.3g > %.3g): "
-                    "falling back to the plain forward for the rest of the run (model.shared_prefix=false "
-                    "silences this check)", f" of {what}" if what else "", gap, tolerance)
+        log.warning(
+            "shared-prefix forward%s differs from the plain forward (max total-variation gap %.3g > %.3g): "
+            "falling back to the plain forward for the rest of the run (model.shared_prefix=false "
+            "silences this check)",
+            f" of {what}" if what else "",
+            gap,
+            tolerance,
+        )
         return False
 
     def disable(self, reason: str) -> None:

@@ -7,6 +7,7 @@ rollout sampled from (the sampling temperature and the suppressed ids are part o
 unmasked softmax would follow the gradient of another distribution, and the PPO ratio against an engine's
 log-probs would be off by ``log(1 - p_suppressed)``.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -33,7 +34,11 @@ def suppress_logits(logits: Tensor, suppress_ids: Sequence[int] | Tensor | None)
 
 
 def token_logp_and_entropy(
-    logits: Tensor, tokens: Tensor, *, temperature: float = 1.0, entropy: bool = False,
+    logits: Tensor,
+    tokens: Tensor,
+    *,
+    temperature: float = 1.0,
+    entropy: bool = False,
     suppress_ids: Sequence[int] | Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Log-prob of ``tokens`` [B, T] under ``log_softmax(suppress(logits / T))`` [B, T, V]; optional entropy of the
@@ -161,7 +166,10 @@ def save_value_head(module: LMWithValueHead, path: Path) -> None:
     if module.value_head is not None:
         from safetensors.torch import save_file
 
-        save_file({k: v.detach().contiguous() for k, v in module.value_head.state_dict().items()}, str(path / "value_head.safetensors"))
+        save_file(
+            {k: v.detach().contiguous() for k, v in module.value_head.state_dict().items()},
+            str(path / "value_head.safetensors"),
+        )
 
 
 def load_value_head(module: LMWithValueHead, path: Path) -> None:
@@ -206,12 +214,16 @@ class HFTokenPolicy(Policy):
     def _can_share(self, keys: Sequence[Hashable], mask: Tensor) -> bool:
         """Sharing is on, some prompt has several rows, the completion mask is right-padded and the model's
         attention takes the mask (:func:`mmrl.policies.shared_prefix.unsupported_reason`)."""
-        return (self.shared_prefix.enabled and len(set(keys)) < len(keys)
-                and sp.right_padded_lengths(mask) is not None
-                and sp.unsupported_reason(self._text_config()) is None)
+        return (
+            self.shared_prefix.enabled
+            and len(set(keys)) < len(keys)
+            and sp.right_padded_lengths(mask) is not None
+            and sp.unsupported_reason(self._text_config()) is None
+        )
 
-    def _completion_logits(self, keys: Sequence[Hashable], mask: Tensor,
-                           forward: CompletionForward) -> tuple[Tensor, Tensor | None]:
+    def _completion_logits(
+        self, keys: Sequence[Hashable], mask: Tensor, forward: CompletionForward
+    ) -> tuple[Tensor, Tensor | None]:
         """Logits ``[b, T, V]`` (and values) at the completion positions of a micro-batch whose sample ``i`` has the
         prompt ``keys[i]`` (equal keys: identical prompts): the shared-prefix forward when :meth:`_can_share`, else
         the plain one.
@@ -268,8 +280,9 @@ class HFTokenPolicy(Policy):
         rollout.metrics.update(guard.metrics())
         return rollout
 
-    def _packed_forward(self, layout: sp.PackedLayout, T: int, *, want_values: bool,
-                        **inputs) -> tuple[Tensor, Tensor | None]:
+    def _packed_forward(
+        self, layout: sp.PackedLayout, T: int, *, want_values: bool, **inputs
+    ) -> tuple[Tensor, Tensor | None]:
         """One forward of packed rows (``inputs``: ``input_ids`` / ``position_ids`` and model extras laid out by
         ``layout``) under the shared-prefix mask; logits ``[B, T, V]`` and values ``[B, T]`` per sample (past each
         completion's trained tokens: finite, untrained values, :func:`~mmrl.policies.shared_prefix.unpack`). Only

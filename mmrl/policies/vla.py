@@ -28,6 +28,7 @@ image features + the step's action tokens, ``logits_to_keep`` = action tokens).
 Everything model-side (chat template, multimodal positions, LoRA, value head, reference,
 save/load) is inherited from :class:`~mmrl.policies.vlm.VLMPolicy`.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -118,8 +119,9 @@ class ActionTokenSampler(SeededTokenSampler):
     scores are ``-inf`` everywhere but the picked id, so no other id can be generated.
     """
 
-    def __init__(self, seeds, action_ids: Tensor, *, temperature: float = 1.0, top_p: float = 1.0,
-                 greedy: bool = False) -> None:
+    def __init__(
+        self, seeds, action_ids: Tensor, *, temperature: float = 1.0, top_p: float = 1.0, greedy: bool = False
+    ) -> None:
         super().__init__(seeds, temperature=temperature, top_p=top_p, greedy=greedy)
         self.action_ids = action_ids
         self.bins: list[Tensor] = []
@@ -140,28 +142,41 @@ class ActionTokenSampler(SeededTokenSampler):
         return out.scatter_(-1, ids[choice], 0.0)
 
 
-def sample_action_tokens(lm, inputs: dict, *, seeds: Sequence[int], action_ids: Tensor, num_tokens: int,
-                         pad_id: int, temperature: float, top_p: float = 1.0,
-                         greedy: bool = False) -> tuple[Tensor, Tensor]:
+def sample_action_tokens(
+    lm,
+    inputs: dict,
+    *,
+    seeds: Sequence[int],
+    action_ids: Tensor,
+    num_tokens: int,
+    pad_id: int,
+    temperature: float,
+    top_p: float = 1.0,
+    greedy: bool = False,
+) -> tuple[Tensor, Tensor]:
     """Generate exactly ``num_tokens`` action tokens per row; returns bins ``[N, num_tokens]`` and
     their behaviour log-probs ``[N, num_tokens]`` (both on CPU)."""
     from transformers import GenerationConfig, LogitsProcessorList
 
     sampler = ActionTokenSampler(list(seeds), action_ids, temperature=temperature, top_p=top_p, greedy=greedy)
-    gen_cfg = GenerationConfig(do_sample=False, max_new_tokens=num_tokens, min_new_tokens=num_tokens,
-                               pad_token_id=pad_id, num_beams=1)
+    gen_cfg = GenerationConfig(
+        do_sample=False, max_new_tokens=num_tokens, min_new_tokens=num_tokens, pad_token_id=pad_id, num_beams=1
+    )
     prompt_len = inputs["input_ids"].shape[1]
     with torch.no_grad():
         # synced_gpus=False: transformers turns it on for FSDP-managed modules and then all-reduces at every token, which
         # pairs up only if every rank generates as often (DAPO rounds, VLA episode steps differ); under
         # trainer.strategy=fsdp2 the weights are gathered for the whole rollout, so no rank needs the others
-        out = lm.generate(**inputs, generation_config=gen_cfg, logits_processor=LogitsProcessorList([sampler]),
-                           synced_gpus=False)
+        out = lm.generate(
+            **inputs, generation_config=gen_cfg, logits_processor=LogitsProcessorList([sampler]), synced_gpus=False
+        )
     bins = torch.stack(sampler.bins, 1).cpu()
     generated = out[:, prompt_len:].cpu()
     if generated.shape != bins.shape or not torch.equal(generated, action_ids.cpu()[bins]):
-        raise VLAInputError(f"generate returned {tuple(generated.shape)} tokens that are not the sampled action "
-                            f"tokens {tuple(bins.shape)}")
+        raise VLAInputError(
+            f"generate returned {tuple(generated.shape)} tokens that are not the sampled action "
+            f"tokens {tuple(bins.shape)}"
+        )
     return bins, torch.stack(sampler.logps, 1).cpu()
 
 
@@ -177,13 +192,16 @@ def _same_features(a, b) -> bool:
     return all(x.shape == y.shape and torch.equal(x, y) for x, y in pairs)
 
 
-def first_identical_rows(frames: np.ndarray, instructions: Sequence[str],
-                         features: Sequence[Any] | None = None) -> list[int]:
+def first_identical_rows(
+    frames: np.ndarray, instructions: Sequence[str], features: Sequence[Any] | None = None
+) -> list[int]:
     """For each observation ``k`` (``frames [N, H, W, 3]``, ``instructions``, optional vision ``features``), the first
     row with the same instruction, the same frame bytes and bit-identical features (``k`` itself when none before)."""
     if len(instructions) != len(frames) or (features is not None and len(features) != len(frames)):
-        raise VLAInputError(f"{len(frames)} frames, {len(instructions)} instructions and "
-                            f"{'no' if features is None else len(features)} features do not match")
+        raise VLAInputError(
+            f"{len(frames)} frames, {len(instructions)} instructions and "
+            f"{'no' if features is None else len(features)} features do not match"
+        )
     seen: dict[tuple[str, bytes], list[int]] = {}
     out: list[int] = []
     for k in range(len(frames)):
@@ -210,8 +228,19 @@ class VLAPolicy(VLMPolicy):
         value_head, reference: as for :class:`~mmrl.policies.vlm.VLMPolicy`.
     """
 
-    def __init__(self, lm, processor, cfg, action_stats: dict, env_spec: VLAEnvSpec, *, value_head: bool = False,
-                 reference: bool = False, min_envs: int = 1, check_init_states: bool = True) -> None:
+    def __init__(
+        self,
+        lm,
+        processor,
+        cfg,
+        action_stats: dict,
+        env_spec: VLAEnvSpec,
+        *,
+        value_head: bool = False,
+        reference: bool = False,
+        min_envs: int = 1,
+        check_init_states: bool = True,
+    ) -> None:
         super().__init__(lm, processor, cfg, value_head=value_head, reference=reference)
         self.env_spec = env_spec
         self.init_states = InitStateRecord(strict=check_init_states)
@@ -251,9 +280,14 @@ class VLAPolicy(VLMPolicy):
         low = np.asarray(stats["low"], dtype=np.float64)
         if low.size != self.env_spec.action_dim:
             raise VLAInputError(f"action statistics have {low.size} dims, the env has {self.env_spec.action_dim}")
-        return ActionTokenizer(low, stats["high"], n_bins=self.cfg.n_bins, token_ids=self.action_ids.tolist(),
-                               gripper_dims=tuple(stats.get("gripper_dims", self.env_spec.gripper_dims)),
-                               chunk=self.cfg.chunk)
+        return ActionTokenizer(
+            low,
+            stats["high"],
+            n_bins=self.cfg.n_bins,
+            token_ids=self.action_ids.tolist(),
+            gripper_dims=tuple(stats.get("gripper_dims", self.env_spec.gripper_dims)),
+            chunk=self.cfg.chunk,
+        )
 
     @property
     def tokens_per_call(self) -> int:
@@ -280,23 +314,31 @@ class VLAPolicy(VLMPolicy):
             from PIL import Image
 
             image = Image.fromarray(frame)
-            text = self.processor.apply_chat_template(build_messages({"prompt": instruction}, 1),
-                                                      add_generation_prompt=True, tokenize=False)
+            text = self.processor.apply_chat_template(
+                build_messages({"prompt": instruction}, 1), add_generation_prompt=True, tokenize=False
+            )
             enc = self.processor(text=[text], images=[image], return_tensors="pt")
             grid = enc["image_grid_thw"]
             mm = enc.get("mm_token_type_ids")
             ids = enc["input_ids"][0].long()
             if self.cfg.max_prompt_tokens is not None and ids.numel() > self.cfg.max_prompt_tokens:
                 raise VLAInputError(f"prompt '{instruction}' has {ids.numel()} tokens > model.max_prompt_tokens")
-            tpl = PromptInputs(text=text, images=[image], input_ids=ids,
-                               mm_token_type_ids=mm[0].long() if mm is not None else torch.zeros_like(ids),
-                               pixel_values=None, image_grid_thw=grid, orig_sizes=[image.size],
-                               input_sizes=[input_size_from_grid(grid[0], self.patch_size)])
+            tpl = PromptInputs(
+                text=text,
+                images=[image],
+                input_ids=ids,
+                mm_token_type_ids=mm[0].long() if mm is not None else torch.zeros_like(ids),
+                pixel_values=None,
+                image_grid_thw=grid,
+                orig_sizes=[image.size],
+                input_sizes=[input_size_from_grid(grid[0], self.patch_size)],
+            )
             self._templates[key] = tpl
         return tpl
 
-    def observation_prompts(self, frames: np.ndarray | Tensor, instructions: Sequence[str], *,
-                            features: Sequence[Any] | None = None) -> list[PromptInputs]:
+    def observation_prompts(
+        self, frames: np.ndarray | Tensor, instructions: Sequence[str], *, features: Sequence[Any] | None = None
+    ) -> list[PromptInputs]:
         """One :class:`PromptInputs` per observation: cached text ids + either the given vision
         ``features`` or pixel values from ONE batched image-processor call over ``frames [N, H, W, 3]``."""
         frames = frames.numpy() if isinstance(frames, Tensor) else np.asarray(frames)
@@ -312,11 +354,19 @@ class VLAPolicy(VLMPolicy):
         out = []
         for k, instruction in enumerate(instructions):
             tpl = self._template(instruction, frames[k])
-            out.append(PromptInputs(
-                text=tpl.text, images=tpl.images, input_ids=tpl.input_ids, mm_token_type_ids=tpl.mm_token_type_ids,
-                pixel_values=pixels[k] if pixels is not None else None, image_grid_thw=tpl.image_grid_thw,
-                orig_sizes=tpl.orig_sizes, input_sizes=tpl.input_sizes,
-                features=features[k] if features is not None else None))
+            out.append(
+                PromptInputs(
+                    text=tpl.text,
+                    images=tpl.images,
+                    input_ids=tpl.input_ids,
+                    mm_token_type_ids=tpl.mm_token_type_ids,
+                    pixel_values=pixels[k] if pixels is not None else None,
+                    image_grid_thw=tpl.image_grid_thw,
+                    orig_sizes=tpl.orig_sizes,
+                    input_sizes=tpl.input_sizes,
+                    features=features[k] if features is not None else None,
+                )
+            )
         return out
 
     # ------------------------------------------------------------------ env pool
@@ -329,12 +379,19 @@ class VLAPolicy(VLMPolicy):
 
         n = max(n, self.min_envs)
         spec = self.env_spec
-        self._pool = EnvPool(spec.env_name, n, num_workers=min(self.cfg.num_workers, n),
-                             env_kwargs=spec.env_kwargs, step_timeout_s=self.cfg.step_timeout_s)
+        self._pool = EnvPool(
+            spec.env_name,
+            n,
+            num_workers=min(self.cfg.num_workers, n),
+            env_kwargs=spec.env_kwargs,
+            step_timeout_s=self.cfg.step_timeout_s,
+        )
         self._slot_tasks = [None] * n
         self._assigned_at_restarts = 0
         if tuple(self._pool.action_shape) != (spec.action_dim,):
-            raise VLAInputError(f"env {spec.env_name} has actions {self._pool.action_shape}, expected ({spec.action_dim},)")
+            raise VLAInputError(
+                f"env {spec.env_name} has actions {self._pool.action_shape}, expected ({spec.action_dim},)"
+            )
         return self._pool
 
     def _assign_tasks(self, pool, tasks: Sequence[str | None]) -> None:
@@ -385,15 +442,23 @@ class VLAPolicy(VLMPolicy):
         G = int(group_size)
         plan = [(i, j) for i in range(len(batch)) for j in range(G)]
         items = [batch.items[i] for i, _ in plan]
-        episodes = [EpisodeSpec(init_state=int(it["init_state"]), key=init_state_key(it), seed=(batch.seeds[i], j))
-                    for it, (i, j) in zip(items, plan)]
+        episodes = [
+            EpisodeSpec(init_state=int(it["init_state"]), key=init_state_key(it), seed=(batch.seeds[i], j))
+            for it, (i, j) in zip(items, plan)
+        ]
         pool = self._ensure_pool(len(plan))
         t0 = time.perf_counter()
         self._assign_tasks(pool, [it.get("env_task") for it in items])
         t_assign = time.perf_counter() - t0
         self._set_train_mode(False)
-        run = run_episodes(pool, episodes, self._act_fn(items, greedy=greedy), max_calls=self.max_policy_calls(),
-                           init_states=self.init_states, record_frames=greedy or self.record_frames)
+        run = run_episodes(
+            pool,
+            episodes,
+            self._act_fn(items, greedy=greedy),
+            max_calls=self.max_policy_calls(),
+            init_states=self.init_states,
+            record_frames=greedy or self.record_frames,
+        )
         run.timing["env"] += t_assign
         return self._build_rollout(batch, plan, items, run)
 
@@ -408,16 +473,24 @@ class VLAPolicy(VLMPolicy):
             with torch.no_grad():
                 feats = encode_images(lm, prompts, self.device)
             bins, logp = sample_action_tokens(
-                lm, self._prompt_inputs(prompts, feats), seeds=seeds, action_ids=self.action_ids,
-                num_tokens=self.tokens_per_call, pad_id=self.pad_id, temperature=self.cfg.temperature,
-                top_p=self.cfg.top_p, greedy=greedy)
+                lm,
+                self._prompt_inputs(prompts, feats),
+                seeds=seeds,
+                action_ids=self.action_ids,
+                num_tokens=self.tokens_per_call,
+                pad_id=self.pad_id,
+                temperature=self.cfg.temperature,
+                top_p=self.cfg.top_p,
+                greedy=greedy,
+            )
             actions = self.action_tokenizer.decode(self.action_tokenizer.unflatten_chunk(bins.numpy()))  # [N, chunk, D]
             return ActOutput(actions=actions, bins=bins, logp=logp, features=feats if keep_features else None)
 
         return act
 
-    def _build_rollout(self, batch: PromptBatch, plan: list[tuple[int, int]], items: list[dict],
-                       run: EpisodeRun) -> Rollout:
+    def _build_rollout(
+        self, batch: PromptBatch, plan: list[tuple[int, int]], items: list[dict], run: EpisodeRun
+    ) -> Rollout:
         """The ``[B, T]`` tensors, samples, payload and metrics of the recorded episodes."""
         eps = run.records
         n = len(plan)
@@ -436,13 +509,22 @@ class VLAPolicy(VLMPolicy):
             old = group_logp(old, self.cfg.logp_granularity, tok.action_dim, tok.chunk, mask=mask)
             mask = group_mask(mask, self.cfg.logp_granularity, tok.action_dim, tok.chunk).float()
         prompt_index = torch.tensor([i for i, _ in plan], dtype=torch.long)
-        return self._first_rollout_check(Rollout(
-            rollout_logp=old, mask=mask, group_id=torch.tensor(batch.seeds, dtype=torch.long)[prompt_index],
-            prompt_index=prompt_index, samples=samples, payload=payload, valid=valid,
-            metrics=self._rollout_metrics(samples, valid, mask, run.timing)))
+        return self._first_rollout_check(
+            Rollout(
+                rollout_logp=old,
+                mask=mask,
+                group_id=torch.tensor(batch.seeds, dtype=torch.long)[prompt_index],
+                prompt_index=prompt_index,
+                samples=samples,
+                payload=payload,
+                valid=valid,
+                metrics=self._rollout_metrics(samples, valid, mask, run.timing),
+            )
+        )
 
-    def _episode_samples(self, items: list[dict], eps: list[EpisodeRecord],
-                         image_shape: tuple[int, ...] | None) -> tuple[list[dict], dict[str, list]]:
+    def _episode_samples(
+        self, items: list[dict], eps: list[EpisodeRecord], image_shape: tuple[int, ...] | None
+    ) -> tuple[list[dict], dict[str, list]]:
         """Per episode: the sample dict (success, length, failure, ...; frames when recorded) and the payload."""
         tpc = self.tokens_per_call
         samples = []
@@ -454,9 +536,15 @@ class VLAPolicy(VLMPolicy):
             payload["bins"].append(torch.stack(ep.bins) if steps else torch.zeros(0, tpc, dtype=torch.long))
             payload["instruction"].append(items[k]["prompt"])
             payload["features"].append(ep.features if ep.features else None)
-            sample = {"success": ep.success, "valid": ep.valid, "length": ep.length, "policy_calls": steps,
-                      "failure": ep.failure, "task": items[k].get("task", items[k].get("env_task")),
-                      "init_state": int(items[k]["init_state"])}
+            sample = {
+                "success": ep.success,
+                "valid": ep.valid,
+                "length": ep.length,
+                "policy_calls": steps,
+                "failure": ep.failure,
+                "task": items[k].get("task", items[k].get("env_task")),
+                "init_state": int(items[k]["init_state"]),
+            }
             if ep.last_frame is not None:  # evaluation (greedy or record_frames): keep the frames for videos
                 sample["frames"] = np.concatenate([frames, ep.last_frame[None]])
             samples.append(sample)
@@ -481,8 +569,17 @@ class VLAPolicy(VLMPolicy):
         }
 
     # ------------------------------------------------------------------ log-probs
-    def _step_forward(self, frames: Tensor, instructions: list[str], features: list | None, bins: Tensor, *,
-                      temperature: float, entropy: bool, values: bool) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    def _step_forward(
+        self,
+        frames: Tensor,
+        instructions: list[str],
+        features: list | None,
+        bins: Tensor,
+        *,
+        temperature: float,
+        entropy: bool,
+        values: bool,
+    ) -> tuple[Tensor, Tensor | None, Tensor | None]:
         """Token log-probs ``[N, tpc]`` (+ entropy, values) of ``bins`` at N observations."""
         if self.shared_prefix.enabled:
             # identical observations (the G episodes of a group start from one state) become one prompt object, which
@@ -490,8 +587,11 @@ class VLAPolicy(VLMPolicy):
             frames = frames.numpy() if isinstance(frames, Tensor) else np.asarray(frames)
             same = first_identical_rows(frames, instructions, features)
             reps = sorted(set(same))
-            unique = self.observation_prompts(frames[reps], [instructions[r] for r in reps],
-                                              features=[features[r] for r in reps] if features is not None else None)
+            unique = self.observation_prompts(
+                frames[reps],
+                [instructions[r] for r in reps],
+                features=[features[r] for r in reps] if features is not None else None,
+            )
             by_row = dict(zip(reps, unique))
             prompts = [by_row[r] for r in same]
         else:
@@ -522,8 +622,9 @@ class VLAPolicy(VLMPolicy):
             bins = torch.cat([x for x in pay["bins"] if x.shape[0]])
             instr = [pay["instruction"][k] for k in rows]
             feats = [f for k, L in enumerate(lengths) if L for f in pay["features"][k]] if use_feats else None
-            logp, ent, v = self._step_forward(frames, instr, feats, bins, temperature=self.cfg.temperature,
-                                              entropy=entropy, values=values)
+            logp, ent, v = self._step_forward(
+                frames, instr, feats, bins, temperature=self.cfg.temperature, entropy=entropy, values=values
+            )
             step_in_ep = torch.cat([torch.arange(L) for L in lengths if L])
             r = torch.tensor(rows)[:, None].expand(-1, tpc).to(self.device)
             c = (step_in_ep[:, None] * tpc + torch.arange(tpc)[None]).to(self.device)
@@ -548,8 +649,10 @@ class VLAPolicy(VLMPolicy):
         """Bins ``[tpc]`` of an SFT target text (exactly ``tokens_per_call`` action tokens)."""
         ids = self.tokenizer(target, add_special_tokens=False)["input_ids"]
         if len(ids) != self.tokens_per_call:
-            raise VLAInputError(f"SFT target {target[:60]!r} has {len(ids)} tokens, expected {self.tokens_per_call} "
-                                "action tokens (chunk x action_dim)")
+            raise VLAInputError(
+                f"SFT target {target[:60]!r} has {len(ids)} tokens, expected {self.tokens_per_call} "
+                "action tokens (chunk x action_dim)"
+            )
         return torch.as_tensor(self.action_tokenizer.from_token_ids(np.asarray(ids, dtype=np.int64)))
 
     def sft_loss(self, batch: PromptBatch, targets: Sequence[str]) -> Tensor:
@@ -562,8 +665,9 @@ class VLAPolicy(VLMPolicy):
                 raise VLAInputError(f"SFT item {k} needs 'frame' (uint8 [H, W, 3]) and 'prompt' (keys: {sorted(it)})")
         frames = np.stack([np.asarray(it["frame"], dtype=np.uint8) for it in batch.items])
         bins = torch.stack([self.target_bins(t) for t in targets])
-        logp, _, _ = self._step_forward(frames, [it["prompt"] for it in batch.items], None, bins, temperature=1.0,
-                                        entropy=False, values=False)
+        logp, _, _ = self._step_forward(
+            frames, [it["prompt"] for it in batch.items], None, bins, temperature=1.0, entropy=False, values=False
+        )
         return -logp.mean()
 
     # ------------------------------------------------------------------ persistence
@@ -593,13 +697,26 @@ def build_vla_policy(run_cfg, spec: PolicySpec) -> VLAPolicy:
 
     for name in ("env_spec", "action_stats"):
         if getattr(spec, name) is None:
-            raise VLAInputError(f"model.type=vla needs a VLA task (its policy spec gives {name}); task {spec.task_name} "
-                                "gives none")
+            raise VLAInputError(
+                f"model.type=vla needs a VLA task (its policy spec gives {name}); task {spec.task_name} gives none"
+            )
     cfg = run_cfg.model
-    lm, processor = load_vlm(resolve_vlm(cfg.path), dtype=cfg.dtype, device=_target_device(run_cfg),
-                             attn_implementation=cfg.attn_implementation)
+    lm, processor = load_vlm(
+        resolve_vlm(cfg.path),
+        dtype=cfg.dtype,
+        device=_target_device(run_cfg),
+        attn_implementation=cfg.attn_implementation,
+    )
     world = int(__import__("os").environ.get("WORLD_SIZE", "1"))
     slots = max(1, run_cfg.trainer.batch_size // world) * run_cfg.algo.group_size
-    return VLAPolicy(lm, processor, cfg, spec.action_stats, spec.env_spec,
-                     value_head=run_cfg.algo.advantage == "gae", reference=run_cfg.algo.kl_coef > 0, min_envs=slots,
-                     check_init_states=run_cfg.task.check_init_states)
+    return VLAPolicy(
+        lm,
+        processor,
+        cfg,
+        spec.action_stats,
+        spec.env_spec,
+        value_head=run_cfg.algo.advantage == "gae",
+        reference=run_cfg.algo.kl_coef > 0,
+        min_envs=slots,
+        check_init_states=run_cfg.task.check_init_states,
+    )

@@ -35,6 +35,7 @@ shuffled temporal patches, batched into the same ``generate`` call; they are mar
 ``shuffled=True`` in their samples and ``Rollout.probe`` (``valid=False``: no gradient, outside the group
 statistics); they only feed :func:`mmrl.algos.tgrpo.rollout_temporal_bonus`.
 """
+
 from __future__ import annotations
 
 import logging
@@ -196,8 +197,9 @@ def apply_pixel_limits(processor: Any, min_pixels: int | None, max_pixels: int |
     ip.size = {"shortest_edge": lo, "longest_edge": hi}
 
 
-def preprocess(processor: Any, items: Sequence[dict], *, max_prompt_tokens: int | None = None,
-               skip_too_long: bool = False) -> list[PromptInputs | None]:
+def preprocess(
+    processor: Any, items: Sequence[dict], *, max_prompt_tokens: int | None = None, skip_too_long: bool = False
+) -> list[PromptInputs | None]:
     """Chat template + one processor call per item; see :class:`PromptInputs`.
 
     A prompt over ``max_prompt_tokens`` raises :class:`PromptTooLongError`, or with ``skip_too_long`` gives None
@@ -217,37 +219,47 @@ def preprocess(processor: Any, items: Sequence[dict], *, max_prompt_tokens: int 
 
             clips = item_clips(item, processor)
             video_kw = video_processor_kwargs(clips)
-        text = processor.apply_chat_template(build_messages(item, len(images), len(clips)),
-                                             add_generation_prompt=True, tokenize=False)
+        text = processor.apply_chat_template(
+            build_messages(item, len(images), len(clips)), add_generation_prompt=True, tokenize=False
+        )
         enc = processor(text=[text], images=images or None, **video_kw, return_tensors="pt")
         ids = enc["input_ids"][0]
         if max_prompt_tokens is not None and ids.numel() > max_prompt_tokens:
             if skip_too_long:
-                log.warning("skipping prompt %d of the batch (id %s): %d tokens (text + image + video) > "
-                            "model.max_prompt_tokens=%d", i, item.get("id", "?"), ids.numel(), max_prompt_tokens)
+                log.warning(
+                    "skipping prompt %d of the batch (id %s): %d tokens (text + image + video) > "
+                    "model.max_prompt_tokens=%d",
+                    i,
+                    item.get("id", "?"),
+                    ids.numel(),
+                    max_prompt_tokens,
+                )
                 out.append(None)
                 continue
             raise PromptTooLongError(
                 f"prompt {i} has {ids.numel()} tokens (text + image + video) > model.max_prompt_tokens="
-                f"{max_prompt_tokens}; lower model.max_pixels (or the video frame budget) or raise model.max_prompt_tokens")
+                f"{max_prompt_tokens}; lower model.max_pixels (or the video frame budget) or raise model.max_prompt_tokens"
+            )
         mm = enc.get("mm_token_type_ids")
         mm = mm[0].long() if mm is not None else torch.zeros_like(ids)
         grid = enc.get("image_grid_thw") if images else None
         spg = enc.get("second_per_grid_ts") if clips else None
-        out.append(PromptInputs(
-            text=text,
-            images=images,
-            input_ids=ids.long(),
-            mm_token_type_ids=mm,
-            pixel_values=enc.get("pixel_values") if images else None,
-            image_grid_thw=grid,
-            orig_sizes=orig_sizes,
-            input_sizes=[input_size_from_grid(row, patch) for row in grid] if grid is not None else [],
-            videos=clips,
-            pixel_values_videos=enc.get("pixel_values_videos") if clips else None,
-            video_grid_thw=enc.get("video_grid_thw") if clips else None,
-            second_per_grid_ts=torch.as_tensor(spg, dtype=torch.float32).reshape(-1) if spg is not None else None,
-        ))
+        out.append(
+            PromptInputs(
+                text=text,
+                images=images,
+                input_ids=ids.long(),
+                mm_token_type_ids=mm,
+                pixel_values=enc.get("pixel_values") if images else None,
+                image_grid_thw=grid,
+                orig_sizes=orig_sizes,
+                input_sizes=[input_size_from_grid(row, patch) for row in grid] if grid is not None else [],
+                videos=clips,
+                pixel_values_videos=enc.get("pixel_values_videos") if clips else None,
+                video_grid_thw=enc.get("video_grid_thw") if clips else None,
+                second_per_grid_ts=torch.as_tensor(spg, dtype=torch.float32).reshape(-1) if spg is not None else None,
+            )
+        )
     return out
 
 
@@ -297,9 +309,13 @@ def encode_images(lm, prompts: Sequence[PromptInputs], device, kind: str = "imag
             continue
         sl = slice(k, k + n)
         k += n
-        result.append(ImageFeatures(
-            embeds=embeds[sl], deepstack=[layer[sl] for layer in deep] if deep is not None else None,
-            output_cls=type(out)))
+        result.append(
+            ImageFeatures(
+                embeds=embeds[sl],
+                deepstack=[layer[sl] for layer in deep] if deep is not None else None,
+                output_cls=type(out),
+            )
+        )
     return result
 
 
@@ -340,8 +356,9 @@ def _eos_ids(tokenizer, lm) -> list[int]:
 class VLMPolicy(HFTokenPolicy):
     """A :class:`~mmrl.policies.base.Policy` whose actions are completion tokens of a Qwen-VL model."""
 
-    def __init__(self, lm, processor, cfg, *, value_head: bool = False, reference: bool = False,
-                 tgrpo: Any = None) -> None:
+    def __init__(
+        self, lm, processor, cfg, *, value_head: bool = False, reference: bool = False, tgrpo: Any = None
+    ) -> None:
         from mmrl.models.tiny_vlm import model_family, vision_special_token_ids
 
         self.cfg = cfg
@@ -356,8 +373,10 @@ class VLMPolicy(HFTokenPolicy):
         self.patch_size = int(processor.image_processor.patch_size)
         apply_pixel_limits(processor, cfg.min_pixels, cfg.max_pixels)
         if cfg.lora.enabled and not cfg.freeze_vision_tower:
-            raise ValueError("model.freeze_vision_tower=false needs full fine-tuning: LoRA adapters never go on the "
-                             "vision tower and PEFT freezes everything else; set model.lora.enabled=false")
+            raise ValueError(
+                "model.freeze_vision_tower=false needs full fine-tuning: LoRA adapters never go on the "
+                "vision tower and PEFT freezes everything else; set model.lora.enabled=false"
+            )
         if cfg.freeze_vision_tower:
             for p in vision_tower(lm).parameters():
                 p.requires_grad_(False)
@@ -393,16 +412,20 @@ class VLMPolicy(HFTokenPolicy):
     def preprocess(self, items: Sequence[dict], *, skip_too_long: bool = False) -> list[PromptInputs | None]:
         """Chat template + one processor call per item (reusable by a rollout engine); ``skip_too_long``: None for a
         prompt over ``model.max_prompt_tokens`` instead of :class:`PromptTooLongError`."""
-        return preprocess(self.processor, items, max_prompt_tokens=self.cfg.max_prompt_tokens,
-                          skip_too_long=skip_too_long)
+        return preprocess(
+            self.processor, items, max_prompt_tokens=self.cfg.max_prompt_tokens, skip_too_long=skip_too_long
+        )
 
     def sample_meta(self, items: Sequence[dict]) -> list[dict]:
         """What the policy knows of each item after preprocessing: original and model-input image
         sizes (from the processor), model family and box frame. Used for SFT targets."""
         return [
-            {"orig_size": p.orig_sizes[0] if p.orig_sizes else None,
-             "input_size": p.input_sizes[0] if p.input_sizes else None,
-             "family": self.family, "box_frame": self.box_frame}
+            {
+                "orig_size": p.orig_sizes[0] if p.orig_sizes else None,
+                "input_size": p.input_sizes[0] if p.input_sizes else None,
+                "family": self.family,
+                "box_frame": self.box_frame,
+            }
             for p in self.preprocess(items)
         ]
 
@@ -426,9 +449,15 @@ class VLMPolicy(HFTokenPolicy):
         by_id = {k: f for k, f in zip(unique, feats)}
         return [by_id[id(p)] for p in prompts]
 
-    def _prompt_inputs(self, prompts: Sequence[PromptInputs], feats: Sequence[ImageFeatures | None] | None,
-                       completions: Tensor | None = None, completion_mask: Tensor | None = None, *,
-                       video_feats: Sequence[ImageFeatures | None] | None = None) -> dict:
+    def _prompt_inputs(
+        self,
+        prompts: Sequence[PromptInputs],
+        feats: Sequence[ImageFeatures | None] | None,
+        completions: Tensor | None = None,
+        completion_mask: Tensor | None = None,
+        *,
+        video_feats: Sequence[ImageFeatures | None] | None = None,
+    ) -> dict:
         """Model inputs of left-padded prompts (+ right-padded completions when given).
 
         Images (videos) enter as precomputed ``feats`` (``video_feats``) through
@@ -453,8 +482,12 @@ class VLMPolicy(HFTokenPolicy):
             inputs["position_ids"] = (inputs["attention_mask"].cumsum(1) - 1).clamp(min=0)
         return inputs
 
-    def _media_inputs(self, prompts: Sequence[PromptInputs], feats: Sequence[ImageFeatures | None] | None,
-                      video_feats: Sequence[ImageFeatures | None] | None) -> dict[str, Any]:
+    def _media_inputs(
+        self,
+        prompts: Sequence[PromptInputs],
+        feats: Sequence[ImageFeatures | None] | None,
+        video_feats: Sequence[ImageFeatures | None] | None,
+    ) -> dict[str, Any]:
         """The image / video model inputs of ``prompts`` in their order (grids, Qwen2.5-VL's ``second_per_grid_ts``,
         and the features as ``mm_encoder_outputs`` or the pixels when ``feats`` is None); empty without media."""
         dev = self.device
@@ -489,8 +522,9 @@ class VLMPolicy(HFTokenPolicy):
         if self.module.lm.training != train:
             self.module.train(train)
 
-    def _completion_forward(self, prompts: Sequence[PromptInputs], completions: list[Tensor], mask: Tensor,
-                            *, want_values: bool) -> tuple[Tensor, Tensor, Tensor | None]:
+    def _completion_forward(
+        self, prompts: Sequence[PromptInputs], completions: list[Tensor], mask: Tensor, *, want_values: bool
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
         """Logits [b, T, V] at the completion positions, the completion ids [b, T] and values [b, T].
 
         Samples that share a :class:`PromptInputs` object (the ``G`` samples of a prompt) go through the
@@ -511,8 +545,9 @@ class VLMPolicy(HFTokenPolicy):
         logits, v = self._completion_logits([id(p) for p in prompts], mask, forward)
         return logits, c_ids.to(logits.device), v
 
-    def _plain_completion_forward(self, prompts: Sequence[PromptInputs], c_ids: Tensor, mask: Tensor, *,
-                                  want_values: bool) -> tuple[Tensor, Tensor | None]:
+    def _plain_completion_forward(
+        self, prompts: Sequence[PromptInputs], c_ids: Tensor, mask: Tensor, *, want_values: bool
+    ) -> tuple[Tensor, Tensor | None]:
         """One row of left-padded prompt + right-padded completion per sample."""
         T = mask.shape[1]
         feats = self._features(prompts)
@@ -522,12 +557,13 @@ class VLMPolicy(HFTokenPolicy):
         logits, vals = self.model(**inputs, logits_to_keep=T + 1, want_values=want_values)
         P = inputs["input_ids"].shape[1] - T
         # position t predicts token t+1: completion token j (at P + j) is predicted at P + j - 1
-        comp_logits = logits[:, -(T + 1):-1] if T > 0 else logits[:, :0]
-        v = vals[:, P - 1: P - 1 + T] if vals is not None else None
+        comp_logits = logits[:, -(T + 1) : -1] if T > 0 else logits[:, :0]
+        v = vals[:, P - 1 : P - 1 + T] if vals is not None else None
         return comp_logits, v
 
-    def _shared_completion_forward(self, prompts: Sequence[PromptInputs], c_ids: Tensor, mask: Tensor, *,
-                                   want_values: bool) -> tuple[Tensor, Tensor | None]:
+    def _shared_completion_forward(
+        self, prompts: Sequence[PromptInputs], c_ids: Tensor, mask: Tensor, *, want_values: bool
+    ) -> tuple[Tensor, Tensor | None]:
         """One packed row per distinct prompt object: the prompt once (its images / videos once), then its samples'
         completions (:mod:`mmrl.policies.shared_prefix`); multimodal rotary positions from the model's own
         ``get_rope_index`` over the prompts."""
@@ -564,11 +600,14 @@ class VLMPolicy(HFTokenPolicy):
         pos, _ = _base_model(self.module.lm).model.get_rope_index(
             input_ids=torch.cat([ids[:, :E], one * self.pad_id], 1).to(dev),
             mm_token_type_ids=torch.cat([mm[:, :E], one * 0], 1).to(dev),
-            attention_mask=torch.cat([prompt_cols.long(), one], 1).to(dev), **rope_kw)
+            attention_mask=torch.cat([prompt_cols.long(), one], 1).to(dev),
+            **rope_kw,
+        )
         return sp.pack_positions(layout, pos[:, :, :E], pos[:, :, E])
 
-    def _prefilled_inputs(self, rep_prompts: Sequence[PromptInputs], distinct: Sequence[PromptInputs],
-                          by_id: dict) -> dict[str, Any] | None:
+    def _prefilled_inputs(
+        self, rep_prompts: Sequence[PromptInputs], distinct: Sequence[PromptInputs], by_id: dict
+    ) -> dict[str, Any] | None:
         """``generate`` inputs whose KV cache already holds every prompt but its last token, computed ONCE per distinct
         prompt (its images once) and repeated to that prompt's samples; the multimodal rotary offsets
         (``rope_deltas``) of the prefill are repeated the same way, so generation continues at the positions a prefill
@@ -589,8 +628,11 @@ class VLMPolicy(HFTokenPolicy):
         pre = self._prompt_inputs(distinct, [by_id[id(q)][0] for q in distinct])
         ids, att = left_pad([p.input_ids for p in rep_prompts], self.pad_id)  # every sample, the same padded width
         mm, _ = left_pad([p.mm_token_type_ids for p in rep_prompts], 0)
-        full = {"input_ids": ids.to(self.device), "attention_mask": att.to(self.device),
-                "mm_token_type_ids": mm.to(self.device)}
+        full = {
+            "input_ids": ids.to(self.device),
+            "attention_mask": att.to(self.device),
+            "mm_token_type_ids": mm.to(self.device),
+        }
         if pre["input_ids"].shape[1] != ids.shape[1]:
             return None
         for key in ("input_ids", "attention_mask", "mm_token_type_ids"):
@@ -617,8 +659,9 @@ class VLMPolicy(HFTokenPolicy):
             raise VLMInputError("the shuffled copy of a video prompt has other tokens than the prompt")
         return out
 
-    def _rollout_plan(self, batch: PromptBatch, prompts: list[PromptInputs], group_size: int,
-                      greedy: bool) -> tuple[list[tuple[int, PromptInputs, bool]], list[int]]:
+    def _rollout_plan(
+        self, batch: PromptBatch, prompts: list[PromptInputs], group_size: int, greedy: bool
+    ) -> tuple[list[tuple[int, PromptInputs, bool]], list[int]]:
         """Per prompt: G samples on the prompt, then (T-GRPO, sampled rollouts only) ``tgrpo.shuffled_group`` probes
         on its shuffled copy. Returns ``(prompt index, prompt inputs, is probe)`` per sample and each sample's seed
         (probes draw from their own seed stream)."""
@@ -663,9 +706,15 @@ class VLMPolicy(HFTokenPolicy):
         plan, seeds = self._rollout_plan(batch, prompts, group_size, greedy)
         if not plan:  # every prompt too long: an empty rollout (the trainer logs an empty step, evaluation skips it)
             empty = torch.zeros(0, 0)
-            return Rollout(rollout_logp=empty, mask=empty.clone(), group_id=torch.zeros(0, dtype=torch.long),
-                           prompt_index=torch.zeros(0, dtype=torch.long), samples=[],
-                           payload={"prompts": [], "completion_ids": []}, metrics={"data/too_long": n_too_long})
+            return Rollout(
+                rollout_logp=empty,
+                mask=empty.clone(),
+                group_id=torch.zeros(0, dtype=torch.long),
+                prompt_index=torch.zeros(0, dtype=torch.long),
+                samples=[],
+                payload={"prompts": [], "completion_ids": []},
+                metrics={"data/too_long": n_too_long},
+            )
         distinct = list({id(q): q for _, q, _ in plan}.values())
         lm = self.module.lm
         self._set_train_mode(False)
@@ -684,8 +733,11 @@ class VLMPolicy(HFTokenPolicy):
             if self.shared_prefix.enabled and len(distinct) < len(rep_prompts):
                 inputs = self._prefilled_inputs(rep_prompts, distinct, by_id)
             if inputs is None:
-                inputs = self._prompt_inputs(rep_prompts, [by_id[id(q)][0] for q in rep_prompts],
-                                             video_feats=[by_id[id(q)][1] for q in rep_prompts])
+                inputs = self._prompt_inputs(
+                    rep_prompts,
+                    [by_id[id(q)][0] for q in rep_prompts],
+                    video_feats=[by_id[id(q)][1] for q in rep_prompts],
+                )
             comp = generate_completions(
                 lm,
                 inputs,
@@ -702,8 +754,9 @@ class VLMPolicy(HFTokenPolicy):
         texts = self.tokenizer.batch_decode(ids, skip_special_tokens=True)
         lengths = comp.mask.sum(1).long().tolist()
         truncated = comp.truncated.tolist()
-        samples = [self._sample_dict(texts[k], lengths[k], bool(truncated[k]), p, shuf)
-                   for k, (_, p, shuf) in enumerate(plan)]
+        samples = [
+            self._sample_dict(texts[k], lengths[k], bool(truncated[k]), p, shuf) for k, (_, p, shuf) in enumerate(plan)
+        ]
         for k, s in enumerate(samples):  # the sampled token ids, what TRL passes its reward functions as completion_ids
             s["completion_ids"] = ids[k, : lengths[k]].tolist()
         prompt_index = torch.tensor([i for i, _, _ in plan], dtype=torch.long)
@@ -715,23 +768,27 @@ class VLMPolicy(HFTokenPolicy):
 
             metrics.update(video_rollout_metrics([s for s in samples if not s.get("shuffled")]))
         probe = torch.tensor([shuf for _, _, shuf in plan], dtype=torch.bool)
-        return self._first_rollout_check(Rollout(
-            rollout_logp=comp.logp.cpu(),
-            mask=comp.mask.cpu(),
-            group_id=torch.tensor(batch.seeds, dtype=torch.long)[prompt_index],
-            prompt_index=prompt_index,
-            samples=samples,
-            payload={"prompts": rep_prompts, "completion_ids": [ids[i, :n] for i, n in enumerate(lengths)]},
-            valid=~probe,
-            probe=probe,
-            metrics=metrics,
-        ))
+        return self._first_rollout_check(
+            Rollout(
+                rollout_logp=comp.logp.cpu(),
+                mask=comp.mask.cpu(),
+                group_id=torch.tensor(batch.seeds, dtype=torch.long)[prompt_index],
+                prompt_index=prompt_index,
+                samples=samples,
+                payload={"prompts": rep_prompts, "completion_ids": [ids[i, :n] for i, n in enumerate(lengths)]},
+                valid=~probe,
+                probe=probe,
+                metrics=metrics,
+            )
+        )
 
     def log_probs(self, rollout: Rollout, *, entropy: bool = False, values: bool = False) -> LogProbOutput:
-        logits, c_ids, v = self._completion_forward(rollout.payload["prompts"], rollout.payload["completion_ids"],
-                                                    rollout.mask, want_values=values)
-        logp, ent = token_logp_and_entropy(logits, c_ids, temperature=self.cfg.temperature, entropy=entropy,
-                                           suppress_ids=self.suppress_ids)
+        logits, c_ids, v = self._completion_forward(
+            rollout.payload["prompts"], rollout.payload["completion_ids"], rollout.mask, want_values=values
+        )
+        logp, ent = token_logp_and_entropy(
+            logits, c_ids, temperature=self.cfg.temperature, entropy=entropy, suppress_ids=self.suppress_ids
+        )
         return LogProbOutput(logp=logp, entropy=ent, values=v)
 
     def sft_loss(self, batch: PromptBatch, targets: Sequence[str]) -> Tensor:
@@ -740,8 +797,10 @@ class VLMPolicy(HFTokenPolicy):
             raise ValueError(f"sft_loss: {len(targets)} targets for {len(batch)} prompts")
         prompts = self.preprocess(batch.items)
         eos = self.tokenizer.eos_token_id
-        comps = [torch.tensor(self.tokenizer(t, add_special_tokens=False)["input_ids"] + [eos], dtype=torch.long)
-                 for t in targets]
+        comps = [
+            torch.tensor(self.tokenizer(t, add_special_tokens=False)["input_ids"] + [eos], dtype=torch.long)
+            for t in targets
+        ]
         lengths = torch.tensor([c.numel() for c in comps])
         mask = (torch.arange(int(lengths.max()))[None, :] < lengths[:, None]).float()
         logits, c_ids, _ = self._completion_forward(prompts, comps, mask, want_values=False)
@@ -799,8 +858,9 @@ def load_hf_weights(lm, path: str | Path) -> None:
             if lk is None:
                 raise CheckpointMismatchError(f, f"weight {sk} {shape} is in the checkpoint but not in the model")
             if shape != tuple(live[lk].shape):
-                raise CheckpointMismatchError(f, f"weight {sk} is {shape} in the checkpoint, {tuple(live[lk].shape)} "
-                                                 f"in the model ({lk})")
+                raise CheckpointMismatchError(
+                    f, f"weight {sk} is {shape} in the checkpoint, {tuple(live[lk].shape)} in the model ({lk})"
+                )
     with torch.no_grad():
         for f in files:
             try:
@@ -811,12 +871,14 @@ def load_hf_weights(lm, path: str | Path) -> None:
                         covered.add(target.data_ptr())
             except Exception as e:  # noqa: BLE001 - the header was sound: the bytes themselves are not
                 first = (str(e).strip().splitlines() or [""])[0][:200]
-                raise DamagedCheckpointError(f, f"it cannot be read as safetensors ({type(e).__name__}: {first})") \
-                    from None
+                raise DamagedCheckpointError(
+                    f, f"it cannot be read as safetensors ({type(e).__name__}: {first})"
+                ) from None
     missing = [k for k, t in live.items() if t.numel() and t.data_ptr() not in covered]  # tied weights share storage
     if missing:
-        raise CheckpointMismatchError(path, f"weight {missing[0]} {tuple(live[missing[0]].shape)} of the model is "
-                                            "missing from the checkpoint")
+        raise CheckpointMismatchError(
+            path, f"weight {missing[0]} {tuple(live[missing[0]].shape)} of the model is missing from the checkpoint"
+        )
 
 
 # ============================================================================ builder
@@ -835,7 +897,17 @@ def build_vlm_policy(run_cfg, spec: PolicySpec | None = None) -> VLMPolicy:
     from mmrl.models.tiny_vlm import load_vlm
 
     cfg = run_cfg.model
-    lm, processor = load_vlm(resolve_vlm(cfg.path), dtype=cfg.dtype, device=_target_device(run_cfg),
-                             attn_implementation=cfg.attn_implementation)
-    return VLMPolicy(lm, processor, cfg, value_head=run_cfg.algo.advantage == "gae",
-                     reference=run_cfg.algo.kl_coef > 0, tgrpo=run_cfg.algo.tgrpo)
+    lm, processor = load_vlm(
+        resolve_vlm(cfg.path),
+        dtype=cfg.dtype,
+        device=_target_device(run_cfg),
+        attn_implementation=cfg.attn_implementation,
+    )
+    return VLMPolicy(
+        lm,
+        processor,
+        cfg,
+        value_head=run_cfg.algo.advantage == "gae",
+        reference=run_cfg.algo.kl_coef > 0,
+        tgrpo=run_cfg.algo.tgrpo,
+    )

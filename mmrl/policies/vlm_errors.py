@@ -1,5 +1,6 @@
 """Errors of the VLM input path (images and videos), shared by :mod:`mmrl.policies.vlm` and
 :mod:`mmrl.policies.vlm_video`."""
+
 from __future__ import annotations
 
 

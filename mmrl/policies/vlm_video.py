@@ -19,6 +19,7 @@ What this module adds to the image path, and nothing else:
 * :func:`video_sample_fields` / :func:`video_rollout_metrics`: what a sample and the step log say
   about the video (``duration``, ``clip_start``, ``visual_tokens``, ``video/frames``...).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -105,11 +106,13 @@ def check_clip(clip: VideoClip, processor: Any) -> None:
     if h % mult or w % mult:
         raise VideoInputError(
             f"video {clip.path}: frames are {w}x{h}, not multiples of this processor's patch*merge={mult}; decode it "
-            f"with VideoSamplingConfig(size_multiple={mult}) (mmrl.policies.vlm_video.default_sampling)")
+            f"with VideoSamplingConfig(size_multiple={mult}) (mmrl.policies.vlm_video.default_sampling)"
+        )
     if t % tp:
         raise VideoInputError(
             f"video {clip.path}: {t} frames is not a multiple of the temporal patch size {tp}; decode it with "
-            f"VideoSamplingConfig(frame_factor={tp})")
+            f"VideoSamplingConfig(frame_factor={tp})"
+        )
 
 
 def item_clips(item: Mapping[str, Any], processor: Any) -> list[VideoClip]:

@@ -16,6 +16,7 @@ a completion is a PIL image or a dict with an ``"image"`` key (what the diffusio
 * :func:`group_diversity` — mean pairwise RMS pixel distance of the images within each group
   (a reward-hacking / mode-collapse monitor).
 """
+
 from __future__ import annotations
 
 import io
@@ -63,6 +64,7 @@ class MissingWeightsError(FileNotFoundError):
 
 # ---------------------------------------------------------------- inputs
 
+
 def to_pil(completion: Any):
     """The PIL RGB image of a completion (a PIL image, a dict with ``"image"``, or an HxWx3 uint8 array)."""
     from PIL import Image
@@ -80,6 +82,7 @@ def _rgb_array(completion: Any) -> np.ndarray:
 
 
 # ---------------------------------------------------------------- JPEG (DDPO)
+
 
 def jpeg_size_kb(image: Any, quality: int = 95) -> float:
     """Size in kB (1000 bytes) of the image saved as JPEG at ``quality``."""
@@ -100,6 +103,7 @@ def jpeg_incompressibility(prompts: Sequence[str], completions: Sequence[Any], *
 
 # ---------------------------------------------------------------- colour rule (synthetic default)
 
+
 def _rgb(color: Any) -> np.ndarray:
     if isinstance(color, str):
         from mmrl.data.synthetic_scenes import PALETTE
@@ -113,8 +117,15 @@ def _rgb(color: Any) -> np.ndarray:
     return arr
 
 
-def color_rule_score(image: Any, object_color: Any, background_color: Any, *, center_frac: float = 0.5,
-                     tol: float = 60.0, combine: str = "geometric") -> float:
+def color_rule_score(
+    image: Any,
+    object_color: Any,
+    background_color: Any,
+    *,
+    center_frac: float = 0.5,
+    tol: float = 60.0,
+    combine: str = "geometric",
+) -> float:
     """Prompt adherence of a centred object on a background, from two pixel fractions.
 
     ``o`` = fraction of centre pixels near the object colour, ``b`` = fraction of border pixels near
@@ -141,13 +152,19 @@ def color_rule_score(image: Any, object_color: Any, background_color: Any, *, ce
     return float(np.sqrt(o * b)) if combine == "geometric" else 0.5 * o + 0.5 * b
 
 
-def color_rule_reward(prompts: Sequence[str], completions: Sequence[Any], object_color: Sequence[Any],
-                      background_color: Sequence[Any], **_: Any) -> list[float]:
+def color_rule_reward(
+    prompts: Sequence[str],
+    completions: Sequence[Any],
+    object_color: Sequence[Any],
+    background_color: Sequence[Any],
+    **_: Any,
+) -> list[float]:
     """TRL wrapper of :func:`color_rule_score` (columns ``object_color``, ``background_color``: names or RGB)."""
     return [color_rule_score(c, o, b) for c, o, b in zip(completions, object_color, background_color)]
 
 
 # ---------------------------------------------------------------- OCR
+
 
 def edit_distance(a: str, b: str) -> int:
     """Levenshtein distance (insertions, deletions, substitutions all cost 1)."""
@@ -164,7 +181,8 @@ def _require_tesseract():
     if shutil.which("tesseract") is None:
         raise MissingDependencyError(
             "the OCR reward needs the tesseract binary: install it with `apt-get install tesseract-ocr` "
-            "(and `pip install pytesseract`)")
+            "(and `pip install pytesseract`)"
+        )
     try:
         import pytesseract
     except ImportError as e:
@@ -189,6 +207,7 @@ def ocr_reward(prompts: Sequence[str], completions: Sequence[Any], target_text: 
 
 # ---------------------------------------------------------------- model rewards
 
+
 def _check_weights(path: str | Path, what: str) -> str:
     p = str(path)
     if Path(p).expanduser().exists():
@@ -199,7 +218,8 @@ def _check_weights(path: str | Path, what: str) -> str:
     if offline or "/" not in p:
         raise MissingWeightsError(
             f"{what}: weights not found at {p!r}. Download them first (e.g. `hf download {p}` on a machine with "
-            "hub access) and pass the local folder")
+            "hub access) and pass the local folder"
+        )
     return p
 
 
@@ -226,8 +246,13 @@ class _CLIPBased:
 
     @torch.no_grad()
     def embed(self, prompts: Sequence[str], completions: Sequence[Any]) -> tuple[Tensor, Tensor]:
-        inputs = self.processor(text=list(prompts), images=[to_pil(c) for c in completions], return_tensors="pt",
-                                padding=True, truncation=True).to(self.device)
+        inputs = self.processor(
+            text=list(prompts),
+            images=[to_pil(c) for c in completions],
+            return_tensors="pt",
+            padding=True,
+            truncation=True,
+        ).to(self.device)
         img = self.model.get_image_features(pixel_values=inputs["pixel_values"])
         txt = self.model.get_text_features(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"])
         img = getattr(img, "pooler_output", img)
@@ -264,8 +289,10 @@ class AestheticReward(_CLIPBased):
 
     def __init__(self, clip_path: str, mlp_path: str, device: str = "cpu") -> None:
         if not Path(mlp_path).expanduser().exists():
-            raise MissingWeightsError(f"{self.what}: MLP weights not found at {mlp_path!r} "
-                                      "(sac+logos+ava1-l14-linearMSE.pth from the LAION aesthetic predictor)")
+            raise MissingWeightsError(
+                f"{self.what}: MLP weights not found at {mlp_path!r} "
+                "(sac+logos+ava1-l14-linearMSE.pth from the LAION aesthetic predictor)"
+            )
         super().__init__(clip_path, device=device)
         dims = [768, 1024, 128, 64, 16, 1]
         layers: list[torch.nn.Module] = []
@@ -291,8 +318,14 @@ class AestheticReward(_CLIPBased):
 
 # ---------------------------------------------------------------- group helpers
 
-def group_normalized_sum(per_fn: dict[str, Tensor], weights: dict[str, float], group_ids: Tensor,
-                         valid: Tensor | None = None, eps: float = 1e-6) -> Tensor:
+
+def group_normalized_sum(
+    per_fn: dict[str, Tensor],
+    weights: dict[str, float],
+    group_ids: Tensor,
+    valid: Tensor | None = None,
+    eps: float = 1e-6,
+) -> Tensor:
     """MixGRPO combination: ``sum_k w_k (r_k - mean_g(r_k)) / (std_g(r_k) + eps)`` (GRPO normalisation per reward)."""
     from mmrl.algos.advantages import grpo
 

@@ -26,6 +26,7 @@ Each value a function returns for a sample is one of:
 An output that is not a list of one value per sample (a bare float, a string, ``None``, a list of the
 wrong length) is a :class:`RewardError` at once, naming the function and what it returned.
 """
+
 from __future__ import annotations
 
 import logging
@@ -130,8 +131,10 @@ def as_value_list(values: Any, n: int, label: str) -> list:
     if values is None or isinstance(values, (str, bytes, Mapping)) or not hasattr(values, "__iter__"):
         raise RewardError(f"reward function {label} returned {describe(values)}, {expected}")
     if getattr(values, "ndim", 1) != 1:  # numpy arrays / tensors: 0-d or 2-d are not one value per sample
-        raise RewardError(f"reward function {label} returned {describe(values)} of shape "
-                          f"{tuple(getattr(values, 'shape', ()))}, {expected}")
+        raise RewardError(
+            f"reward function {label} returned {describe(values)} of shape "
+            f"{tuple(getattr(values, 'shape', ()))}, {expected}"
+        )
     out = list(values)
     if len(out) != n:
         raise RewardError(f"reward function {label} returned a list of {len(out)} values for {n} samples, {expected}")
@@ -255,8 +258,12 @@ class RewardManager:
         except RewardError:
             raise
         except Exception as batch_exc:  # isolate the failing samples
-            log.warning("reward function %s raised on the batch (%s: %s); retrying sample by sample",
-                        spec.label, type(batch_exc).__name__, batch_exc)
+            log.warning(
+                "reward function %s raised on the batch (%s: %s); retrying sample by sample",
+                spec.label,
+                type(batch_exc).__name__,
+                batch_exc,
+            )
         else:
             return _outcome(as_value_list(raw, n, spec.label))
         parts = []
@@ -287,7 +294,8 @@ class RewardManager:
             raise RewardError(
                 f"reward function {spec.label} failed on {rate:.0%} of the last {len(hist)} samples "
                 f"(threshold {self.error_threshold:.0%}; trainer.reward_error_threshold)"
-                + (f"; last cause: it {cause}" if cause else "") + "; check its inputs or fix the function"
+                + (f"; last cause: it {cause}" if cause else "")
+                + "; check its inputs or fix the function"
             )
 
     def __call__(self, prompts: list, completions: list, columns: dict[str, list]) -> RewardResult:
@@ -313,15 +321,21 @@ class RewardManager:
             metrics[f"reward/{spec.name}/nonfinite"] = float(out.nonfinite)
             metrics[f"reward/{spec.name}/none"] = float(sum(out.nones))
             self._check_rate(spec, out.failed)
-        total, scored = combine(torch.stack([per_fn[s.name] for s in self.specs], dim=1),
-                                torch.tensor([float(s.weight) for s in self.specs], dtype=torch.float32))
+        total, scored = combine(
+            torch.stack([per_fn[s.name] for s in self.specs], dim=1),
+            torch.tensor([float(s.weight) for s in self.specs], dtype=torch.float32),
+        )
         valid = scored & ~failed_weighted
         all_none = ~scored & ~failed_weighted
         if all_none.any() and not self._warned_all_none:
             self._warned_all_none = True
-            log.warning("every reward function returned None for %d of %d samples (e.g. sample %d); they are masked "
-                        "(counted in reward/all_none). Make sure at least one function scores every sample.",
-                        int(all_none.sum()), n, int(all_none.nonzero()[0, 0]))
+            log.warning(
+                "every reward function returned None for %d of %d samples (e.g. sample %d); they are masked "
+                "(counted in reward/all_none). Make sure at least one function scores every sample.",
+                int(all_none.sum()),
+                n,
+                int(all_none.nonzero()[0, 0]),
+            )
         total = torch.where(valid, total, torch.zeros_like(total))
         metrics["reward/mean"] = float(total[valid].mean()) if valid.any() else math.nan
         metrics["reward/std"] = float(total[valid].std()) if valid.sum() > 1 else 0.0
@@ -329,5 +343,4 @@ class RewardManager:
         metrics["reward/all_none"] = float(all_none.sum())
         for name, values in ctx.metrics.items():
             metrics.setdefault(name, sum(values) / len(values))
-        return RewardResult(total=total, valid=valid, per_fn=per_fn, metrics=metrics,
-                            extra_columns=ctx.extra_columns)
+        return RewardResult(total=total, valid=valid, per_fn=per_fn, metrics=metrics, extra_columns=ctx.extra_columns)

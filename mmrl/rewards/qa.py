@@ -13,6 +13,7 @@ All functions read the content of the ``<answer>...</answer>`` block when the
 completion has one (:func:`extract_tagged`, last opening tag), and the whole
 completion otherwise.
 """
+
 from __future__ import annotations
 
 import math
@@ -83,9 +84,7 @@ _LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 _WHOLE_LETTER = re.compile(r"^\(?\s*([A-Za-z])\s*\)?\s*[.:)]?$")
 # "answer"/"option" match in any case; the letter itself must be upper case so that
 # "the answer is a red car" does not read as option A.
-_ANSWER_IS = re.compile(
-    r"\b(?i:answer)\s*(?i:is|:)?\s*(?i:option\s*)?[:\s]*\(?\s*([A-Z])\s*\)?(?![A-Za-z])"
-)
+_ANSWER_IS = re.compile(r"\b(?i:answer)\s*(?i:is|:)?\s*(?i:option\s*)?[:\s]*\(?\s*([A-Z])\s*\)?(?![A-Za-z])")
 _LEADING_LETTER = re.compile(r"^(?:\(\s*([A-Z])\s*\)|([A-Z])\s*[.:)])")
 _PAREN_LETTER = re.compile(r"\(\s*([A-Z])\s*\)")
 # Right after a chosen letter: "or (B)", "/ C", ", D" -- a hedge between options.
@@ -144,9 +143,7 @@ def extract_choice(text: str, *, options: Sequence[str] | None = None) -> str | 
     return None
 
 
-def multiple_choice_reward(
-    text: str, answer_letter: str, *, options: Sequence[str] | None = None
-) -> float:
+def multiple_choice_reward(text: str, answer_letter: str, *, options: Sequence[str] | None = None) -> float:
     """1.0 when the option letter extracted from ``text`` equals ``answer_letter``, else 0.0.
 
     ``answer_letter`` may be given as "B", "(B)" or "<answer>B</answer>"; anything that
@@ -154,29 +151,40 @@ def multiple_choice_reward(
     accepted completion forms (the option text itself counts when ``options`` is given).
     """
     if not isinstance(answer_letter, str):
-        raise TypeError(
-            f"multiple_choice_reward: answer_letter must be a str, got {type(answer_letter).__name__}"
-        )
+        raise TypeError(f"multiple_choice_reward: answer_letter must be a str, got {type(answer_letter).__name__}")
     m = _WHOLE_LETTER.match(extract_tagged(answer_letter))
     if not m:
-        raise ValueError(
-            f"multiple_choice_reward: answer_letter {answer_letter!r} is not a single option letter"
-        )
+        raise ValueError(f"multiple_choice_reward: answer_letter {answer_letter!r} is not a single option letter")
     gold = m.group(1).upper()
     if options is not None and gold not in _LETTERS[: len(options)]:
-        raise ValueError(
-            f"multiple_choice_reward: answer_letter {gold!r} is outside the {len(options)} options"
-        )
+        raise ValueError(f"multiple_choice_reward: answer_letter {gold!r} is outside the {len(options)} options")
     return 1.0 if extract_choice(text, options=options) == gold else 0.0
 
 
 # --------------------------------------------------------------------------- numbers
 
 _NUMBER_WORDS = {
-    "zero": 0, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6,
-    "seven": 7, "eight": 8, "nine": 9, "ten": 10, "eleven": 11, "twelve": 12,
-    "thirteen": 13, "fourteen": 14, "fifteen": 15, "sixteen": 16, "seventeen": 17,
-    "eighteen": 18, "nineteen": 19, "twenty": 20,
+    "zero": 0,
+    "one": 1,
+    "two": 2,
+    "three": 3,
+    "four": 4,
+    "five": 5,
+    "six": 6,
+    "seven": 7,
+    "eight": 8,
+    "nine": 9,
+    "ten": 10,
+    "eleven": 11,
+    "twelve": 12,
+    "thirteen": 13,
+    "fourteen": 14,
+    "fifteen": 15,
+    "sixteen": 16,
+    "seventeen": 17,
+    "eighteen": 18,
+    "nineteen": 19,
+    "twenty": 20,
 }
 _NUMBER = re.compile(
     r"(?<![\w.])(?P<digits>[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][-+]?\d+)?"
@@ -330,9 +338,7 @@ def qa_reward(text: str, sample: Mapping[str, Any]) -> float | None:
     if qtype is None:
         return None
     if qtype not in QUESTION_TYPES:
-        raise ValueError(
-            f"qa_reward: unknown question_type {qtype!r}; valid types: {', '.join(QUESTION_TYPES)}"
-        )
+        raise ValueError(f"qa_reward: unknown question_type {qtype!r}; valid types: {', '.join(QUESTION_TYPES)}")
     answer = sample.get("answer")
     if answer is None:
         return None

@@ -17,6 +17,7 @@ every sample of a failed chunk, and every entry that is not a number or null, co
 failures logs one warning line naming the URL and the reason; ``failures`` and ``requests`` count them
 over the run.
 """
+
 from __future__ import annotations
 
 import json
@@ -79,7 +80,9 @@ def parse_scores(body: bytes, n: int) -> tuple[list[float | None], int]:
         raise RemoteRewardFailure(f"answer is not JSON ({type(e).__name__}: {str(e)[:80]})", retry=False) from None
     scores = data.get("scores") if isinstance(data, dict) else None
     if not isinstance(scores, list):
-        raise RemoteRewardFailure("answer has no 'scores' list (expected {\"scores\": [number | null, ...]})", retry=False)
+        raise RemoteRewardFailure(
+            "answer has no 'scores' list (expected {\"scores\": [number | null, ...]})", retry=False
+        )
     if len(scores) != n:
         raise RemoteRewardFailure(f"answer has {len(scores)} scores for {n} completions", retry=False)
     out: list[float | None] = []
@@ -98,8 +101,16 @@ def parse_scores(body: bytes, n: int) -> tuple[list[float | None], int]:
 class RemoteReward:
     """A TRL-style reward function ``fn(prompts, completions, **columns)`` that asks an HTTP server."""
 
-    def __init__(self, url: str, *, timeout_s: float = 30.0, max_retries: int = 2, max_concurrency: int = 4,
-                 batch_size: int = 64, backoff_s: float = 0.25) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        timeout_s: float = 30.0,
+        max_retries: int = 2,
+        max_concurrency: int = 4,
+        batch_size: int = 64,
+        backoff_s: float = 0.25,
+    ) -> None:
         self.url = url
         self.timeout_s = float(timeout_s)
         self.max_retries = int(max_retries)
@@ -117,7 +128,7 @@ class RemoteReward:
         return f"RemoteReward({self.url!r})"
 
     def _backoff(self, attempt: int) -> float:
-        return min(self.backoff_s * (2 ** attempt), 5.0)
+        return min(self.backoff_s * (2**attempt), 5.0)
 
     def deadline_s(self) -> float:
         """The longest one chunk may take: every attempt timing out plus the backoff between them."""
@@ -126,8 +137,12 @@ class RemoteReward:
     def _post(self, payload: bytes, n: int) -> tuple[list[float | None], int]:
         with self._lock:
             self.requests += 1
-        req = urllib.request.Request(self.url, data=payload, method="POST",
-                                     headers={"Content-Type": "application/json", "Accept": "application/json"})
+        req = urllib.request.Request(
+            self.url,
+            data=payload,
+            method="POST",
+            headers={"Content-Type": "application/json", "Accept": "application/json"},
+        )
         try:
             with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
                 body = resp.read()
@@ -136,7 +151,9 @@ class RemoteReward:
         except urllib.error.URLError as e:
             raise RemoteRewardFailure(f"{type(e.reason).__name__}: {e.reason}", retry=True) from None
         except (TimeoutError, OSError) as e:  # socket.timeout while reading, reset connections
-            reason = f"timed out after {self.timeout_s:g}s" if isinstance(e, TimeoutError) else f"{type(e).__name__}: {e}"
+            reason = (
+                f"timed out after {self.timeout_s:g}s" if isinstance(e, TimeoutError) else f"{type(e).__name__}: {e}"
+            )
             raise RemoteRewardFailure(reason, retry=True) from None
         except Exception as e:  # http.client.RemoteDisconnected, BadStatusLine...
             raise RemoteRewardFailure(f"{type(e).__name__}: {e}", retry=True) from None
@@ -166,15 +183,18 @@ class RemoteReward:
         chunks = []
         for lo in range(0, n, self.batch_size):
             hi = min(n, lo + self.batch_size)
-            body = {"prompts": [str(p) if not isinstance(p, str) else p for p in prompts[lo:hi]],
-                    "completions": [_completion_payload(c) for c in completions[lo:hi]]}
+            body = {
+                "prompts": [str(p) if not isinstance(p, str) else p for p in prompts[lo:hi]],
+                "completions": [_completion_payload(c) for c in completions[lo:hi]],
+            }
             body.update({k: v[lo:hi] for k, v in cols.items()})
             chunks.append((lo, hi, json.dumps(body, allow_nan=False, default=str).encode()))
 
         out: list[float | None] = [math.nan] * n
         reasons: list[str] = []
-        pool = ThreadPoolExecutor(max_workers=min(self.max_concurrency, len(chunks)),
-                                  thread_name_prefix="mmrl-remote-reward")
+        pool = ThreadPoolExecutor(
+            max_workers=min(self.max_concurrency, len(chunks)), thread_name_prefix="mmrl-remote-reward"
+        )
         try:
             futures = {pool.submit(self._score_chunk, payload, hi - lo): (lo, hi) for lo, hi, payload in chunks}
             waves = math.ceil(len(chunks) / self.max_concurrency)
@@ -194,6 +214,11 @@ class RemoteReward:
         if failed:
             with self._lock:
                 self.failures += failed
-            log.warning("remote reward %s: %d of %d samples unscored (masked): %s", self.url, failed, n,
-                        "; ".join(sorted(set(reasons))))
+            log.warning(
+                "remote reward %s: %d of %d samples unscored (masked): %s",
+                self.url,
+                failed,
+                n,
+                "; ".join(sorted(set(reasons))),
+            )
         return out

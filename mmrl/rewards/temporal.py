@@ -17,6 +17,7 @@ Evaluation: :func:`recall_at` ("R@0.5" etc.) and :func:`mean_iou` over per-sampl
 The common bugs this module is written against: an unassigned IoU on a zero union,
 no clipping to ``[0, duration]``, and ``start > end`` accepted silently.
 """
+
 from __future__ import annotations
 
 import json

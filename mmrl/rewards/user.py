@@ -14,6 +14,7 @@ without text (diffusion images, VLA episodes) are passed as they are. A *factory
 get_soft_overlong_punishment``) is called once with its ``reward.fn_kwargs``. A bad spec is a
 :class:`~mmrl.errors.ConfigError` raised when the trainer is built.
 """
+
 from __future__ import annotations
 
 import functools
@@ -32,8 +33,7 @@ from mmrl.errors import ConfigError
 from mmrl.rewards.manager import RewardError, RewardSpec, new_trainer_state
 from mmrl.rewards.remote import RemoteReward
 
-_FORMS = ("give FILE.py:FUNCTION (a path relative to the working directory), MODULE:FUNCTION, "
-          "or an http(s):// URL")
+_FORMS = "give FILE.py:FUNCTION (a path relative to the working directory), MODULE:FUNCTION, or an http(s):// URL"
 
 
 _REWARD_INPUTS = ("prompts", "completions", "completion_ids")  # a callable taking none of these is a factory
@@ -67,11 +67,13 @@ def as_trl_inputs(prompts: list, completions: list, completion_format: str = "au
     """
     texts = [completion_text(c) for c in completions]
     conversational = completion_format == "conversational" or (
-        completion_format == "auto" and bool(prompts) and is_conversational(prompts[0]))
+        completion_format == "auto" and bool(prompts) and is_conversational(prompts[0])
+    )
     if not conversational:
         return list(prompts), texts
-    prompts = [p if is_conversational(p) or not isinstance(p, str) else [{"role": "user", "content": p}]
-               for p in prompts]
+    prompts = [
+        p if is_conversational(p) or not isinstance(p, str) else [{"role": "user", "content": p}] for p in prompts
+    ]
     return prompts, [[{"role": "assistant", "content": t}] if isinstance(t, str) else t for t in texts]
 
 
@@ -96,8 +98,11 @@ def _params(fn: Callable) -> _Params | None:
         names={p.name for p in params if p.kind in kw_kinds},
         required=[p.name for p in params if p.kind in kw_kinds and p.default is inspect.Parameter.empty],
         takes_all=any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params),
-        positional_only=[p.name for p in params if p.kind is inspect.Parameter.POSITIONAL_ONLY
-                         and p.default is inspect.Parameter.empty],
+        positional_only=[
+            p.name
+            for p in params
+            if p.kind is inspect.Parameter.POSITIONAL_ONLY and p.default is inspect.Parameter.empty
+        ],
     )
 
 
@@ -140,8 +145,16 @@ class TrlReward:
     ``fixed``: keyword arguments added to every call (``reward.fn_kwargs`` of a function that is not a factory).
     """
 
-    def __init__(self, fn: Callable, name: str, source: str | None = None, *, completion_format: str = "auto",
-                 columns_as: dict | None = None, fixed: dict | None = None) -> None:
+    def __init__(
+        self,
+        fn: Callable,
+        name: str,
+        source: str | None = None,
+        *,
+        completion_format: str = "auto",
+        columns_as: dict | None = None,
+        fixed: dict | None = None,
+    ) -> None:
         self.fn = fn
         self.__name__ = name
         self.source = source or name
@@ -156,12 +169,15 @@ class TrlReward:
         kw = {k: v for k, v in columns.items() if k not in _NOT_COLUMNS}
         kw.update({alias: columns[col] for alias, col in self.columns_as.items() if col in columns})
         trl_prompts, trl_completions = as_trl_inputs(prompts, completions, self.completion_format)
-        kw.update(trainer_state=ctx.trainer_state if ctx is not None else _default_trainer_state(),
-                  log_extra=ctx.log_extra if ctx is not None else _ignore,
-                  log_metric=ctx.log_metric if ctx is not None else _ignore,
-                  **self.fixed)
-        kw.update(prompts=trl_prompts, completions=trl_completions,
-                  completion_ids=[completion_ids_of(c) for c in completions])
+        kw.update(
+            trainer_state=ctx.trainer_state if ctx is not None else _default_trainer_state(),
+            log_extra=ctx.log_extra if ctx is not None else _ignore,
+            log_metric=ctx.log_metric if ctx is not None else _ignore,
+            **self.fixed,
+        )
+        kw.update(
+            prompts=trl_prompts, completions=trl_completions, completion_ids=[completion_ids_of(c) for c in completions]
+        )
         if self.params is not None and not self.params.takes_all:
             kw = {k: v for k, v in kw.items() if k in self.params.names}
         return kw
@@ -174,7 +190,8 @@ class TrlReward:
             raise RewardError(
                 f"reward function '{self.__name__}' ({self.source}) needs {', '.join(map(repr, missing))}, which the "
                 f"task does not pass (its columns: {', '.join(have) or 'none'}); pass a task column under that name "
-                f"with 'reward.columns={{{missing[0]}: COLUMN}}' or give a fixed value in reward.fn_kwargs")
+                f"with 'reward.columns={{{missing[0]}: COLUMN}}' or give a fixed value in reward.fn_kwargs"
+            )
 
     def call_with_context(self, prompts: list, completions: list, columns: dict, ctx=None) -> list:
         """Call the function on one batch (``ctx``: the manager's trainer_state / log_extra / log_metric)."""
@@ -221,44 +238,63 @@ def make_reward_fn(fn: Callable, spec: str, fn_name: str, kwargs: dict | None) -
         try:
             made = fn(**kwargs)
         except Exception as e:
-            raise ConfigError(f"reward.fns: '{spec}': calling the reward factory {fn_name}(**{kwargs}) failed "
-                              f"({type(e).__name__}: {e})") from e
+            raise ConfigError(
+                f"reward.fns: '{spec}': calling the reward factory {fn_name}(**{kwargs}) failed "
+                f"({type(e).__name__}: {e})"
+            ) from e
         if not callable(made):
-            raise ConfigError(f"reward.fns: '{spec}': {fn_name}{inspect.signature(fn)} takes no prompts, completions, "
-                              f"completion_ids or **kwargs, so it was called as a reward factory, but it returned "
-                              f"{type(made).__name__}, not a function; give a function fn(completions, **kwargs) -> "
-                              "list[float | None], or a factory returning one")
+            raise ConfigError(
+                f"reward.fns: '{spec}': {fn_name}{inspect.signature(fn)} takes no prompts, completions, "
+                f"completion_ids or **kwargs, so it was called as a reward factory, but it returned "
+                f"{type(made).__name__}, not a function; give a function fn(completions, **kwargs) -> "
+                "list[float | None], or a factory returning one"
+            )
         made_name = getattr(made, "__name__", None)
         fn, fn_name, kwargs = made, made_name if isinstance(made_name, str) else fn_name, {}
         params = _params(fn)
         if _is_factory(params):
-            raise ConfigError(f"reward.fns: '{spec}': the factory returned {fn_name}{inspect.signature(fn)}, which "
-                              "takes none of prompts, completions, completion_ids or **kwargs (TRL calls rewards by "
-                              "keyword with those)")
+            raise ConfigError(
+                f"reward.fns: '{spec}': the factory returned {fn_name}{inspect.signature(fn)}, which "
+                "takes none of prompts, completions, completion_ids or **kwargs (TRL calls rewards by "
+                "keyword with those)"
+            )
     elif kwargs:
         _check_kwargs(params, kwargs, spec, fn_name, "reward function", need_all=False)
     if params is not None and params.positional_only:
-        raise ConfigError(f"reward.fns: '{spec}': {fn_name}{inspect.signature(fn)} has positional-only parameters "
-                          f"({', '.join(params.positional_only)}); rewards are called by keyword as in TRL "
-                          "(prompts=, completions=, completion_ids=, columns...)")
+        raise ConfigError(
+            f"reward.fns: '{spec}': {fn_name}{inspect.signature(fn)} has positional-only parameters "
+            f"({', '.join(params.positional_only)}); rewards are called by keyword as in TRL "
+            "(prompts=, completions=, completion_ids=, columns...)"
+        )
     return fn, kwargs, fn_name
 
 
-def _check_kwargs(params: _Params | None, kwargs: dict, spec: str, fn_name: str, what: str,
-                  need_all: bool = True) -> None:
+def _check_kwargs(
+    params: _Params | None, kwargs: dict, spec: str, fn_name: str, what: str, need_all: bool = True
+) -> None:
     """ConfigError for arguments ``fn`` does not take, or (``need_all``) required ones that are missing."""
     if params is None:
         return
     unknown = [k for k in kwargs if k not in params.names and not params.takes_all]
     if unknown:
-        raise ConfigError(f"reward.fn_kwargs for '{spec}': {fn_name} takes no argument {', '.join(map(repr, unknown))}"
-                          f"; its arguments: {', '.join(sorted(params.names)) or 'none'}")
+        raise ConfigError(
+            f"reward.fn_kwargs for '{spec}': {fn_name} takes no argument {', '.join(map(repr, unknown))}"
+            f"; its arguments: {', '.join(sorted(params.names)) or 'none'}"
+        )
     missing = [k for k in params.required if k not in kwargs] if need_all else []
     if missing:
-        why = (" (it takes none of prompts, completions, completion_ids or **kwargs; a reward function needs one of "
-               "them)") if what == "reward factory" else ""
-        raise ConfigError(f"reward.fns: '{spec}' is a {what} that needs {', '.join(missing)}: give "
-                          f"{_fn_kwargs_hint(missing)} (one entry per reward.fns item, in order){why}")
+        why = (
+            (
+                " (it takes none of prompts, completions, completion_ids or **kwargs; a reward function needs one of "
+                "them)"
+            )
+            if what == "reward factory"
+            else ""
+        )
+        raise ConfigError(
+            f"reward.fns: '{spec}' is a {what} that needs {', '.join(missing)}: give "
+            f"{_fn_kwargs_hint(missing)} (one entry per reward.fns item, in order){why}"
+        )
 
 
 def _is_url(spec: str) -> bool:
@@ -270,7 +306,9 @@ def url_name(url: str) -> str:
     from urllib.parse import urlsplit
 
     parts = urlsplit(url)
-    name = re.sub(r"[^A-Za-z0-9._-]+", "_", f"{parts.hostname or ''}{':' + str(parts.port) if parts.port else ''}{parts.path}")
+    name = re.sub(
+        r"[^A-Za-z0-9._-]+", "_", f"{parts.hostname or ''}{':' + str(parts.port) if parts.port else ''}{parts.path}"
+    )
     return name.strip("_") or "remote"
 
 
@@ -278,8 +316,10 @@ def _load_file(path_text: str, spec: str):
     path = Path(os.path.expanduser(path_text))
     full = path if path.is_absolute() else Path.cwd() / path
     if not full.is_file():
-        raise ConfigError(f"reward.fns: '{spec}': file '{path_text}' not found (looked for {full}; relative paths are "
-                          f"taken from the working directory {Path.cwd()}); fix the path or {_FORMS}")
+        raise ConfigError(
+            f"reward.fns: '{spec}': file '{path_text}' not found (looked for {full}; relative paths are "
+            f"taken from the working directory {Path.cwd()}); fix the path or {_FORMS}"
+        )
     full = full.resolve()
     mod_name = f"mmrl_user_reward_{re.sub(r'[^0-9A-Za-z_]', '_', full.stem)}_{hashlib.sha1(str(full).encode()).hexdigest()[:8]}"
     if mod_name in sys.modules:
@@ -293,8 +333,9 @@ def _load_file(path_text: str, spec: str):
         mspec.loader.exec_module(module)
     except Exception as e:
         del sys.modules[mod_name]
-        raise ConfigError(f"reward.fns: '{spec}': running {full} failed ({type(e).__name__}: {e}); "
-                          "fix the file (try `python <file>`)") from e
+        raise ConfigError(
+            f"reward.fns: '{spec}': running {full} failed ({type(e).__name__}: {e}); fix the file (try `python <file>`)"
+        ) from e
     return module
 
 
@@ -302,10 +343,14 @@ def _load_module(mod_text: str, spec: str):
     try:
         return importlib.import_module(mod_text)
     except ModuleNotFoundError as e:
-        raise ConfigError(f"reward.fns: '{spec}': module '{mod_text}' is not importable ({e}); install it or put its "
-                          f"folder on PYTHONPATH, or give a file path like ./{mod_text.replace('.', '/')}.py:FUNCTION") from e
+        raise ConfigError(
+            f"reward.fns: '{spec}': module '{mod_text}' is not importable ({e}); install it or put its "
+            f"folder on PYTHONPATH, or give a file path like ./{mod_text.replace('.', '/')}.py:FUNCTION"
+        ) from e
     except Exception as e:
-        raise ConfigError(f"reward.fns: '{spec}': importing module '{mod_text}' failed ({type(e).__name__}: {e})") from e
+        raise ConfigError(
+            f"reward.fns: '{spec}': importing module '{mod_text}' failed ({type(e).__name__}: {e})"
+        ) from e
 
 
 def resolve_fn(spec: str) -> tuple[str, Callable]:
@@ -318,14 +363,21 @@ def resolve_fn(spec: str) -> tuple[str, Callable]:
     is_file = target.endswith(".py") or "/" in target or os.sep in target or target.startswith(("~", "."))
     module = _load_file(target, spec) if is_file else _load_module(target, spec)
     if not hasattr(module, fn_name):
-        funcs = sorted(k for k, v in vars(module).items() if inspect.isfunction(v) and not k.startswith("_")
-                       and getattr(v, "__module__", None) == module.__name__)
-        raise ConfigError(f"reward.fns: '{spec}': {target} has no function '{fn_name}'"
-                          + (f"; functions defined there: {', '.join(funcs)}" if funcs else ""))
+        funcs = sorted(
+            k
+            for k, v in vars(module).items()
+            if inspect.isfunction(v) and not k.startswith("_") and getattr(v, "__module__", None) == module.__name__
+        )
+        raise ConfigError(
+            f"reward.fns: '{spec}': {target} has no function '{fn_name}'"
+            + (f"; functions defined there: {', '.join(funcs)}" if funcs else "")
+        )
     fn = getattr(module, fn_name)
     if not callable(fn):
-        raise ConfigError(f"reward.fns: '{spec}': '{fn_name}' in {target} is a {type(fn).__name__}, not a function; "
-                          "give a function fn(completions, **kwargs) -> list[float | None] (TRL's protocol)")
+        raise ConfigError(
+            f"reward.fns: '{spec}': '{fn_name}' in {target} is a {type(fn).__name__}, not a function; "
+            "give a function fn(completions, **kwargs) -> list[float | None] (TRL's protocol)"
+        )
     return fn_name, fn
 
 
@@ -349,16 +401,23 @@ def user_reward_specs(reward_cfg) -> list[RewardSpec]:
         spec = str(spec).strip()
         if _is_url(spec):
             if kwargs:
-                raise ConfigError(f"reward.fn_kwargs for '{spec}': a remote reward takes no arguments; "
-                                  "give {} or null")
-            fn = RemoteReward(spec, timeout_s=reward_cfg.timeout_s, max_retries=reward_cfg.max_retries,
-                              max_concurrency=reward_cfg.max_concurrency, batch_size=reward_cfg.batch_size)
+                raise ConfigError(
+                    f"reward.fn_kwargs for '{spec}': a remote reward takes no arguments; give {{}} or null"
+                )
+            fn = RemoteReward(
+                spec,
+                timeout_s=reward_cfg.timeout_s,
+                max_retries=reward_cfg.max_retries,
+                max_concurrency=reward_cfg.max_concurrency,
+                batch_size=reward_cfg.batch_size,
+            )
             specs.append(RewardSpec(url_name(spec), fn, float(w), source=spec))
         else:
             name, fn = resolve_fn(spec)
             fn, fixed, name = make_reward_fn(fn, spec, name, kwargs)
-            reward = TrlReward(fn, name, spec, completion_format=fmt, columns_as=getattr(reward_cfg, "columns", None),
-                               fixed=fixed)
+            reward = TrlReward(
+                fn, name, spec, completion_format=fmt, columns_as=getattr(reward_cfg, "columns", None), fixed=fixed
+            )
             specs.append(RewardSpec(name, reward, float(w), source=spec))
     return specs
 

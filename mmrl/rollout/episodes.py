@@ -13,6 +13,7 @@ policy's job.
 The sampling seed of episode ``k`` at policy call ``c`` is ``mix_seed(*episodes[k].seed, c)``:
 it depends only on the episode's own plan entry, never on the batch layout.
 """
+
 from __future__ import annotations
 
 import logging
@@ -109,8 +110,15 @@ class EpisodeRun:
     """``generation`` / ``env`` seconds and ``env_steps`` executed."""
 
 
-def run_episodes(pool: Any, episodes: Sequence[EpisodeSpec], act: Act, *, max_calls: int,
-                 init_states: InitStateRecord | None = None, record_frames: bool = False) -> EpisodeRun:
+def run_episodes(
+    pool: Any,
+    episodes: Sequence[EpisodeSpec],
+    act: Act,
+    *,
+    max_calls: int,
+    init_states: InitStateRecord | None = None,
+    record_frames: bool = False,
+) -> EpisodeRun:
     """Run ``episodes`` in slots ``0 .. len(episodes) - 1`` of ``pool`` to their end; see the module docstring.
 
     Episodes the env has not ended after ``max_calls`` policy calls are stopped (``truncated``).
@@ -140,9 +148,12 @@ def run_episodes(pool: Any, episodes: Sequence[EpisodeSpec], act: Act, *, max_ca
         t_env += time.perf_counter() - t1
         _record_call(records, live, frames, out, infos)
     _finish(pool, records, obs, calls, record_frames)
-    return EpisodeRun(records=records, image_shape=pool.image_shape, policy_calls=calls,
-                      timing={"generation": t_gen, "env": t_env,
-                              "env_steps": pool.stats()["env_steps"] - env_steps0})
+    return EpisodeRun(
+        records=records,
+        image_shape=pool.image_shape,
+        policy_calls=calls,
+        timing={"generation": t_gen, "env": t_env, "env_steps": pool.stats()["env_steps"] - env_steps0},
+    )
 
 
 def _reset(pool: Any, episodes: Sequence[EpisodeSpec], init_states: InitStateRecord | None) -> dict[str, Any]:
@@ -155,8 +166,9 @@ def _reset(pool: Any, episodes: Sequence[EpisodeSpec], init_states: InitStateRec
     return obs
 
 
-def _record_call(records: list[EpisodeRecord], live: list[int], frames: np.ndarray, out: ActOutput,
-                 infos: Sequence[dict]) -> None:
+def _record_call(
+    records: list[EpisodeRecord], live: list[int], frames: np.ndarray, out: ActOutput, infos: Sequence[dict]
+) -> None:
     """Append one policy call (observed frame, bins, log-probs, features) to the running episodes."""
     for r, k in enumerate(live):
         rec = records[k]
@@ -173,8 +185,9 @@ def _finish(pool: Any, records: list[EpisodeRecord], obs: dict[str, Any], calls:
     """Copy how each episode ended from the pool into its record."""
     still = [k for k in range(len(records)) if pool.active[k]]
     if still:  # the env did not truncate within max_calls: count as ended without success
-        log.warning("%d episodes still running after %d policy calls (model.max_policy_calls); stopped",
-                    len(still), calls)
+        log.warning(
+            "%d episodes still running after %d policy calls (model.max_policy_calls); stopped", len(still), calls
+        )
     for k, rec in enumerate(records):
         rec.last_frame = obs[pool.image_key][k].copy() if record_frames else None
         rec.env_valid = bool(pool.episode_valid[k])

@@ -10,6 +10,7 @@ against it: after a resume or in ``mmrl eval`` a different fingerprint raises
 :class:`InitStateDriftError` naming the state and both versions, or, with
 ``task.check_init_states=false``, is counted (``env/init_state_drift``) and logged once per state.
 """
+
 from __future__ import annotations
 
 import json
@@ -63,11 +64,13 @@ class InitStateRecord:
         old = self.hashes.setdefault(key, fingerprint)
         if old == fingerprint:
             return False
-        msg = (f"initial state {key} resets to another simulator state than when it was recorded (fingerprint "
-               f"{old} -> {fingerprint}; simulator versions then {self.versions or 'unknown'}, now "
-               f"{simulator_versions()}). Groups, per-state statistics, demos and eval layouts would no longer "
-               "match: install the recorded versions, or pass task.check_init_states=false to go on (counted "
-               "in env/init_state_drift).")
+        msg = (
+            f"initial state {key} resets to another simulator state than when it was recorded (fingerprint "
+            f"{old} -> {fingerprint}; simulator versions then {self.versions or 'unknown'}, now "
+            f"{simulator_versions()}). Groups, per-state statistics, demos and eval layouts would no longer "
+            "match: install the recorded versions, or pass task.check_init_states=false to go on (counted "
+            "in env/init_state_drift)."
+        )
         if self.strict:
             raise InitStateDriftError(msg)
         log.warning(msg)
@@ -84,6 +87,7 @@ class InitStateRecord:
             data = json.loads(Path(path).read_text())
             hashes, versions = dict(data.get("hashes", {})), dict(data.get("versions", {}))
         except (ValueError, AttributeError, TypeError) as e:
-            raise InitStateDriftError(f"{path}: not a readable initial-state record ({e}); delete it to record "
-                                      "afresh") from None
+            raise InitStateDriftError(
+                f"{path}: not a readable initial-state record ({e}); delete it to record afresh"
+            ) from None
         self.hashes, self.versions = hashes, versions

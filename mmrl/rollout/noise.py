@@ -5,6 +5,7 @@
 share its batch, its data-parallel rank or its micro-batch: a 2-process run draws exactly the samples
 a 1-process run draws, and resuming reproduces them bit for bit.
 """
+
 from __future__ import annotations
 
 import torch
@@ -68,7 +69,7 @@ def counter_uniform(seeds: Tensor, step: int | Tensor, n: int, device=None) -> T
     base = splitmix64(seeds[:, None] * _s64(0xD1B54A32D192ED03) + splitmix64(steps)[None, :])  # [N, S]
     cols = splitmix64(torch.arange(n, device=seeds.device, dtype=torch.int64))
     z = splitmix64(base[:, :, None] ^ cols[None, None, :])
-    u = (_lshr(z, 11).to(torch.float64) + 0.5) * (2.0 ** -53)
+    u = (_lshr(z, 11).to(torch.float64) + 0.5) * (2.0**-53)
     return u[:, 0] if scalar else u
 
 

@@ -292,12 +292,25 @@ class SDESampler:
             config = self.scheduler.config
             clip = config.clip_sample_range if getattr(config, "clip_sample", False) else None
             return sde_math.ddim_step(
-                eps, sample, here, nxt, eta=level, noise=noise, prev_sample=prev_sample, clip_x0=clip,
+                eps,
+                sample,
+                here,
+                nxt,
+                eta=level,
+                noise=noise,
+                prev_sample=prev_sample,
+                clip_x0=clip,
                 reduction=reduction,
             )
         step_fn = {"flow_sde": sde_math.flow_sde_step, "dance_sde": sde_math.dance_sde_step, "cps": sde_math.cps_step}
         return step_fn[self.kind](
-            model_output, sample, here, nxt, noise_level=level, noise=noise, prev_sample=prev_sample,
+            model_output,
+            sample,
+            here,
+            nxt,
+            noise_level=level,
+            noise=noise,
+            prev_sample=prev_sample,
             reduction=reduction,
         )
 

@@ -10,6 +10,7 @@ rollout-vs-trainer gap measures numerics only. Top-p truncation is a sampling de
 usual GRPO/PPO recipes, not part of the recorded log-prob. No per-step logits are kept, so memory
 does not grow with vocabulary x length.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -68,7 +69,9 @@ class SeededTokenSampler:
             if self.max_steps is not None:  # never draw noise for steps generation cannot reach
                 steps = max(1, min(steps, self.max_steps - self.step))
             self._block_start = self.step
-            self._block = block = counter_gumbel(self.seeds, torch.arange(self.step, self.step + steps), n, device=device)
+            self._block = block = counter_gumbel(
+                self.seeds, torch.arange(self.step, self.step + steps), n, device=device
+            )
         return block[:, self.step - self._block_start]
 
     def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
@@ -76,8 +79,9 @@ class SeededTokenSampler:
         scaled = scores.float() / temp
         masked = suppressed = scaled
         if self.suppress_ids:
-            masked = suppressed = scaled.index_fill(-1, torch.as_tensor(self.suppress_ids, device=scaled.device),
-                                                    float("-inf"))
+            masked = suppressed = scaled.index_fill(
+                -1, torch.as_tensor(self.suppress_ids, device=scaled.device), float("-inf")
+            )
         if not self.greedy:
             if self.top_p < 1.0:
                 masked = masked.masked_fill(top_p_mask(masked, self.top_p), float("-inf"))
@@ -142,8 +146,14 @@ def shared_prefill_cache(model, input_ids: Tensor, attention_mask: Tensor, group
     cache = DynamicCache(config=model.config)
     keep = {"logits_to_keep": 1} if "logits_to_keep" in _forward_params(model) else {}
     with torch.no_grad():
-        model(input_ids=u_ids, attention_mask=u_att, position_ids=(u_att.cumsum(1) - 1).clamp(min=0),
-              **{cache_kwarg(model): cache}, use_cache=True, **keep)
+        model(
+            input_ids=u_ids,
+            attention_mask=u_att,
+            position_ids=(u_att.cumsum(1) - 1).clamp(min=0),
+            **{cache_kwarg(model): cache},
+            use_cache=True,
+            **keep,
+        )
     cache.batch_repeat_interleave(group_size)
     return cache
 
@@ -188,7 +198,11 @@ def generate_completions(
             inputs = {**inputs, cache_kwarg(model): cache}
 
     sampler = SeededTokenSampler(
-        seeds, temperature=temperature, top_p=top_p, suppress_ids=suppress_ids, greedy=greedy,
+        seeds,
+        temperature=temperature,
+        top_p=top_p,
+        suppress_ids=suppress_ids,
+        greedy=greedy,
         max_steps=max_new_tokens,
     )
     gen_cfg = GenerationConfig(
@@ -203,8 +217,9 @@ def generate_completions(
         # synced_gpus=False: transformers turns it on for FSDP-managed modules and then all-reduces at every token, which
         # pairs up only if every rank generates as often (DAPO rounds, VLA episode steps differ); under
         # trainer.strategy=fsdp2 the weights are gathered for the whole rollout, so no rank needs the others
-        out = model.generate(**inputs, generation_config=gen_cfg, logits_processor=LogitsProcessorList([sampler]),
-                           synced_gpus=False)
+        out = model.generate(
+            **inputs, generation_config=gen_cfg, logits_processor=LogitsProcessorList([sampler]), synced_gpus=False
+        )
     ids = out[:, prompt_len:]
     mask, truncated = completion_mask(ids, eos_ids)
     logp = sampler.behaviour_logp(ids.shape[1]) * mask

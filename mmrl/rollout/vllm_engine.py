@@ -45,6 +45,7 @@ tensor parallel 1) and shares the GPU with the trainer. Written and reviewed aga
 Only the pure parts (request building, output mapping, LoRA merge, version stamps, the sync state
 machine over an injected fake ``LLM``) run without vLLM; ``import vllm`` happens in the constructor.
 """
+
 from __future__ import annotations
 
 import logging
@@ -158,7 +159,8 @@ def check_vllm_sampling(temperature: float, top_p: float = 1.0) -> None:
         raise ValueError(
             f"temperature {temperature} is outside [{VLLM_MIN_TEMPERATURE}, {VLLM_MAX_TEMPERATURE}], the range vLLM "
             f"samples at as given (it rejects T > {VLLM_MAX_TEMPERATURE} and raises 0 < T < {VLLM_MIN_TEMPERATURE} "
-            f"to {VLLM_MIN_TEMPERATURE}, while the trainer's log-probs would keep the configured value)")
+            f"to {VLLM_MIN_TEMPERATURE}, while the trainer's log-probs would keep the configured value)"
+        )
     if not (math.isfinite(float(top_p)) and 0.0 < float(top_p) <= 1.0):
         raise ValueError(f"top_p must be in (0, 1], got {top_p}")
 
@@ -191,7 +193,8 @@ def processor_mm_kwargs(processor: Any) -> dict[str, Any]:
     if lo is not None and hi is not None:
         return {"min_pixels": int(lo), "max_pixels": int(hi)}
     raise VLLMEngineError(
-        f"cannot read the pixel budget of {type(ip).__name__} (size={size}); set model.min_pixels and model.max_pixels")
+        f"cannot read the pixel budget of {type(ip).__name__} (size={size}); set model.min_pixels and model.max_pixels"
+    )
 
 
 # ============================================================================ requests
@@ -211,8 +214,9 @@ class EngineRequest:
     """Index of the first sample of this request in the rollout's sample order."""
 
 
-def build_requests(prompts: Sequence[Any], seeds: Sequence[int], mm_kwargs: dict[str, Any], *,
-                   max_images: int | None = None) -> list[EngineRequest]:
+def build_requests(
+    prompts: Sequence[Any], seeds: Sequence[int], mm_kwargs: dict[str, Any], *, max_images: int | None = None
+) -> list[EngineRequest]:
     """Group the rollout's per-sample prompts into vLLM requests.
 
     ``prompts[k]`` is the :class:`~mmrl.policies.vlm.PromptInputs` of sample ``k`` (the same object
@@ -229,14 +233,16 @@ def build_requests(prompts: Sequence[Any], seeds: Sequence[int], mm_kwargs: dict
             out[-1].n += 1
             continue
         if getattr(p, "num_videos", 0):
-            raise VLLMEngineError("the vLLM rollout engine takes image and text prompts only; video prompts need "
-                                  "model.rollout_engine=hf")
+            raise VLLMEngineError(
+                "the vLLM rollout engine takes image and text prompts only; video prompts need model.rollout_engine=hf"
+            )
         if not isinstance(getattr(p, "text", None), str):
             raise VLLMEngineError(f"sample {k}: the prompt has no templated text (not a PromptInputs?)")
         if max_images is not None and len(p.images) > max_images:
             raise VLLMEngineError(
                 f"sample {k}: the prompt has {len(p.images)} images but the vLLM engine accepts at most {max_images} "
-                f"per prompt (limit_mm_per_prompt); set model.vllm_max_images_per_prompt={len(p.images)} or more")
+                f"per prompt (limit_mm_per_prompt); set model.vllm_max_images_per_prompt={len(p.images)} or more"
+            )
         request: dict[str, Any] = {"prompt": p.text}
         if p.images:
             request["multi_modal_data"] = {"image": list(p.images) if len(p.images) > 1 else p.images[0]}
@@ -245,8 +251,17 @@ def build_requests(prompts: Sequence[Any], seeds: Sequence[int], mm_kwargs: dict
     return out
 
 
-def sampling_kwargs(*, n: int, seed: int, max_new_tokens: int, temperature: float, top_p: float,
-                    eos_ids: Sequence[int], suppress_ids: Sequence[int], greedy: bool = False) -> dict[str, Any]:
+def sampling_kwargs(
+    *,
+    n: int,
+    seed: int,
+    max_new_tokens: int,
+    temperature: float,
+    top_p: float,
+    eos_ids: Sequence[int],
+    suppress_ids: Sequence[int],
+    greedy: bool = False,
+) -> dict[str, Any]:
     """Keyword arguments of ``vllm.SamplingParams`` for one request.
 
     ``logprobs=0`` returns the sampled token's log-prob only; greedy decoding is temperature 0 (vLLM
@@ -261,12 +276,13 @@ def sampling_kwargs(*, n: int, seed: int, max_new_tokens: int, temperature: floa
         raise ValueError(f"greedy sampling takes n=1 (vLLM refuses n={n} at temperature 0; greedy copies are equal)")
     if not greedy:
         if temperature <= 0:
-            raise ValueError(f"sampling temperature must be > 0 (got {temperature}); use greedy=True for argmax "
-                             "decoding")
+            raise ValueError(
+                f"sampling temperature must be > 0 (got {temperature}); use greedy=True for argmax decoding"
+            )
         check_vllm_sampling(temperature, top_p)
     return {
         "n": int(n),
-        "seed": int(seed) % (2 ** 63),
+        "seed": int(seed) % (2**63),
         "max_tokens": int(max_new_tokens),
         "temperature": 0.0 if greedy else float(temperature),
         "top_p": 1.0 if greedy else float(top_p),
@@ -289,8 +305,14 @@ def _sampled_logprob(entry: Any, token: int) -> float:
     return lp if not math.isnan(lp) else 0.0
 
 
-def completions_from_outputs(outputs: Sequence[Any], requests: Sequence[EngineRequest], *, eos_ids: Sequence[int],
-                             pad_id: int, max_new_tokens: int) -> Completions:
+def completions_from_outputs(
+    outputs: Sequence[Any],
+    requests: Sequence[EngineRequest],
+    *,
+    eos_ids: Sequence[int],
+    pad_id: int,
+    max_new_tokens: int,
+) -> Completions:
     """Map vLLM ``RequestOutput`` objects (one per request, ``n`` completions each) to mmrl's
     :class:`~mmrl.rollout.token_sampler.Completions` in the rollout's sample order.
 
@@ -305,7 +327,9 @@ def completions_from_outputs(outputs: Sequence[Any], requests: Sequence[EngineRe
     for req, out in zip(requests, outputs):
         comps = list(out.outputs)
         if len(comps) != req.n:
-            raise VLLMEngineError(f"request of sample {req.first}: vLLM returned {len(comps)} completions, expected {req.n}")
+            raise VLLMEngineError(
+                f"request of sample {req.first}: vLLM returned {len(comps)} completions, expected {req.n}"
+            )
         for c in comps:
             toks = [int(t) for t in c.token_ids][:max_new_tokens]
             if c.logprobs is None:
@@ -327,8 +351,13 @@ def completions_from_outputs(outputs: Sequence[Any], requests: Sequence[EngineRe
     return Completions(ids=ids, mask=mask, logp=logp * mask, truncated=truncated)
 
 
-def check_prompt_tokens(prompts: Sequence[Any], requests: Sequence[EngineRequest], outputs: Sequence[Any],
-                        image_token_id: int | None, mm_kwargs: dict[str, Any]) -> None:
+def check_prompt_tokens(
+    prompts: Sequence[Any],
+    requests: Sequence[EngineRequest],
+    outputs: Sequence[Any],
+    image_token_id: int | None,
+    mm_kwargs: dict[str, Any],
+) -> None:
     """Raise :class:`PromptMismatchError` when the engine's prompt of a request has another number of
     image tokens than the trainer's ``input_ids``.
 
@@ -349,7 +378,8 @@ def check_prompt_tokens(prompts: Sequence[Any], requests: Sequence[EngineRequest
         raise PromptMismatchError(
             f"sample {req.first}: the engine sees {theirs} image tokens, the trainer {mine} (image sizes "
             f"{[im.size for im in p.images]}, trainer pixel budget {mm_kwargs}); the engine must resize with the "
-            "trainer's processor settings (model.min_pixels / model.max_pixels)")
+            "trainer's processor settings (model.min_pixels / model.max_pixels)"
+        )
 
 
 # ============================================================================ weights
@@ -457,11 +487,16 @@ def iter_engine_weights(lm, keep: Callable[[str], bool] | None = None) -> Iterat
 
     peft = is_peft(lm)
     base = lm.get_base_model() if peft else lm
-    live = {k.replace(".base_layer.", "."): t for k, t in base.state_dict().items() if not (peft and _is_adapter_key(k))}
+    live = {
+        k.replace(".base_layer.", "."): t for k, t in base.state_dict().items() if not (peft and _is_adapter_key(k))
+    }
     names = checkpoint_name_map(base, live)
     if names is None:
-        log.warning("%s: transformers' save-time weight conversion is not a pure renaming; the engine's weights "
-                    "are converted as one dict (one more model copy in memory during the sync)", type(base).__name__)
+        log.warning(
+            "%s: transformers' save-time weight conversion is not a pure renaming; the engine's weights "
+            "are converted as one dict (one more model copy in memory during the sync)",
+            type(base).__name__,
+        )
         from transformers.core_model_loading import revert_weight_conversion
 
         state = dict(iter_merged_lora_weights(lm)) if peft else {k: _full(v) for k, v in live.items()}
@@ -526,8 +561,9 @@ def canary_keys(names: Iterable[str], suffixes: Sequence[str] = CANARY_SUFFIXES)
     return sorted(k for _, keys in best.values() for k in keys)
 
 
-def weight_canary_check(trainer_weights: Iterable[tuple[str, Tensor]],
-                        engine_params: Iterable[tuple[str, Tensor]]) -> dict[str, float]:
+def weight_canary_check(
+    trainer_weights: Iterable[tuple[str, Tensor]], engine_params: Iterable[tuple[str, Tensor]]
+) -> dict[str, float]:
     """Compare the engine's copy of the canary tensors (:func:`canary_keys` of the engine's names) with the
     trainer's values (``trainer_weights``: what was sent, e.g. :func:`iter_engine_weights`, LoRA merged).
 
@@ -550,7 +586,8 @@ def weight_canary_check(trainer_weights: Iterable[tuple[str, Tensor]],
         raise WeightSyncError(
             f"none of the engine's canary tensors ({sorted(wanted) or 'none found: no ' + ', '.join(CANARY_SUFFIXES)}) "
             "matches a trainer tensor by name and shape: the post-sync check cannot run (pass post_sync_hooks=[] to "
-            "turn it off)")
+            "turn it off)"
+        )
     elements = 0
     for key, a, b in sorted(pairs, key=lambda x: x[0]):
         b = b.detach()
@@ -564,9 +601,13 @@ def weight_canary_check(trainer_weights: Iterable[tuple[str, Tensor]],
                 f"after the weight sync the engine's {key} differs from the trainer's in {n_bad} of {b.numel()} "
                 f"elements (max abs {d:.3g}, compared in the engine dtype {str(b.dtype).replace('torch.', '')}, where "
                 "a correct copy is exact): the engine is not generating with the trained weights (see docs/vllm.md, "
-                "TRL #5312)")
-    return {"vllm/sync_checked": float(len(pairs)), "vllm/sync_checked_elements": float(elements),
-            "vllm/sync_max_abs_diff": 0.0}
+                "TRL #5312)"
+            )
+    return {
+        "vllm/sync_checked": float(len(pairs)),
+        "vllm/sync_checked_elements": float(elements),
+        "vllm/sync_max_abs_diff": 0.0,
+    }
 
 
 def check_weight_coverage(expected: Iterable[str], loaded: Iterable[str] | None) -> int:
@@ -578,14 +619,17 @@ def check_weight_coverage(expected: Iterable[str], loaded: Iterable[str] | None)
     from uninitialised memory without this check."""
     want = set(expected)
     if loaded is None:
-        raise WeightSyncError("the engine model's load_weights returned no set of loaded names, so the sync's "
-                              "coverage cannot be checked (the pinned vLLM, 0.33, returns one for Qwen-VL models)")
+        raise WeightSyncError(
+            "the engine model's load_weights returned no set of loaded names, so the sync's "
+            "coverage cannot be checked (the pinned vLLM, 0.33, returns one for Qwen-VL models)"
+        )
     missing = sorted(want - set(loaded))
     if missing:
         raise WeightSyncError(
             f"the weight sync loaded {len(want) - len(missing)} of the engine's {len(want)} parameters; not loaded: "
             f"{missing[:5]}{' ...' if len(missing) > 5 else ''}. They keep stale values (garbage after a level-2 "
-            "sleep): the trainer's state dict has no tensor vLLM maps to them")
+            "sleep): the trainer's state dict has no tensor vLLM maps to them"
+        )
     return len(want)
 
 
@@ -610,8 +654,10 @@ def default_post_sync_check(engine: VLLMEngine, lm: torch.nn.Module) -> dict:
     model = _driver_model(engine.llm)
     if model is None:
         if not engine._warned_no_check:
-            log.warning("vLLM model is not in this process: the post-sync weight check is skipped; watch "
-                        "rollout/logp_abs_diff and rollout/is_ratio_min instead")
+            log.warning(
+                "vLLM model is not in this process: the post-sync weight check is skipped; watch "
+                "rollout/logp_abs_diff and rollout/is_ratio_min instead"
+            )
             engine._warned_no_check = True
         return {}
     engine_params = list(model.named_parameters())
@@ -629,11 +675,22 @@ class VLLMEngine:
     vLLM's encoder cache (embeddings of images seen before were computed with the old vision weights).
     """
 
-    def __init__(self, model_path: str, processor: Any, *, dtype: str = "bfloat16",
-                 gpu_memory_utilization: float = 0.3, sleep: bool = True, max_model_len: int | None = None,
-                 seed: int = 0, max_images_per_prompt: int = DEFAULT_MAX_IMAGES_PER_PROMPT,
-                 vision_trainable: bool = True, llm: Any = None, sampling_params: Callable[..., Any] | None = None,
-                 post_sync_hooks: Sequence[PostSyncHook] | None = None) -> None:
+    def __init__(
+        self,
+        model_path: str,
+        processor: Any,
+        *,
+        dtype: str = "bfloat16",
+        gpu_memory_utilization: float = 0.3,
+        sleep: bool = True,
+        max_model_len: int | None = None,
+        seed: int = 0,
+        max_images_per_prompt: int = DEFAULT_MAX_IMAGES_PER_PROMPT,
+        vision_trainable: bool = True,
+        llm: Any = None,
+        sampling_params: Callable[..., Any] | None = None,
+        post_sync_hooks: Sequence[PostSyncHook] | None = None,
+    ) -> None:
         if not 0.0 < gpu_memory_utilization <= 1.0:
             raise ValueError(f"model.vllm_gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
         if int(max_images_per_prompt) < 1:
@@ -644,9 +701,12 @@ class VLLMEngine:
         self.max_images_per_prompt = int(max_images_per_prompt)
         self.vision_trainable = bool(vision_trainable)
         tok = getattr(processor, "tokenizer", processor)
-        self.image_token_id = tok.convert_tokens_to_ids("<|image_pad|>") if hasattr(tok, "convert_tokens_to_ids") else None
+        self.image_token_id = (
+            tok.convert_tokens_to_ids("<|image_pad|>") if hasattr(tok, "convert_tokens_to_ids") else None
+        )
         self.post_sync_hooks: list[PostSyncHook] = list(
-            post_sync_hooks if post_sync_hooks is not None else [default_post_sync_check])
+            post_sync_hooks if post_sync_hooks is not None else [default_post_sync_check]
+        )
         self._warned_no_check = False
         self._version: int | None = None
         """Stamp of the trainer weights last loaded (None: never synced)."""
@@ -656,8 +716,13 @@ class VLLMEngine:
         self.metrics: dict[str, float] = {}
         """Metrics of the last sync / generation (``vllm/...``)."""
         if llm is None:
-            llm, sampling_params = self._build_llm(model_path, dtype=dtype, gpu_memory_utilization=gpu_memory_utilization,
-                                                   max_model_len=max_model_len, seed=seed)
+            llm, sampling_params = self._build_llm(
+                model_path,
+                dtype=dtype,
+                gpu_memory_utilization=gpu_memory_utilization,
+                max_model_len=max_model_len,
+                seed=seed,
+            )
         self.llm = llm
         self._sampling_params = sampling_params or (lambda **kw: kw)
         if self.sleep_enabled:
@@ -670,10 +735,13 @@ class VLLMEngine:
         except ImportError as exc:
             raise VLLMUnavailableError(
                 "model.rollout_engine=vllm needs vLLM: pip install 'mmrl[vllm]' on a machine with a CUDA GPU, or set "
-                f"model.rollout_engine=hf ({exc})") from exc
+                f"model.rollout_engine=hf ({exc})"
+            ) from exc
         if not torch.cuda.is_available():
-            raise VLLMUnavailableError("model.rollout_engine=vllm needs a CUDA GPU (none is visible); set "
-                                       "model.rollout_engine=hf to sample with transformers")
+            raise VLLMUnavailableError(
+                "model.rollout_engine=vllm needs a CUDA GPU (none is visible); set "
+                "model.rollout_engine=hf to sample with transformers"
+            )
         # one engine inside the training process (TP 1), whose model the trainer can reach for load_weights;
         # a single process started without torchrun gets its own rendezvous port (a fixed one collides)
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -682,10 +750,16 @@ class VLLMEngine:
         if "MASTER_PORT" not in os.environ:
             os.environ["MASTER_PORT"] = str(free_port(os.environ["MASTER_ADDR"]))
         llm = vllm.LLM(
-            model=str(model_path), dtype=kw["dtype"], gpu_memory_utilization=kw["gpu_memory_utilization"],
-            max_model_len=kw["max_model_len"], enable_sleep_mode=self.sleep_enabled, seed=kw["seed"],
-            tensor_parallel_size=1, distributed_executor_backend="external_launcher",
-            logprobs_mode="processed_logprobs", mm_processor_kwargs=self.mm_kwargs,
+            model=str(model_path),
+            dtype=kw["dtype"],
+            gpu_memory_utilization=kw["gpu_memory_utilization"],
+            max_model_len=kw["max_model_len"],
+            enable_sleep_mode=self.sleep_enabled,
+            seed=kw["seed"],
+            tensor_parallel_size=1,
+            distributed_executor_backend="external_launcher",
+            logprobs_mode="processed_logprobs",
+            mm_processor_kwargs=self.mm_kwargs,
             limit_mm_per_prompt={"image": self.max_images_per_prompt, "video": 0},
         )
         return llm, vllm.SamplingParams
@@ -703,16 +777,22 @@ class VLLMEngine:
         if not path:
             raise VLLMEngineError("the policy's model has no name_or_path: vLLM needs a model folder or hub id")
         if getattr(cfg, "top_p", 1.0) < 1.0:
-            log.warning("model.top_p=%s < 1 with the vLLM engine: its log-probs are renormalised over the nucleus "
-                        "while the trainer's are not; expect rollout/logp_abs_diff > 0", cfg.top_p)
+            log.warning(
+                "model.top_p=%s < 1 with the vLLM engine: its log-probs are renormalised over the nucleus "
+                "while the trainer's are not; expect rollout/logp_abs_diff > 0",
+                cfg.top_p,
+            )
         max_len = None
         if getattr(cfg, "max_prompt_tokens", None):
             max_len = int(cfg.max_prompt_tokens) + int(cfg.max_new_tokens)
-        kw = dict(dtype=str(getattr(cfg, "dtype", "bfloat16")),
-                  gpu_memory_utilization=float(getattr(cfg, "vllm_gpu_memory_utilization", 0.3)),
-                  sleep=bool(getattr(cfg, "vllm_sleep", True)), max_model_len=max_len,
-                  max_images_per_prompt=int(getattr(cfg, "vllm_max_images_per_prompt", DEFAULT_MAX_IMAGES_PER_PROMPT)),
-                  vision_trainable=bool(getattr(policy, "vision_trainable", True)))
+        kw = dict(
+            dtype=str(getattr(cfg, "dtype", "bfloat16")),
+            gpu_memory_utilization=float(getattr(cfg, "vllm_gpu_memory_utilization", 0.3)),
+            sleep=bool(getattr(cfg, "vllm_sleep", True)),
+            max_model_len=max_len,
+            max_images_per_prompt=int(getattr(cfg, "vllm_max_images_per_prompt", DEFAULT_MAX_IMAGES_PER_PROMPT)),
+            vision_trainable=bool(getattr(policy, "vision_trainable", True)),
+        )
         kw.update(overrides)
         return cls(path, policy.processor, **kw)
 
@@ -755,8 +835,11 @@ class VLLMEngine:
         if self.vision_trainable:
             self._reset_encoder_cache()
         self._version = weights_version(lm)
-        metrics = {"vllm/sync_time": time.perf_counter() - t0, "vllm/sync_tensors": float(sent[0]),
-                   "vllm/sync_params_covered": float(covered)}
+        metrics = {
+            "vllm/sync_time": time.perf_counter() - t0,
+            "vllm/sync_tensors": float(sent[0]),
+            "vllm/sync_params_covered": float(covered),
+        }
         for hook in self.post_sync_hooks:
             metrics.update(hook(self, lm) or {})
         self.metrics.update(metrics)
@@ -772,10 +855,14 @@ class VLLMEngine:
         if hasattr(self.llm, "apply_model"):  # in-process only: the generator cannot cross a process boundary
             results = self.llm.apply_model(lambda m: ([n for n, _ in m.named_parameters()], m.load_weights(weights)))
             if len(results) != 1:
-                raise WeightSyncError(f"the vLLM engine has {len(results)} workers; mmrl's engine runs tensor parallel 1")
+                raise WeightSyncError(
+                    f"the vLLM engine has {len(results)} workers; mmrl's engine runs tensor parallel 1"
+                )
             return check_weight_coverage(*results[0])
-        raise WeightSyncError("cannot reach the vLLM model to load weights: run vLLM in this process "
-                              "(VLLM_ENABLE_V1_MULTIPROCESSING=0) with tensor_parallel_size=1")
+        raise WeightSyncError(
+            "cannot reach the vLLM model to load weights: run vLLM in this process "
+            "(VLLM_ENABLE_V1_MULTIPROCESSING=0) with tensor_parallel_size=1"
+        )
 
     def _reset_encoder_cache(self) -> None:
         """Drop vLLM's cached image embeddings (keyed by the image alone, computed with the old vision weights):
@@ -789,7 +876,8 @@ class VLLMEngine:
         raise VLLMEngineError(
             "this vLLM has no reset_encoder_cache (LLM.llm_engine.reset_encoder_cache, vLLM 0.33): with a trainable "
             "vision tower it would reuse image embeddings of the old weights after a sync; install the pinned vLLM "
-            "(pip install 'mmrl[vllm]') or keep model.freeze_vision_tower=true")
+            "(pip install 'mmrl[vllm]') or keep model.freeze_vision_tower=true"
+        )
 
     def ensure_synced(self, lm: torch.nn.Module) -> bool:
         """Sync if the trainer's weights changed since the last sync or the engine dropped them.
@@ -800,16 +888,39 @@ class VLLMEngine:
         return False
 
     # ------------------------------------------------------------------ sampling
-    def sample(self, prompts: Sequence[Any], seeds: Sequence[int], *, lm: torch.nn.Module, max_new_tokens: int,
-               temperature: float, top_p: float, eos_ids: Sequence[int], pad_id: int,
-               suppress_ids: Sequence[int] = (), greedy: bool = False) -> Completions:
+    def sample(
+        self,
+        prompts: Sequence[Any],
+        seeds: Sequence[int],
+        *,
+        lm: torch.nn.Module,
+        max_new_tokens: int,
+        temperature: float,
+        top_p: float,
+        eos_ids: Sequence[int],
+        pad_id: int,
+        suppress_ids: Sequence[int] = (),
+        greedy: bool = False,
+    ) -> Completions:
         """Sample one completion per entry of ``prompts`` (PromptInputs, repeated per sample) with the
         trainer's current weights; returns ids, mask, behaviour log-probs and truncation flags. Greedy
         requests ask vLLM for one completion and repeat it (the copies would be equal)."""
         requests = build_requests(prompts, seeds, self.mm_kwargs, max_images=self.max_images_per_prompt)
-        params = [self._sampling_params(**sampling_kwargs(
-            n=1 if greedy else r.n, seed=r.seed, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-            eos_ids=eos_ids, suppress_ids=suppress_ids, greedy=greedy)) for r in requests]
+        params = [
+            self._sampling_params(
+                **sampling_kwargs(
+                    n=1 if greedy else r.n,
+                    seed=r.seed,
+                    max_new_tokens=max_new_tokens,
+                    temperature=temperature,
+                    top_p=top_p,
+                    eos_ids=eos_ids,
+                    suppress_ids=suppress_ids,
+                    greedy=greedy,
+                )
+            )
+            for r in requests
+        ]
         self.ensure_synced(lm)
         if self._asleep:
             self._wake("kv_cache")
@@ -824,19 +935,32 @@ class VLLMEngine:
             if self.sleep_enabled:
                 self._sleep()
         if greedy:
-            outputs = [SimpleNamespace(outputs=list(o.outputs) * r.n, prompt_token_ids=getattr(o, "prompt_token_ids", None))
-                       for o, r in zip(outputs, requests)]
+            outputs = [
+                SimpleNamespace(outputs=list(o.outputs) * r.n, prompt_token_ids=getattr(o, "prompt_token_ids", None))
+                for o, r in zip(outputs, requests)
+            ]
         check_prompt_tokens(prompts, requests, outputs, self.image_token_id, self.mm_kwargs)
-        return completions_from_outputs(outputs, requests, eos_ids=eos_ids, pad_id=pad_id,
-                                        max_new_tokens=max_new_tokens)
+        return completions_from_outputs(
+            outputs, requests, eos_ids=eos_ids, pad_id=pad_id, max_new_tokens=max_new_tokens
+        )
 
-    def sample_for_policy(self, policy, prompts: Sequence[Any], seeds: Sequence[int], *,
-                          greedy: bool = False) -> Completions:
+    def sample_for_policy(
+        self, policy, prompts: Sequence[Any], seeds: Sequence[int], *, greedy: bool = False
+    ) -> Completions:
         """:meth:`sample` with a VLM policy's model, generation settings, EOS, padding and suppressed ids."""
         cfg = policy.cfg
-        return self.sample(prompts, seeds, lm=policy.module.lm, max_new_tokens=cfg.max_new_tokens,
-                           temperature=cfg.temperature, top_p=cfg.top_p, eos_ids=policy.eos_ids,
-                           pad_id=policy.pad_id, suppress_ids=policy.suppress_ids, greedy=greedy)
+        return self.sample(
+            prompts,
+            seeds,
+            lm=policy.module.lm,
+            max_new_tokens=cfg.max_new_tokens,
+            temperature=cfg.temperature,
+            top_p=cfg.top_p,
+            eos_ids=policy.eos_ids,
+            pad_id=policy.pad_id,
+            suppress_ids=policy.suppress_ids,
+            greedy=greedy,
+        )
 
 
 def build_rollout_engine(policy) -> VLLMEngine | None:

@@ -35,6 +35,7 @@ Modules
     ``worker`` (the worker process body), ``worker_handle`` (its parent-side handle) and
     ``process_pool`` (:class:`EnvPool`).
 """
+
 from __future__ import annotations
 
 from .core import PoolCore

@@ -1,4 +1,5 @@
 """Backend-independent part of the env pools (:class:`PoolCore`): episode state, results, stats."""
+
 from __future__ import annotations
 
 import logging

@@ -1,4 +1,5 @@
 """The environments of one worker (:class:`EnvGroup`), shared by the process and Ray backends."""
+
 from __future__ import annotations
 
 import importlib

@@ -1,4 +1,5 @@
 """Errors raised by the env pools (bad arguments to a pool raise ValueError instead)."""
+
 from __future__ import annotations
 
 

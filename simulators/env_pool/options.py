@@ -1,4 +1,5 @@
 """Constructor options shared by the env pool backends, and how they place envs on workers."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -1,4 +1,5 @@
 """``EnvPool``: the env pool on persistent worker processes (the multiprocessing backend)."""
+
 from __future__ import annotations
 
 import multiprocessing as mp
@@ -29,8 +30,9 @@ class EnvPool(PoolCore):
             accepted but hangs with GL contexts created in the parent).
     """
 
-    def __init__(self, env_name: str | Sequence[str], num_envs: int, *, start_method: str = "spawn",
-                 **options: Any) -> None:
+    def __init__(
+        self, env_name: str | Sequence[str], num_envs: int, *, start_method: str = "spawn", **options: Any
+    ) -> None:
         super().__init__(PoolOptions(env_name, num_envs, **options))
         if start_method not in mp.get_all_start_methods():
             raise ValueError(f"start_method {start_method!r} is not available; valid: {mp.get_all_start_methods()}")
@@ -74,7 +76,9 @@ class EnvPool(PoolCore):
         kind, value, _ = message
         if kind != "ready":
             worker.kill()
-            raise WorkerStartError(f"worker {w} could not build its envs {self.env_specs[self.slices[w].start][0]!r}:\n{value}")
+            raise WorkerStartError(
+                f"worker {w} could not build its envs {self.env_specs[self.slices[w].start][0]!r}:\n{value}"
+            )
         self._set_spec(value["spec"])
         self._ensure_frame_buffer()
         if self._shm is not None:
@@ -100,7 +104,9 @@ class EnvPool(PoolCore):
         if shape is None or self._shm is not None:
             return
         if len(shape) != 3 or self.spec["arrays"][self.image_key][1] != np.dtype(np.uint8).str:
-            raise EnvPoolError(f"observation {self.image_key!r} must be uint8 [H, W, C], got {self.spec['arrays'][self.image_key]}")
+            raise EnvPoolError(
+                f"observation {self.image_key!r} must be uint8 [H, W, C], got {self.spec['arrays'][self.image_key]}"
+            )
         self._shm, self._images = create_frame_buffer((self.num_envs, *shape))
         self._finalizer.detach()
         self._finalizer = weakref.finalize(self, cleanup_processes, self._workers, self._shm)

@@ -6,6 +6,7 @@ An env result (one per env and reset / executed chunk) is a dict with ``ok``, ``
 ``steps``, ``reward``, ``step_rewards``, ``terminated``, ``truncated``, ``success`` and
 ``sim_error``.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -3,6 +3,7 @@
 The parent creates and alone unlinks the block; each worker attaches to it and writes its envs'
 rows, so images are never pickled.
 """
+
 from __future__ import annotations
 
 from multiprocessing import shared_memory

@@ -1,4 +1,5 @@
 """Counters and timers of a pool (reported by :meth:`PoolCore.stats`)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -4,6 +4,7 @@ Messages: the parent sends ``(command, payload)`` with command "attach" (no repl
 "step", "call", "pid" or "close"; the worker answers ``(kind, value, busy_s)`` with kind "ok",
 "error" (then it exits) or, once at start, "ready" / "start_error".
 """
+
 from __future__ import annotations
 
 import os
@@ -39,7 +40,9 @@ def worker_main(
 
     try:
         import_env_modules(import_modules)
-        group = EnvGroup(env_specs, image_key=image_key, invalidate_on_sim_error=invalidate_on_sim_error, heartbeat=beat)
+        group = EnvGroup(
+            env_specs, image_key=image_key, invalidate_on_sim_error=invalidate_on_sim_error, heartbeat=beat
+        )
         conn.send(("ready", {"spec": group.spec(), "pid": os.getpid()}, 0.0))
     except BaseException:  # noqa: BLE001 - anything, including SystemExit from a bad env
         conn.send(("start_error", traceback.format_exc(), 0.0))

@@ -1,4 +1,5 @@
 """Parent-side handle of one :class:`EnvPool` worker process: start, stack dump, death report, kill."""
+
 from __future__ import annotations
 
 import os
@@ -41,7 +42,13 @@ class WorkerHandle:
             raise
         finally:
             child_conn.close()
-        self.process, self.conn, self.trace_path, self.ready, self.pid = process, parent_conn, trace_path, False, process.pid
+        self.process, self.conn, self.trace_path, self.ready, self.pid = (
+            process,
+            parent_conn,
+            trace_path,
+            False,
+            process.pid,
+        )
 
     def read_trace(self) -> str:
         """What the worker's faulthandler wrote (fatal signal, SIGUSR1); '' if nothing."""

@@ -1,4 +1,5 @@
 """Light plain-MuJoCo tabletop tasks (reach / push / lift) with a gymnasium API."""
+
 from .env import TASKS, EpisodeOverError, Layout, TabletopEnv, TaskSpec, UnknownTaskError, resolve_task, sample_layout
 from .scene import SceneConfig, build_scene_xml
 

@@ -16,6 +16,7 @@ gives bit-identical positions and images.  Without the option the index is drawn
 env's seeded generator and reported in ``info["init_state"]``; ``info["init_state_hash"]`` fingerprints
 the placed state (joint positions and the pad), so a change of layout code or simulator is detectable.
 """
+
 from __future__ import annotations
 
 import math
@@ -33,6 +34,8 @@ LAYOUT_SEED = 20240611
 ACTION_DIM = 4
 PROPRIO_DIM = 7
 INSTRUCTION_CHARSET = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 ,.'-_/"
+
+
 class UnknownTaskError(ValueError):
     """A task name or instruction that the tabletop family does not define."""
 
@@ -218,7 +221,10 @@ class TabletopEnv(_import_gym().Env):
             "object_qpos": {n: m.jnt_qposadr[m.body_jntadr[body(n)]] for n in objects},
             "object_z": {
                 **{block_body_name(c): self.cfg.block_half for c in self.cfg.colours},
-                **{d: (DISTRACTORS[d][1][0] if DISTRACTORS[d][0] == "sphere" else DISTRACTORS[d][1][1]) for d in self.cfg.distractors},
+                **{
+                    d: (DISTRACTORS[d][1][0] if DISTRACTORS[d][0] == "sphere" else DISTRACTORS[d][1][1])
+                    for d in self.cfg.distractors
+                },
             },
             "camera": mujoco.mj_name2id(m, mujoco.mjtObj.mjOBJ_CAMERA, self.camera),
         }
@@ -285,8 +291,13 @@ class TabletopEnv(_import_gym().Env):
         mujoco.mj_forward(m, d)
 
         self._episode.start()
-        info = {"instruction": self.instruction, "init_state": self.init_state, "success": False, "sim_error": False,
-                "init_state_hash": state_fingerprint(np.concatenate([d.qpos, m.body_pos[self._ids["pad_body"]]]))}
+        info = {
+            "instruction": self.instruction,
+            "init_state": self.init_state,
+            "success": False,
+            "sim_error": False,
+            "init_state_hash": state_fingerprint(np.concatenate([d.qpos, m.body_pos[self._ids["pad_body"]]])),
+        }
         return self._observation(), info
 
     def sanitize_action(self, action: Any) -> tuple[np.ndarray, int]:
@@ -318,8 +329,9 @@ class TabletopEnv(_import_gym().Env):
                 sim_error = True
                 break
         success = (not sim_error) and self._success()
-        terminated, truncated, counters = self._episode.finish_step(success=success, sim_error=sim_error,
-                                                                    n_clipped=n_clipped, max_steps=self.max_steps)
+        terminated, truncated, counters = self._episode.finish_step(
+            success=success, sim_error=sim_error, n_clipped=n_clipped, max_steps=self.max_steps
+        )
         info = {"instruction": self.instruction, "init_state": self.init_state, **counters}
         if sim_error:
             mujoco.mj_resetData(m, d)  # keep later renders well defined

@@ -4,6 +4,7 @@ Each expert is stateless: the action is a function of the current simulator stat
 (``TabletopEnv.expert_state()``), so it can take over from any state, e.g. to label
 demonstrations or to check that every initial state is solvable.
 """
+
 from __future__ import annotations
 
 from typing import Any, Mapping

@@ -7,6 +7,7 @@ only, no collision); two distractors (a grey sphere and a purple cylinder).  All
 objects have free joints.  Render-heavy features are off: no shadow map, no multisampling,
 no skybox or reflective materials, and the offscreen buffer is the image size.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -105,9 +106,7 @@ def _gripper_xml(cfg: SceneConfig) -> str:
         f'<joint name="ee_z" type="slide" axis="0 0 1" range="0 {cfg.ee_z_max:g}" damping="5"/>'
         f'<geom name="palm" type="box" pos="0 0 {palm_z:g}" size="0.015 {cfg.finger_offset + w:g} 0.01" '
         'rgba="0.3 0.3 0.35 1" mass="0.5"/>'
-        '<site name="ee_tip" pos="0 0 0" size="0.005" rgba="1 1 1 0"/>'
-        + "".join(fingers)
-        + "</body>"
+        '<site name="ee_tip" pos="0 0 0" size="0.005" rgba="1 1 1 0"/>' + "".join(fingers) + "</body>"
     )
 
 

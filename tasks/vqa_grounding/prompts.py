@@ -13,6 +13,7 @@ and the reward cannot disagree. :func:`sft_target` writes the ideal answer for a
 warm-start stage, going from original pixels to the model frame through
 :func:`mmrl.data.coords.convert_boxes` and :func:`mmrl.data.coords.format_box` only.
 """
+
 from __future__ import annotations
 
 import json

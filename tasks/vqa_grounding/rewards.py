@@ -17,6 +17,7 @@ Reward functions follow the TRL contract ``fn(prompts, completions, **columns) -
 an unparseable answer scores 0.0 (never None, so it is not masked away) and shows up in
 ``monitor/parse_fail_rate``.
 """
+
 from __future__ import annotations
 
 import functools
@@ -94,9 +95,7 @@ def sample_orig_size(completion: Mapping, image_size: object) -> tuple[float, fl
     return size
 
 
-def predicted_pixels(
-    completion: Mapping, answer_frame: str, image_size: object, *, strict: bool = True
-) -> ParsedBoxes:
+def predicted_pixels(completion: Mapping, answer_frame: str, image_size: object, *, strict: bool = True) -> ParsedBoxes:
     """The completion's boxes converted to original pixels and clipped to the image.
 
     The returned :class:`ParsedBoxes` keeps the parse status (``"failed"`` with no boxes when
@@ -109,9 +108,7 @@ def predicted_pixels(
     parsed = parse_answer(completion.get("text"))
     if parsed.status == STATUS_FAILED or len(parsed) == 0:
         return ParsedBoxes(np.zeros((0, 4), dtype=np.float64), list(parsed.labels), parsed.status)
-    pixels = convert_boxes(
-        parsed.boxes, frame, "pixels", orig_size=orig_size, input_size=completion.get("input_size")
-    )
+    pixels = convert_boxes(parsed.boxes, frame, "pixels", orig_size=orig_size, input_size=completion.get("input_size"))
     return ParsedBoxes(clip_boxes(pixels, orig_size), list(parsed.labels), parsed.status)
 
 
@@ -210,9 +207,7 @@ def _columns(n: int, **cols: Sequence | None) -> dict[str, Sequence]:
 def make_grounding_reward(settings: GroundingRewardSettings) -> Callable[..., list[float]]:
     """The IoU-type reward (``reward/grounding``): :func:`score_boxes` in original pixels."""
 
-    def grounding_reward(
-        prompts, completions, gt_boxes=None, answer_frame=None, image_size=None, **_
-    ) -> list[float]:
+    def grounding_reward(prompts, completions, gt_boxes=None, answer_frame=None, image_size=None, **_) -> list[float]:
         """Per completion: parse, convert to original pixels, clip, score against gt (0.0 when unparseable)."""
         n = len(completions)
         cols = _columns(n, gt_boxes=gt_boxes, answer_frame=answer_frame, image_size=image_size)
@@ -271,15 +266,18 @@ def make_duplicate_reward(settings: GroundingRewardSettings) -> Callable[..., li
 # ----------------------------------------------------------------------------- monitors and eval
 
 
-def _predictions(
-    completions: Sequence[Mapping], items: Sequence[Mapping], strict: bool
-) -> list[ParsedBoxes]:
+def _predictions(completions: Sequence[Mapping], items: Sequence[Mapping], strict: bool) -> list[ParsedBoxes]:
     if len(completions) != len(items):
         raise ValueError(f"{len(completions)} completions for {len(items)} items")
-    return [predicted_pixels(c, it["answer_frame"], it.get("image_size"), strict=strict) for c, it in zip(completions, items)]
+    return [
+        predicted_pixels(c, it["answer_frame"], it.get("image_size"), strict=strict)
+        for c, it in zip(completions, items)
+    ]
 
 
-def rollout_monitors(items: Sequence[Mapping], completions: Sequence[Mapping], *, strict: bool = True) -> dict[str, float]:
+def rollout_monitors(
+    items: Sequence[Mapping], completions: Sequence[Mapping], *, strict: bool = True
+) -> dict[str, float]:
     """Reward-hacking and parser monitors of one rollout batch, keys prefixed ``monitor/``.
 
     ``items[i]`` is the (prepared) item of ``completions[i]``. Keys: parse_fail_rate,

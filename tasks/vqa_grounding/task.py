@@ -10,6 +10,7 @@ score it there: IoU-type reward + format reward - duplicate-box penalty. See
 Data: synthetic scenes by default (no download), or a canonical grounding JSONL, a VLM-R1 REC
 file or RefCOCO annotations through the loaders of :mod:`mmrl.data`.
 """
+
 from __future__ import annotations
 
 import json
@@ -129,18 +130,24 @@ class VQAGroundingConfig:
     def validate(self) -> None:
         """Raise ConfigError on inconsistent settings."""
         if self.data_format not in DATA_FORMATS:
-            raise ConfigError(f"task.data_format: {self.data_format!r} is not valid; choose from {', '.join(DATA_FORMATS)}")
+            raise ConfigError(
+                f"task.data_format: {self.data_format!r} is not valid; choose from {', '.join(DATA_FORMATS)}"
+            )
         if self.data_format != "synthetic" and not self.data:
             raise ConfigError(f"task.data: data_format={self.data_format} needs a data file (task.data=PATH)")
         if self.data_format == "synthetic" and (self.data or self.eval_data):
-            raise ConfigError(f"task.data_format=synthetic ignores task.data / task.eval_data ({self.data or self.eval_data}); "
-                              f"set task.data_format to the file's format ({', '.join(DATA_FORMATS[1:])})")
+            raise ConfigError(
+                f"task.data_format=synthetic ignores task.data / task.eval_data ({self.data or self.eval_data}); "
+                f"set task.data_format to the file's format ({', '.join(DATA_FORMATS[1:])})"
+            )
         if self.data_format in ("vlm_r1", "refcoco") and not self.image_root:
             raise ConfigError(f"task.image_root: data_format={self.data_format} needs the image folder")
         if self.data_format == "refcoco" and not self.refs:
             raise ConfigError("task.refs: data_format=refcoco needs the refs file")
         if self.box_frame not in BOX_FRAME_CHOICES:
-            raise ConfigError(f"task.box_frame: {self.box_frame!r} is not valid; choose from {', '.join(BOX_FRAME_CHOICES)}")
+            raise ConfigError(
+                f"task.box_frame: {self.box_frame!r} is not valid; choose from {', '.join(BOX_FRAME_CHOICES)}"
+            )
         match = _ACC_KIND.match(self.iou_kind)
         if self.iou_kind not in _SIMPLE_IOU_KINDS and not (match and 0.0 < float(match.group(1)) <= 1.0):
             raise ConfigError(
@@ -162,7 +169,9 @@ class VQAGroundingConfig:
         if self.max_prompt_chars < 1:
             raise ConfigError("task.max_prompt_chars must be >= 1")
         if not self.image_sizes or any(len(s) != 2 or min(s) < _MIN_SYNTHETIC_SIDE for s in self.image_sizes):
-            raise ConfigError(f"task.image_sizes: give [W, H] pairs with sides >= {_MIN_SYNTHETIC_SIDE}, got {self.image_sizes}")
+            raise ConfigError(
+                f"task.image_sizes: give [W, H] pairs with sides >= {_MIN_SYNTHETIC_SIDE}, got {self.image_sizes}"
+            )
         for name in ("p_multi", "p_negative"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ConfigError(f"task.{name} must be in [0, 1]")
@@ -254,8 +263,9 @@ def _with_task_hint(exc: Exception) -> Exception:
     from mmrl.data.grounding_data import InvalidSampleError
 
     reason = exc.reason.split("; pass ")[0]
-    return InvalidSampleError(exc.source, f"{reason}; fix or remove the row, or set task.on_invalid_box=skip to skip "
-                                          "such rows", exc.kind)
+    return InvalidSampleError(
+        exc.source, f"{reason}; fix or remove the row, or set task.on_invalid_box=skip to skip such rows", exc.kind
+    )
 
 
 # ----------------------------------------------------------------------------- the task
@@ -265,14 +275,18 @@ class VQAGroundingTask(Task):
     """Grounding task: prompts in the model's box frame, rewards in original-image pixels."""
 
     name = "vqa_grounding"
-    description = "Image grounding (Qwen-VL): boxes as JSON, IoU rewards in original pixels; synthetic scenes by default."
+    description = (
+        "Image grounding (Qwen-VL): boxes as JSON, IoU rewards in original pixels; synthetic scenes by default."
+    )
     config_cls = VQAGroundingConfig
 
     def __init__(self, cfg: VQAGroundingConfig, run_cfg: Any = None) -> None:
         super().__init__(cfg, run_cfg)
         model_type = getattr(getattr(run_cfg, "model", None), "type", None)
         if model_type is not None and model_type != "vlm":
-            raise ConfigError(f"task=vqa_grounding needs a vision-language model (model.type=vlm), got model.type={model_type}")
+            raise ConfigError(
+                f"task=vqa_grounding needs a vision-language model (model.type=vlm), got model.type={model_type}"
+            )
         self.answer_frame = resolve_answer_frame(cfg.box_frame, run_cfg)
         self.settings = GroundingRewardSettings(
             iou_kind=cfg.iou_kind,
@@ -372,7 +386,9 @@ class VQAGroundingTask(Task):
         (``(W, H)`` or None until prepared), ``answer_frame``.
         """
         item: dict[str, Any] = {
-            "prompt": build_prompt(sample.question, self.answer_frame, think=self.cfg.think, multi_box=self.cfg.multi_box),
+            "prompt": build_prompt(
+                sample.question, self.answer_frame, think=self.cfg.think, multi_box=self.cfg.multi_box
+            ),
             "question": sample.question,
             "image": sample.image,
             "gt_labels": list(sample.labels),
@@ -407,7 +423,9 @@ class VQAGroundingTask(Task):
         if multi:
             dropped.append(f"{len(multi)} multi-target items (task.multi_box=false; first: {multi[0]})")
         if too_long:
-            dropped.append(f"{len(too_long)} items with prompts over task.max_prompt_chars={self.cfg.max_prompt_chars} (first: {too_long[0]})")
+            dropped.append(
+                f"{len(too_long)} items with prompts over task.max_prompt_chars={self.cfg.max_prompt_chars} (first: {too_long[0]})"
+            )
         if dropped:
             line = f"{split}: dropped " + "; ".join(dropped)
             self.load_reports[f"{split}/dropped"] = line
@@ -492,8 +510,11 @@ class VQAGroundingTask(Task):
         ``items[i]`` is the prepared item of ``samples[i]``; one item per prompt is also accepted
         when ``len(samples)`` is a multiple (prompt-major groups).
         """
-        out = rollout_monitors(self._per_sample_items(items, samples), samples,
-                               strict=self.settings.strict_frame) if samples else {}
+        out = (
+            rollout_monitors(self._per_sample_items(items, samples), samples, strict=self.settings.strict_frame)
+            if samples
+            else {}
+        )
         if self.load_skipped.get("train"):
             out["data/load_skipped"] = float(self.load_skipped["train"])
         return out

@@ -33,6 +33,7 @@ scheduler's schedule and the VAE decode. mmrl owns the denoising loop:
   longer than the CLIP tokenizer's ``model_max_length`` is truncated by the pipeline (as diffusers
   does) and counted in ``count/truncated_prompts``.
 """
+
 from __future__ import annotations
 
 # Modules: ``policy`` (DiffusionPolicy), ``builder`` (build_diffusion_policy), ``payload``

@@ -1,4 +1,5 @@
 """The policy builder registered for ``model.type=diffusion`` (``mmrl.models.registry``)."""
+
 from __future__ import annotations
 
 import torch

@@ -1,4 +1,5 @@
 """Checkpoint files of the diffusion policy: LoRA adapters or the full denoiser, and the EMA."""
+
 from __future__ import annotations
 
 import logging

@@ -1,4 +1,5 @@
 """Exponential moving average of the trained parameters (``model.ema``)."""
+
 from __future__ import annotations
 
 import contextlib

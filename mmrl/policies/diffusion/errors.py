@@ -1,4 +1,5 @@
 """Errors raised by the diffusion policy."""
+
 from __future__ import annotations
 
 __all__ = ["DiffusionPolicyError", "DiffusionPromptError"]

@@ -1,4 +1,5 @@
 """The rollout payload of the diffusion policy: the latent chain and the per-prompt conditioning."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -41,7 +42,9 @@ class DiffusionPayload:
         steps = {p.num_steps for p in payloads}
         shapes = {tuple(p.latents.shape[1:]) for p in payloads}
         if len(steps) > 1 or len(shapes) > 1:
-            raise DiffusionPolicyError(f"cannot concatenate diffusion rollouts with steps {steps} / latent shapes {shapes}")
+            raise DiffusionPolicyError(
+                f"cannot concatenate diffusion rollouts with steps {steps} / latent shapes {shapes}"
+            )
         prompt_of, total = [], 0
         for p in payloads:
             prompt_of.append(p.prompt_of + total)

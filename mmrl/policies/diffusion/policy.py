@@ -1,4 +1,5 @@
 """The diffusion policy: SDE denoising steps of a diffusers pipeline as actions (see the package docstring)."""
+
 from __future__ import annotations
 
 import contextlib
@@ -74,10 +75,18 @@ class DiffusionPolicy(Policy):
                 m.requires_grad_(False)
                 m.eval()
         self.model = self._prepare_denoiser(getattr(pipe, self.backend.denoiser_name))
-        self.sampler = SDESampler(self.backend.scheduler(), kind=cfg.sampler, noise_level=cfg.noise_level,
-                                  logprob_reduction=cfg.logprob_reduction)
-        self.eval_sampler = SDESampler(self.backend.scheduler(), kind=cfg.sampler, noise_level=cfg.noise_level,
-                                       logprob_reduction=cfg.logprob_reduction)
+        self.sampler = SDESampler(
+            self.backend.scheduler(),
+            kind=cfg.sampler,
+            noise_level=cfg.noise_level,
+            logprob_reduction=cfg.logprob_reduction,
+        )
+        self.eval_sampler = SDESampler(
+            self.backend.scheduler(),
+            kind=cfg.sampler,
+            noise_level=cfg.noise_level,
+            logprob_reduction=cfg.logprob_reduction,
+        )
         self.owns_kl = cfg.kl == "latent" and kl_coef > 0
         self._frozen_ref = FrozenCopyReference(self) if (reference and not cfg.lora.enabled) else None
         self._negative: dict[str, Tensor] | None = None
@@ -97,8 +106,15 @@ class DiffusionPolicy(Policy):
             from peft import LoraConfig as PeftLoraConfig
 
             denoiser.requires_grad_(False)
-            denoiser.add_adapter(PeftLoraConfig(r=cfg.lora.r, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,
-                                                init_lora_weights="gaussian", target_modules=list(cfg.lora.target_modules)))
+            denoiser.add_adapter(
+                PeftLoraConfig(
+                    r=cfg.lora.r,
+                    lora_alpha=cfg.lora.alpha,
+                    lora_dropout=cfg.lora.dropout,
+                    init_lora_weights="gaussian",
+                    target_modules=list(cfg.lora.target_modules),
+                )
+            )
             for n, p in denoiser.named_parameters():
                 p.requires_grad_("lora_" in n)
                 if "lora_" in n:
@@ -154,7 +170,9 @@ class DiffusionPolicy(Policy):
     def _check_prompts(self, prompts: list) -> int:
         for i, p in enumerate(prompts):
             if not isinstance(p, str) or not p.strip():
-                raise DiffusionPromptError(f"prompt {i} is empty or not a string ({p!r}); every item needs a non-empty 'prompt'")
+                raise DiffusionPromptError(
+                    f"prompt {i} is empty or not a string ({p!r}); every item needs a non-empty 'prompt'"
+                )
         tok = self.pipe.tokenizer
         limit = tok.model_max_length
         n = sum(len(tok(p).input_ids) > limit for p in prompts)
@@ -219,8 +237,10 @@ class DiffusionPolicy(Policy):
         finite, n_bad = zero_nonfinite(latents, rollout_logp)
 
         images = self._decode_final(latents)
-        samples = [{"image": im, "prompt": prompts[int(prompt_of[k])], "valid": bool(finite[k])}
-                   for k, im in enumerate(latents_to_pil(images))]
+        samples = [
+            {"image": im, "prompt": prompts[int(prompt_of[k])], "valid": bool(finite[k])}
+            for k, im in enumerate(latents_to_pil(images))
+        ]
         mask = train.float() * finite[:, None].float().cpu()
         payload = DiffusionPayload(latents=latents, prompt_of=prompt_of.to(dev), cond=cond_p, num_steps=N)
         return Rollout(
@@ -231,15 +251,19 @@ class DiffusionPolicy(Policy):
             samples=samples,
             payload=payload,
             valid=finite.cpu(),
-            metrics={"count/nonfinite_latents": float(n_bad), "count/truncated_prompts": float(n_trunc),
-                     "rollout/trained_steps": float(mask.sum(1).mean()), "rollout/sde_steps": float(sde.float().sum(1).mean())},
+            metrics={
+                "count/nonfinite_latents": float(n_bad),
+                "count/truncated_prompts": float(n_trunc),
+                "rollout/trained_steps": float(mask.sum(1).mean()),
+                "rollout/sde_steps": float(sde.float().sum(1).mean()),
+            },
         )
 
     def _decode_final(self, latents: Tensor) -> Tensor:
         """The final latents of the chains ``[B, N + 1, ...]`` decoded in micro-batches -> images [B, 3, H, W]."""
         B = latents.shape[0]
         chunk = self.cfg.sample_batch_size or B
-        return torch.cat([self.backend.decode(latents[lo:lo + chunk, -1]) for lo in range(0, B, chunk)])
+        return torch.cat([self.backend.decode(latents[lo : lo + chunk, -1]) for lo in range(0, B, chunk)])
 
     def _step_masks(self, batch: PromptBatch, prompt_of: Tensor, N: int, greedy: bool) -> tuple[Tensor, Tensor]:
         """Per sample, ``sde [B, N]`` (sample the step with the SDE) and ``train [B, N]`` (train it):
@@ -248,13 +272,21 @@ class DiffusionPolicy(Policy):
             B = prompt_of.numel()
             return torch.zeros(B, N, dtype=torch.bool), torch.zeros(B, N, dtype=torch.bool)
         sde_p, train_p = train_step_plan(
-            self.cfg.train_steps, self._stochastic_steps(), list(batch.seeds), fraction=self.cfg.train_fraction,
-            window_size=self.cfg.window_size, window_max_start=self.cfg.window_max_start,
-            train_step=self._train_step, shift_every=self.cfg.window_shift_every, stride=self.cfg.window_stride)
+            self.cfg.train_steps,
+            self._stochastic_steps(),
+            list(batch.seeds),
+            fraction=self.cfg.train_fraction,
+            window_size=self.cfg.window_size,
+            window_max_start=self.cfg.window_max_start,
+            train_step=self._train_step,
+            shift_every=self.cfg.window_shift_every,
+            stride=self.cfg.window_stride,
+        )
         return sde_p[prompt_of], train_p[prompt_of]
 
-    def _sample_chains(self, sampler, x0: Tensor, prompt_of: Tensor, cond_p: dict[str, Tensor], sde: Tensor,
-                       noise: Tensor | None) -> tuple[Tensor, Tensor]:
+    def _sample_chains(
+        self, sampler, x0: Tensor, prompt_of: Tensor, cond_p: dict[str, Tensor], sde: Tensor, noise: Tensor | None
+    ) -> tuple[Tensor, Tensor]:
         """Run the denoising loop over micro-batches of ``model.sample_batch_size`` samples.
 
         Returns the latent chains ``[B, N + 1, ...]`` and the per-step log-probs ``[B, N]`` (float32)."""
@@ -278,7 +310,9 @@ class DiffusionPolicy(Policy):
             logps.append(torch.stack(lp, 1))
         return torch.cat(chains), torch.cat(logps).float()
 
-    def _step(self, sampler, v: Tensor, i: int, x: Tensor, sde_rows: Tensor, noise: Tensor | None) -> tuple[Tensor, Tensor]:
+    def _step(
+        self, sampler, v: Tensor, i: int, x: Tensor, sde_rows: Tensor, noise: Tensor | None
+    ) -> tuple[Tensor, Tensor]:
         """One sampling step; rows with ``sde_rows`` False take the deterministic (noise 0) step."""
         sde_rows = sde_rows.to(x.device)
         if bool(sde_rows.all()) or not sampler.is_trainable(i):
@@ -295,8 +329,9 @@ class DiffusionPolicy(Policy):
         return prev, lp
 
     # ------------------------------------------------------------------ log-probs
-    def log_probs(self, rollout: Rollout, *, entropy: bool = False, values: bool = False,
-                  kl: bool | None = None) -> LogProbOutput:
+    def log_probs(
+        self, rollout: Rollout, *, entropy: bool = False, values: bool = False, kl: bool | None = None
+    ) -> LogProbOutput:
         """Recompute the log-probs of the trained steps of ``rollout`` (with grad when enabled).
 
         ``kl=None`` returns the latent KL when the policy was built for it (model.kl=latent and
@@ -324,8 +359,16 @@ class DiffusionPolicy(Policy):
             self._check_first_ratio(logp.detach().cpu(), rollout)
         return LogProbOutput(logp=logp, entropy=ent, kl=klt)
 
-    def _group_log_probs(self, pl: DiffusionPayload, cond_all: dict[str, Tensor], grp: Tensor, acc: _StepValues, *,
-                         entropy: bool, want_kl: bool) -> None:
+    def _group_log_probs(
+        self,
+        pl: DiffusionPayload,
+        cond_all: dict[str, Tensor],
+        grp: Tensor,
+        acc: _StepValues,
+        *,
+        entropy: bool,
+        want_kl: bool,
+    ) -> None:
         """One denoiser forward over the (row, step) pairs ``grp``; appends their per-step values to ``acc``."""
         dev = self.device
         timesteps = self.sampler.timesteps
@@ -363,7 +406,9 @@ class DiffusionPolicy(Policy):
             log.warning(
                 "first update: recomputed diffusion log-probs differ from the rollout's by up to %.3g, so on-policy "
                 "ratios are not 1. Roll out and train with the same batch shapes (model.sample_batch_size equal to "
-                "the training micro-batch, model.logprob_layout=per_step) or use algo.old_logp=recompute.", gap)
+                "the training micro-batch, model.logprob_layout=per_step) or use algo.old_logp=recompute.",
+                gap,
+            )
 
     # ------------------------------------------------------------------ reference
     def _ref_model(self) -> torch.nn.Module:
@@ -415,8 +460,9 @@ class DiffusionPolicy(Policy):
             self.module.save_pretrained(str(path / self.backend.denoiser_name))
         if self.ema is not None:
             save_ema(self.ema, path)
-        (path / "mmrl_diffusion.json").write_text(json.dumps(
-            {"pipeline": self.kind, "base": self.cfg.path, "lora": self.cfg.lora.enabled}, indent=1))
+        (path / "mmrl_diffusion.json").write_text(
+            json.dumps({"pipeline": self.kind, "base": self.cfg.path, "lora": self.cfg.lora.enabled}, indent=1)
+        )
 
     def load_pretrained(self, path: str | Path) -> None:
         """Load what :meth:`save_pretrained` wrote, exactly."""

@@ -1,4 +1,5 @@
 """Pure helpers over the (sample, denoising step) grid of a rollout: noise seeds, per-step values, bad samples."""
+
 from __future__ import annotations
 
 import logging
@@ -24,9 +25,12 @@ def noise_seeds(prompt_seeds: list[int], G: int, same_noise_per_group: bool) -> 
 
 def step_noise(sample_seeds: list[int], N: int, shape: tuple[int, ...]) -> Tensor:
     """[B, N, *shape] standard normal SDE noise of every step, drawn from each sample's seed alone (CPU)."""
-    return torch.stack([
-        torch.randn((N, *shape), generator=torch.Generator().manual_seed(mix_seed(s, _STEP_NOISE_TAG)))
-        for s in sample_seeds])
+    return torch.stack(
+        [
+            torch.randn((N, *shape), generator=torch.Generator().manual_seed(mix_seed(s, _STEP_NOISE_TAG)))
+            for s in sample_seeds
+        ]
+    )
 
 
 def zero_nonfinite(latents: Tensor, logp: Tensor) -> tuple[Tensor, int]:

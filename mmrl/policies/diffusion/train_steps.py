@@ -1,4 +1,5 @@
 """Which denoising steps are sampled with the SDE and which are trained (``model.train_steps``); pure."""
+
 from __future__ import annotations
 
 import torch
@@ -56,10 +57,18 @@ def train_step_plan(
             train[g, positions[torch.randperm(n, generator=gen)[:k]]] = True
     elif strategy in ("sde_window", "sliding_window"):
         w = min(window_size, n)
-        starts = _window_starts(strategy, group_seeds, n - w, N, window_max_start=window_max_start,
-                                train_step=train_step, shift_every=shift_every, stride=stride)
+        starts = _window_starts(
+            strategy,
+            group_seeds,
+            n - w,
+            N,
+            window_max_start=window_max_start,
+            train_step=train_step,
+            shift_every=shift_every,
+            stride=stride,
+        )
         for g, st in enumerate(starts):
-            cols = positions[st: st + w]
+            cols = positions[st : st + w]
             sde[g, cols] = True
             train[g, cols] = True
     else:
@@ -67,8 +76,17 @@ def train_step_plan(
     return sde, train
 
 
-def _window_starts(strategy: str, group_seeds: list[int], last_start: int, N: int, *, window_max_start: int | None,
-                   train_step: int, shift_every: int, stride: int) -> list[int]:
+def _window_starts(
+    strategy: str,
+    group_seeds: list[int],
+    last_start: int,
+    N: int,
+    *,
+    window_max_start: int | None,
+    train_step: int,
+    shift_every: int,
+    stride: int,
+) -> list[int]:
     """Per group, the first stochastic step (index among the stochastic steps) of the SDE window."""
     if strategy == "sliding_window":
         start = ((train_step // shift_every) * stride) % (last_start + 1)

@@ -1,4 +1,5 @@
 """Pipeline-family adapters (one module per diffusers pipeline family) and their dispatch."""
+
 from __future__ import annotations
 
 from typing import Any

@@ -1,4 +1,5 @@
 """The pipeline-family adapter base class and helpers shared by the families."""
+
 from __future__ import annotations
 
 from typing import Any

@@ -1,4 +1,5 @@
 """Flux (``FluxPipeline``): packed 2x2 latent patches, guidance-distilled transformer."""
+
 from __future__ import annotations
 
 import torch
@@ -8,8 +9,13 @@ from mmrl.policies.diffusion.pipelines.base import _Backend, _param_dtype
 
 class _FluxBackend(_Backend):
     def encode(self, prompts, device):
-        pe, pooled, _ = self.pipe.encode_prompt(prompt=prompts, prompt_2=None, device=device, num_images_per_prompt=1,
-                                                max_sequence_length=self.cfg.max_sequence_length)
+        pe, pooled, _ = self.pipe.encode_prompt(
+            prompt=prompts,
+            prompt_2=None,
+            device=device,
+            num_images_per_prompt=1,
+            max_sequence_length=self.cfg.max_sequence_length,
+        )
         return {"prompt_embeds": pe.float(), "pooled": pooled.float()}
 
     def cfg_active(self) -> bool:  # guidance-distilled Flux takes the scale as an input, not as CFG
@@ -37,8 +43,13 @@ class _FluxBackend(_Backend):
         n = self._num_steps
         sc = self.pipe.scheduler.config
         seq = self.latent_shape()[0]
-        mu = calculate_shift(seq, sc.get("base_image_seq_len", 256), sc.get("max_image_seq_len", 4096),
-                             sc.get("base_shift", 0.5), sc.get("max_shift", 1.15))
+        mu = calculate_shift(
+            seq,
+            sc.get("base_image_seq_len", 256),
+            sc.get("max_image_seq_len", 4096),
+            sc.get("base_shift", 0.5),
+            sc.get("max_shift", 1.15),
+        )
         return {"sigmas": np.linspace(1.0, 1 / n, n).tolist(), "mu": mu}
 
     def forward(self, model, x, t, cond):
@@ -49,9 +60,16 @@ class _FluxBackend(_Backend):
         guidance = None
         if self.pipe.transformer.config.guidance_embeds:
             guidance = torch.full((x.shape[0],), float(self.cfg.guidance_scale), device=x.device, dtype=torch.float32)
-        return model(hidden_states=x.to(dt), timestep=(t / 1000).to(dt), guidance=guidance,
-                     pooled_projections=cond["pooled"].to(dt), encoder_hidden_states=cond["prompt_embeds"].to(dt),
-                     txt_ids=txt_ids, img_ids=img_ids, return_dict=False)[0]
+        return model(
+            hidden_states=x.to(dt),
+            timestep=(t / 1000).to(dt),
+            guidance=guidance,
+            pooled_projections=cond["pooled"].to(dt),
+            encoder_hidden_states=cond["prompt_embeds"].to(dt),
+            txt_ids=txt_ids,
+            img_ids=img_ids,
+            return_dict=False,
+        )[0]
 
     def _pack(self, z):
         b, c, h, w = z.shape

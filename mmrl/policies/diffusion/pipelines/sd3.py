@@ -1,4 +1,5 @@
 """Stable Diffusion 3 (``StableDiffusion3Pipeline``): MMDiT transformer over unpacked latents."""
+
 from __future__ import annotations
 
 from mmrl.policies.diffusion.pipelines.base import _Backend, _param_dtype
@@ -6,9 +7,15 @@ from mmrl.policies.diffusion.pipelines.base import _Backend, _param_dtype
 
 class _SD3Backend(_Backend):
     def encode(self, prompts, device):
-        pe, _, pooled, _ = self.pipe.encode_prompt(prompt=prompts, prompt_2=None, prompt_3=None, device=device,
-                                                   num_images_per_prompt=1, do_classifier_free_guidance=False,
-                                                   max_sequence_length=self.cfg.max_sequence_length)
+        pe, _, pooled, _ = self.pipe.encode_prompt(
+            prompt=prompts,
+            prompt_2=None,
+            prompt_3=None,
+            device=device,
+            num_images_per_prompt=1,
+            do_classifier_free_guidance=False,
+            max_sequence_length=self.cfg.max_sequence_length,
+        )
         return {"prompt_embeds": pe.float(), "pooled": pooled.float()}
 
     def latent_shape(self):
@@ -22,15 +29,26 @@ class _SD3Backend(_Backend):
 
             _, h, w = self.latent_shape()
             p = self.pipe.transformer.config.patch_size
-            return {"mu": calculate_shift((h // p) * (w // p), sc.get("base_image_seq_len", 256),
-                                          sc.get("max_image_seq_len", 4096), sc.get("base_shift", 0.5),
-                                          sc.get("max_shift", 1.16))}
+            return {
+                "mu": calculate_shift(
+                    (h // p) * (w // p),
+                    sc.get("base_image_seq_len", 256),
+                    sc.get("max_image_seq_len", 4096),
+                    sc.get("base_shift", 0.5),
+                    sc.get("max_shift", 1.16),
+                )
+            }
         return {}
 
     def forward(self, model, x, t, cond):
         dt = _param_dtype(model)
-        return model(hidden_states=x.to(dt), timestep=t, encoder_hidden_states=cond["prompt_embeds"].to(dt),
-                     pooled_projections=cond["pooled"].to(dt), return_dict=False)[0]
+        return model(
+            hidden_states=x.to(dt),
+            timestep=t,
+            encoder_hidden_states=cond["prompt_embeds"].to(dt),
+            pooled_projections=cond["pooled"].to(dt),
+            return_dict=False,
+        )[0]
 
     def decode(self, latents):
         vae = self.pipe.vae

@@ -1,4 +1,5 @@
 """Stable Diffusion 1.x / 2.x (``StableDiffusionPipeline``): UNet, epsilon / v prediction (not a flow)."""
+
 from __future__ import annotations
 
 from mmrl.policies.diffusion.pipelines.base import _Backend, _param_dtype
