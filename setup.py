@@ -4,6 +4,7 @@
 install as `mmrl.tasks`, `mmrl.simulators` and `mmrl.configs`, so `mmrl train task=...` finds them
 from any working directory. Everything else is declared in pyproject.toml.
 """
+
 from setuptools import find_packages, setup
 
 MAPPED = {"mmrl.tasks": "tasks", "mmrl.simulators": "simulators", "mmrl.configs": "configs"}

@@ -1,4 +1,5 @@
 """Test-wide settings: one torch thread (the CI machines have 2 noisy cores)."""
+
 import os
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")

@@ -1,5 +1,6 @@
 """Run a few steps (the toy task unless ``task=...`` is given) and save the gathered parameters (used by test_ddp
 and test_fsdp under `accelerate launch`)."""
+
 import os
 import sys
 from pathlib import Path
@@ -16,11 +17,23 @@ def main() -> None:
     out, steps, extra = sys.argv[1], int(sys.argv[2]), sys.argv[3:]  # extra: more key=value overrides
     torch.set_num_threads(1)
     task = [] if any(x.startswith("task=") for x in extra) else ["task=toy_arithmetic"]
-    cfg = load_config([
-        *task, f"trainer.output_dir={out}", "trainer.run_name=run", f"trainer.max_steps={steps}",
-        "trainer.batch_size=4", "algo.group_size=4", "trainer.eval_at_end=false", "trainer.progress=false",
-        "trainer.tensorboard=false", "trainer.plot=false", "trainer.device=cpu", "algo.loss_agg=token_mean", *extra,
-    ])
+    cfg = load_config(
+        [
+            *task,
+            f"trainer.output_dir={out}",
+            "trainer.run_name=run",
+            f"trainer.max_steps={steps}",
+            "trainer.batch_size=4",
+            "algo.group_size=4",
+            "trainer.eval_at_end=false",
+            "trainer.progress=false",
+            "trainer.tensorboard=false",
+            "trainer.plot=false",
+            "trainer.device=cpu",
+            "algo.loss_agg=token_mean",
+            *extra,
+        ]
+    )
     tr = Trainer(cfg)
     tr.fit()
     params = full_state_dict(tr.policy.module)  # gathered from the shards under trainer.strategy=fsdp2 (collective)

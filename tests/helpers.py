@@ -1,4 +1,5 @@
 """Shared test helpers: small toy-task configs and trainers."""
+
 from __future__ import annotations
 
 import os
@@ -42,20 +43,43 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_script(out: Path, steps: int, *extra: str, processes: int = 1, timeout: float = 900,
-               launcher: str = "accelerate") -> None:
+def run_script(
+    out: Path, steps: int, *extra: str, processes: int = 1, timeout: float = 900, launcher: str = "accelerate"
+) -> None:
     """Run tests/ddp_script.py (a short training run that saves its gathered parameters to ``out/params.pt``) in one
     process, or in ``processes`` CPU processes (gloo) with ``accelerate launch`` or ``torchrun`` (``launcher``)."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(DDP_SCRIPT.parent.parent))
     env.pop("WORLD_SIZE", None)
     cmd = [sys.executable, str(DDP_SCRIPT), str(out), str(steps), *extra]
     if processes > 1 and launcher == "torchrun":
-        cmd[1:1] = ["-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", str(processes),
-                    "--master_addr", "127.0.0.1", "--master_port", str(free_port())]
+        cmd[1:1] = [
+            "-m",
+            "torch.distributed.run",
+            "--nnodes",
+            "1",
+            "--nproc_per_node",
+            str(processes),
+            "--master_addr",
+            "127.0.0.1",
+            "--master_port",
+            str(free_port()),
+        ]
     elif processes > 1:
-        cmd[1:1] = ["-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(processes),
-                    "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-                    "--main_process_port", str(free_port())]
+        cmd[1:1] = [
+            "-m",
+            "accelerate.commands.launch",
+            "--multi_gpu",
+            "--num_processes",
+            str(processes),
+            "--num_machines",
+            "1",
+            "--mixed_precision",
+            "no",
+            "--dynamo_backend",
+            "no",
+            "--main_process_port",
+            str(free_port()),
+        ]
     p = subprocess.run(cmd, env=env, timeout=timeout, capture_output=True, text=True)
     assert p.returncode == 0, p.stderr[-4000:]
     assert (out / "world.txt").read_text() == str(processes)
@@ -77,10 +101,11 @@ def run_embedded_default(task: str, tmp_path: Path) -> tuple[Any, dict, list[dic
     learning tests."""
     from mmrl.tracking import read_metrics
 
-    cfg = load_config([f"task={task}", f"trainer.output_dir={tmp_path}", "trainer.run_name=r", "trainer.progress=false"])
+    cfg = load_config(
+        [f"task={task}", f"trainer.output_dir={tmp_path}", "trainer.run_name=r", "trainer.progress=false"]
+    )
     tr = Trainer(cfg)
     tr.setup_run_dir()
     final = tr.fit()
     rows = read_metrics(tmp_path / "r" / "metrics.jsonl")
     return cfg, final, rows, next(r for r in rows if "sft/step" in r)
-

@@ -1,4 +1,5 @@
 """ActionTokenizer (OpenVLA-style bins) and log-prob grouping, checked against hand-worked values."""
+
 from __future__ import annotations
 
 import numpy as np

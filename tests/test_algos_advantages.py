@@ -1,23 +1,24 @@
 """Advantage estimators against hand-worked numbers and edge cases."""
+
 import math
 
 import pytest
 import torch
 
-from mmrl.config import AlgoConfig
 from mmrl.algos import (
     ADVANTAGE_ESTIMATORS,
-    advantage_choices,
-    outcome_advantages,
-    token_advantages,
     AlgoInputError,
+    advantage_choices,
     broadcast_to_tokens,
     drgrpo,
     gae,
     grpo,
+    outcome_advantages,
     reinforce_pp,
     rloo,
+    token_advantages,
 )
+from mmrl.config import AlgoConfig
 
 EPS = 1e-6
 
@@ -210,8 +211,13 @@ def test_a_new_estimator_is_one_registered_function():
 
     try:
         algo = AlgoConfig(advantage=name, adv_clip=0.5)
-        out = outcome_advantages(torch.tensor([2.0, -3.0, 0.0]), torch.tensor([0, 0, 1]),
-                                 torch.tensor([True, True, False]), algo, bonus=torch.tensor([0.25, 0.0, 9.0]))
+        out = outcome_advantages(
+            torch.tensor([2.0, -3.0, 0.0]),
+            torch.tensor([0, 0, 1]),
+            torch.tensor([True, True, False]),
+            algo,
+            bonus=torch.tensor([0.25, 0.0, 9.0]),
+        )
         close(out, [0.5, -0.5, 0.0])  # sign + bonus, clipped; invalid rows 0 (bonus ignored)
         assert name in advantage_choices()
     finally:
@@ -223,8 +229,9 @@ def test_token_advantages_outcome_and_kl_in_reward_by_hand():
     algo = AlgoConfig(advantage="drgrpo", kl_coef=0.5, kl_in_reward=True)
     mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
     kl = torch.tensor([[0.1, 0.3, 7.0], [0.0, 9.0, 9.0]])  # masked tokens never count
-    adv, ret = token_advantages(torch.tensor([1.0, 0.0]), torch.tensor([3, 3]), torch.tensor([True, True]), mask, algo,
-                                kl_tok=kl)
+    adv, ret = token_advantages(
+        torch.tensor([1.0, 0.0]), torch.tensor([3, 3]), torch.tensor([True, True]), mask, algo, kl_tok=kl
+    )
     assert ret is None
     close(adv, [[0.4, 0.4, 0.0], [-0.4, 0.0, 0.0]])
 

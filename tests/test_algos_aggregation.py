@@ -1,4 +1,5 @@
 """Loss aggregation (incl. exact micro-batch accumulation), masked reductions and the registry."""
+
 import pytest
 import torch
 

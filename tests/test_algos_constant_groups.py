@@ -3,6 +3,7 @@
 Before the fix, ``grpo(torch.full((8,), 0.3), zeros)`` gave 0.0289 for every sample: the fp32 mean of 8
 copies of 0.3 is not 0.3, and the ~1e-8 error was divided by (std + 1e-6). ``eps=0`` gave NaN.
 """
+
 from __future__ import annotations
 
 import math
@@ -28,8 +29,14 @@ def test_reported_case_all_equal_group_of_8_gets_exactly_zero():
 def test_eps_zero_on_an_all_equal_group_is_zero_not_nan():
     ones = torch.ones(3)
     gid = torch.zeros(3, dtype=torch.long)
-    for out in (grpo(ones, gid, eps=0.0), grpo(ones, gid, eps=0.0, scale="batch"), reinforce_pp(ones, gid, eps=0.0),
-                reinforce_pp(ones, gid, eps=0.0, baseline="group"), rloo(ones, gid, eps=0.0), drgrpo(ones, gid, eps=0.0)):
+    for out in (
+        grpo(ones, gid, eps=0.0),
+        grpo(ones, gid, eps=0.0, scale="batch"),
+        reinforce_pp(ones, gid, eps=0.0),
+        reinforce_pp(ones, gid, eps=0.0, baseline="group"),
+        rloo(ones, gid, eps=0.0),
+        drgrpo(ones, gid, eps=0.0),
+    ):
         assert torch.equal(out, torch.zeros(3))
 
 
@@ -77,7 +84,7 @@ def test_old_plain_mean_really_is_inexact_for_the_reported_value():
 
 def _layout(draw, max_groups=6, max_size=16):
     sizes = draw(st.lists(st.integers(1, max_size), min_size=1, max_size=max_groups))
-    ids = draw(st.lists(st.integers(-2**40, 2**40), min_size=len(sizes), max_size=len(sizes), unique=True))
+    ids = draw(st.lists(st.integers(-(2**40), 2**40), min_size=len(sizes), max_size=len(sizes), unique=True))
     gid = torch.tensor([i for i, n in zip(ids, sizes) for _ in range(n)], dtype=torch.long)
     perm = torch.randperm(gid.numel(), generator=torch.Generator().manual_seed(draw(st.integers(0, 10_000))))
     return gid[perm]
@@ -123,8 +130,12 @@ def test_all_equal_groups_get_exactly_zero_and_nothing_is_nan(name, fn, case):
 
 
 @settings(max_examples=100, deadline=None)
-@given(value=st.floats(-1e4, 1e4, allow_nan=False, width=32), n=st.integers(1, 64),
-       dtype=st.sampled_from([torch.float32, torch.bfloat16]), eps=st.sampled_from([0.0, 1e-6]))
+@given(
+    value=st.floats(-1e4, 1e4, allow_nan=False, width=32),
+    n=st.integers(1, 64),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16]),
+    eps=st.sampled_from([0.0, 1e-6]),
+)
 def test_a_whole_batch_of_equal_rewards_whitens_to_zero(value, n, dtype, eps):
     r = torch.full((n,), value, dtype=dtype)
     gid = torch.arange(n) // 4

@@ -1,4 +1,5 @@
 """KL estimators, truncated importance sampling and group filters."""
+
 import math
 
 import pytest

@@ -1,4 +1,5 @@
 """Policy and value losses: hand-computed values, clip flags, and gradients checked with autograd."""
+
 import math
 
 import pytest

@@ -1,4 +1,5 @@
 """mmrl.algos.rl_objective on its own, against hand-computed numbers."""
+
 from __future__ import annotations
 
 import math

@@ -1,6 +1,7 @@
 """Run-level bad input gets one line, not a traceback: a resume path that does not exist, resume=auto without a
 run name, real presets whose weights are not here, SIGTERM / SIGINT (checkpoint, then 143 / 130), a checkpoint
 that would unpickle code, and settings under which nothing is learned."""
+
 from __future__ import annotations
 
 import logging
@@ -21,13 +22,25 @@ from mmrl.models.availability import ModelNotAvailableError
 from mmrl.preflight import learning_warnings
 from tests.helpers import toy_overrides, toy_trainer
 
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1",
-       "MMRL_LOG_LEVEL": "WARNING", "PYTHONWARNINGS": "ignore"}
+ENV = {
+    **os.environ,
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "OMP_NUM_THREADS": "1",
+    "MMRL_LOG_LEVEL": "WARNING",
+    "PYTHONWARNINGS": "ignore",
+}
 
 
 def _cli(tmp_path, *args, timeout=120):
-    return subprocess.run([sys.executable, "-m", "mmrl.cli", "train", *args], cwd=tmp_path, env=ENV,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "mmrl.cli", "train", *args],
+        cwd=tmp_path,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def _one_line(stderr: str) -> str:
@@ -38,6 +51,7 @@ def _one_line(stderr: str) -> str:
 
 
 # ---------------------------------------------------------------- trainer.resume
+
 
 def test_resume_path_that_does_not_exist_is_one_line(tmp_path):
     p = _cli(tmp_path, *toy_overrides(tmp_path, steps=1), "trainer.resume=/no/such/path")
@@ -55,7 +69,9 @@ def test_resume_path_without_a_checkpoint_is_a_config_error(tmp_path, capsys):
 
 
 def test_resume_auto_says_whether_it_found_a_run(tmp_path, caplog):
-    no_name = [o for o in toy_overrides(tmp_path, "trainer.resume=auto", steps=0) if not o.startswith("trainer.run_name=")]
+    no_name = [
+        o for o in toy_overrides(tmp_path, "trainer.resume=auto", steps=0) if not o.startswith("trainer.run_name=")
+    ]
     with caplog.at_level(logging.INFO, logger="mmrl"):
         from mmrl.trainer import Trainer
 
@@ -71,6 +87,7 @@ def test_resume_auto_says_whether_it_found_a_run(tmp_path, caplog):
 
 # ---------------------------------------------------------------- weights that are not on this machine
 
+
 def test_real_vlm_preset_offline_is_one_line(tmp_path):
     p = _cli(tmp_path, *toy_overrides(tmp_path, steps=1), "model=qwen2_5_vl_3b")
     assert p.returncode == 2
@@ -81,11 +98,25 @@ def test_real_vlm_preset_offline_is_one_line(tmp_path):
 
 
 def test_real_diffusion_preset_offline_is_one_line(tmp_path, capsys):
-    assert main(["train", "task=t2i_color", "model=sd3_5_medium", f"trainer.output_dir={tmp_path}",
-                 "trainer.max_steps=1", "trainer.progress=false"]) == 2
+    assert (
+        main(
+            [
+                "train",
+                "task=t2i_color",
+                "model=sd3_5_medium",
+                f"trainer.output_dir={tmp_path}",
+                "trainer.max_steps=1",
+                "trainer.progress=false",
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
-    assert "stabilityai/stable-diffusion-3.5-medium" in err and "hf download stabilityai/stable-diffusion-3.5-medium" in err
+    assert (
+        "stabilityai/stable-diffusion-3.5-medium" in err
+        and "hf download stabilityai/stable-diffusion-3.5-medium" in err
+    )
 
 
 def test_causal_lm_hub_id_and_empty_folder_offline(tmp_path):
@@ -99,11 +130,18 @@ def test_causal_lm_hub_id_and_empty_folder_offline(tmp_path):
 
 # ---------------------------------------------------------------- signals
 
+
 def test_sigterm_checkpoints_and_exits_143(tmp_path):
     run_dir = tmp_path / "sig"
     args = toy_overrides(tmp_path, "trainer.log_every=1", steps=100000, run="sig")
-    proc = subprocess.Popen([sys.executable, "-m", "mmrl.cli", "train", *args], cwd=tmp_path, env=ENV,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mmrl.cli", "train", *args],
+        cwd=tmp_path,
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline and proc.poll() is None:
@@ -148,6 +186,7 @@ def test_sigint_checkpoints_and_exits_130(tmp_path, monkeypatch, capsys):
 
 
 # ---------------------------------------------------------------- a checkpoint is data, not code
+
 
 class _WritesMarker:
     def __init__(self, marker: Path):
@@ -201,21 +240,27 @@ def test_rng_state_is_plain_data_and_old_numpy_format_still_loads(tmp_path):
 
 # ---------------------------------------------------------------- settings that cannot learn
 
+
 def _warnings(*overrides):
     return learning_warnings(load_config(["task=toy_arithmetic", *overrides]))
 
 
-@pytest.mark.parametrize("overrides, needle", [
-    (["algo.group_size=1"], "algo.group_size=1 with algo.advantage=grpo"),
-    (["algo.group_size=1", "algo.advantage=rloo"], "algo.advantage=rloo"),
-    (["algo.group_size=1", "algo.advantage=drgrpo"], "algo.advantage=drgrpo"),
-    (["algo.group_size=1", "algo.advantage=reinforce_pp", "algo.reinforce_baseline=group"],
-     "reinforce_pp with algo.reinforce_baseline=group"),
-    (["algo.group_size=1", "algo.filter_groups=true", "algo.advantage=reinforce_pp"], "algo.filter_groups=true"),
-    (["trainer.max_steps=0"], "nothing is trained"),
-    (["trainer.lr=0"], "trainer.lr=0"),
-    (["trainer.lr=0", "trainer.max_steps=0", "trainer.sft_steps=3"], "warm start's 3 steps change nothing"),
-])
+@pytest.mark.parametrize(
+    "overrides, needle",
+    [
+        (["algo.group_size=1"], "algo.group_size=1 with algo.advantage=grpo"),
+        (["algo.group_size=1", "algo.advantage=rloo"], "algo.advantage=rloo"),
+        (["algo.group_size=1", "algo.advantage=drgrpo"], "algo.advantage=drgrpo"),
+        (
+            ["algo.group_size=1", "algo.advantage=reinforce_pp", "algo.reinforce_baseline=group"],
+            "reinforce_pp with algo.reinforce_baseline=group",
+        ),
+        (["algo.group_size=1", "algo.filter_groups=true", "algo.advantage=reinforce_pp"], "algo.filter_groups=true"),
+        (["trainer.max_steps=0"], "nothing is trained"),
+        (["trainer.lr=0"], "trainer.lr=0"),
+        (["trainer.lr=0", "trainer.max_steps=0", "trainer.sft_steps=3"], "warm start's 3 steps change nothing"),
+    ],
+)
 def test_learning_warnings(overrides, needle):
     msgs = _warnings(*overrides)
     assert len(msgs) == 1 and needle in msgs[0], msgs
@@ -243,8 +288,11 @@ def test_group_relativity_is_declared_beside_each_estimator():
     from mmrl.algos.registry import ADVANTAGE_ESTIMATORS
 
     assert set(GROUP_RELATIVE) <= set(ADVANTAGE_ESTIMATORS.names())
-    declared = {n for n in ADVANTAGE_ESTIMATORS.names()
-                if is_group_relative(SimpleNamespace(advantage=n, reinforce_baseline="none"))}
+    declared = {
+        n
+        for n in ADVANTAGE_ESTIMATORS.names()
+        if is_group_relative(SimpleNamespace(advantage=n, reinforce_baseline="none"))
+    }
     assert declared == {"grpo", "drgrpo", "rloo"}
     assert is_group_relative(SimpleNamespace(advantage="reinforce_pp", reinforce_baseline="group"))
     assert not is_group_relative(SimpleNamespace(advantage="gae", reinforce_baseline="group"))

@@ -29,7 +29,11 @@ def test_json_list_of_objects_inside_answer_tag():
 
 def test_box_key_variants_and_single_object():
     check('{"bbox": [1, 2, 3, 4], "label": "cup"}', [[1, 2, 3, 4]], ["cup"])
-    check('[{"box": [1, 2, 3, 4]}, {"BBOX_2D": [5, 6, 7, 8], "label": " mug "}]', [[1, 2, 3, 4], [5, 6, 7, 8]], [None, "mug"])
+    check(
+        '[{"box": [1, 2, 3, 4]}, {"BBOX_2D": [5, 6, 7, 8], "label": " mug "}]',
+        [[1, 2, 3, 4], [5, 6, 7, 8]],
+        [None, "mug"],
+    )
 
 
 def test_fenced_json_block():
@@ -91,15 +95,28 @@ def test_invalid_boxes_are_dropped():
 
 
 @pytest.mark.parametrize(
-    "text", ["[]", "none", "None", "null", "no object", "No objects.", "There is no such object.", "```json\n[]\n```",
-             "<answer>[]</answer>", "<answer>Not found</answer>", "There are no cats in the image."]
+    "text",
+    [
+        "[]",
+        "none",
+        "None",
+        "null",
+        "no object",
+        "No objects.",
+        "There is no such object.",
+        "```json\n[]\n```",
+        "<answer>[]</answer>",
+        "<answer>Not found</answer>",
+        "There are no cats in the image.",
+    ],
 )
 def test_explicit_empty_answers_are_ok(text):
     check(text, [], status="ok")
 
 
 @pytest.mark.parametrize(
-    "text", ["", "   ", "<answer></answer>", "<answer> </answer>", "I think it is on the left.", '{"label": "dog"}', "{}"]
+    "text",
+    ["", "   ", "<answer></answer>", "<answer> </answer>", "I think it is on the left.", '{"label": "dog"}', "{}"],
 )
 def test_unusable_answers_fail(text):
     out = check(text, [], status="failed")
@@ -107,10 +124,25 @@ def test_unusable_answers_fail(text):
 
 
 ADVERSARIAL = [
-    None, 123, b"[1,2,3,4]", "[" * 20_000, "{" * 20_000, '"' * 5_000, "]" * 5_000, "[x]" * 5_000,
-    "<answer>" * 3_000, "<|box_start|>" * 3_000, "(" * 5_000 + ")" * 5_000, "[" * 150 + "a," * 5_000 + "]" * 150,
-    "\x00\udcff[1,2,3,4]", '{"bbox_2d": {"a": 1}}', '[{"bbox_2d": null}]', "[true, false, 1, 2]",
-    "[" + "9" * 5_000 + ", 1, 2, 3]", "1e999", '{"bbox_2d": [1, 2, 3, 4], "label": {"x": [1]}}',
+    None,
+    123,
+    b"[1,2,3,4]",
+    "[" * 20_000,
+    "{" * 20_000,
+    '"' * 5_000,
+    "]" * 5_000,
+    "[x]" * 5_000,
+    "<answer>" * 3_000,
+    "<|box_start|>" * 3_000,
+    "(" * 5_000 + ")" * 5_000,
+    "[" * 150 + "a," * 5_000 + "]" * 150,
+    "\x00\udcff[1,2,3,4]",
+    '{"bbox_2d": {"a": 1}}',
+    '[{"bbox_2d": null}]',
+    "[true, false, 1, 2]",
+    "[" + "9" * 5_000 + ", 1, 2, 3]",
+    "1e999",
+    '{"bbox_2d": [1, 2, 3, 4], "label": {"x": [1]}}',
 ]
 
 
@@ -144,9 +176,43 @@ def _assert_well_formed(out):
         assert out.boxes.shape[0] == 0
 
 
-_PIECES = ["[", "]", "{", "}", '"', "'", ",", ":", " ", "-", ".", "e", "0", "7", "42", "3.5", "NaN", "Infinity",
-           '"bbox_2d"', '"label"', "<answer>", "</answer>", "<|box_start|>", "<|box_end|>", "<|object_ref_start|>",
-           "(", ")", "none", "no", "\n", "```json", "```", "\\", "null", "true"]
+_PIECES = [
+    "[",
+    "]",
+    "{",
+    "}",
+    '"',
+    "'",
+    ",",
+    ":",
+    " ",
+    "-",
+    ".",
+    "e",
+    "0",
+    "7",
+    "42",
+    "3.5",
+    "NaN",
+    "Infinity",
+    '"bbox_2d"',
+    '"label"',
+    "<answer>",
+    "</answer>",
+    "<|box_start|>",
+    "<|box_end|>",
+    "<|object_ref_start|>",
+    "(",
+    ")",
+    "none",
+    "no",
+    "\n",
+    "```json",
+    "```",
+    "\\",
+    "null",
+    "true",
+]
 
 
 def test_random_token_soup_never_raises():
@@ -166,7 +232,11 @@ def test_round_trip_of_generated_answers():
     for n in range(0, 6):
         boxes = np.round(rng.uniform(-50, 2000, size=(n, 4)), 2)
         labels = [f"obj {i}" for i in range(n)]
-        text = "<answer>" + json.dumps([{"bbox_2d": b.tolist(), "label": lab} for b, lab in zip(boxes, labels)]) + "</answer>"
+        text = (
+            "<answer>"
+            + json.dumps([{"bbox_2d": b.tolist(), "label": lab} for b, lab in zip(boxes, labels)])
+            + "</answer>"
+        )
         out = parse_boxes(text)
         assert out.status == "ok"
         np.testing.assert_array_equal(out.boxes.reshape(-1, 4), boxes.reshape(-1, 4))
@@ -186,5 +256,5 @@ def test_property_random_text_never_raises():
 
 
 def test_no_nan_in_parsed_boxes():
-    out = parse_boxes('[[1, 2, 3, 4], [Infinity, 0, 1, 1], [-Infinity, 0, 1, 1]]')
+    out = parse_boxes("[[1, 2, 3, 4], [Infinity, 0, 1, 1], [-Infinity, 0, 1, 1]]")
     assert out.status == "repaired" and len(out) == 1 and all(math.isfinite(v) for v in out.boxes[0])

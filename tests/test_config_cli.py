@@ -1,4 +1,5 @@
 """Config composition and the CLI: typed validation, clear errors with exit code 2, help, tasks."""
+
 import subprocess
 import sys
 
@@ -18,8 +19,15 @@ def test_defaults_compose_to_typed_dataclasses():
 
 
 def test_overrides_and_group_selection():
-    cfg = load_config(["task=toy_arithmetic", "algo=dapo", "trainer.max_steps=7", "algo.clip_high=0.3",
-                       "trainer.adam_betas=[0.8,0.9]"])
+    cfg = load_config(
+        [
+            "task=toy_arithmetic",
+            "algo=dapo",
+            "trainer.max_steps=7",
+            "algo.clip_high=0.3",
+            "trainer.adam_betas=[0.8,0.9]",
+        ]
+    )
     assert cfg.algo.name == "dapo" and cfg.algo.filter_groups is True
     assert cfg.trainer.max_steps == 7 and cfg.algo.clip_high == 0.3
     assert cfg.trainer.adam_betas == (0.8, 0.9)

@@ -1,6 +1,7 @@
 """Every config value is type-checked where it is read (issue 22): a value of the wrong type for any field of any
 config dataclass, or an override the grammar cannot read, is one ConfigError naming the key (the CLI: one line,
 exit 2), never a TypeError / ValueError / AttributeError from deeper code or a parser exception name."""
+
 from __future__ import annotations
 
 import copy
@@ -14,8 +15,19 @@ from typing import Any, Iterator
 
 import pytest
 
-from mmrl.config import (AlgoConfig, ConfigError, RewardConfig, RunConfig, TrainerConfig, build_run_config,
-                         compose_dict, load_config, load_run_config, parse_override, quoted_override)
+from mmrl.config import (
+    AlgoConfig,
+    ConfigError,
+    RewardConfig,
+    RunConfig,
+    TrainerConfig,
+    build_run_config,
+    compose_dict,
+    load_config,
+    load_run_config,
+    parse_override,
+    quoted_override,
+)
 from mmrl.models.registry import model_config_class, model_types
 from mmrl.tasks import get_task_class, task_names
 
@@ -23,6 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 # ---------------------------------------------------------------- the sweep over every field
+
 
 def dataclass_keys(cls: type, prefix: str) -> Iterator[tuple[str, Any]]:
     """``(dotted key, annotation)`` of every field of config dataclass ``cls`` and of the dataclasses nested in it
@@ -49,9 +62,12 @@ def sweep_cases() -> dict[str, list[tuple[str, Any]]]:
             keys += dataclass_keys(model_config_class(model_type), "model")
         cases[name] = keys
     assert seen_types == set(model_types()), "a model type no task preset uses would not be swept"
-    cases["toy_arithmetic"] += [*dataclass_keys(AlgoConfig, "algo"), *dataclass_keys(TrainerConfig, "trainer"),
-                                *dataclass_keys(RewardConfig, "reward"),
-                                ("checkpoint", typing.get_type_hints(RunConfig)["checkpoint"])]
+    cases["toy_arithmetic"] += [
+        *dataclass_keys(AlgoConfig, "algo"),
+        *dataclass_keys(TrainerConfig, "trainer"),
+        *dataclass_keys(RewardConfig, "reward"),
+        ("checkpoint", typing.get_type_hints(RunConfig)["checkpoint"]),
+    ]
     return cases
 
 
@@ -59,8 +75,11 @@ def wrong_values(tp: Any) -> list[str]:
     """Override texts whose value is of the wrong type for annotation ``tp``: a list or mapping for a scalar, text
     for a number, a number for a bool, a bool for a number, a scalar for a list / mapping / nested config, a list of
     the wrong items."""
-    members = [a for a in typing.get_args(tp) if a is not type(None)] \
-        if typing.get_origin(tp) in (typing.Union, types.UnionType) else [tp]
+    members = (
+        [a for a in typing.get_args(tp) if a is not type(None)]
+        if typing.get_origin(tp) in (typing.Union, types.UnionType)
+        else [tp]
+    )
     if len(members) > 1:  # str | list[str]: neither a mapping nor a bool
         return ["{a: 1}", "true"]
     t = members[0]
@@ -138,19 +157,23 @@ def test_load_config_path_is_the_same():
 
 # ---------------------------------------------------------------- values that are read before the dataclasses
 
-@pytest.mark.parametrize("override, needle", [
-    ("task.name=12345", "task.name: unknown task '12345'"),
-    ("task.name=[a]", "task.name: expected a string, got ['a']"),
-    ("model.type=[a]", "model.type: expected a string, got ['a']"),
-    ("model.type=5", "unknown model.type '5'"),
-    ("checkpoint=[1]", "checkpoint: expected a string or null, got [1]"),
-    ("reward=5", "reward: expected a mapping of RewardConfig fields, got 5"),
-    ("model.lora=null", "model.lora: expected a mapping of LoraConfig fields, got None"),
-    ("trainer.run_name=true", """for the text 'true' quote it: 'trainer.run_name="true"'"""),
-    ("trainer.run_name=${oops}", "trainer.run_name: Interpolation key 'oops' not found"),
-    ("reward.columns={solution: [1]}", "reward.columns.solution: expected a string"),
-    ("trainer.adam_betas=[0.9]", "trainer.adam_betas: expected 2 values"),
-])
+
+@pytest.mark.parametrize(
+    "override, needle",
+    [
+        ("task.name=12345", "task.name: unknown task '12345'"),
+        ("task.name=[a]", "task.name: expected a string, got ['a']"),
+        ("model.type=[a]", "model.type: expected a string, got ['a']"),
+        ("model.type=5", "unknown model.type '5'"),
+        ("checkpoint=[1]", "checkpoint: expected a string or null, got [1]"),
+        ("reward=5", "reward: expected a mapping of RewardConfig fields, got 5"),
+        ("model.lora=null", "model.lora: expected a mapping of LoraConfig fields, got None"),
+        ("trainer.run_name=true", """for the text 'true' quote it: 'trainer.run_name="true"'"""),
+        ("trainer.run_name=${oops}", "trainer.run_name: Interpolation key 'oops' not found"),
+        ("reward.columns={solution: [1]}", "reward.columns.solution: expected a string"),
+        ("trainer.adam_betas=[0.9]", "trainer.adam_betas: expected 2 values"),
+    ],
+)
 def test_values_read_before_the_dataclasses_are_checked_too(override, needle):
     with pytest.raises(ConfigError) as e:
         load_config(["task=toy_arithmetic", override])
@@ -166,21 +189,37 @@ def test_numbers_for_text_fields_keep_the_text_as_typed():
 
 # ---------------------------------------------------------------- unparseable values: how to quote them
 
-@pytest.mark.parametrize("key, value", [
-    ("trainer.run_name", "café"), ("task.ops", "répondez"), ("trainer.run_name", "日本"),
-    ("trainer.run_name", "é x"), ("trainer.run_name", 'é"x'),
-])
+
+@pytest.mark.parametrize(
+    "key, value",
+    [
+        ("trainer.run_name", "café"),
+        ("task.ops", "répondez"),
+        ("trainer.run_name", "日本"),
+        ("trainer.run_name", "é x"),
+        ("trainer.run_name", 'é"x'),
+    ],
+)
 def test_non_ascii_values_name_the_key_and_the_quoted_form(key, value):
     with pytest.raises(ConfigError) as e:
         load_config(["task=toy_arithmetic", f"{key}={value}"])
-    assert str(e.value) == f"{key}={value}: a value with non-ASCII characters must be quoted: " \
-                           f"{quoted_override(key, value)}"
+    assert (
+        str(e.value) == f"{key}={value}: a value with non-ASCII characters must be quoted: "
+        f"{quoted_override(key, value)}"
+    )
 
 
-@pytest.mark.parametrize("value, reason", [
-    ("a[b", "mismatched input '['"), ("a=b", "mismatched input '='"), ("(x)", "extraneous input '('"),
-    ("a#b", "token recognition error"), ("it's", "token recognition error"), ("a,b", "a comma makes a sweep"),
-])
+@pytest.mark.parametrize(
+    "value, reason",
+    [
+        ("a[b", "mismatched input '['"),
+        ("a=b", "mismatched input '='"),
+        ("(x)", "extraneous input '('"),
+        ("a#b", "token recognition error"),
+        ("it's", "token recognition error"),
+        ("a,b", "a comma makes a sweep"),
+    ],
+)
 def test_unparseable_values_name_the_key_and_the_quoted_form(value, reason):
     with pytest.raises(ConfigError) as e:
         load_config(["task=toy_arithmetic", f"trainer.run_name={value}"])
@@ -205,13 +244,15 @@ def test_a_key_with_spaces_is_named_as_not_a_key():
 
 # ---------------------------------------------------------------- the command line, as a user runs it
 
+
 def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     """``python -m mmrl.cli ARGS`` in ``cwd`` (the checkout on the path)."""
     import os
 
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.run([sys.executable, "-m", "mmrl.cli", *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "mmrl.cli", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
+    )
 
 
 def assert_one_line_exit_2(p: subprocess.CompletedProcess, command: str, *needles: str) -> None:
@@ -223,10 +264,13 @@ def assert_one_line_exit_2(p: subprocess.CompletedProcess, command: str, *needle
     assert all(n in lines[0] for n in needles), (needles, lines[0])
 
 
-@pytest.mark.parametrize("override, needles", [
-    ("task.name=12345", ["task.name", "unknown task '12345'"]),
-    ("trainer.run_name=café", ["""'trainer.run_name="café"'"""]),
-])
+@pytest.mark.parametrize(
+    "override, needles",
+    [
+        ("task.name=12345", ["task.name", "unknown task '12345'"]),
+        ("trainer.run_name=café", ["""'trainer.run_name="café"'"""]),
+    ],
+)
 def test_cli_train_wrong_values_are_one_line_exit_2(tmp_path, override, needles):
     p = run_cli("train", "task=toy_arithmetic", f"trainer.output_dir={tmp_path}", override, cwd=tmp_path)
     assert_one_line_exit_2(p, "train", *needles)
@@ -245,24 +289,30 @@ def trained_run(tmp_path_factory) -> Path:
     return tr.run_dir
 
 
-@pytest.mark.parametrize("override, needles", [
-    ("trainer.eval_size=abc", ["trainer.eval_size: expected an integer or null, got 'abc'"]),
-    ("task.ops=répondez", ["""'task.ops="répondez"'"""]),
-])
+@pytest.mark.parametrize(
+    "override, needles",
+    [
+        ("trainer.eval_size=abc", ["trainer.eval_size: expected an integer or null, got 'abc'"]),
+        ("task.ops=répondez", ["""'task.ops="répondez"'"""]),
+    ],
+)
 def test_cli_eval_wrong_values_are_one_line_exit_2(trained_run, tmp_path, override, needles):
     p = run_cli("eval", f"checkpoint={trained_run}", override, cwd=tmp_path)
     assert_one_line_exit_2(p, "eval", *needles)
 
 
-@pytest.mark.parametrize("override, needle", [
-    ("task.name=12345", "task.name: unknown task '12345'"),
-    ("trainer.eval_greedy=[1]", "trainer.eval_greedy: expected true/false, got [1]"),
-    ("model.lora=5", "model.lora: expected a mapping of LoraConfig fields, got 5"),
-    ("checkpoint=[1]", "checkpoint: expected a string or null"),
-    ("trainer.run_name=a[b", """quote it: 'trainer.run_name="a[b"'"""),
-    ("trainer.run_name=${oops}", "trainer.run_name: Interpolation key 'oops' not found"),
-    ("trainer.lr.x=1", "trainer.lr: expected a number, got {'x': 1}"),
-])
+@pytest.mark.parametrize(
+    "override, needle",
+    [
+        ("task.name=12345", "task.name: unknown task '12345'"),
+        ("trainer.eval_greedy=[1]", "trainer.eval_greedy: expected true/false, got [1]"),
+        ("model.lora=5", "model.lora: expected a mapping of LoraConfig fields, got 5"),
+        ("checkpoint=[1]", "checkpoint: expected a string or null"),
+        ("trainer.run_name=a[b", """quote it: 'trainer.run_name="a[b"'"""),
+        ("trainer.run_name=${oops}", "trainer.run_name: Interpolation key 'oops' not found"),
+        ("trainer.lr.x=1", "trainer.lr: expected a number, got {'x': 1}"),
+    ],
+)
 def test_eval_overrides_of_the_wrong_type_name_the_key(trained_run, override, needle):
     """The saved run config with overrides on top (``mmrl eval checkpoint=``) is checked as ``mmrl train``'s."""
     with pytest.raises(ConfigError) as e:

@@ -7,6 +7,7 @@ One real tiny run (module fixture, in-process) saves step_000001 and step_000002
 damages one file of the last checkpoint. The matrix calls ``mmrl.cli.main`` in-process (the CLI's own exit codes and
 stderr, a second each); ``resume=auto`` and one eval run as real processes.
 """
+
 from __future__ import annotations
 
 import os
@@ -19,15 +20,28 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from mmrl.checkpoint import (CheckpointMismatchError, DamagedCheckpointError, UnsafeCheckpointError,
-                             check_checkpoint, check_pretrained_folder, check_state_fits, latest_loadable_checkpoint,
-                             safe_load)
+from mmrl.checkpoint import (
+    CheckpointMismatchError,
+    DamagedCheckpointError,
+    UnsafeCheckpointError,
+    check_checkpoint,
+    check_pretrained_folder,
+    check_state_fits,
+    latest_loadable_checkpoint,
+    safe_load,
+)
 from mmrl.cli import main
 from mmrl.tracking import read_metrics
 from tests.helpers import toy_overrides, toy_trainer
 
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1",
-       "MMRL_LOG_LEVEL": "WARNING", "PYTHONWARNINGS": "ignore"}
+ENV = {
+    **os.environ,
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "OMP_NUM_THREADS": "1",
+    "MMRL_LOG_LEVEL": "WARNING",
+    "PYTHONWARNINGS": "ignore",
+}
 SAVE = ("trainer.save_every=1", "trainer.keep_last=3")
 
 
@@ -55,11 +69,18 @@ def _one_line(stderr: str) -> str:
 
 def _cli(tmp_path: Path, *args: str, timeout: float = 180) -> subprocess.CompletedProcess:
     """``python -m mmrl.cli ARGS`` as a real process."""
-    return subprocess.run([sys.executable, "-m", "mmrl.cli", *args], cwd=tmp_path, env=ENV, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "mmrl.cli", *args],
+        cwd=tmp_path,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 # ---------------------------------------------------------------------------------------------- ways to damage a file
+
 
 def _truncate(f: Path) -> None:
     f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
@@ -80,6 +101,7 @@ def _delete(f: Path) -> None:
 def _text(text: str):
     def write(f: Path) -> None:
         f.write_text(text)
+
     return write
 
 
@@ -127,8 +149,9 @@ def test_wrong_kind_of_state_in_a_sound_torch_file_is_damaged(run, tmp_path, cap
     run_dir = _copy(run, tmp_path)
     opt = run_dir / "checkpoints" / "step_000002" / "training_state" / "optimizer.pt"
     torch.save([1, 2, 3], opt)
-    assert main(["train", *toy_overrides(tmp_path, *SAVE, steps=3, run="r"),
-                 f"trainer.resume={opt.parent.parent}"]) == 2
+    assert (
+        main(["train", *toy_overrides(tmp_path, *SAVE, steps=3, run="r"), f"trainer.resume={opt.parent.parent}"]) == 2
+    )
     line = _one_line(capsys.readouterr().err)
     assert f"checkpoint file {opt} is damaged: it does not hold a valid optimizer state" in line
 
@@ -157,6 +180,7 @@ def test_weights_of_another_shape_are_a_mismatch_not_damage(run, tmp_path, capsy
 
 # ---------------------------------------------------------------------------------------------- real processes
 
+
 def test_resume_auto_skips_a_damaged_last_checkpoint(run, tmp_path):
     run_dir = _copy(run, tmp_path)
     first, last = (run_dir / "checkpoints" / f"step_00000{i}" for i in (1, 2))
@@ -184,6 +208,7 @@ def test_eval_process_exits_2_with_one_line(run, tmp_path):
 
 # ---------------------------------------------------------------------------------------------- the readers alone
 
+
 def _adapter_folder(root: Path) -> Path:
     """A PEFT adapter folder as a LoRA token policy writes it (adapter weights + adapter_config.json)."""
     folder = root / "pretrained_model"
@@ -194,13 +219,16 @@ def _adapter_folder(root: Path) -> Path:
     return folder
 
 
-@pytest.mark.parametrize("name,damage,why", [
-    ("adapter_config.json", _text('{"r": 2, '), "not JSON"),
-    ("adapter_config.json", _delete, "missing"),
-    ("adapter_model.safetensors", _truncate, "truncated"),
-    ("adapter_model.safetensors", lambda f: f.write_bytes(f.read_bytes() + b"\0\0\0\0"), "unexpected bytes"),
-    ("adapter_model.safetensors", _delete, "missing"),
-])
+@pytest.mark.parametrize(
+    "name,damage,why",
+    [
+        ("adapter_config.json", _text('{"r": 2, '), "not JSON"),
+        ("adapter_config.json", _delete, "missing"),
+        ("adapter_model.safetensors", _truncate, "truncated"),
+        ("adapter_model.safetensors", lambda f: f.write_bytes(f.read_bytes() + b"\0\0\0\0"), "unexpected bytes"),
+        ("adapter_model.safetensors", _delete, "missing"),
+    ],
+)
 def test_damaged_adapter_folder(tmp_path, name, damage, why):
     check_pretrained_folder(_adapter_folder(tmp_path))  # sound as written
     folder = _adapter_folder(tmp_path)

@@ -1,5 +1,4 @@
 """Data parallel through accelerate: 2 CPU processes (gloo) == 1 process with the same global batch."""
-import torch
 
 from tests.helpers import run_results, run_script
 
@@ -19,8 +18,9 @@ def test_two_processes_match_one(tmp_path):
     worst = max(float((a[k] - b[k]).abs().max()) for k in a)
     assert worst < 2e-5, f"max parameter difference {worst}"
     # and training did move the parameters (the comparison is not vacuous)
-    from mmrl.models.tiny_lm import build_tiny_causal_lm
     from transformers import AutoModelForCausalLM
+
+    from mmrl.models.tiny_lm import build_tiny_causal_lm
 
     init = AutoModelForCausalLM.from_pretrained(build_tiny_causal_lm("0123456789+-*=", seed=0)).state_dict()
     init_diff = max(float((init[k] - a["lm." + k]).abs().max()) for k in init if "lm." + k in a)

@@ -1,5 +1,6 @@
 """Diffusion policy on real (tiny, offline) diffusers pipelines: exact on-policy ratios, seeds, noise
 sharing, LoRA reference, latent KL, train-step plans, bad samples, prompts, checkpoints, a trainer step."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -43,8 +44,9 @@ def make_policy(kind="sd3", **kw) -> DiffusionPolicy:
     cfg = DiffusionConfig(**base)
     cfg.validate()
     torch.manual_seed(0)
-    return DiffusionPolicy(load_diffusion_pipeline(path, expected_kind=kind), cfg, kl_coef=kl_coef,
-                           reference=kl_coef > 0)
+    return DiffusionPolicy(
+        load_diffusion_pipeline(path, expected_kind=kind), cfg, kl_coef=kl_coef, reference=kl_coef > 0
+    )
 
 
 def batch(prompts=("a red circle on a blue background", "a green square"), seeds=(11, 22)) -> PromptBatch:
@@ -186,7 +188,7 @@ def test_latent_kl_against_hand_formula(cache):
         pol.module.enable_adapters()
     s_on = pol.sampler.step(v_on, i, x, prev_sample=pl.latents[:1, i + 1])
     s_off = pol.sampler.step(v_off, i, x, prev_sample=pl.latents[:1, i + 1])
-    expected = ((s_on.mean - s_off.mean) ** 2).mean() / (2 * s_on.std ** 2)
+    expected = ((s_on.mean - s_off.mean) ** 2).mean() / (2 * s_on.std**2)
     assert float(out.kl[0, i]) == pytest.approx(float(expected), rel=1e-4)
     assert float(out.kl[0, -1]) == 0.0  # untrained last step
     with torch.no_grad():  # no-grad passes (old / reference log-probs) skip the extra forward
@@ -328,12 +330,25 @@ def test_trainer_step_changes_lora_params(cache, tmp_path):
     from mmrl.config import load_config
     from mmrl.trainer import Trainer
 
-    cfg = load_config([
-        "task=t2i_color", "task.pretrain_steps=0", "task.pretrain_vae_steps=0", f"trainer.output_dir={tmp_path}",
-        "trainer.run_name=t", "trainer.max_steps=1", "trainer.batch_size=2", "trainer.eval_at_end=false",
-        "trainer.progress=false", "trainer.tensorboard=false", "trainer.plot=false", "algo.group_size=2",
-        "model.num_steps=3", "algo.kl_coef=0.01", "trainer.lr=0.01",
-    ])
+    cfg = load_config(
+        [
+            "task=t2i_color",
+            "task.pretrain_steps=0",
+            "task.pretrain_vae_steps=0",
+            f"trainer.output_dir={tmp_path}",
+            "trainer.run_name=t",
+            "trainer.max_steps=1",
+            "trainer.batch_size=2",
+            "trainer.eval_at_end=false",
+            "trainer.progress=false",
+            "trainer.tensorboard=false",
+            "trainer.plot=false",
+            "algo.group_size=2",
+            "model.num_steps=3",
+            "algo.kl_coef=0.01",
+            "trainer.lr=0.01",
+        ]
+    )
     tr = Trainer(cfg)
     before = [p.detach().clone() for p in tr.policy.trainable_parameters()]
     metrics = tr.train_step()

@@ -1,4 +1,5 @@
 """EnvPool: persistent spawn workers, shared-memory frames, chunks, timeouts, crashes, NaN states."""
+
 from __future__ import annotations
 
 import sys
@@ -128,7 +129,10 @@ def test_call_reads_env_state(tabletop_pool):
 
 def test_hanging_worker_is_killed_and_replaced():
     with EnvPool(
-        "testing/hang", 4, num_workers=2, env_kwargs={"fault_init_states": [FAULT_STATE], "fault_step": 2},
+        "testing/hang",
+        4,
+        num_workers=2,
+        env_kwargs={"fault_init_states": [FAULT_STATE], "fault_step": 2},
         step_timeout_s=1.0,
     ) as pool:
         pids = pool.worker_pids()
@@ -189,7 +193,9 @@ def test_worker_process_death_is_reported_and_recovered():
 
 
 def test_nan_state_fails_the_episode():
-    with EnvPool("testing/nan", 2, num_workers=1, env_kwargs={"fault_init_states": [FAULT_STATE], "fault_step": 2}) as pool:
+    with EnvPool(
+        "testing/nan", 2, num_workers=1, env_kwargs={"fault_init_states": [FAULT_STATE], "fault_step": 2}
+    ) as pool:
         pool.reset([0, FAULT_STATE])
         _, _, terminated, truncated, infos = pool.step(np.zeros((2, 5, 2)))
         assert infos[1]["failure"] == "non_finite" and not infos[1]["episode_valid"] and not infos[1]["success"]

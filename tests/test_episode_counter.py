@@ -1,5 +1,6 @@
 """The episode bookkeeping every simulator wrapper shares (simulators/episode.py): step counts, clipped-action totals,
 the terminated / truncated decision and steps after the end."""
+
 import pytest
 
 from mmrl.simulators.episode import EpisodeCounter, EpisodeOverError
@@ -20,8 +21,10 @@ def test_truncation_at_max_steps_and_clipped_totals():
     c = EpisodeCounter("E")
     c.start()
     assert c.finish_step(success=False, sim_error=False, n_clipped=2, max_steps=3) == (
-        False, False, {"success": False, "sim_error": False, "action_clipped": 2, "action_clipped_total": 2,
-                       "steps": 1})
+        False,
+        False,
+        {"success": False, "sim_error": False, "action_clipped": 2, "action_clipped_total": 2, "steps": 1},
+    )
     assert c.finish_step(success=False, sim_error=False, n_clipped=0, max_steps=3)[:2] == (False, False)
     term, trunc, info = c.finish_step(success=False, sim_error=False, n_clipped=1, max_steps=3)
     assert (term, trunc, info["steps"], info["action_clipped"], info["action_clipped_total"]) == (False, True, 3, 1, 3)

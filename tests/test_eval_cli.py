@@ -5,6 +5,7 @@ One tiny run (module fixture, ~15 s): task=vqa_grounding on a user VLM-R1 REC fi
 evaluation), tiny Qwen3-VL, a short SFT warm start so the greedy answers are JSON boxes (non-zero eval numbers), 2 GRPO
 steps and the final greedy eval logged in metrics.jsonl.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -38,9 +39,15 @@ def write_rec_file(root: Path) -> Path:
         img = Image.new("RGB", (128, 128), (240, 240, 240))
         ImageDraw.Draw(img).rectangle(box, fill=COLORS[color])
         img.save(root / f"img{i}.png")
-        records.append({"image": f"img{i}.png", "solution": box, "normal_caption": f"the {color} box",
-                        "problem": f"Please provide the bounding box coordinate of the region this sentence describes: "
-                                   f"the {color} box."})
+        records.append(
+            {
+                "image": f"img{i}.png",
+                "solution": box,
+                "normal_caption": f"the {color} box",
+                "problem": f"Please provide the bounding box coordinate of the region this sentence describes: "
+                f"the {color} box.",
+            }
+        )
     path = root / "rec.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
     return path
@@ -50,20 +57,42 @@ def write_rec_file(root: Path) -> Path:
 def run(tmp_path_factory):
     root = tmp_path_factory.mktemp("eval_cli")
     rec = write_rec_file(root)
-    cfg = load_config([
-        "task=vqa_grounding", "task.data_format=vlm_r1", f"task.data={rec}", f"task.image_root={root}",
-        f"task.num_eval={N_EVAL}", f"trainer.output_dir={root}", "trainer.run_name=run", "trainer.sft_steps=150",
-        "trainer.sft_batch_size=4", "trainer.max_steps=2", "trainer.batch_size=2", "algo.group_size=2",
-        "model.max_new_tokens=40", "trainer.eval_every=0", "trainer.eval_at_end=true", "trainer.progress=false",
-        "trainer.tensorboard=false", "trainer.plot=false",
-    ])
+    cfg = load_config(
+        [
+            "task=vqa_grounding",
+            "task.data_format=vlm_r1",
+            f"task.data={rec}",
+            f"task.image_root={root}",
+            f"task.num_eval={N_EVAL}",
+            f"trainer.output_dir={root}",
+            "trainer.run_name=run",
+            "trainer.sft_steps=150",
+            "trainer.sft_batch_size=4",
+            "trainer.max_steps=2",
+            "trainer.batch_size=2",
+            "algo.group_size=2",
+            "model.max_new_tokens=40",
+            "trainer.eval_every=0",
+            "trainer.eval_at_end=true",
+            "trainer.progress=false",
+            "trainer.tensorboard=false",
+            "trainer.plot=false",
+        ]
+    )
     tr = Trainer(cfg)
     tr.fit()
     last = [json.loads(line) for line in (tr.run_dir / "metrics.jsonl").read_text().splitlines()][-1]
     # what the trained policy answers, in memory (the CLI must reproduce these texts from the checkpoint)
     rows: list = []
-    evaluate_policy(tr.task, tr.policy, tr.rewards, list(tr.task.eval_items()), seed=cfg.trainer.seed,
-                    batch_size=cfg.trainer.batch_size, predictions=rows)
+    evaluate_policy(
+        tr.task,
+        tr.policy,
+        tr.rewards,
+        list(tr.task.eval_items()),
+        seed=cfg.trainer.seed,
+        batch_size=cfg.trainer.batch_size,
+        predictions=rows,
+    )
     return SimpleNamespace(root=root, rec=rec, run_dir=tr.run_dir, last=last, rows=rows)
 
 
@@ -86,7 +115,9 @@ def test_eval_of_a_run_reproduces_its_final_eval(run, capsys):
     results = json.loads((out_dir / "results.json").read_text())
     for key in ("eval/score", "eval/n", "eval/reward", "eval/mean_iou", "eval/reward/format"):
         assert results["metrics"][key] == run.last[key], key  # exactly the numbers of the run's final eval
-    assert results["step"] == 2 and results["checkpoint"] == str((run.run_dir / "checkpoints" / "step_000002").resolve())
+    assert results["step"] == 2 and results["checkpoint"] == str(
+        (run.run_dir / "checkpoints" / "step_000002").resolve()
+    )
     assert results["trained_with"] == "task=vqa_grounding model=tiny_qwen3_vl"
     assert results["config"]["task"]["data"] == str(run.rec) and results["config"]["checkpoint"]
     data = results["data"]
@@ -109,8 +140,17 @@ def test_eval_of_a_run_reproduces_its_final_eval(run, capsys):
 
 
 def test_overrides_on_top_of_the_saved_config(run, capsys):
-    assert main(["eval", f"checkpoint={run.run_dir / 'checkpoints' / 'step_000002'}", "trainer.eval_size=1",
-                 "eval.name=first_item"]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                f"checkpoint={run.run_dir / 'checkpoints' / 'step_000002'}",
+                "trainer.eval_size=1",
+                "eval.name=first_item",
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
     results = json.loads((run.run_dir / "eval" / "first_item" / "results.json").read_text())
     assert results["metrics"]["eval/n"] == 1 and results["data"]["items"] == 1
@@ -137,8 +177,12 @@ def test_mismatched_task_or_model_is_one_line(run, capsys):
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and trained in err and "task=toy_arithmetic" in err
     # a real process: exit code 2, one line on stderr, no traceback
-    p = subprocess.run([sys.executable, "-m", "mmrl.cli", "eval", f"checkpoint={run.run_dir}", "model=tiny_qwen2_vl"],
-                       capture_output=True, text=True, cwd=run.root)
+    p = subprocess.run(
+        [sys.executable, "-m", "mmrl.cli", "eval", f"checkpoint={run.run_dir}", "model=tiny_qwen2_vl"],
+        capture_output=True,
+        text=True,
+        cwd=run.root,
+    )
     assert p.returncode == 2, p.stderr
     assert len(p.stderr.strip().splitlines()) == 1 and "Traceback" not in p.stderr
     assert trained in p.stderr and "model=tiny_qwen2_vl" in p.stderr
@@ -151,7 +195,18 @@ def test_checkpoint_without_run_config_falls_back_to_task_and_model(run, capsys)
     err = capsys.readouterr().err
     assert "has no readable run config" in err and "task=" in err
     # weights that do not fit the model built from the command line: one line naming the first bad weight
-    assert main(["eval", f"checkpoint={bare}", "task=vqa_grounding", "model=tiny_qwen2_vl", "task.num_train=2",
-                 "task.num_eval=1"]) == 2
+    assert (
+        main(
+            [
+                "eval",
+                f"checkpoint={bare}",
+                "task=vqa_grounding",
+                "model=tiny_qwen2_vl",
+                "task.num_train=2",
+                "task.num_eval=1",
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "does not fit task=vqa_grounding model=tiny_qwen2_vl: weight model." in err

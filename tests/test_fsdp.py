@@ -1,5 +1,6 @@
 """trainer.strategy=fsdp2: 2 CPU processes (gloo, FSDP2 sharding) == 1 process, and sharded checkpoints that resume
 bit-exactly at the same world size and load at another one."""
+
 import json
 
 import pytest
@@ -7,15 +8,44 @@ import torch
 
 from tests.helpers import run_results, run_script
 
-VLM = ["task=vqa_grounding", "task.num_train=8", "task.num_eval=4", "trainer.sft_steps=0", "model.max_new_tokens=6",
-       "trainer.batch_size=2", "algo.group_size=2", "algo.entropy_coef=0.05", "trainer.lr=0.01"]
+VLM = [
+    "task=vqa_grounding",
+    "task.num_train=8",
+    "task.num_eval=4",
+    "trainer.sft_steps=0",
+    "model.max_new_tokens=6",
+    "trainer.batch_size=2",
+    "algo.group_size=2",
+    "algo.entropy_coef=0.05",
+    "trainer.lr=0.01",
+]
 """A random tiny Qwen3-VL gets reward 0 everywhere; the entropy bonus gives every step a gradient to compare."""
-DIFFUSION = ["task=t2i_color", "task.pretrain_steps=0", "task.pretrain_vae_steps=0", "model.num_steps=3",
-             "trainer.batch_size=2", "algo.group_size=2", "algo.kl_coef=0.01", "trainer.lr=0.01"]
+DIFFUSION = [
+    "task=t2i_color",
+    "task.pretrain_steps=0",
+    "task.pretrain_vae_steps=0",
+    "model.num_steps=3",
+    "trainer.batch_size=2",
+    "algo.group_size=2",
+    "algo.kl_coef=0.01",
+    "trainer.lr=0.01",
+]
 
-VLA = ["task=vla_reach", "task.tasks=[reach_red,reach_blue]", "task.train_init_states=2", "task.demo_episodes=2",
-       "task.max_steps=3", "task.eval_videos=0", "trainer.sft_steps=0", "model.num_workers=1", "trainer.batch_size=2",
-       "algo.group_size=2", "algo.filter_groups=false", "algo.entropy_coef=0.05", "trainer.lr=0.01"]
+VLA = [
+    "task=vla_reach",
+    "task.tasks=[reach_red,reach_blue]",
+    "task.train_init_states=2",
+    "task.demo_episodes=2",
+    "task.max_steps=3",
+    "task.eval_videos=0",
+    "trainer.sft_steps=0",
+    "model.num_workers=1",
+    "trainer.batch_size=2",
+    "algo.group_size=2",
+    "algo.filter_groups=false",
+    "algo.entropy_coef=0.05",
+    "trainer.lr=0.01",
+]
 """The VLA policy (tiny Qwen3-VL + action tokens) in the tabletop simulator: each rank runs its own env pool."""
 
 
@@ -34,13 +64,16 @@ def _sharded_files(run_dir):
     return sorted(p.name for p in (ckpt / "training_state" / "sharded").glob("*.distcp"))
 
 
-@pytest.mark.parametrize("name,extra", [
-    ("toy", []),
-    ("vlm_lora", [*VLM, "model.lora.enabled=true"]),
-    ("vlm_full", [*VLM, "model.lora.enabled=false", "model.freeze_vision_tower=false"]),
-    ("diffusion_dit", [*DIFFUSION]),
-    ("vla", [*VLA]),
-])
+@pytest.mark.parametrize(
+    "name,extra",
+    [
+        ("toy", []),
+        ("vlm_lora", [*VLM, "model.lora.enabled=true"]),
+        ("vlm_full", [*VLM, "model.lora.enabled=false", "model.freeze_vision_tower=false"]),
+        ("diffusion_dit", [*DIFFUSION]),
+        ("vla", [*VLA]),
+    ],
+)
 def test_fsdp2_two_processes_match_one(tmp_path, name, extra):
     run_script(tmp_path / "one", 3, *extra)
     run_script(tmp_path / "two", 3, *extra, "trainer.strategy=fsdp2", processes=2)
@@ -66,8 +99,9 @@ def test_sharded_checkpoint_resumes_exactly_and_at_another_world_size(tmp_path):
     run_script(tmp_path / "cont", 3, *steps, "trainer.resume=auto", processes=2)
     (full, _), (cont, _) = run_results(tmp_path / "full"), run_results(tmp_path / "cont")
     assert all(torch.equal(full[k], cont[k]) for k in full)
-    state = json.loads((tmp_path / "cont" / "run" / "checkpoints" / "step_000002" / "training_state" /
-                        "state.json").read_text())
+    state = json.loads(
+        (tmp_path / "cont" / "run" / "checkpoints" / "step_000002" / "training_state" / "state.json").read_text()
+    )
     assert state["world_size"] == 2 and state["strategy"] == "fsdp2"
     # continued with 1 process from the 2-process checkpoint (DCP reshards on load): the same run within fp noise
     run_script(tmp_path / "one", 3, *steps, "trainer.resume=auto")
@@ -90,8 +124,9 @@ def test_fsdp2_under_torchrun_with_cpu_offload_matches_one_process(tmp_path):
     """`torchrun --nproc_per_node 2` (the launcher of docs/scaling.md) with trainer.fsdp_offload=true (CPUOffloadPolicy:
     sharded parameters, gradients and AdamW state in CPU memory) trains the same parameters as one process."""
     run_script(tmp_path / "one", 3)
-    run_script(tmp_path / "two", 3, "trainer.strategy=fsdp2", "trainer.fsdp_offload=true", processes=2,
-               launcher="torchrun")
+    run_script(
+        tmp_path / "two", 3, "trainer.strategy=fsdp2", "trainer.fsdp_offload=true", processes=2, launcher="torchrun"
+    )
     assert (tmp_path / "two" / "sharded.txt").read_text() == "True"
     _assert_equal_runs(tmp_path / "one", tmp_path / "two")
 
@@ -119,8 +154,13 @@ def test_accelerate_own_sharding_modes_and_ema_under_fsdp2_are_one_line_errors(t
     from tests.helpers import toy_overrides
 
     def fake(kind):
-        return SimpleNamespace(process_index=0, num_processes=2, is_main_process=True, device=torch.device("cpu"),
-                               distributed_type=f"DistributedType.{kind}")
+        return SimpleNamespace(
+            process_index=0,
+            num_processes=2,
+            is_main_process=True,
+            device=torch.device("cpu"),
+            distributed_type=f"DistributedType.{kind}",
+        )
 
     for kind in ("FSDP", "DEEPSPEED"):
         with pytest.raises(ConfigError, match=f"accelerate was configured for {kind}: mmrl shards the model itself"):

@@ -1,9 +1,9 @@
 """The saved model folder is the same whichever strategy wrote it: a 2-process trainer.strategy=fsdp2 run (gloo, CPU)
 writes the tiny LM's tied embedding once, as a single-process save_pretrained does (issue 22), and with LoRA the
 same adapter files."""
+
 from pathlib import Path
 
-import pytest
 from safetensors.torch import load_file
 
 from tests.helpers import run_results, run_script
@@ -28,7 +28,7 @@ def assert_same_tensors(one: Path, two: Path, name: str) -> dict:
     """File ``name`` holds the same keys in both folders and values equal within fp noise (the two runs train alike,
     tests/test_fsdp.py); returns the 2-process tensors."""
     a, b = load_file(str(one / name)), load_file(str(two / name))
-    assert sorted(a) == sorted(b), (sorted(set(a) ^ set(b)))
+    assert sorted(a) == sorted(b), sorted(set(a) ^ set(b))
     worst = max(float((a[k] - b[k]).abs().max()) for k in a)
     assert worst < 2e-5, f"{name}: max difference {worst}"
     return b

@@ -3,6 +3,7 @@
 The CPU smoke run goes through the bash wrapper exactly as a person would run it (tiny offline VLM, 1 GRPO step per
 configuration, ~15-30 s on 2 cores); the rest are fast tests of the script's helpers, with values worked out by hand.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -18,7 +19,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "gpu_check.py"
 WRAPPER = ROOT / "scripts" / "gpu_check.sh"
-GIB = 1024 ** 3
+GIB = 1024**3
 
 
 def _load():
@@ -42,7 +43,7 @@ def parse_table(text: str) -> dict[str, dict[str, str]]:
     starts = [head.index(c) for c in COLUMNS]
     assert set(lines[i + 1]) == {"-"}, "a rule under the header"
     table = {}
-    for ln in lines[i + 2:]:
+    for ln in lines[i + 2 :]:
         if not ln.strip():
             break
         cells = [ln[a:b].strip() for a, b in zip(starts, [*starts[1:], None])]
@@ -54,13 +55,23 @@ def parse_table(text: str) -> dict[str, dict[str, str]]:
 
 
 def test_cpu_smoke_through_the_wrapper(tmp_path):
-    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
-               PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS="1",
+        TOKENIZERS_PARALLELISM="false",
+        PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
+    )
     env.pop("MMRL_GPU_CHECK_MEMORY_DIR", None)
     report = tmp_path / "report.json"
     t0 = time.monotonic()
-    p = subprocess.run(["bash", str(WRAPPER), "--cpu-smoke", "--work", str(tmp_path / "work"), "--report", str(report)],
-                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=400)  # any cwd: it cds itself
+    p = subprocess.run(
+        ["bash", str(WRAPPER), "--cpu-smoke", "--work", str(tmp_path / "work"), "--report", str(report)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )  # any cwd: it cds itself
     wall = time.monotonic() - t0
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert "mmrl GPU check (CPU smoke" in p.stdout
@@ -104,8 +115,13 @@ def test_without_gpus_every_row_says_why(tmp_path, monkeypatch, capsys):
     report = tmp_path / "report.json"
     assert gc.main(["--work", str(tmp_path / "work"), "--report", str(report)]) == 0
     table = parse_table(capsys.readouterr().out)
-    assert list(table) == ["model: qwen2_5_vl_3b, random bf16 weights", "hf/ddp x1", "hf/fsdp2 x1", "vllm/ddp x1",
-                           "vllm/fsdp2 x1"]
+    assert list(table) == [
+        "model: qwen2_5_vl_3b, random bf16 weights",
+        "hf/ddp x1",
+        "hf/fsdp2 x1",
+        "vllm/ddp x1",
+        "vllm/fsdp2 x1",
+    ]
     assert table["model: qwen2_5_vl_3b, random bf16 weights"]["status"] == "skipped"
     assert "no GPU visible" in table["model: qwen2_5_vl_3b, random bf16 weights"]["notes"]
     for c in ("hf/ddp x1", "hf/fsdp2 x1", "vllm/ddp x1", "vllm/fsdp2 x1"):
@@ -130,11 +146,25 @@ def test_summarise_skips_the_first_step_and_takes_medians():
     rows = [
         {"time/step": 10.0, "update/samples": 4, "response/length": 20},  # compilation / warm-up: not timed
         {"eval/reward": 1.0},  # not a step
-        {"time/step": 2.0, "update/samples": 4, "response/length": 30,
-         "rollout/is_ratio_min": 0.9, "rollout/is_ratio_max": 1.2, "rollout/logp_abs_diff": 0.01},
-        {"time/step": 4.0, "update/samples": 4, "response/length": 10,
-         "rollout/is_ratio_min": 0.8, "rollout/is_ratio_max": 1.1, "rollout/logp_abs_diff": 0.03,
-         "vllm/sync_checked": 434, "vllm/sync_max_abs_diff": 0.0, "vllm/sync_time": 1.234},
+        {
+            "time/step": 2.0,
+            "update/samples": 4,
+            "response/length": 30,
+            "rollout/is_ratio_min": 0.9,
+            "rollout/is_ratio_max": 1.2,
+            "rollout/logp_abs_diff": 0.01,
+        },
+        {
+            "time/step": 4.0,
+            "update/samples": 4,
+            "response/length": 10,
+            "rollout/is_ratio_min": 0.8,
+            "rollout/is_ratio_max": 1.1,
+            "rollout/logp_abs_diff": 0.03,
+            "vllm/sync_checked": 434,
+            "vllm/sync_max_abs_diff": 0.0,
+            "vllm/sync_time": 1.234,
+        },
     ]
     out = gc.summarise(rows, world=2)
     assert out["steps"] == 3
@@ -157,8 +187,9 @@ def test_summarise_one_step_and_none():
 
 def test_read_memory_takes_the_max_over_ranks(tmp_path):
     (tmp_path / "rank0.json").write_text(json.dumps({"rank": 0, "cuda_max_allocated": 2 * GIB, "max_rss_bytes": GIB}))
-    (tmp_path / "rank1.json").write_text(json.dumps({"rank": 1, "cuda_max_allocated": 3 * GIB,
-                                                     "max_rss_bytes": GIB // 2}))
+    (tmp_path / "rank1.json").write_text(
+        json.dumps({"rank": 1, "cuda_max_allocated": 3 * GIB, "max_rss_bytes": GIB // 2})
+    )
     (tmp_path / "rank2.json").write_text("{")  # being written: ignored
     (tmp_path / "other.json").write_text(json.dumps({"cuda_max_allocated": 99 * GIB}))  # not a rank file
     assert gc.read_memory(tmp_path) == (3.0, 1.0)
@@ -176,8 +207,12 @@ def test_memory_hook_records_only_in_workers(tmp_path):
     base.pop("LOCAL_RANK", None)
     subprocess.run([sys.executable, "-c", "pass"], env=base, check=True, timeout=60)
     assert list(mem.iterdir()) == []  # the launcher (no LOCAL_RANK) records nothing
-    subprocess.run([sys.executable, "-c", "x = bytearray(64 * 1024 * 1024)"],
-                   env=dict(base, LOCAL_RANK="0", RANK="3"), check=True, timeout=60)
+    subprocess.run(
+        [sys.executable, "-c", "x = bytearray(64 * 1024 * 1024)"],
+        env=dict(base, LOCAL_RANK="0", RANK="3"),
+        check=True,
+        timeout=60,
+    )
     rec = json.loads((mem / "rank3.json").read_text())
     assert rec["rank"] == 3
     assert rec["max_rss_bytes"] >= 64 * 1024 * 1024
@@ -198,23 +233,81 @@ def test_last_error_line(tmp_path):
 
 
 def test_format_table_aligns_columns():
-    rows = [gc.Row("a", "ok", steps=3, step_s=1.234, tokens_per_s=99.6, peak_alloc_gib=12.34, peak_device_gib=0.5,
-                   plan_gib=None, notes="n1"),
-            gc.Row("long-config", "skipped", notes="why"),
-            gc.Row("x", "failed")]
+    rows = [
+        gc.Row(
+            "a",
+            "ok",
+            steps=3,
+            step_s=1.234,
+            tokens_per_s=99.6,
+            peak_alloc_gib=12.34,
+            peak_device_gib=0.5,
+            plan_gib=None,
+            notes="n1",
+        ),
+        gc.Row("long-config", "skipped", notes="why"),
+        gc.Row("x", "failed"),
+    ]
     # column widths: config 11 ("long-config"), status 7 ("skipped"), then the headers' own widths:
     # steps 5, step s 6, tok/s 5, peak alloc GiB 14, peak device GiB 15, plan GiB 8; two spaces between columns
     lines = gc.format_table(rows).split("\n")
-    assert lines[0] == ("config" + " " * 7 + "status" + " " * 3 + "steps  step s  tok/s  peak alloc GiB  "
-                        "peak device GiB  plan GiB  notes")
+    assert lines[0] == (
+        "config" + " " * 7 + "status" + " " * 3 + "steps  step s  tok/s  peak alloc GiB  "
+        "peak device GiB  plan GiB  notes"
+    )
     assert lines[1] == "-" * (11 + 7 + 5 + 6 + 5 + 14 + 15 + 8 + 2 * 8 + len("notes"))
     # 1.234 -> "1.23"; 99.6 tok/s -> "100"; 12.34 GiB -> "12.3"; 0.5 GiB (under 1) -> "0.500"; None -> "-"
-    assert lines[2] == ("a" + " " * 12 + "ok" + " " * 7 + "3" + " " * 6 + "1.23" + " " * 4 + "100" + " " * 4 +
-                        "12.3" + " " * 12 + "0.500" + " " * 12 + "-" + " " * 9 + "n1")
-    assert lines[3] == ("long-config  skipped  0" + " " * 6 + "-" + " " * 7 + "-" + " " * 6 + "-" + " " * 15 +
-                        "-" + " " * 16 + "-" + " " * 9 + "why")
-    assert lines[4] == ("x" + " " * 12 + "failed" + " " * 3 + "0" + " " * 6 + "-" + " " * 7 + "-" + " " * 6 +
-                        "-" + " " * 15 + "-" + " " * 16 + "-")  # no notes: no trailing spaces
+    assert lines[2] == (
+        "a"
+        + " " * 12
+        + "ok"
+        + " " * 7
+        + "3"
+        + " " * 6
+        + "1.23"
+        + " " * 4
+        + "100"
+        + " " * 4
+        + "12.3"
+        + " " * 12
+        + "0.500"
+        + " " * 12
+        + "-"
+        + " " * 9
+        + "n1"
+    )
+    assert lines[3] == (
+        "long-config  skipped  0"
+        + " " * 6
+        + "-"
+        + " " * 7
+        + "-"
+        + " " * 6
+        + "-"
+        + " " * 15
+        + "-"
+        + " " * 16
+        + "-"
+        + " " * 9
+        + "why"
+    )
+    assert lines[4] == (
+        "x"
+        + " " * 12
+        + "failed"
+        + " " * 3
+        + "0"
+        + " " * 6
+        + "-"
+        + " " * 7
+        + "-"
+        + " " * 6
+        + "-"
+        + " " * 15
+        + "-"
+        + " " * 16
+        + "-"
+    )  # no notes: no trailing spaces
     assert len(lines) == 5
 
 
@@ -230,14 +323,32 @@ def test_gib_cells():
 
 
 def test_train_overrides_of_a_gpu_vllm_run():
-    s = gc.Settings(["model=qwen2_5_vl_3b", "model.path=/m"], steps=3, group_size=4, max_new_tokens=32,
-                    device_gb=80.0, extra=["trainer.lr=1e-5"])
+    s = gc.Settings(
+        ["model=qwen2_5_vl_3b", "model.path=/m"],
+        steps=3,
+        group_size=4,
+        max_new_tokens=32,
+        device_gb=80.0,
+        extra=["trainer.lr=1e-5"],
+    )
     ov = gc.train_overrides(gc.SubRun("vllm", "fsdp2", 2), s, Path("/tmp/r"))
     assert ov[:3] == ["task=vqa_grounding", "model=qwen2_5_vl_3b", "model.path=/m"]
-    for o in ("trainer.max_steps=3", "trainer.batch_size=2", "algo.group_size=4", "model.max_new_tokens=32",
-              "trainer.sft_steps=0", "trainer.eval_every=0", "trainer.eval_at_end=false", "trainer.save_every=0",
-              "trainer.strategy=fsdp2", "trainer.output_dir=/tmp/r", "trainer.run_name=gpu-check-vllm-fsdp2-x2",
-              "model.rollout_engine=vllm", "model.vllm_sleep=true", "model.vllm_gpu_memory_utilization=0.3"):
+    for o in (
+        "trainer.max_steps=3",
+        "trainer.batch_size=2",
+        "algo.group_size=4",
+        "model.max_new_tokens=32",
+        "trainer.sft_steps=0",
+        "trainer.eval_every=0",
+        "trainer.eval_at_end=false",
+        "trainer.save_every=0",
+        "trainer.strategy=fsdp2",
+        "trainer.output_dir=/tmp/r",
+        "trainer.run_name=gpu-check-vllm-fsdp2-x2",
+        "model.rollout_engine=vllm",
+        "model.vllm_sleep=true",
+        "model.vllm_gpu_memory_utilization=0.3",
+    ):
         assert o in ov, o
     assert "trainer.device=cpu" not in ov
     assert ov[-1] == "trainer.lr=1e-5"  # command-line extras last: they win
@@ -262,11 +373,19 @@ def test_train_overrides_load_as_a_config():
 def test_plan_overrides():
     s = gc.Settings([], steps=3, group_size=4, max_new_tokens=32, device_gb=139.8)
     assert gc.plan_overrides(gc.SubRun("hf", "fsdp2", 4), s) == [
-        "plan.world_size=4", "plan.strategy=fsdp2", "plan.device_gb=139.8", "plan.images=1", "plan.image_tokens=256",
-        "plan.optim=model"]
+        "plan.world_size=4",
+        "plan.strategy=fsdp2",
+        "plan.device_gb=139.8",
+        "plan.images=1",
+        "plan.image_tokens=256",
+        "plan.optim=model",
+    ]
     s80 = gc.Settings([], steps=3, group_size=4, max_new_tokens=32, device_gb=80.0)
     assert gc.plan_overrides(gc.SubRun("vllm", "ddp", 1), s80)[:3] == [
-        "plan.world_size=1", "plan.strategy=ddp", "plan.device_gb=80"]
+        "plan.world_size=1",
+        "plan.strategy=ddp",
+        "plan.device_gb=80",
+    ]
 
 
 def test_sub_run_names():
@@ -280,8 +399,9 @@ def test_predicted_gib_for_the_3b_folder(tmp_path):
     model states), the same at world size 1, and the colocated vLLM engine adds its share of the device."""
     config, processor = gc.random_vlm_config("qwen2_5_vl_3b")
     config.save_pretrained(tmp_path)
-    s = gc.Settings(["model=qwen2_5_vl_3b", f"model.path={tmp_path}"], steps=3, group_size=4, max_new_tokens=32,
-                    device_gb=80.0)
+    s = gc.Settings(
+        ["model=qwen2_5_vl_3b", f"model.path={tmp_path}"], steps=3, group_size=4, max_new_tokens=32, device_gb=80.0
+    )
 
     def plan(engine, strategy, world):
         sub = gc.SubRun(engine, strategy, world)
@@ -289,7 +409,12 @@ def test_predicted_gib_for_the_3b_folder(tmp_path):
         assert note == ""
         return gib
 
-    ddp1, fsdp1, ddp2, fsdp2 = plan("hf", "ddp", 1), plan("hf", "fsdp2", 1), plan("hf", "ddp", 2), plan("hf", "fsdp2", 2)
+    ddp1, fsdp1, ddp2, fsdp2 = (
+        plan("hf", "ddp", 1),
+        plan("hf", "fsdp2", 1),
+        plan("hf", "ddp", 2),
+        plan("hf", "fsdp2", 2),
+    )
     # bf16 weights + grads + AdamW state in bf16 of the 3.09B trained (non-vision) parameters alone are ~17 GiB
     assert 17 < ddp1 < 80
     assert fsdp1 == pytest.approx(ddp1) and ddp2 == pytest.approx(ddp1)
@@ -315,20 +440,29 @@ def test_skip_reasons(monkeypatch):
     ok_model, no_model = gc.Row("model", "ok"), gc.Row("model", "failed")
     later = time.monotonic() + 3600
     monkeypatch.setattr(gc, "_vllm_importable", lambda: False)
-    assert gc._skip_reason(gc.SubRun("hf", "ddp", 1), _settings(False), no_model, 8, later) == \
-        "no model (see the model row)"
+    assert (
+        gc._skip_reason(gc.SubRun("hf", "ddp", 1), _settings(False), no_model, 8, later)
+        == "no model (see the model row)"
+    )
     cpu_vllm = gc._skip_reason(gc.SubRun("vllm", "ddp", 1), _settings(True), ok_model, 0, later)
-    assert cpu_vllm == "vLLM needs a CUDA GPU (CPU smoke); vLLM not importable here (pip install 'mmrl[vllm]'; " \
-                       "docs/vllm.md)"
+    assert (
+        cpu_vllm == "vLLM needs a CUDA GPU (CPU smoke); vLLM not importable here (pip install 'mmrl[vllm]'; "
+        "docs/vllm.md)"
+    )
     assert gc._skip_reason(gc.SubRun("vllm", "fsdp2", 1), _settings(False), ok_model, 1, later).startswith(
-        "vLLM not importable here")
+        "vLLM not importable here"
+    )
     assert gc._skip_reason(gc.SubRun("hf", "ddp", 1), _settings(True), ok_model, 0, later) == ""  # CPU: no GPU needed
     monkeypatch.setattr(gc, "_vllm_importable", lambda: True)
-    assert gc._skip_reason(gc.SubRun("vllm", "ddp", 1), _settings(True), ok_model, 0, later) == \
-        "vLLM needs a CUDA GPU (CPU smoke)"
+    assert (
+        gc._skip_reason(gc.SubRun("vllm", "ddp", 1), _settings(True), ok_model, 0, later)
+        == "vLLM needs a CUDA GPU (CPU smoke)"
+    )
     assert gc._skip_reason(gc.SubRun("vllm", "ddp", 1), _settings(False), ok_model, 1, later) == ""
-    assert gc._skip_reason(gc.SubRun("hf", "fsdp2", 2), _settings(False), ok_model, 1, later) == \
-        "2 processes need 2 GPUs, 1 visible"
+    assert (
+        gc._skip_reason(gc.SubRun("hf", "fsdp2", 2), _settings(False), ok_model, 1, later)
+        == "2 processes need 2 GPUs, 1 visible"
+    )
     soon = gc._skip_reason(gc.SubRun("hf", "ddp", 1), _settings(False), ok_model, 1, time.monotonic() + 30)
     assert soon.startswith("time budget: ") and soon.endswith("s left of the check's budget")
 

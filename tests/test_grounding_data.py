@@ -1,4 +1,5 @@
 """Tests for the canonical grounding JSONL format and the peer-format converters."""
+
 from __future__ import annotations
 
 import io
@@ -28,7 +29,12 @@ def _write_jsonl(path: Path, records: list) -> Path:
 
 
 def _rec(**over) -> dict:
-    rec = {"image": "imgs/a.png", "question": "the cat", "boxes": [{"bbox": [1, 2, 30, 40], "label": "cat"}], "bbox_frame": "pixels"}
+    rec = {
+        "image": "imgs/a.png",
+        "question": "the cat",
+        "boxes": [{"bbox": [1, 2, 30, 40], "label": "cat"}],
+        "bbox_frame": "pixels",
+    }
     rec.update(over)
     return rec
 
@@ -128,7 +134,9 @@ def test_boxes_outside_image_are_clipped_or_refused(tmp_path):
     # clipped to [0, 100] x [0, 50]; the second box is untouched
     np.testing.assert_array_equal(samples[0].boxes, [[0, 10, 100, 50], [10, 10, 20, 20]])
     assert samples.report.clipped == [f"{path}:1: box 0"]
-    with pytest.raises(InvalidSampleError, match=r"box 0 extends outside the image \(\[-5, 10, 120, 60\] vs pixels extent 100x50\)"):
+    with pytest.raises(
+        InvalidSampleError, match=r"box 0 extends outside the image \(\[-5, 10, 120, 60\] vs pixels extent 100x50\)"
+    ):
         load_grounding_jsonl(path, clip_to_image=False)
     outside = _write_jsonl(tmp_path / "o.jsonl", [_rec(image_size=[100, 50], boxes=[{"bbox": [100, 0, 120, 10]}])])
     with pytest.raises(InvalidSampleError, match="box 0 lies entirely outside the image"):
@@ -138,7 +146,10 @@ def test_boxes_outside_image_are_clipped_or_refused(tmp_path):
 def test_pixel_boxes_without_size_are_not_bounds_checked_but_normalised_ones_are(tmp_path):
     path = _write_jsonl(
         tmp_path / "t.jsonl",
-        [_rec(id="p", boxes=[{"bbox": [900, 900, 5000, 5000]}]), _rec(id="n", bbox_frame="norm1000", boxes=[{"bbox": [500, 0, 1200, 10]}])],
+        [
+            _rec(id="p", boxes=[{"bbox": [900, 900, 5000, 5000]}]),
+            _rec(id="n", bbox_frame="norm1000", boxes=[{"bbox": [500, 0, 1200, 10]}]),
+        ],
     )
     p, n = load_grounding_jsonl(path)
     np.testing.assert_array_equal(p.boxes, [[900, 900, 5000, 5000]])  # size unknown: nothing to check against
@@ -240,8 +251,12 @@ def test_save_and_reload_round_trip(tmp_path):
     Image.new("RGB", (8, 8)).save(outside)
     mem = Image.fromarray(np.arange(12 * 10 * 3, dtype=np.uint8).reshape(10, 12, 3))
     samples = [
-        GroundingSample("file", str(tmp_path / "data" / "imgs" / "f.png"), "the dog", [[1, 2, 3.5, 4]], ["dog"], image_size=(50, 40)),
-        GroundingSample("mem/1", mem, "all cats", [[0, 0, 5, 5], [6, 6, 12, 10]], [None, "cat"], extra={"kind": "multi"}),
+        GroundingSample(
+            "file", str(tmp_path / "data" / "imgs" / "f.png"), "the dog", [[1, 2, 3.5, 4]], ["dog"], image_size=(50, 40)
+        ),
+        GroundingSample(
+            "mem/1", mem, "all cats", [[0, 0, 5, 5], [6, 6, 12, 10]], [None, "cat"], extra={"kind": "multi"}
+        ),
         GroundingSample("neg", str(outside), "the unicorn", [], [], bbox_frame="norm1000"),
     ]
     out = tmp_path / "data" / "out.jsonl"
@@ -255,7 +270,13 @@ def test_save_and_reload_round_trip(tmp_path):
 
     back = load_grounding_jsonl(out)
     for a, b in zip(samples, back):
-        assert (a.id, a.question, a.labels, a.bbox_frame, a.extra) == (b.id, b.question, b.labels, b.bbox_frame, b.extra)
+        assert (a.id, a.question, a.labels, a.bbox_frame, a.extra) == (
+            b.id,
+            b.question,
+            b.labels,
+            b.bbox_frame,
+            b.extra,
+        )
         np.testing.assert_array_equal(a.boxes, b.boxes)
     assert Path(back[0].image).resolve() == (tmp_path / "data" / "imgs" / "f.png").resolve()
     np.testing.assert_array_equal(np.asarray(Image.open(back[1].image)), np.asarray(mem))
@@ -297,10 +318,22 @@ def test_load_vlm_r1_conversations_jsonl(tmp_path):
     path = _write_jsonl(
         tmp_path / "refcoco_val.jsonl",
         [
-            {"id": 7, "image": "COCO_train2014_000000000009.jpg",
-             "conversations": [{"from": "human", "value": "<image>" + instr + "the man in red"}, {"from": "gpt", "value": "[10, 20, 110, 220]"}]},
-            {"id": 8, "image": ["b.jpg"],
-             "conversations": [{"from": "human", "value": "<image>" + instr + "nothing"}, {"from": "gpt", "value": "<answer>not a box</answer>"}]},
+            {
+                "id": 7,
+                "image": "COCO_train2014_000000000009.jpg",
+                "conversations": [
+                    {"from": "human", "value": "<image>" + instr + "the man in red"},
+                    {"from": "gpt", "value": "[10, 20, 110, 220]"},
+                ],
+            },
+            {
+                "id": 8,
+                "image": ["b.jpg"],
+                "conversations": [
+                    {"from": "human", "value": "<image>" + instr + "nothing"},
+                    {"from": "gpt", "value": "<answer>not a box</answer>"},
+                ],
+            },
         ],
     )
     samples = load_vlm_r1_rec(path, tmp_path / "coco", on_invalid_box="skip_sample")
@@ -318,8 +351,12 @@ def test_load_vlm_r1_conversations_jsonl(tmp_path):
 
 def test_load_vlm_r1_processed_json_list(tmp_path):
     items = [
-        {"image": "a.jpg", "problem": "Please provide the bounding box coordinate of the region this sentence describes: lady.",
-         "solution": [103.93, 299.99, 238.15, 477.41], "normal_caption": "the lady with the blue shirt"},
+        {
+            "image": "a.jpg",
+            "problem": "Please provide the bounding box coordinate of the region this sentence describes: lady.",
+            "solution": [103.93, 299.99, 238.15, 477.41],
+            "normal_caption": "the lady with the blue shirt",
+        },
         {"image": ["a.jpg", "b.jpg"], "problem": "p", "solution": [1, 2, 3, 4]},
     ]
     path = tmp_path / "refcoco_train.json"
@@ -328,7 +365,9 @@ def test_load_vlm_r1_processed_json_list(tmp_path):
     assert s.question == "the lady with the blue shirt"
     np.testing.assert_allclose(s.boxes, [[103.93, 299.99, 238.15, 477.41]])
     path.write_text(json.dumps(items))
-    with pytest.raises(DataFormatError, match=r"refcoco_train.json\[1\]: a grounding record needs exactly one image, got 2"):
+    with pytest.raises(
+        DataFormatError, match=r"refcoco_train.json\[1\]: a grounding record needs exactly one image, got 2"
+    ):
         load_vlm_r1_rec(path, tmp_path)
     with pytest.raises(FileNotFoundError):
         load_vlm_r1_rec(tmp_path / "none.jsonl", tmp_path)
@@ -337,16 +376,25 @@ def test_load_vlm_r1_processed_json_list(tmp_path):
 # --------------------------------------------------------------------------- RefCOCO
 
 INSTANCES = {
-    "images": [{"id": 1, "file_name": "COCO_train2014_000000000001.jpg", "width": 100, "height": 80},
-               {"id": 2, "file_name": "COCO_train2014_000000000002.jpg", "width": 50, "height": 50}],
-    "annotations": [{"id": 11, "image_id": 1, "bbox": [10, 20, 30, 40], "category_id": 1},
-                    {"id": 12, "image_id": 1, "bbox": [60, 0, 40.5, 10], "category_id": 2},
-                    {"id": 21, "image_id": 2, "bbox": [5, 5, 0, 10], "category_id": 1}],
+    "images": [
+        {"id": 1, "file_name": "COCO_train2014_000000000001.jpg", "width": 100, "height": 80},
+        {"id": 2, "file_name": "COCO_train2014_000000000002.jpg", "width": 50, "height": 50},
+    ],
+    "annotations": [
+        {"id": 11, "image_id": 1, "bbox": [10, 20, 30, 40], "category_id": 1},
+        {"id": 12, "image_id": 1, "bbox": [60, 0, 40.5, 10], "category_id": 2},
+        {"id": 21, "image_id": 2, "bbox": [5, 5, 0, 10], "category_id": 1},
+    ],
     "categories": [{"id": 1, "name": "person"}, {"id": 2, "name": "dog"}],
 }
 REFS = [
-    {"ref_id": 100, "ann_id": 11, "image_id": 1, "split": "val",
-     "sentences": [{"sent": "man on the left"}, {"sent": "left guy"}]},
+    {
+        "ref_id": 100,
+        "ann_id": 11,
+        "image_id": 1,
+        "split": "val",
+        "sentences": [{"sent": "man on the left"}, {"sent": "left guy"}],
+    },
     {"ref_id": 101, "ann_id": 12, "image_id": 1, "split": "train", "sentences": [{"sent": "the dog"}]},
     {"ref_id": 102, "ann_id": [11, 12], "image_id": 1, "split": "testA", "sentences": [{"sent": "both"}]},
     {"ref_id": 103, "ann_id": [-1], "image_id": 1, "split": "testA", "sentences": [{"raw": "a cat"}]},
@@ -427,8 +475,14 @@ def test_from_rows_xyxy_xywh_labels_and_negatives(tmp_path):
     np.testing.assert_array_equal(b.boxes, [[0, 0, 5, 5], [6, 6, 9, 9]])
     assert c.is_negative and isinstance(c.image, Image.Image) and c.image.size == (64, 32)
 
-    xywh = from_hf_dataset([{"img": img, "q": "a", "box": [1, 2, 10, 10], "i": "id-9"}], image_column="img",
-                           question_column="q", bbox_column="box", bbox_format="xywh", id_column="i")
+    xywh = from_hf_dataset(
+        [{"img": img, "q": "a", "box": [1, 2, 10, 10], "i": "id-9"}],
+        image_column="img",
+        question_column="q",
+        bbox_column="box",
+        bbox_format="xywh",
+        id_column="i",
+    )
     # [x, y, w, h] = [1, 2, 10, 10] -> [1, 2, 11, 12]
     np.testing.assert_array_equal(xywh[0].boxes, [[1, 2, 11, 12]])
     assert xywh[0].id == "id-9"
@@ -447,7 +501,9 @@ def test_from_rows_errors():
     with pytest.raises(InvalidSampleError, match="box 0 extends outside the image"):
         from_hf_dataset([{"image": img, "question": "a", "bbox": [5, 5, 20, 8]}], clip_to_image=False)
     with pytest.raises(DataFormatError, match="must be a string or a list of 2 labels"):
-        from_hf_dataset([{"image": img, "question": "a", "bbox": [[0, 0, 1, 1], [0, 0, 2, 2]], "l": ["x"]}], label_column="l")
+        from_hf_dataset(
+            [{"image": img, "question": "a", "bbox": [[0, 0, 1, 1], [0, 0, 2, 2]], "l": ["x"]}], label_column="l"
+        )
     with pytest.raises(ValueError, match="bbox_format must be one of xyxy, xywh"):
         from_hf_dataset([], bbox_format="cxcywh")
 
@@ -461,7 +517,9 @@ class _FakeDataset(list):
 def test_column_names_are_checked_before_reading_rows():
     ds = _FakeDataset([{"image": "a.png", "question": "q", "bbox": [1, 2, 3, 4]}])
     assert len(from_hf_dataset(ds)) == 1
-    with pytest.raises(DataFormatError, match=r"^dataset: missing column\(s\) 'caption' \(columns: image, question, bbox\)"):
+    with pytest.raises(
+        DataFormatError, match=r"^dataset: missing column\(s\) 'caption' \(columns: image, question, bbox\)"
+    ):
         from_hf_dataset(ds, question_column="caption")
 
 
@@ -476,7 +534,10 @@ def _import_datasets():
 def test_from_real_hf_dataset():
     datasets = _import_datasets()
     ds = datasets.Dataset.from_list(
-        [{"image": "a.png", "question": "q0", "bbox": [[1.0, 2.0, 3.0, 4.0]]}, {"image": "b.png", "question": "q1", "bbox": []}]
+        [
+            {"image": "a.png", "question": "q0", "bbox": [[1.0, 2.0, 3.0, 4.0]]},
+            {"image": "b.png", "question": "q1", "bbox": []},
+        ]
     )
     samples = from_hf_dataset(ds, name="hf")
     assert [s.id for s in samples] == ["hf[0]", "hf[1]"]

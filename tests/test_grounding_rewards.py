@@ -29,7 +29,9 @@ A, B = [0, 0, 2, 2], [1, 1, 3, 3]
 
 def test_area():
     assert box_area([1, 2, 4, 6]) == 12.0  # 3 * 4
-    np.testing.assert_array_equal(box_area([[0, 0, 2, 2], [3, 0, 1, 2], [1, 1, 1, 5]]), [4, 0, 0])  # inverted, zero-width
+    np.testing.assert_array_equal(
+        box_area([[0, 0, 2, 2], [3, 0, 1, 2], [1, 1, 1, 5]]), [4, 0, 0]
+    )  # inverted, zero-width
 
 
 def test_iou_hand_computed():
@@ -231,11 +233,17 @@ def test_grounding_monitors_hand_computed():
         _parsed([[0, 0, 10, 10], [5, 5, 95, 95]], "repaired"),  # 90*90 = 81% of the image: not "full"
     ]
     out = grounding_monitors(parsed, [1, 1, 0, 2], [(100, 100)] * 4, [10, 20, 30, 40])
-    assert out == pytest.approx({
-        "parse_fail_rate": 0.25, "repaired_rate": 0.25, "empty_answer_rate": 0.25, "full_image_box_rate": 0.25,
-        "pred_box_count": 0.75,  # (1 + 0 + 0 + 2) / 4
-        "gt_box_count": 1.0, "response_length": 25.0,
-    })
+    assert out == pytest.approx(
+        {
+            "parse_fail_rate": 0.25,
+            "repaired_rate": 0.25,
+            "empty_answer_rate": 0.25,
+            "full_image_box_rate": 0.25,
+            "pred_box_count": 0.75,  # (1 + 0 + 0 + 2) / 4
+            "gt_box_count": 1.0,
+            "response_length": 25.0,
+        }
+    )
 
 
 def test_full_image_rate_clips_to_the_image_and_uses_its_size():

@@ -1,4 +1,5 @@
 """Image rewards: JPEG size, colour rule, OCR score, model-reward errors, group helpers, diversity."""
+
 from __future__ import annotations
 
 import math
@@ -24,6 +25,7 @@ def _noise(size=32, seed=0):
 
 # ---------------------------------------------------------------- JPEG
 
+
 def test_jpeg_noise_is_less_compressible_than_flat():
     flat, noise = _flat(RED), _noise()
     comp = ir.jpeg_compressibility(["p", "p"], [flat, {"image": noise}])
@@ -44,6 +46,7 @@ def test_not_an_image_is_a_clear_error():
 
 # ---------------------------------------------------------------- colour rule
 
+
 def _scene(size=8):
     """8x8 blue background with a red 4x4 centre (rows/cols 2..5 = the middle half)."""
     arr = np.zeros((size, size, 3), dtype=np.uint8)
@@ -57,7 +60,7 @@ def test_color_rule_geometric_default_blocks_the_background_hack():
     assert ir.color_rule_score(arr, "red", "blue") == pytest.approx(1.0)
     arr2 = arr.copy()
     arr2[2:4, 2:6] = GREEN  # centre 8/16 red, border all blue -> sqrt(0.5 * 1)
-    assert ir.color_rule_score(arr2, RED, BLUE) == pytest.approx(0.5 ** 0.5)
+    assert ir.color_rule_score(arr2, RED, BLUE) == pytest.approx(0.5**0.5)
     all_bg = np.zeros_like(arr) + np.array(BLUE, dtype=arr.dtype)  # background painted everywhere
     assert ir.color_rule_score(all_bg, RED, BLUE) == 0.0
     assert ir.color_rule_score(all_bg, RED, BLUE, combine="mean") == pytest.approx(0.5)
@@ -86,8 +89,9 @@ def test_color_rule_mean_by_hand():
 
 
 def test_color_rule_reward_wrapper_and_errors():
-    out = ir.color_rule_reward(["a", "b"], [{"image": _scene()}, _scene()], object_color=["red", "blue"],
-                               background_color=["blue", "red"])
+    out = ir.color_rule_reward(
+        ["a", "b"], [{"image": _scene()}, _scene()], object_color=["red", "blue"], background_color=["blue", "red"]
+    )
     assert out == pytest.approx([1.0, 0.0])
     with pytest.raises(ir.ImageRewardError, match="unknown colour"):
         ir.color_rule_score(_scene(), "mauve", "blue")
@@ -96,6 +100,7 @@ def test_color_rule_reward_wrapper_and_errors():
 
 
 # ---------------------------------------------------------------- OCR
+
 
 def test_edit_distance_and_ocr_score():
     assert ir.edit_distance("kitten", "sitting") == 3  # k->s, e->i, +g
@@ -115,6 +120,7 @@ def test_missing_tesseract_is_a_clear_error(monkeypatch):
 
 # ---------------------------------------------------------------- model rewards
 
+
 def test_missing_model_weights_are_named(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     missing = tmp_path / "no_such_clip"
@@ -131,6 +137,7 @@ def test_missing_model_weights_are_named(tmp_path, monkeypatch):
 
 
 # ---------------------------------------------------------------- group helpers
+
 
 def test_group_normalized_sum_by_hand():
     gid = torch.tensor([0, 0, 1, 1])

@@ -1,5 +1,6 @@
 """Initial-state fingerprints: the hash, the record (strict / counted), and a VLA checkpoint that refuses
 to evaluate on changed layouts."""
+
 from __future__ import annotations
 
 import json
@@ -70,8 +71,9 @@ def test_vla_checkpoint_refuses_changed_layouts(tmp_path):
     record["hashes"]["reach_red/0"] = "0123456789abcdef"
     (ckpt / INIT_STATES_FILE).write_text(json.dumps(record))
     for strict in (True, False):
-        overrides = reach_overrides(tmp_path / f"eval{strict}", f"checkpoint={ckpt.parent}",
-                                    f"task.check_init_states={str(strict).lower()}")
+        overrides = reach_overrides(
+            tmp_path / f"eval{strict}", f"checkpoint={ckpt.parent}", f"task.check_init_states={str(strict).lower()}"
+        )
         ev = Trainer(load_config(overrides))
         try:
             assert ev.policy.init_states.hashes["reach_red/0"] == "0123456789abcdef"

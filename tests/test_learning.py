@@ -1,8 +1,8 @@
 """RL must actually learn: a short fixed-seed GRPO run on the toy task raises greedy accuracy."""
-from tests.helpers import toy_overrides
 
 from mmrl.config import load_config
 from mmrl.trainer import Trainer
+from tests.helpers import toy_overrides
 
 
 def test_toy_arithmetic_accuracy_rises(tmp_path):

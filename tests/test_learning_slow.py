@@ -1,4 +1,5 @@
 """Full embedded-default runs that must learn (minutes each): `python -m pytest -m slow`."""
+
 import pytest
 
 from mmrl.config import load_config
@@ -8,8 +9,9 @@ pytestmark = pytest.mark.slow
 
 
 def _run(tmp_path, task, *extra):
-    cfg = load_config([f"task={task}", f"trainer.output_dir={tmp_path}", "trainer.run_name=r",
-                       "trainer.progress=false", *extra])
+    cfg = load_config(
+        [f"task={task}", f"trainer.output_dir={tmp_path}", "trainer.run_name=r", "trainer.progress=false", *extra]
+    )
     tr = Trainer(cfg)
     tr.setup_run_dir()
     start = tr.evaluate()

@@ -2,6 +2,7 @@
 steps, renders both cameras and reports success through the benchmark's own goal check; a state moved into its goal
 configuration passes it and doing nothing does not; `mmrl eval` writes the per-suite table. Plus the pure pieces
 (task names, the axis-angle, the success table, the demo-file reader) without LIBERO."""
+
 from __future__ import annotations
 
 import math
@@ -19,7 +20,6 @@ from mmrl.simulators.libero_env import (
 )
 from mmrl.success_table import markdown_table, success_table
 
-
 # ---------------------------------------------------------------------------- without LIBERO
 
 
@@ -32,13 +32,22 @@ def test_task_names_and_config_errors():
     assert len(cfg.task.tasks) == 40 and cfg.task.eval_init_states == 50 and cfg.task.eval_init_offset == 0
     assert load_config(["task=libero_90"]).task.tasks[-1] == "libero_90/89"
     assert load_config(["task=libero_goal", "task.task_ids=[3]"]).task.tasks == ["libero_goal/3"]
-    for bad, match in ((["task.suites=[libero_100]"], "suites"), (["task.tasks=[libero_goal/10]"], "0..9"),
-                       (["task.eval_init_offset=40", "task.eval_init_states=20"], "1..50"),
-                       (["task.view=wrist"], "view"), (["task.action_low=[-1,-1]", "task.action_high=[1,1]"], "7")):
+    for bad, match in (
+        (["task.suites=[libero_100]"], "suites"),
+        (["task.tasks=[libero_goal/10]"], "0..9"),
+        (["task.eval_init_offset=40", "task.eval_init_states=20"], "1..50"),
+        (["task.view=wrist"], "view"),
+        (["task.action_low=[-1,-1]", "task.action_high=[1,1]"], "7"),
+    ):
         with pytest.raises(ConfigError, match=match):
             load_config(["task=libero", *bad])
-    assert MAX_STEPS == {"libero_spatial": 220, "libero_object": 280, "libero_goal": 300, "libero_10": 520,
-                         "libero_90": 400}
+    assert MAX_STEPS == {
+        "libero_spatial": 220,
+        "libero_object": 280,
+        "libero_goal": 300,
+        "libero_10": 520,
+        "libero_90": 400,
+    }
     assert sum(SUITE_TASKS.values()) == 130
 
 
@@ -61,9 +70,12 @@ def test_quat_to_axis_angle_hand_values():
 
 
 def test_success_table_counts_and_average_over_suites():
-    rows = ([("libero_spatial", "libero_spatial/0", True)] * 3 + [("libero_spatial", "libero_spatial/0", False)]
-            + [("libero_spatial", "libero_spatial/1", False)] * 4
-            + [("libero_object", "libero_object/0", True)] * 2)
+    rows = (
+        [("libero_spatial", "libero_spatial/0", True)] * 3
+        + [("libero_spatial", "libero_spatial/0", False)]
+        + [("libero_spatial", "libero_spatial/1", False)] * 4
+        + [("libero_object", "libero_object/0", True)] * 2
+    )
     t = success_table(rows, {"libero_spatial": "Spatial", "libero_object": "Object"})
     spatial, obj = t["suites"]
     assert (spatial["label"], spatial["tasks"], spatial["episodes"], spatial["successes"]) == ("Spatial", 2, 8, 3)
@@ -97,8 +109,16 @@ def test_demo_file_reader_turns_tiles_and_rejects_bad_files(tmp_path):
 
     path = tmp_path / "t_demo.hdf5"
     _write_demo_file(path)
-    demos = read_libero_hdf5(path, "libero/libero_goal/0", "open the drawer", max_demos=5, image_size=16,
-                             view="tile", rotate=True, first_index=1000)
+    demos = read_libero_hdf5(
+        path,
+        "libero/libero_goal/0",
+        "open the drawer",
+        max_demos=5,
+        image_size=16,
+        view="tile",
+        rotate=True,
+        first_index=1000,
+    )
     assert len(demos) == 2 and demos[1].init_state == 1001 and demos[0].frames.shape == (5, 16, 32, 3)
     np.testing.assert_allclose(demos[1].actions[0], np.arange(7) / 10 + 1, rtol=1e-6)
     assert demos[0].frames[0, 15, 15, 0] == 255 and demos[0].frames[0, 0, 0, 0] == 0  # turned 180 degrees
@@ -123,11 +143,14 @@ pytest.importorskip("libero.libero")
 
 def _place(inner, obj: str, target: str, dz: float) -> None:
     sim = inner.sim
-    pos = np.array(sim.data.get_site_xpos(target) if target in inner.object_sites_dict
-                   else sim.data.body_xpos[inner.obj_body_id[target]])
+    pos = np.array(
+        sim.data.get_site_xpos(target)
+        if target in inner.object_sites_dict
+        else sim.data.body_xpos[inner.obj_body_id[target]]
+    )
     joint = inner.get_object(obj).joints[-1]
     a, _ = sim.model.get_joint_qpos_addr(joint)
-    sim.data.qpos[a:a + 3] = pos + np.array([0.0, 0.0, dz])
+    sim.data.qpos[a : a + 3] = pos + np.array([0.0, 0.0, dz])
     va, vb = sim.model.get_joint_qvel_addr(joint)
     sim.data.qvel[va:vb] = 0.0
 
@@ -137,7 +160,7 @@ def _set_articulation(inner, region: str, want: str) -> None:
     parent = inner.get_object(inner.object_states_dict[region].parent_name if site is not None else region)
     check = getattr(parent, {"open": "is_open", "close": "is_close", "turnon": "turn_on", "turnoff": "turn_off"}[want])
     sim = inner.sim
-    for joint in (site.joints if site is not None else parent.joints):
+    for joint in site.joints if site is not None else parent.joints:
         lo, hi = sim.model.jnt_range[sim.model.joint_name2id(joint)]
         q = next(q for q in np.linspace(lo, hi, 41) if check(q))
         sim.data.qpos[sim.model.get_joint_qpos_addr(joint)] = q
@@ -171,7 +194,7 @@ def test_suite_builds_resets_to_official_state_renders_and_checks_success(suite)
         nq = env.raw_env.sim.model.nq
         from mmrl.simulators.common import state_fingerprint
 
-        assert info["init_state_hash"] == state_fingerprint(official[1:1 + nq])  # the official state, loaded as is
+        assert info["init_state_hash"] == state_fingerprint(official[1 : 1 + nq])  # the official state, loaded as is
         assert obs["image"].shape == (64, 128, 3) and obs["wrist_image"].shape == (64, 64, 3)
         assert obs["image"].dtype == np.uint8 and obs["image"].std() > 5 and obs["wrist_image"].std() > 5
         np.testing.assert_array_equal(obs["image"][:, 64:], obs["wrist_image"])
@@ -220,9 +243,21 @@ def test_every_env_instance_loads_the_same_state_and_set_task_switches():
 def test_mmrl_eval_writes_the_per_suite_table_and_videos(tmp_path, capsys):
     from mmrl.cli import main
 
-    rc = main(["eval", "task=libero", "task.suites=[libero_spatial,libero_goal]", "task.task_ids=[0]",
-               "task.eval_init_states=2", "task.max_steps=3", "task.image_size=32", "trainer.batch_size=2",
-               "model.num_workers=1", f"trainer.output_dir={tmp_path}", "trainer.progress=false"])
+    rc = main(
+        [
+            "eval",
+            "task=libero",
+            "task.suites=[libero_spatial,libero_goal]",
+            "task.task_ids=[0]",
+            "task.eval_init_states=2",
+            "task.max_steps=3",
+            "task.image_size=32",
+            "trainer.batch_size=2",
+            "model.num_workers=1",
+            f"trainer.output_dir={tmp_path}",
+            "trainer.progress=false",
+        ]
+    )
     assert rc == 0
     out_dir = tmp_path / "eval" / "libero_tiny_vla"
     import json
@@ -255,13 +290,34 @@ def test_sft_needs_demos_and_the_trainer_runs_demo_files_sft_grpo(tmp_path):
     folder = tmp_path / "libero_data" / "libero_goal"
     folder.mkdir(parents=True)
     _write_demo_file(folder / "open_the_middle_drawer_of_the_cabinet_demo.hdf5", n_demos=2, length=4, size=32)
-    tr = Trainer(load_config([
-        "task=libero_goal", "task.task_ids=[0]", f"task.demo_hdf5={tmp_path / 'libero_data'}", "task.image_size=32",
-        "task.train_init_states=1", "task.eval_init_states=1", "task.max_steps=3", "task.wait_steps=2",
-        "task.eval_videos=0", f"trainer.output_dir={tmp_path}", "trainer.run_name=run", "trainer.max_steps=1",
-        "trainer.sft_steps=2", "trainer.sft_batch_size=4", "trainer.eval_every=0", "trainer.eval_at_end=true",
-        "trainer.progress=false", "trainer.tensorboard=false", "trainer.plot=false", "algo.group_size=2",
-        "algo.filter_groups=false", "model.num_workers=1"]))
+    tr = Trainer(
+        load_config(
+            [
+                "task=libero_goal",
+                "task.task_ids=[0]",
+                f"task.demo_hdf5={tmp_path / 'libero_data'}",
+                "task.image_size=32",
+                "task.train_init_states=1",
+                "task.eval_init_states=1",
+                "task.max_steps=3",
+                "task.wait_steps=2",
+                "task.eval_videos=0",
+                f"trainer.output_dir={tmp_path}",
+                "trainer.run_name=run",
+                "trainer.max_steps=1",
+                "trainer.sft_steps=2",
+                "trainer.sft_batch_size=4",
+                "trainer.eval_every=0",
+                "trainer.eval_at_end=true",
+                "trainer.progress=false",
+                "trainer.tensorboard=false",
+                "trainer.plot=false",
+                "algo.group_size=2",
+                "algo.filter_groups=false",
+                "model.num_workers=1",
+            ]
+        )
+    )
     stats = tr.task.action_stats()
     # 1st / 99th percentiles of 8 rows (4 of demo 0 at arange(7) / 10, 4 of demo 1 one higher): the rank 0.07 and 6.93
     # of the sorted column interpolate between equal values

@@ -1,4 +1,5 @@
 """Tests for mmrl.data.media: image loading and its errors."""
+
 from __future__ import annotations
 
 from pathlib import Path

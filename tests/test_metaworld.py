@@ -1,13 +1,14 @@
 """Meta-World v3 (metaworld 3.1.1) as a VLA benchmark: MT10 builds, resets to seeded initial states, renders, steps,
 and reports Meta-World's own success (the shipped scripted experts succeed, doing nothing fails); the task config
 and a short demos -> SFT -> GRPO run."""
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
 from mmrl.config import ConfigError, load_config
-from mmrl.simulators.metaworld_env import MT10, METAWORLD_TASKS, MetaWorldConfigError, resolve_tasks
+from mmrl.simulators.metaworld_env import METAWORLD_TASKS, MT10, MetaWorldConfigError, resolve_tasks
 
 
 def test_task_sets_and_unknown_names_without_metaworld():
@@ -105,17 +106,39 @@ def test_metaworld_trainer_steps_from_expert_demos(tmp_path):
     from mmrl.tracking import read_metrics
     from mmrl.trainer import Trainer
 
-    tr = Trainer(load_config([
-        "task=metaworld", "task.tasks=[reach-v3,button-press-topdown-v3]", "task.train_init_states=2",
-        "task.eval_init_states=1", "task.demo_episodes=2", "task.max_steps=4", "task.image_size=64",
-        "task.eval_videos=0", f"trainer.output_dir={tmp_path}", "trainer.run_name=run", "trainer.max_steps=2",
-        "trainer.batch_size=2", "trainer.sft_steps=2", "trainer.sft_batch_size=4", "trainer.eval_every=0",
-        "trainer.eval_at_end=true", "trainer.eval_samples=1", "trainer.progress=false", "trainer.tensorboard=false",
-        "trainer.plot=false", "algo.group_size=2", "model.num_workers=1",
-        # 4-step episodes never succeed, so every group is all-fail: the preset's DAPO filter would leave the RL steps
-        # empty (nothing updated) and GRPO advantages are 0; without the filter and with an entropy bonus every RL
-        # step has a gradient through the VLA's log-probs
-        "algo.filter_groups=false", "algo.entropy_coef=0.01"]))
+    tr = Trainer(
+        load_config(
+            [
+                "task=metaworld",
+                "task.tasks=[reach-v3,button-press-topdown-v3]",
+                "task.train_init_states=2",
+                "task.eval_init_states=1",
+                "task.demo_episodes=2",
+                "task.max_steps=4",
+                "task.image_size=64",
+                "task.eval_videos=0",
+                f"trainer.output_dir={tmp_path}",
+                "trainer.run_name=run",
+                "trainer.max_steps=2",
+                "trainer.batch_size=2",
+                "trainer.sft_steps=2",
+                "trainer.sft_batch_size=4",
+                "trainer.eval_every=0",
+                "trainer.eval_at_end=true",
+                "trainer.eval_samples=1",
+                "trainer.progress=false",
+                "trainer.tensorboard=false",
+                "trainer.plot=false",
+                "algo.group_size=2",
+                "model.num_workers=1",
+                # 4-step episodes never succeed, so every group is all-fail: the preset's DAPO filter would leave the RL steps
+                # empty (nothing updated) and GRPO advantages are 0; without the filter and with an entropy bonus every RL
+                # step has a gradient through the VLA's log-probs
+                "algo.filter_groups=false",
+                "algo.entropy_coef=0.01",
+            ]
+        )
+    )
     snapshots = []
     warm_start = tr._warm_start
 

@@ -5,6 +5,7 @@ Measured on the 2-core machine (3 seeds, docs/tasks/metaworld.md, docs/curves/me
 success 0.06-0.08 at random init -> 0.34-0.42 after SFT -> 0.474 / 0.469 / 0.521 after 20 GRPO steps (seeds 0 / 1 / 2);
 each evaluation is 192 sampled episodes (3 tasks x 16 held-out states x 4), binomial standard error ~0.035. The run
 takes ~12 min alone on 2 cores (much longer with other jobs on the cores: its 2 torch threads wait on each other)."""
+
 import pytest
 
 from tests.helpers import run_embedded_default

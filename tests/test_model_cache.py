@@ -1,5 +1,6 @@
 """The offline model cache: building a model must not move the caller's random state (a run that builds its tiny
 model first must draw the same LoRA init / noise as one that finds it cached)."""
+
 import random
 
 import numpy as np

@@ -4,6 +4,7 @@ notebooks/diffusion_rl.ipynb runs end to end in a fresh kernel of this interpret
 private model cache: 3 RL steps of 2 prompts x 4 samples on a tiny SD3 pre-trained for 10 steps
 (~30 s on a busy 2-core machine, most of it building and pre-training the tiny pipeline).
 """
+
 from __future__ import annotations
 
 import ast
@@ -47,6 +48,7 @@ def _source(cell: dict) -> str:
 
 # ---------------------------------------------------------------- static checks (fast)
 
+
 def test_notebook_is_stored_without_outputs():
     for cell in _cells("code"):
         assert cell.get("outputs") == [], f"clear the outputs before committing: {_source(cell)[:60]!r}"
@@ -80,8 +82,10 @@ def test_parameter_defaults_are_the_task_config(monkeypatch):
 
 
 def _uses_gpu_recipe(node: ast.AST) -> bool:
-    return any(isinstance(n, ast.Subscript) and isinstance(n.value, ast.Name) and n.value.id == "GPU_RECIPES"
-               for n in ast.walk(node))
+    return any(
+        isinstance(n, ast.Subscript) and isinstance(n.value, ast.Name) and n.value.id == "GPU_RECIPES"
+        for n in ast.walk(node)
+    )
 
 
 def test_gpu_training_is_guarded_by_cuda_availability():
@@ -93,8 +97,9 @@ def test_gpu_training_is_guarded_by_cuda_availability():
             if not _uses_gpu_recipe(stmt):
                 continue
             found += 1
-            assert isinstance(stmt, ast.If) and "torch.cuda.is_available()" in ast.unparse(stmt.test), \
+            assert isinstance(stmt, ast.If) and "torch.cuda.is_available()" in ast.unparse(stmt.test), (
                 f"GPU_RECIPES[...] used outside an `if torch.cuda.is_available()` block: {ast.unparse(stmt)[:80]}"
+            )
             assert not any(_uses_gpu_recipe(s) for s in stmt.orelse)
     assert found == 1
     text = "".join(_source(c) for c in _cells("code"))
@@ -103,15 +108,21 @@ def test_gpu_training_is_guarded_by_cuda_availability():
 
 # ---------------------------------------------------------------- execution
 
+
 def _kernel_spec(root: Path) -> str:
     """A kernelspec running this very interpreter (so the kernel sees this venv's packages)."""
     name = "mmrl-nbtest-python"
     d = root / "kernels" / name
     d.mkdir(parents=True)
-    (d / "kernel.json").write_text(json.dumps({
-        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-        "display_name": "mmrl test kernel", "language": "python",
-    }))
+    (d / "kernel.json").write_text(
+        json.dumps(
+            {
+                "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+                "display_name": "mmrl test kernel",
+                "language": "python",
+            }
+        )
+    )
     return name
 
 
@@ -131,8 +142,9 @@ def executed(tmp_path_factory):
         mp.setenv("JUPYTER_PATH", str(tmp / "jupyter"))
         kernel = _kernel_spec(tmp / "jupyter")
         nb = nbformat.read(str(NOTEBOOK), as_version=4)
-        client = nbclient.NotebookClient(nb, timeout=240, kernel_name=kernel,
-                                         resources={"metadata": {"path": str(tmp)}})
+        client = nbclient.NotebookClient(
+            nb, timeout=240, kernel_name=kernel, resources={"metadata": {"path": str(tmp)}}
+        )
         client.execute()
     finally:
         mp.undo()
@@ -152,7 +164,7 @@ def test_notebook_trains_and_prints_final_metrics(executed):
     nb, run_dir = executed
     assert not [o for o in _outputs(nb) if o.output_type == "error"]
     line = next(ln for ln in _stdout(nb).splitlines() if ln.startswith("final metrics:"))
-    summary = json.loads(line[len("final metrics:"):])
+    summary = json.loads(line[len("final metrics:") :])
     assert summary["steps"] == 3
     for key in ("eval/score", "reward/mean", "eval_score_before"):
         assert math.isfinite(summary[key]) and 0.0 <= summary[key] <= 1.0, key
@@ -184,6 +196,7 @@ def test_notebook_displays_grids_and_curves(executed):
 
 
 # ---------------------------------------------------------------- scripts/diffusion_grids.py (the docs images)
+
 
 def _grids_module():
     import importlib.util

@@ -1,6 +1,7 @@
 """The LM head restricted to a few token ids (mmrl/policies/output_vocab.py): values and gradients equal the selected
 columns of the full head, the head is put back (also after an error), heads that are not a plain Linear are left
 alone, and the VLA policy's log-probs and gradients are those of the full-vocabulary path."""
+
 from __future__ import annotations
 
 import contextlib

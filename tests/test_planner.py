@@ -8,6 +8,7 @@
 
 Run as a script (``python tests/test_planner.py '<json overrides>'``) it is the measuring child process.
 """
+
 from __future__ import annotations
 
 import json
@@ -113,17 +114,20 @@ def test_toy_kv_cache_and_activations():
     assert layer_activation_bytes(10, eager_attention=True, **kw) == 4400
     # 3 samples, 2 layers, final norm s h (4 + b) = 480
     # no checkpointing: 3 (2 x 3200 + 480); with: 3 (2 s h b + 3200 + 480)
-    assert activation_bytes(layers=2, per_layer=3200, seq=10, hidden=8, samples=3, dtype_bytes=2,
-                            checkpointing=False) == 3 * (6400 + 480)
-    assert activation_bytes(layers=2, per_layer=3200, seq=10, hidden=8, samples=3, dtype_bytes=2,
-                            checkpointing=True) == 3 * (320 + 3200 + 480)
+    assert activation_bytes(
+        layers=2, per_layer=3200, seq=10, hidden=8, samples=3, dtype_bytes=2, checkpointing=False
+    ) == 3 * (6400 + 480)
+    assert activation_bytes(
+        layers=2, per_layer=3200, seq=10, hidden=8, samples=3, dtype_bytes=2, checkpointing=True
+    ) == 3 * (320 + 3200 + 480)
     # loss head: 3 samples x 4 completion positions x 10 vocab x 21 B
     assert logits_bytes(4, 10, 3) == 2520
 
 
 def test_toy_plan_total_and_reference():
-    inp = PlanInputs(arch=TOY_ARCH, dtype_bytes=2, micro_batch=3, rollout_samples=3, text_tokens=6, new_tokens=4,
-                     device_bytes=10 ** 9)
+    inp = PlanInputs(
+        arch=TOY_ARCH, dtype_bytes=2, micro_batch=3, rollout_samples=3, text_tokens=6, new_tokens=4, device_bytes=10**9
+    )
     bd = plan_memory(inp)
     assert (bd.params, bd.grads, bd.optimizer, bd.activations, bd.logits) == (2608, 2608, 15648, 3 * 6880, 2520)
     # rollout: KV cache 960 + prefill 3 samples x 6 prompt tokens x (3 x 16 + 4 x 8) x 2 B = 2880
@@ -162,9 +166,20 @@ def test_tiny_config_from_constants_equals_the_build(tmp_path, monkeypatch):
 
 
 def _full_ft_7b(**kw) -> PlanInputs:
-    base = dict(arch=real_vlm("qwen2_5_vl_7b"), dtype_bytes=2, gradient_checkpointing=False, world_size=8,
-                micro_batch=16, rollout_samples=16, text_tokens=128, image_tokens=1280, images=1, new_tokens=512,
-                device_bytes=80 * GIB, overhead_bytes=GIB)
+    base = dict(
+        arch=real_vlm("qwen2_5_vl_7b"),
+        dtype_bytes=2,
+        gradient_checkpointing=False,
+        world_size=8,
+        micro_batch=16,
+        rollout_samples=16,
+        text_tokens=128,
+        image_tokens=1280,
+        images=1,
+        new_tokens=512,
+        device_bytes=80 * GIB,
+        overhead_bytes=GIB,
+    )
     base.update(kw)
     return PlanInputs(**base)
 
@@ -232,31 +247,58 @@ def test_qwen2_5_vl_7b_hand_calculation():
     # merger (RMSNorm 1280 + Linear(5120, 5120) + Linear(5120, 3584), biases)
     root = 2 * 152064 * 3584 + 3584 + 1280 * 1176 + (1280 + 5120 * 5120 + 5120 + 5120 * 3584 + 3584)
     expected = {
-        ("full", "ddp"): dict(params=(lm + vision) * 2, grads=lm * 2, optimizer=lm * 12, activations=acts(per_tok_full),
-                              fsdp=0),
-        ("full", "fsdp2"): dict(params=(lm + vision) * 2 // 8, grads=lm * 2 // 8, optimizer=lm * 12 // 8,
-                                activations=acts(per_tok_full), fsdp=(root + 2 * layer) * 2),
-        ("lora", "ddp"): dict(params=lora * 4 + (lm + vision) * 2, grads=lora * 4, optimizer=lora * 8,
-                              activations=acts(per_tok_lora), fsdp=0),
-        ("lora", "fsdp2"): dict(params=math.ceil((lora * 4 + (lm + vision) * 2) / 8), grads=lora * 4 // 8,
-                                optimizer=lora * 8 // 8, activations=acts(per_tok_lora), fsdp=(root + 2 * layer) * 2),
+        ("full", "ddp"): dict(
+            params=(lm + vision) * 2, grads=lm * 2, optimizer=lm * 12, activations=acts(per_tok_full), fsdp=0
+        ),
+        ("full", "fsdp2"): dict(
+            params=(lm + vision) * 2 // 8,
+            grads=lm * 2 // 8,
+            optimizer=lm * 12 // 8,
+            activations=acts(per_tok_full),
+            fsdp=(root + 2 * layer) * 2,
+        ),
+        ("lora", "ddp"): dict(
+            params=lora * 4 + (lm + vision) * 2,
+            grads=lora * 4,
+            optimizer=lora * 8,
+            activations=acts(per_tok_lora),
+            fsdp=0,
+        ),
+        ("lora", "fsdp2"): dict(
+            params=math.ceil((lora * 4 + (lm + vision) * 2) / 8),
+            grads=lora * 4 // 8,
+            optimizer=lora * 8 // 8,
+            activations=acts(per_tok_lora),
+            fsdp=(root + 2 * layer) * 2,
+        ),
     }
     for (mode, strategy), e in expected.items():
         inp = _full_ft_7b(gradient_checkpointing=True, strategy=strategy, lora=mode == "lora", lora_r=64)
         bd = plan_memory(inp)
-        got = dict(params=bd.params, grads=bd.grads, optimizer=bd.optimizer, activations=bd.activations,
-                   fsdp=bd.fsdp_buffers)
+        got = dict(
+            params=bd.params, grads=bd.grads, optimizer=bd.optimizer, activations=bd.activations, fsdp=bd.fsdp_buffers
+        )
         assert got == e, (mode, strategy)
         assert (bd.logits, bd.kv_cache, bd.prefill) == (logits, kv, prefill)
-        total = (e["params"] + e["optimizer"] + e["fsdp"] + GIB
-                 + max(e["grads"] + e["activations"] + logits, kv + prefill))
+        total = (
+            e["params"] + e["optimizer"] + e["fsdp"] + GIB + max(e["grads"] + e["activations"] + logits, kv + prefill)
+        )
         assert bd.total == total
 
 
-DOC_COMMAND = ["task=vqa_grounding", "model=qwen2_5_vl_7b", "model.max_new_tokens=512", "plan.world_size=8",
-               "plan.device_gb=80"]
-DOC_VARIANTS = {"LoRA, ddp": [], "LoRA, fsdp2": ["plan.strategy=fsdp2"], "full, ddp": ["model.lora.enabled=false"],
-                "full, fsdp2": ["model.lora.enabled=false", "plan.strategy=fsdp2"]}
+DOC_COMMAND = [
+    "task=vqa_grounding",
+    "model=qwen2_5_vl_7b",
+    "model.max_new_tokens=512",
+    "plan.world_size=8",
+    "plan.device_gb=80",
+]
+DOC_VARIANTS = {
+    "LoRA, ddp": [],
+    "LoRA, fsdp2": ["plan.strategy=fsdp2"],
+    "full, ddp": ["model.lora.enabled=false"],
+    "full, fsdp2": ["model.lora.enabled=false", "plan.strategy=fsdp2"],
+}
 
 
 def _total_line(out: str) -> str:
@@ -296,8 +338,17 @@ def test_cli_plan_7b_offline_fast_no_weights(capsys, monkeypatch):
     elapsed = time.perf_counter() - t0
     out = capsys.readouterr().out
     assert elapsed < 1.0, elapsed
-    for needle in ("parameters", "gradients", "optimizer state", "activations", "logits", "KV cache",
-                   "reference model", "total per device", "fits 80 GiB"):
+    for needle in (
+        "parameters",
+        "gradients",
+        "optimizer state",
+        "activations",
+        "logits",
+        "KV cache",
+        "reference model",
+        "total per device",
+        "fits 80 GiB",
+    ):
         assert needle in out, needle
 
 
@@ -313,28 +364,58 @@ def test_cli_plan_not_fitting_prints_suggestions_exit_0(capsys):
 def test_cli_plan_subprocess_and_bad_plan_key():
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     t0 = time.perf_counter()
-    p = subprocess.run([sys.executable, "-m", "mmrl.cli", "plan", "model=qwen2_5_vl_7b", "plan.world_size=8",
-                        "plan.device_gb=80"], capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+    p = subprocess.run(
+        [sys.executable, "-m", "mmrl.cli", "plan", "model=qwen2_5_vl_7b", "plan.world_size=8", "plan.device_gb=80"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=120,
+    )
     cold = time.perf_counter() - t0
     assert p.returncode == 0, p.stderr
     assert "total per device" in p.stdout
     print(f"cold `mmrl plan` process: {cold:.2f} s (interpreter + torch/Hydra imports included)")
-    p = subprocess.run([sys.executable, "-m", "mmrl.cli", "plan", "plan.devcie_gb=80"], capture_output=True,
-                       text=True, env=env, cwd=ROOT, timeout=120)
+    p = subprocess.run(
+        [sys.executable, "-m", "mmrl.cli", "plan", "plan.devcie_gb=80"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=120,
+    )
     assert p.returncode == 2 and "plan.devcie_gb" in p.stderr and "device_gb" in p.stderr
-    p = subprocess.run([sys.executable, "-m", "mmrl.cli", "plan", "plan.strategy=zero3"], capture_output=True,
-                       text=True, env=env, cwd=ROOT, timeout=120)
+    p = subprocess.run(
+        [sys.executable, "-m", "mmrl.cli", "plan", "plan.strategy=zero3"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=120,
+    )
     assert p.returncode == 2 and "plan.strategy" in p.stderr
 
 
 # ------------------------------------------------------------------------------------- measured on CPU (tiny VLM)
 
-MEASURE_BASE = ["task=vqa_grounding", "model=tiny_qwen2_5_vl", "trainer.sft_steps=0", "trainer.batch_size=4",
-                "algo.group_size=8", "model.max_new_tokens=32", "trainer.eval_at_end=false",
-                "trainer.tensorboard=false",
-                "trainer.plot=false", "trainer.progress=false", "trainer.device=cpu", "trainer.threads=1",
-                "task.num_train=16", "task.num_eval=4", "task.image_sizes=[[448,448]]",
-                "model.shared_prefix=false"]
+MEASURE_BASE = [
+    "task=vqa_grounding",
+    "model=tiny_qwen2_5_vl",
+    "trainer.sft_steps=0",
+    "trainer.batch_size=4",
+    "algo.group_size=8",
+    "model.max_new_tokens=32",
+    "trainer.eval_at_end=false",
+    "trainer.tensorboard=false",
+    "trainer.plot=false",
+    "trainer.progress=false",
+    "trainer.device=cpu",
+    "trainer.threads=1",
+    "task.num_train=16",
+    "task.num_eval=4",
+    "task.image_sizes=[[448,448]]",
+    "model.shared_prefix=false",
+]
 """The planner counts the unshared training forward (G x (prompt + completion) tokens, an upper bound of the shared
 one), so the run it is checked against is unshared too."""
 MEASURED = {
@@ -372,10 +453,12 @@ def _measure_child(overrides: list[str]) -> dict:
 
     params = unique(pol.model)
     ref = pol._frozen_ref._frozen if getattr(pol, "_frozen_ref", None) is not None else None
-    res = {"trainable": sum(p.numel() for p in params if p.requires_grad),
-           "frozen": sum(p.numel() for p in params if not p.requires_grad),
-           "param_bytes": sum(p.numel() * p.element_size() for p in params),
-           "ref_bytes": sum(p.numel() * p.element_size() for p in unique(ref)) if ref is not None else 0}
+    res = {
+        "trainable": sum(p.numel() for p in params if p.requires_grad),
+        "frozen": sum(p.numel() for p in params if not p.requires_grad),
+        "param_bytes": sum(p.numel() * p.element_size() for p in params),
+        "ref_bytes": sum(p.numel() * p.element_size() for p in unique(ref)) if ref is not None else 0,
+    }
     prompts = pol.preprocess([tr.task.prepare_item(tr.train_items[i]) for i in range(len(tr.train_items))])
     image_id = pol.module.lm.config.image_token_id
     res["prompt_tokens"] = max(int(p.input_ids.numel()) for p in prompts)
@@ -391,8 +474,12 @@ def _measure_child(overrides: list[str]) -> dict:
 
     def pre_step(opt, args, kwargs):  # the gradients right before the first optimizer step
         if "grad_bytes" not in res:
-            res["grad_bytes"] = sum(p.grad.numel() * p.grad.element_size()
-                                    for g in opt.param_groups for p in g["params"] if p.grad is not None)
+            res["grad_bytes"] = sum(
+                p.grad.numel() * p.grad.element_size()
+                for g in opt.param_groups
+                for p in g["params"]
+                if p.grad is not None
+            )
 
     tr.optimizer.register_step_pre_hook(pre_step)
     settle()
@@ -401,8 +488,12 @@ def _measure_child(overrides: list[str]) -> dict:
         f.write("5")  # reset VmHWM to the current RSS
     metrics = tr.train_step()
     res["step_increase"] = status("VmHWM") - base
-    res["optim_bytes"] = sum(v.numel() * v.element_size() for st in tr.optimizer.state.values()
-                             for k, v in st.items() if k in ("exp_avg", "exp_avg_sq"))
+    res["optim_bytes"] = sum(
+        v.numel() * v.element_size()
+        for st in tr.optimizer.state.values()
+        for k, v in st.items()
+        if k in ("exp_avg", "exp_avg_sq")
+    )
     res["T"] = seen["T"]
     res["samples"] = metrics["update/samples"]
     return res
@@ -411,15 +502,28 @@ def _measure_child(overrides: list[str]) -> dict:
 @pytest.fixture(scope="module")
 def measured() -> dict:
     # fixed malloc thresholds: freed tensors go back to the OS, so RSS follows what is alive
-    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", MALLOC_TRIM_THRESHOLD_="0", OMP_NUM_THREADS="1",
-               TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    env = dict(
+        os.environ,
+        MALLOC_MMAP_THRESHOLD_="65536",
+        MALLOC_TRIM_THRESHOLD_="0",
+        OMP_NUM_THREADS="1",
+        TOKENIZERS_PARALLELISM="false",
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+    )
     out = {}
     for name, extra in MEASURED.items():
-        p = subprocess.run([sys.executable, __file__, json.dumps(MEASURE_BASE + extra)], capture_output=True,
-                           text=True, env=env, cwd=ROOT, timeout=600)
+        p = subprocess.run(
+            [sys.executable, __file__, json.dumps(MEASURE_BASE + extra)],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=ROOT,
+            timeout=600,
+        )
         assert p.returncode == 0, p.stderr[-3000:]
         line = next(x for x in p.stdout.splitlines() if x.startswith("RESULT "))
-        out[name] = json.loads(line[len("RESULT "):])
+        out[name] = json.loads(line[len("RESULT ") :])
     return out
 
 
@@ -428,8 +532,13 @@ def _predict(overrides: list[str], m: dict):
     from mmrl.planning.report import PlanSettings, plan_inputs
 
     cfg = load_config(overrides)
-    settings = PlanSettings(world_size=1, text_tokens=m["prompt_tokens"] - m["image_tokens"], images=1,
-                            image_tokens=m["image_tokens"], overhead_gb=0.0)
+    settings = PlanSettings(
+        world_size=1,
+        text_tokens=m["prompt_tokens"] - m["image_tokens"],
+        images=1,
+        image_tokens=m["image_tokens"],
+        overhead_gb=0.0,
+    )
     inp, _ = plan_inputs(cfg, settings)
     return inp.with_(new_tokens=m["T"])
 
@@ -462,11 +571,12 @@ def test_planner_total_within_25_percent_of_measured_peak(measured):
         # the total: static bytes already resident (parameters, reference copy) + the step's measured RSS increase
         measured_total = m["param_bytes"] + m["ref_bytes"] + m["step_increase"]
         ratio = bd.total / measured_total
-        rows.append(f"{name:<24} predicted {bd.total / 2**20:7.1f} MiB  measured {measured_total / 2**20:7.1f} MiB  "
-                    f"ratio {ratio:.2f}")
+        rows.append(
+            f"{name:<24} predicted {bd.total / 2**20:7.1f} MiB  measured {measured_total / 2**20:7.1f} MiB  "
+            f"ratio {ratio:.2f}"
+        )
         assert 0.75 <= ratio <= 1.25, rows[-1]
     print("\n".join(rows))
-
 
 
 # ============================================================================ the check at the start of `mmrl train`
@@ -476,20 +586,44 @@ def test_start_of_run_warning_for_a_run_that_does_not_fit():
     from mmrl.config import load_config
     from mmrl.planning.report import start_of_run_warning
 
-    full = load_config(["task=vqa_grounding", "model=qwen2_5_vl_7b", "model.lora.enabled=false",
-                        "model.dtype=bfloat16", "model.max_new_tokens=512"])
+    full = load_config(
+        [
+            "task=vqa_grounding",
+            "model=qwen2_5_vl_7b",
+            "model.lora.enabled=false",
+            "model.dtype=bfloat16",
+            "model.max_new_tokens=512",
+        ]
+    )
     msg = start_of_run_warning(full, device_gb=80, world_size=8)  # ddp: every device holds the whole 7B state
     assert msg is not None and "it will likely run out of memory" in msg and "strategy=ddp, 8 process(es)" in msg
     assert "1. trainer.strategy=fsdp2" in msg and "plan." not in msg  # the training setting, not the plan key
     # the same numbers as `mmrl plan` with the trainer's optimizer (moments in bf16)
     from mmrl.planning.report import build_plan
 
-    _, _, _, _, bd, _ = build_plan(["task=vqa_grounding", "model=qwen2_5_vl_7b", "model.lora.enabled=false",
-                                    "model.dtype=bfloat16", "model.max_new_tokens=512", "plan.world_size=8",
-                                    "plan.device_gb=80", "plan.optim=model"])
+    _, _, _, _, bd, _ = build_plan(
+        [
+            "task=vqa_grounding",
+            "model=qwen2_5_vl_7b",
+            "model.lora.enabled=false",
+            "model.dtype=bfloat16",
+            "model.max_new_tokens=512",
+            "plan.world_size=8",
+            "plan.device_gb=80",
+            "plan.optim=model",
+        ]
+    )
     assert f"about {bd.total / 2**30:.1f} GiB per device" in msg
-    fsdp = load_config(["task=vqa_grounding", "model=qwen2_5_vl_7b", "model.lora.enabled=false",
-                        "model.dtype=bfloat16", "model.max_new_tokens=512", "trainer.strategy=fsdp2"])
+    fsdp = load_config(
+        [
+            "task=vqa_grounding",
+            "model=qwen2_5_vl_7b",
+            "model.lora.enabled=false",
+            "model.dtype=bfloat16",
+            "model.max_new_tokens=512",
+            "trainer.strategy=fsdp2",
+        ]
+    )
     assert start_of_run_warning(fsdp, device_gb=80, world_size=8) is None  # sharded over 8: fits
     assert start_of_run_warning(full, device_gb=None, world_size=8) is None  # a CPU run: no device bound
     vla = start_of_run_warning(load_config(["task=vla_reach"]), device_gb=0.001, world_size=1)  # VLA is modelled
@@ -541,10 +675,22 @@ def test_vla_plan_libero_recipe_frames_and_the_fix_it_names(capsys):
     """docs/tasks/libero.md: the LIBERO-Long recipe with Qwen2.5-VL-3B on 8 x 80 GB needs one episode per micro-batch."""
     from mmrl.cli import main
 
-    args = ["plan", "task=libero_10", "model.path=Qwen/Qwen2.5-VL-3B-Instruct", "model.dtype=bfloat16",
-            "model.n_bins=256", "model.gradient_checkpointing=true", "model.freeze_vision_tower=true",
-            "task.image_size=224", "trainer.batch_size=64", "algo.group_size=8", "trainer.strategy=fsdp2",
-            "plan.world_size=8", "plan.strategy=fsdp2", "plan.json=true"]
+    args = [
+        "plan",
+        "task=libero_10",
+        "model.path=Qwen/Qwen2.5-VL-3B-Instruct",
+        "model.dtype=bfloat16",
+        "model.n_bins=256",
+        "model.gradient_checkpointing=true",
+        "model.freeze_vision_tower=true",
+        "task.image_size=224",
+        "trainer.batch_size=64",
+        "algo.group_size=8",
+        "trainer.strategy=fsdp2",
+        "plan.world_size=8",
+        "plan.strategy=fsdp2",
+        "plan.json=true",
+    ]
     main(args)
     out = json.loads(capsys.readouterr().out)
     # tile view 224 x 448 -> (224 / 28) x (448 / 28) = 8 x 16 vision tokens; 520 calls of 7 tokens per episode

@@ -1,4 +1,5 @@
 """The declared policy / task contract: abstract requirements, documented defaults, and no undeclared hooks."""
+
 from __future__ import annotations
 
 import contextlib
@@ -25,8 +26,13 @@ class MinimalPolicy(Policy):
 
     def rollout(self, batch, group_size, *, greedy=False):
         B = len(batch) * group_size
-        return Rollout(rollout_logp=torch.zeros(B, 1), mask=torch.ones(B, 1), group_id=batch.group_ids(group_size),
-                       samples=[{"text": ""}] * B, payload=None)
+        return Rollout(
+            rollout_logp=torch.zeros(B, 1),
+            mask=torch.ones(B, 1),
+            group_id=batch.group_ids(group_size),
+            samples=[{"text": ""}] * B,
+            payload=None,
+        )
 
     def log_probs(self, rollout, *, entropy=False, values=False):
         return LogProbOutput(logp=torch.zeros_like(rollout.mask))
@@ -97,9 +103,15 @@ def test_shipped_policies_implement_the_contract():
 
 
 def test_without_probes_drops_exactly_the_marked_samples():
-    ro = Rollout(rollout_logp=torch.zeros(4, 2), mask=torch.ones(4, 2), group_id=torch.tensor([1, 1, 1, 2]),
-                 samples=["a", "b", "c", "d"], payload={"x": [0, 1, 2, 3]}, probe=torch.tensor([False, True, False, True]),
-                 valid=torch.tensor([True, False, True, False]))
+    ro = Rollout(
+        rollout_logp=torch.zeros(4, 2),
+        mask=torch.ones(4, 2),
+        group_id=torch.tensor([1, 1, 1, 2]),
+        samples=["a", "b", "c", "d"],
+        payload={"x": [0, 1, 2, 3]},
+        probe=torch.tensor([False, True, False, True]),
+        valid=torch.tensor([True, False, True, False]),
+    )
     kept = ro.without_probes()
     assert kept.samples == ["a", "c"] and kept.payload["x"] == [0, 2] and kept.valid.all()
 
@@ -149,8 +161,9 @@ def test_sft_refuses_a_policy_without_supervised_loss():
     from mmrl.sft import run_sft
 
     cfg = load_config(["task=toy_arithmetic"])
-    trainer = SimpleNamespace(cfg=cfg, policy=MinimalPolicy(), task=MinimalTask(SimpleNamespace(), None), run_dir=None,
-                              is_main=True)
+    trainer = SimpleNamespace(
+        cfg=cfg, policy=MinimalPolicy(), task=MinimalTask(SimpleNamespace(), None), run_dir=None, is_main=True
+    )
     with pytest.raises(ConfigError, match="no supervised loss"):
         run_sft(trainer, 1)
 

@@ -1,4 +1,5 @@
 """Tests for mmrl.rewards.qa: answer extraction, MRA, ROUGE-L by hand, mixed-type dispatch."""
+
 from __future__ import annotations
 
 import functools
@@ -191,7 +192,7 @@ def test_rouge_l_by_hand():
 
 def test_lcs_matches_recursive_definition():
     def lcs_rec(a: tuple, b: tuple) -> int:
-        @functools.lru_cache(maxsize=None)
+        @functools.cache
         def f(i: int, j: int) -> int:
             if i == len(a) or j == len(b):
                 return 0
@@ -220,13 +221,14 @@ def test_exact_match():
 def test_qa_reward_mixed_batch():
     batch = [
         ("<answer>(C)</answer>", {"question_type": "multiple_choice", "answer": "C"}),
-        ("<answer>a red car</answer>", {"question_type": "multiple_choice", "answer": "A",
-                                        "options": ["a blue car", "a red car"]}),
+        (
+            "<answer>a red car</answer>",
+            {"question_type": "multiple_choice", "answer": "A", "options": ["a blue car", "a red car"]},
+        ),
         ("<answer>4</answer>", {"question_type": "numeric", "answer": "4"}),
         ("<answer>4.1</answer>", {"question_type": "numeric", "answer": 4, "rel_tol": 0.05}),
         ("<answer>11</answer>", {"question_type": "numeric", "answer": 10, "metric": "mra"}),
-        ("<answer>The cat sat on the mat</answer>", {"question_type": "free_form",
-                                                     "answer": "the cat is on the mat"}),
+        ("<answer>The cat sat on the mat</answer>", {"question_type": "free_form", "answer": "the cat is on the mat"}),
         ("<answer>Paris</answer>", {"question_type": "exact", "answer": "paris"}),
         ("<answer>3 to 7</answer>", {"gt_segments": [(3, 7)]}),  # not a QA sample
         ("<answer>B</answer>", {"question_type": "multiple_choice"}),  # no answer field

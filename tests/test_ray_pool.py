@@ -1,4 +1,5 @@
 """RayEnvPool: EnvPool's interface and failure handling on Ray actors (one local Ray instance per module)."""
+
 from __future__ import annotations
 
 import time
@@ -47,8 +48,14 @@ def test_same_observations_and_outcomes_as_env_pool():
 
 
 def test_hanging_actor_is_killed_and_replaced():
-    with RayEnvPool("testing/hang", 4, num_workers=2, env_kwargs={"fault_init_states": [FAULT_STATE], "fault_step": 2},
-                    step_timeout_s=0.5, import_modules=TESTING) as pool:
+    with RayEnvPool(
+        "testing/hang",
+        4,
+        num_workers=2,
+        env_kwargs={"fault_init_states": [FAULT_STATE], "fault_step": 2},
+        step_timeout_s=0.5,
+        import_modules=TESTING,
+    ) as pool:
         pids = pool.worker_pids()
         obs = pool.reset([0, 1, FAULT_STATE, FAULT_STATE])
         assert obs["image"][:, 0, 0, 0].tolist() == [0, 16, 112, 112]  # (16 * init_state + step) % 256
@@ -72,8 +79,9 @@ def test_hanging_actor_is_killed_and_replaced():
 
 
 def test_actor_death_and_env_exception():
-    with RayEnvPool("testing/exit", 2, num_workers=2, env_kwargs={"fault_init_states": [FAULT_STATE]},
-                    import_modules=TESTING) as pool:
+    with RayEnvPool(
+        "testing/exit", 2, num_workers=2, env_kwargs={"fault_init_states": [FAULT_STATE]}, import_modules=TESTING
+    ) as pool:
         pids = pool.worker_pids()
         pool.reset([FAULT_STATE, 0])
         _, _, _, _, infos = pool.step(np.zeros((2, 3, 2)))
@@ -84,8 +92,9 @@ def test_actor_death_and_env_exception():
         pool.reset([0, 0])
         _, _, _, _, infos = pool.step(np.zeros((2, 3, 2)))
         assert [i["steps"] for i in infos] == [3, 3]
-    with RayEnvPool("testing/raise", 2, num_workers=1, env_kwargs={"fault_init_states": [FAULT_STATE]},
-                    import_modules=TESTING) as pool:
+    with RayEnvPool(
+        "testing/raise", 2, num_workers=1, env_kwargs={"fault_init_states": [FAULT_STATE]}, import_modules=TESTING
+    ) as pool:
         pool.reset([FAULT_STATE, 0])
         _, _, _, _, infos = pool.step(np.zeros((2, 4, 2)))
         assert infos[0]["failure"] == "env_exception" and not infos[0]["episode_valid"]

@@ -1,4 +1,5 @@
 """N steps straight == k steps + save/resume + N-k steps: parameters, optimizer state, metrics, draws."""
+
 import pytest
 import torch
 
@@ -10,8 +11,9 @@ N = 8
 
 
 def _run(tmp_path, run, steps, *extra):
-    tr = toy_trainer(tmp_path, "trainer.batch_size=5", "trainer.save_every=1", "trainer.keep_last=20",
-                     *extra, steps=steps, run=run)
+    tr = toy_trainer(
+        tmp_path, "trainer.batch_size=5", "trainer.save_every=1", "trainer.keep_last=20", *extra, steps=steps, run=run
+    )
     tr.fit()
     return tr
 
@@ -58,8 +60,9 @@ def test_resume_right_after_the_warm_start_keeps_the_sft_weights(tmp_path):
     assert resumed.resumed and resumed.step == 3
     assert (resumed.run_dir / "sft_metrics.jsonl").read_text().count("\n") == 6  # SFT not redone
     assert _same_weights(straight, resumed)
-    assert _strip(read_metrics(straight.run_dir / "metrics.jsonl")) == \
-        _strip(read_metrics(resumed.run_dir / "metrics.jsonl"))
+    assert _strip(read_metrics(straight.run_dir / "metrics.jsonl")) == _strip(
+        read_metrics(resumed.run_dir / "metrics.jsonl")
+    )
 
 
 def test_a_warm_start_interrupted_before_its_checkpoint_is_redone(tmp_path):

@@ -1,4 +1,5 @@
 """Reward composition and failure isolation."""
+
 import math
 
 import pytest
@@ -47,7 +48,9 @@ def test_none_and_nan_are_masked():
 
 
 def test_zero_weight_function_is_logged_but_never_masks():
-    res = RewardManager([RewardSpec("a", ok), RewardSpec("mon", lambda p, c, **_: [None] * len(c), 0.0)])(["p"], [1], {})
+    res = RewardManager([RewardSpec("a", ok), RewardSpec("mon", lambda p, c, **_: [None] * len(c), 0.0)])(
+        ["p"], [1], {}
+    )
     assert res.valid.all() and res.total.tolist() == [1.0]
 
 
@@ -56,8 +59,10 @@ def test_abort_when_error_rate_exceeds_threshold_names_the_last_cause():
         raise ConnectionError("server down")
 
     m = RewardManager([RewardSpec("f", down)], error_threshold=0.5, window=32)
-    with pytest.raises(RewardError, match="failed on 100% of the last 32 samples.*last cause: it raised "
-                                          "ConnectionError: server down on sample 31"):
+    with pytest.raises(
+        RewardError,
+        match="failed on 100% of the last 32 samples.*last cause: it raised ConnectionError: server down on sample 31",
+    ):
         m(["p"] * 32, list(range(32)), {})
 
 
@@ -70,7 +75,9 @@ def test_none_is_no_opinion_and_never_aborts():
 
 def test_wrong_length_output_is_a_clear_error():
     m = RewardManager([RewardSpec("f", lambda p, c, **_: [1.0])])
-    with pytest.raises(RewardError, match="'f' returned a list of 1 values for 2 samples, expected a list of 2 numbers"):
+    with pytest.raises(
+        RewardError, match="'f' returned a list of 1 values for 2 samples, expected a list of 2 numbers"
+    ):
         m(["p", "q"], [0, 1], {})
 
 

@@ -1,4 +1,5 @@
 """robosuite wrapper: argument validation (no robosuite needed), Lift expert logic, a short real episode."""
+
 from __future__ import annotations
 
 import numpy as np

@@ -40,17 +40,26 @@ def test_concat_rejects_mismatched_tensor_payloads():
         Rollout.concat([a, b])
 
 
-@pytest.mark.parametrize("logp, mask, group_id, samples, match", [
-    ((2, 3), (2, 4), 2, 2, r"rollout_logp \(2, 3\) and mask \(2, 4\) differ"),
-    ((2, 3), (2, 3), 3, 2, "group_id, samples and the .B, T. tensors must have the same batch size"),
-    ((2, 3), (2, 3), 2, 1, "group_id, samples and the .B, T. tensors must have the same batch size"),
-])
+@pytest.mark.parametrize(
+    "logp, mask, group_id, samples, match",
+    [
+        ((2, 3), (2, 4), 2, 2, r"rollout_logp \(2, 3\) and mask \(2, 4\) differ"),
+        ((2, 3), (2, 3), 3, 2, "group_id, samples and the .B, T. tensors must have the same batch size"),
+        ((2, 3), (2, 3), 2, 1, "group_id, samples and the .B, T. tensors must have the same batch size"),
+    ],
+)
 def test_rollout_shape_checks(logp, mask, group_id, samples, match):
     with pytest.raises(ValueError, match=match):
-        Rollout(rollout_logp=torch.zeros(*logp), mask=torch.zeros(*mask), group_id=torch.zeros(group_id),
-                samples=list(range(samples)), payload=None)
-    ok = Rollout(rollout_logp=torch.zeros(2, 3), mask=torch.zeros(2, 3), group_id=torch.zeros(2), samples=[0, 1],
-                 payload=None)  # consistent shapes are accepted, with the documented defaults
+        Rollout(
+            rollout_logp=torch.zeros(*logp),
+            mask=torch.zeros(*mask),
+            group_id=torch.zeros(group_id),
+            samples=list(range(samples)),
+            payload=None,
+        )
+    ok = Rollout(
+        rollout_logp=torch.zeros(2, 3), mask=torch.zeros(2, 3), group_id=torch.zeros(2), samples=[0, 1], payload=None
+    )  # consistent shapes are accepted, with the documented defaults
     assert ok.valid.tolist() == [True, True] and ok.probe.tolist() == [False, False]
 
 

@@ -1,6 +1,7 @@
 """What a person sees from `mmrl train` (issue 27): a start banner, one progress display per phase (bars on a
 terminal, a plain line every MMRL_PROGRESS_EVERY seconds in a log), an RL ETA measured on RL steps only, an end
 summary with the paths and commands that matter next, and `trainer.progress=false` quiet mode."""
+
 from __future__ import annotations
 
 import fcntl
@@ -20,13 +21,23 @@ import pytest
 from mmrl.progress import PhaseProgress, fmt, fmt_duration
 from tests.helpers import toy_overrides
 
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1",
-       "MMRL_LOG_LEVEL": "WARNING", "PYTHONWARNINGS": "ignore", "MMRL_PROGRESS_EVERY": "0"}
+ENV = {
+    **os.environ,
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "OMP_NUM_THREADS": "1",
+    "MMRL_LOG_LEVEL": "WARNING",
+    "PYTHONWARNINGS": "ignore",
+    "MMRL_PROGRESS_EVERY": "0",
+}
 
 
 def _args(tmp_path: Path, *extra: str, steps: int = 3) -> list[str]:
-    base = [o for o in toy_overrides(tmp_path, steps=steps, run="ux") if not o.startswith(("trainer.progress",
-                                                                                            "trainer.plot"))]
+    base = [
+        o
+        for o in toy_overrides(tmp_path, steps=steps, run="ux")
+        if not o.startswith(("trainer.progress", "trainer.plot"))
+    ]
     return [*base, "trainer.sft_steps=6", "trainer.eval_size=8", "trainer.eval_at_end=true", *extra]
 
 
@@ -35,6 +46,7 @@ def _metrics(run_dir: Path) -> list[dict]:
 
 
 # ---------------------------------------------------------------- the pieces
+
 
 def test_fmt_rounds_for_people():
     assert fmt(0.15138123720757607) == "0.151" and fmt(0.0) == "0" and fmt(12) == "12"
@@ -66,9 +78,16 @@ def test_phase_eta_is_its_own_pace(monkeypatch):
 
 # ---------------------------------------------------------------- the CLI, in a log (not a terminal)
 
+
 def test_log_output_banner_bars_eta_and_summary(tmp_path):
-    p = subprocess.run([sys.executable, "-m", "mmrl.cli", "train", *_args(tmp_path)], cwd=tmp_path, env=ENV,
-                       capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [sys.executable, "-m", "mmrl.cli", "train", *_args(tmp_path)],
+        cwd=tmp_path,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode == 0, p.stderr
     err, run_dir = p.stderr, tmp_path / "ux"
     assert "\r" not in err  # no carriage-return noise in a log
@@ -101,13 +120,30 @@ def test_log_output_banner_bars_eta_and_summary(tmp_path):
 
 
 def test_json_on_stdout_when_asked_and_quiet_mode(tmp_path):
-    p = subprocess.run([sys.executable, "-m", "mmrl.cli", "train", "--json", *_args(tmp_path, steps=1)],
-                       cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [sys.executable, "-m", "mmrl.cli", "train", "--json", *_args(tmp_path, steps=1)],
+        cwd=tmp_path,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode == 0, p.stderr
     assert "eval/score" in json.loads(p.stdout)
-    q = subprocess.run([sys.executable, "-m", "mmrl.cli", "train", *_args(tmp_path, "trainer.progress=false",
-                                                                          "trainer.run_name=quiet", steps=1)],
-                       cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=300)
+    q = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mmrl.cli",
+            "train",
+            *_args(tmp_path, "trainer.progress=false", "trainer.run_name=quiet", steps=1),
+        ],
+        cwd=tmp_path,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert q.returncode == 0, q.stderr
     assert q.stderr.strip() == ""  # no banner, bars or summary
     assert q.stdout.startswith(f"run directory: {tmp_path / 'quiet'}")
@@ -115,12 +151,19 @@ def test_json_on_stdout_when_asked_and_quiet_mode(tmp_path):
 
 # ---------------------------------------------------------------- the CLI on a terminal
 
+
 def test_terminal_output_has_bars(tmp_path):
     """Under a pseudo-terminal the phases are tqdm bars (carriage returns), with the banner and the summary."""
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 160, 0, 0))  # a new pty is 0 columns wide
-    proc = subprocess.Popen([sys.executable, "-m", "mmrl.cli", "train", *_args(tmp_path, steps=2)], cwd=tmp_path,
-                            env={**ENV, "COLUMNS": "120"}, stdin=slave, stdout=slave, stderr=slave)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mmrl.cli", "train", *_args(tmp_path, steps=2)],
+        cwd=tmp_path,
+        env={**ENV, "COLUMNS": "120"},
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+    )
     os.close(slave)
     chunks = []
     while True:

@@ -2,6 +2,7 @@
 trainer.overwrite deletes only mmrl's own folders, every abort after training writes a checkpoint that resumes to the
 end, runs that trained nothing and evaluations that scored nothing are errors, and a resume that changes the
 experiment is refused (the config of every start is kept)."""
+
 from __future__ import annotations
 
 import errno
@@ -11,9 +12,8 @@ import shlex
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
-
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import yaml
@@ -23,15 +23,27 @@ from mmrl.cli import main
 from mmrl.run_dir import RUN_MARKER
 from tests.helpers import toy_overrides
 
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1",
-       "MMRL_LOG_LEVEL": "WARNING", "PYTHONWARNINGS": "ignore"}
+ENV = {
+    **os.environ,
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "OMP_NUM_THREADS": "1",
+    "MMRL_LOG_LEVEL": "WARNING",
+    "PYTHONWARNINGS": "ignore",
+}
 
 
 def _mmrl(cwd: Path, *args: str, patch: str = "", env: dict | None = None, timeout: float = 240):
     """``mmrl <args>`` in a subprocess (``patch``: Python run first in that process, to inject a failure)."""
     code = f"import sys\n{textwrap.dedent(patch)}\nfrom mmrl.cli import main\nsys.exit(main(sys.argv[1:]))"
-    return subprocess.run([sys.executable, "-c", code, *args], cwd=cwd, env={**ENV, **(env or {})},
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-c", code, *args],
+        cwd=cwd,
+        env={**ENV, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 @dataclass
@@ -44,6 +56,7 @@ class Result:
 def cli(monkeypatch, capsys):
     """``cli(cwd, *args)``: ``mmrl <args>`` in this process (faster than a subprocess; stderr is what the user sees;
     failures are injected with monkeypatch)."""
+
     def run(cwd: Path, *args: str, env: dict | None = None) -> Result:
         monkeypatch.chdir(cwd)
         for k, v in (env or {}).items():
@@ -78,10 +91,18 @@ def user_files(tmp_path):
 
 # ---------------------------------------------------------------- run folders stay inside the output folder
 
-@pytest.mark.parametrize("name, needle", [
-    ("..", "'..' component"), ("a/../../b", "'..' component"), ("/tmp/elsewhere", "absolute path"),
-    ('"~/elsewhere"', "absolute path"), ("x" * 300, "characters long"), (".", "output folder itself"),
-])
+
+@pytest.mark.parametrize(
+    "name, needle",
+    [
+        ("..", "'..' component"),
+        ("a/../../b", "'..' component"),
+        ("/tmp/elsewhere", "absolute path"),
+        ('"~/elsewhere"', "absolute path"),
+        ("x" * 300, "characters long"),
+        (".", "output folder itself"),
+    ],
+)
 def test_run_names_that_leave_the_output_folder_are_one_line(cli, user_files, name, needle):
     before = _tree(user_files.parent)
     p = cli(user_files, "train", *toy_overrides(user_files / "runs", "trainer.overwrite=true", steps=1, run=name))
@@ -89,7 +110,9 @@ def test_run_names_that_leave_the_output_folder_are_one_line(cli, user_files, na
     line = _one_line(p.stderr)
     assert line.startswith("mmrl train: error: trainer.run_name") and needle in line
     after = _tree(user_files.parent)
-    assert {k: v for k, v in after.items() if not k.startswith("work/runs/")} == before  # nothing else written or deleted
+    assert {
+        k: v for k, v in after.items() if not k.startswith("work/runs/")
+    } == before  # nothing else written or deleted
 
 
 def test_run_name_with_dotdot_through_the_real_cli(user_files):
@@ -158,8 +181,14 @@ def test_reward_server_down_saves_then_resumes_to_the_end(tmp_path):
     and the resume command, a complete checkpoint of the 2 trained steps whose state says why; the printed command
     then finishes the run."""
     (tmp_path / "rw.py").write_text(FLAKY_REWARD)
-    args = toy_overrides(tmp_path, "reward.fns=[rw.py:flaky]", "trainer.reward_error_threshold=0.5",
-                         "trainer.reward_error_window=16", steps=5, run="down")
+    args = toy_overrides(
+        tmp_path,
+        "reward.fns=[rw.py:flaky]",
+        "trainer.reward_error_threshold=0.5",
+        "trainer.reward_error_window=16",
+        steps=5,
+        run="down",
+    )
     env = {"CALLS": str(tmp_path / "calls"), "FAIL_AFTER": "2"}
     p = _mmrl(tmp_path, "train", *args, env=env)
     assert p.returncode == 1, p.stderr
@@ -272,6 +301,7 @@ def test_skip_threshold_applies_from_the_first_batch(cli, tmp_path, monkeypatch)
 
 # ---------------------------------------------------------------- resume checks the experiment
 
+
 def test_resume_refuses_another_experiment_and_keeps_every_start(cli, tmp_path):
     base = toy_overrides(tmp_path, steps=2, run="exp")
     assert cli(tmp_path, "train", *base).returncode == 0
@@ -289,14 +319,18 @@ def test_resume_refuses_another_experiment_and_keeps_every_start(cli, tmp_path):
     p = cli(tmp_path, "train", *changed[:-1], "trainer.max_steps=4", "trainer.resume_accept_changes=true")
     assert p.returncode == 0, p.stderr
     history = sorted((tmp_path / "exp" / "config_history").glob("start-*.yaml"))
-    assert [h.name for h in history] == ["start-001-step_000000.yaml", "start-002-step_000002.yaml",
-                                         "start-003-step_000003.yaml"]
+    assert [h.name for h in history] == [
+        "start-001-step_000000.yaml",
+        "start-002-step_000002.yaml",
+        "start-003-step_000003.yaml",
+    ]
     assert history[0].read_text() == first
     assert yaml.safe_load(history[2].read_text())["algo"]["group_size"] == 2
     assert yaml.safe_load((tmp_path / "exp" / "config.yaml").read_text())["algo"]["group_size"] == 2
 
 
 # ---------------------------------------------------------------- an evaluation that scored nothing
+
 
 def test_eval_that_scored_nothing_is_an_error(cli, tmp_path, monkeypatch):
     assert cli(tmp_path, "train", *toy_overrides(tmp_path, steps=1, run="ev")).returncode == 0

@@ -37,8 +37,14 @@ def flow_scheduler(shift: float = 3.0, **kwargs) -> FlowMatchEulerDiscreteSchedu
 
 
 def ddim_scheduler(**kwargs) -> DDIMScheduler:
-    config = dict(beta_schedule="scaled_linear", beta_start=0.00085, beta_end=0.012, steps_offset=1,
-                  set_alpha_to_one=False, clip_sample=False)
+    config = dict(
+        beta_schedule="scaled_linear",
+        beta_start=0.00085,
+        beta_end=0.012,
+        steps_offset=1,
+        set_alpha_to_one=False,
+        clip_sample=False,
+    )
     config.update(kwargs)
     return DDIMScheduler(**config)
 
@@ -82,8 +88,16 @@ def tiny_sd3_transformer():
 
     torch.manual_seed(0)
     return SD3Transformer2DModel(
-        sample_size=8, patch_size=2, in_channels=4, num_layers=1, attention_head_dim=8, num_attention_heads=2,
-        joint_attention_dim=16, caption_projection_dim=16, pooled_projection_dim=16, out_channels=4,
+        sample_size=8,
+        patch_size=2,
+        in_channels=4,
+        num_layers=1,
+        attention_head_dim=8,
+        num_attention_heads=2,
+        joint_attention_dim=16,
+        caption_projection_dim=16,
+        pooled_projection_dim=16,
+        out_channels=4,
         pos_embed_max_size=8,
     ).eval()
 
@@ -96,8 +110,9 @@ def test_zero_noise_matches_diffusers_with_tiny_sd3_transformer(kind):
 
     @torch.no_grad()
     def model(x, t):
-        return transformer(hidden_states=x, encoder_hidden_states=context, pooled_projections=pooled,
-                           timestep=t.expand(x.shape[0])).sample
+        return transformer(
+            hidden_states=x, encoder_hidden_states=context, pooled_projections=pooled, timestep=t.expand(x.shape[0])
+        ).sample
 
     x = start_noise((2, 4, 8, 8))
     expected = diffusers_flow_loop(model, flow_scheduler(3.0), x.clone())
@@ -116,8 +131,13 @@ def diffusers_ddim_loop(model, scheduler, x, steps=10, eta=0.0, noises=None):
 
 @pytest.mark.parametrize(
     "config",
-    [{}, {"clip_sample": True}, {"prediction_type": "v_prediction"}, {"prediction_type": "sample"},
-     {"set_alpha_to_one": True}],
+    [
+        {},
+        {"clip_sample": True},
+        {"prediction_type": "v_prediction"},
+        {"prediction_type": "sample"},
+        {"set_alpha_to_one": True},
+    ],
 )
 def test_ddim_eta0_matches_diffusers(config):
     model, x = LinearToyModel(), start_noise()
@@ -362,8 +382,9 @@ def test_ddim_step_by_hand():
     assert sde_math.ddim_std(0.5, 0.8, 1.0) == pytest.approx(math.sqrt(0.15), abs=1e-12)
     assert out.mean.item() == pytest.approx(0.929500, abs=1e-5)
     # clipping x̂0 at 0.5: μ = 0.894427 · 0.5 + 0.111803 = 0.559017
-    clipped = sde_math.ddim_step(0.5 * torch.ones(1, 1), torch.ones(1, 1), 0.5, 0.8, clip_x0=0.5, 
-                                 noise=torch.zeros(1, 1))
+    clipped = sde_math.ddim_step(
+        0.5 * torch.ones(1, 1), torch.ones(1, 1), 0.5, 0.8, clip_x0=0.5, noise=torch.zeros(1, 1)
+    )
     assert clipped.mean.item() == pytest.approx(0.559017, abs=1e-5)
     # the last step to ᾱ' = 1 is deterministic and returns x̂0
     last = sde_math.ddim_step(0.5 * torch.ones(1, 1), torch.ones(1, 1), 0.5, 1.0)

@@ -8,6 +8,7 @@ prompts, the text LM and the VLA policy; with LoRA on and off, gradient checkpoi
 rows are interleaved (what micro-batching and DAPO filtering leave); and training with it on and off must end at
 the same parameters.
 """
+
 from __future__ import annotations
 
 import logging
@@ -132,8 +133,13 @@ def test_model_attention_mask_in_each_implementations_format():
 def test_prediction_index_and_unpack():
     lay = _hand_layout()
     rows, cols, valid = sp.prediction_index(lay, 4)
-    assert valid.tolist() == [[True] * 3 + [False], [True] + [False] * 3, [True] * 4, [True] * 2 + [False] * 2,
-                              [True] * 2 + [False] * 2]
+    assert valid.tolist() == [
+        [True] * 3 + [False],
+        [True] + [False] * 3,
+        [True] * 4,
+        [True] * 2 + [False] * 2,
+        [True] * 2 + [False] * 2,
+    ]
     # token 0 is predicted at the prompt's last column (4), token j at the column of token j - 1; untrained positions
     # point at the prompt's last column as well
     assert cols.tolist() == [[4, 5, 6, 4], [4, 4, 4, 4], [4, 7, 8, 9], [4, 10, 4, 4], [4, 5, 4, 4]]
@@ -178,9 +184,14 @@ def synthetic_rollout(prompts: list, vocab: torch.Tensor, *, key: str, seed: int
     comps = [vocab[torch.randint(len(vocab), (n,), generator=g)] for n in LENGTHS]
     mask = (torch.arange(T)[None] < torch.tensor(LENGTHS)[:, None]).float()
     n = len(ROW_PROMPTS)
-    return Rollout(rollout_logp=torch.zeros(n, T), mask=mask, group_id=torch.tensor(ROW_PROMPTS),
-                   prompt_index=torch.tensor(ROW_PROMPTS), samples=[{}] * n,
-                   payload={key: [prompts[i] for i in ROW_PROMPTS], "completion_ids": comps})
+    return Rollout(
+        rollout_logp=torch.zeros(n, T),
+        mask=mask,
+        group_id=torch.tensor(ROW_PROMPTS),
+        prompt_index=torch.tensor(ROW_PROMPTS),
+        samples=[{}] * n,
+        payload={key: [prompts[i] for i in ROW_PROMPTS], "completion_ids": comps},
+    )
 
 
 def perturb_zero_inits(policy) -> None:
@@ -263,7 +274,8 @@ def assert_positions_are_the_models_own(policy: VLMPolicy, ro: Rollout) -> None:
     base = lm.get_base_model() if is_peft(lm) else lm
     seen = []
     hook = base.model.language_model.register_forward_pre_hook(
-        lambda mod, args, kw: seen.append(kw["position_ids"]), with_kwargs=True)
+        lambda mod, args, kw: seen.append(kw["position_ids"]), with_kwargs=True
+    )
     try:
         with torch.no_grad():
             policy.log_probs(ro)
@@ -278,15 +290,22 @@ def assert_positions_are_the_models_own(policy: VLMPolicy, ro: Rollout) -> None:
     for i, (p, c) in enumerate(zip(prompts, comps)):
         ids = torch.cat([p.input_ids, c])[None]
         if p.num_images or p.num_videos:
-            kw = {k: getattr(p, k) for k in ("image_grid_thw", "video_grid_thw", "second_per_grid_ts")
-                  if getattr(p, k) is not None}
-            ref, _ = base.model.get_rope_index(input_ids=ids, attention_mask=torch.ones_like(ids),
-                                               mm_token_type_ids=torch.cat([p.mm_token_type_ids, 0 * c])[None], **kw)
+            kw = {
+                k: getattr(p, k)
+                for k in ("image_grid_thw", "video_grid_thw", "second_per_grid_ts")
+                if getattr(p, k) is not None
+            }
+            ref, _ = base.model.get_rope_index(
+                input_ids=ids,
+                attention_mask=torch.ones_like(ids),
+                mm_token_type_ids=torch.cat([p.mm_token_type_ids, 0 * c])[None],
+                **kw,
+            )
             ref = ref[:, 0]
         else:
             ref = torch.arange(ids.shape[1])[None].expand(3, -1)
         P, n, r = p.input_ids.numel(), lay.fed(i), lay.row[i]
-        got = torch.cat([pos[:, r, lay.prefix_end - P: lay.prefix_end], pos[:, r, lay.start[i]: lay.start[i] + n]], 1)
+        got = torch.cat([pos[:, r, lay.prefix_end - P : lay.prefix_end], pos[:, r, lay.start[i] : lay.start[i] + n]], 1)
         assert torch.equal(got.cpu(), ref[:, : P + n]), f"sample {i}"
 
 
@@ -296,15 +315,18 @@ def test_vlm_shared_equals_plain(family, lora):
     policy = vlm_policy(family, lora=LoraConfig(enabled=lora, r=4, alpha=8))
     ro = vlm_rollout(policy, IMAGE_ITEMS)
     prompts = ro.payload["prompts"]
-    assert len({p.input_ids.numel() for p in prompts}) == 4 and len({int(p.image_grid_thw.prod()) for p in
-                                                                    prompts if p.num_images}) == 3
+    assert (
+        len({p.input_ids.numel() for p in prompts}) == 4
+        and len({int(p.image_grid_thw.prod()) for p in prompts if p.num_images}) == 3
+    )
     shared_vs_plain(policy, ro)
     assert_positions_are_the_models_own(policy, ro)
 
 
 def test_vlm_value_head_gradient_checkpointing_and_micro_batches():
-    policy = vlm_policy("tiny_qwen2_5_vl", gradient_checkpointing=True, value_head=True,
-                        lora=LoraConfig(enabled=True, r=4, alpha=8))
+    policy = vlm_policy(
+        "tiny_qwen2_5_vl", gradient_checkpointing=True, value_head=True, lora=LoraConfig(enabled=True, r=4, alpha=8)
+    )
     assert policy.module.lm.get_base_model().model.language_model.gradient_checkpointing
     ro = vlm_rollout(policy, IMAGE_ITEMS)
     res = shared_vs_plain(policy, ro, values=True)
@@ -334,11 +356,18 @@ def test_video_prompts_shared_equals_plain(family, tmp_path):
     sampling = {"fps": 2.0, "max_frames": 8, "max_pixels_per_frame": 6272, "decode_timeout_s": None, "cache_dir": ""}
     items = [
         {"video": land[0]["video"], "prompt": "When does the circle appear?", "video_sampling": sampling},
-        {"video": port[0]["video"], "prompt": "When does the shape appear? Answer in seconds.",
-         "video_sampling": sampling},
+        {
+            "video": port[0]["video"],
+            "prompt": "When does the shape appear? Answer in seconds.",
+            "video_sampling": sampling,
+        },
         {"image": image(90, 40), "prompt": "Describe the box"},
-        {"video": land[0]["video"], "prompt": "When?", "system": "Be brief.",
-         "video_sampling": {**sampling, "max_pixels_per_frame": 12544}},
+        {
+            "video": land[0]["video"],
+            "prompt": "When?",
+            "system": "Be brief.",
+            "video_sampling": {**sampling, "max_pixels_per_frame": 12544},
+        },
     ]
     policy = vlm_policy(family)
     ro = vlm_rollout(policy, items)
@@ -452,16 +481,25 @@ def test_vla_shared_equals_plain(frozen):
 
     lm, proc = load_vlm(resolve_vlm("tiny_qwen2_5_vl"))
     spec = VLAEnvSpec(env_name="testing/counter", env_kwargs={}, max_steps=4, action_dim=2)
-    policy = VLAPolicy(lm, proc, VLAConfig(chunk=1, num_workers=1, freeze_vision_tower=frozen),
-                       {"low": [-1.0, -1.0], "high": [1.0, 1.0]}, spec)
+    policy = VLAPolicy(
+        lm,
+        proc,
+        VLAConfig(chunk=1, num_workers=1, freeze_vision_tower=frozen),
+        {"low": [-1.0, -1.0], "high": [1.0, 1.0]},
+        spec,
+    )
     perturb_zero_inits(policy)
     rng = np.random.default_rng(0)
     start = [rng.integers(0, 255, (32, 32, 3), dtype=np.uint8) for _ in range(2)]
     steps = [3, 2, 3, 1, 2]  # 5 episodes of 2 groups (3 + 2): each starts from its group's first frame
     group = [0, 0, 0, 1, 1]
     instr = ["push the block", "push the block", "push the block", "lift it", "lift it"]
-    frames = [torch.from_numpy(np.stack([start[g]] + [rng.integers(0, 255, (32, 32, 3), dtype=np.uint8)
-                                                      for _ in range(n - 1)])) for g, n in zip(group, steps)]
+    frames = [
+        torch.from_numpy(
+            np.stack([start[g]] + [rng.integers(0, 255, (32, 32, 3), dtype=np.uint8) for _ in range(n - 1)])
+        )
+        for g, n in zip(group, steps)
+    ]
     tpc = policy.tokens_per_call
     bins = [torch.from_numpy(rng.integers(0, 256, (n, tpc))) for n in steps]
     feats = [None] * len(steps)
@@ -474,11 +512,16 @@ def test_vla_shared_equals_plain(frozen):
         k = 0
         feats = []
         for n in steps:
-            feats.append(per_row[k:k + n])
+            feats.append(per_row[k : k + n])
             k += n
     mask = (torch.arange(max(steps) * tpc)[None] < torch.tensor(steps)[:, None] * tpc).float()
-    ro = Rollout(rollout_logp=torch.zeros_like(mask), mask=mask, group_id=torch.tensor(group), samples=[{}] * 5,
-                 payload={"frames": frames, "bins": bins, "instruction": instr, "features": feats})
+    ro = Rollout(
+        rollout_logp=torch.zeros_like(mask),
+        mask=mask,
+        group_id=torch.tensor(group),
+        samples=[{}] * 5,
+        payload={"frames": frames, "bins": bins, "instruction": instr, "features": feats},
+    )
     res = shared_vs_plain(policy, ro)
     if not frozen:
         assert any(".visual." in n for n in res[True][1])
@@ -498,20 +541,39 @@ def test_training_with_and_without_sharing_ends_at_the_same_parameters(tmp_path)
 
     params = {}
     for on in (True, False):
-        cfg = load_config([
-            "task=vqa_grounding", f"trainer.output_dir={tmp_path}", f"trainer.run_name=r{int(on)}",
-            "task.num_train=16", "task.num_eval=2", "trainer.sft_steps=0", "trainer.batch_size=2", "algo.group_size=4",
-            "model.max_new_tokens=6", "trainer.max_steps=5", "trainer.grad_accum=3", "trainer.lr=0.001",
-            "algo.kl_coef=0.05", "algo.entropy_coef=0.01", "algo.ppo_epochs=2", "trainer.eval_every=0",
-            "trainer.eval_at_end=false",
-            "trainer.progress=false", "trainer.tensorboard=false", "trainer.plot=false",
-            f"model.shared_prefix={str(on).lower()}",
-        ])
+        cfg = load_config(
+            [
+                "task=vqa_grounding",
+                f"trainer.output_dir={tmp_path}",
+                f"trainer.run_name=r{int(on)}",
+                "task.num_train=16",
+                "task.num_eval=2",
+                "trainer.sft_steps=0",
+                "trainer.batch_size=2",
+                "algo.group_size=4",
+                "model.max_new_tokens=6",
+                "trainer.max_steps=5",
+                "trainer.grad_accum=3",
+                "trainer.lr=0.001",
+                "algo.kl_coef=0.05",
+                "algo.entropy_coef=0.01",
+                "algo.ppo_epochs=2",
+                "trainer.eval_every=0",
+                "trainer.eval_at_end=false",
+                "trainer.progress=false",
+                "trainer.tensorboard=false",
+                "trainer.plot=false",
+                f"model.shared_prefix={str(on).lower()}",
+            ]
+        )
         tr = Trainer(cfg)
         # the random-init model never earns the IoU / format rewards: a reward that varies within every group gives
         # the policy loss non-zero advantages
-        tr.rewards = RewardManager(tr.task.reward_specs() + [RewardSpec("chars", _char_reward, 1.0)],
-                                   error_threshold=1.0, window=tr.cfg.trainer.reward_error_window)
+        tr.rewards = RewardManager(
+            tr.task.reward_specs() + [RewardSpec("chars", _char_reward, 1.0)],
+            error_threshold=1.0,
+            window=tr.cfg.trainer.reward_error_window,
+        )
         before = [p.detach().clone() for p in tr.policy.trainable_parameters()]
         final = tr.fit()
         g = tr.policy.shared_prefix
@@ -539,8 +601,9 @@ def test_text_lm_prefills_each_prompt_once_with_the_same_samples(tiny_lm_folder)
     G = 4
     prompts = pol.encode_prompts(["12+7=?", "3-1=", "abc def ghij 1234="])
     ids, att = left_pad([p for p in prompts for _ in range(G)], pol.pad_id)
-    kw = dict(seeds=list(range(len(prompts) * G)), max_new_tokens=6, eos_ids=pol.eos_ids, pad_id=pol.pad_id,
-              temperature=1.0)
+    kw = dict(
+        seeds=list(range(len(prompts) * G)), max_new_tokens=6, eos_ids=pol.eos_ids, pad_id=pol.pad_id, temperature=1.0
+    )
     plain = ts.generate_completions(lm, {"input_ids": ids, "attention_mask": att}, **kw)
     rows = []
     hook = lm.register_forward_pre_hook(lambda m, a, k: rows.append(k["input_ids"].shape), with_kwargs=True)
@@ -563,9 +626,11 @@ def test_vlm_rollout_prefills_each_prompt_once_with_the_same_samples(family):
     sizes, a text-only prompt, left padding), with the vision tower run once per distinct prompt either way."""
     from mmrl.policies.base import PromptBatch
 
-    items = [{"image": image(120, 64), "prompt": "Find the red box."},
-             {"image": image(50, 170, (20, 180, 40)), "prompt": "Where is the green object? Answer with one box."},
-             {"prompt": "Say something short."}]
+    items = [
+        {"image": image(120, 64), "prompt": "Find the red box."},
+        {"image": image(50, 170, (20, 180, 40)), "prompt": "Where is the green object? Answer with one box."},
+        {"prompt": "Say something short."},
+    ]
     out = {}
     for on in (False, True):
         policy = vlm_policy(family, max_new_tokens=6, temperature=1.0, shared_prefix=on)
@@ -578,7 +643,9 @@ def test_vlm_rollout_prefills_each_prompt_once_with_the_same_samples(family):
             hook.remove()
         out[on] = (ro, rows)
     (plain, plain_rows), (shared, shared_rows) = out[False], out[True]
-    assert [c.tolist() for c in plain.payload["completion_ids"]] == [c.tolist() for c in shared.payload["completion_ids"]]
+    assert [c.tolist() for c in plain.payload["completion_ids"]] == [
+        c.tolist() for c in shared.payload["completion_ids"]
+    ]
     torch.testing.assert_close(shared.rollout_logp, plain.rollout_logp, atol=1e-5, rtol=0)
     width = plain_rows[0][1]
     assert plain_rows[0] == (12, width)  # the plain prefill: every copy

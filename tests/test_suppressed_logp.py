@@ -1,5 +1,6 @@
 """Train on the distribution you sample from: suppressed token ids are masked in sampling, in the recorded
 behaviour log-probs, in the training log-probs and in the entropy alike (hand-computed references)."""
+
 from __future__ import annotations
 
 import math

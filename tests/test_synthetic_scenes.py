@@ -1,4 +1,5 @@
 """Tests for the synthetic grounding scenes (the embedded default data)."""
+
 from __future__ import annotations
 
 import re
@@ -93,7 +94,9 @@ def test_boxes_inside_image_and_tight(scenes):
             inside = mask[y1:y2, x1:x2]
             assert inside[0].any() and inside[-1].any() and inside[:, 0].any() and inside[:, -1].any()
             assert inside.mean() > 0.4  # the shape fills its box (triangle: about half)
-            ring = np.concatenate([mask[y1 - 1, x1 - 1 : x2 + 1], mask[y2, x1 - 1 : x2 + 1], mask[y1:y2, x1 - 1], mask[y1:y2, x2]])
+            ring = np.concatenate(
+                [mask[y1 - 1, x1 - 1 : x2 + 1], mask[y2, x1 - 1 : x2 + 1], mask[y1:y2, x1 - 1], mask[y1:y2, x2]]
+            )
             assert ring.sum() == 0
 
 
@@ -129,7 +132,9 @@ def test_expressions_refer_exactly_to_the_targets(scenes):
     for s in scenes:
         targets = {tuple(int(v) for v in b) for b in s.boxes}
         assert _referents(s.question, s.extra["objects"], _strict) == targets, s.question
-        assert _referents(s.question, s.extra["objects"], _loose) == targets, s.question  # no reading changes the answer
+        assert _referents(s.question, s.extra["objects"], _loose) == targets, (
+            s.question
+        )  # no reading changes the answer
         kinds.add(s.extra["kind"])
         if s.extra["kind"] == "relation":  # the relation is needed: the target alone is ambiguous
             m = _SINGLE.match(s.question)
@@ -162,7 +167,9 @@ def test_relation_helper():
     a, b = (0, 0, 10, 10), (10, 0, 20, 10)
     assert satisfies_relation(a, b, "left of") and satisfies_relation(b, a, "right of")
     assert not satisfies_relation(b, a, "left of")
-    assert satisfies_relation((0, 0, 5, 5), (0, 5, 5, 9), "above") and satisfies_relation((0, 5, 5, 9), (0, 0, 5, 5), "below")
+    assert satisfies_relation((0, 0, 5, 5), (0, 5, 5, 9), "above") and satisfies_relation(
+        (0, 5, 5, 9), (0, 0, 5, 5), "below"
+    )
     with pytest.raises(ValueError, match="unknown relation"):
         satisfies_relation(a, b, "near")
 

@@ -1,4 +1,5 @@
 """Tabletop simulator: layouts, determinism, experts, action clipping, blow-ups, rendering errors, registry."""
+
 from __future__ import annotations
 
 import itertools

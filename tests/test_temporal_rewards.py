@@ -1,4 +1,5 @@
 """Tests for mmrl.rewards.temporal: parsing, tIoU/GIoU/Time-R1/F1 values worked by hand."""
+
 from __future__ import annotations
 
 import random

@@ -4,6 +4,7 @@ The point of these tests: Video-R1's bonus added to the *rewards* is cancelled b
 z-scoring when correctness is binary (z((1 + a) r) = z(r)); mmrl adds it to the advantage after
 normalisation, so it changes the update; shuffled samples never count in the statistics.
 """
+
 from __future__ import annotations
 
 import math
@@ -28,7 +29,7 @@ T = torch.tensor
 def _two_groups():
     """Group 7: ordered correctness [1, 0, 1, 0], shuffled [0, 0]  -> p = 0.5, p~ = 0 -> granted.
     Group 9: ordered [1, 0, 0, 0], shuffled [1, 1]                  -> p = 0.25 < 0.8 * 1 -> not granted."""
-    correct = T([1., 0., 1., 0., 0., 0., 1., 0., 0., 0., 1., 1.])
+    correct = T([1.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0, 1.0])
     gid = T([7] * 6 + [9] * 6)
     shuffled = T([False] * 4 + [True] * 2 + [False] * 4 + [True] * 2)
     return correct, gid, shuffled
@@ -99,9 +100,15 @@ def test_all_correct_group_gets_signal_only_with_advantage_bonus():
 
 def _rollout(samples_shuffled, group_ids, valid):
     B = len(samples_shuffled)
-    return Rollout(rollout_logp=torch.zeros(B, 2), mask=torch.ones(B, 2), group_id=T(group_ids),
-                   samples=[{"text": ""} for _ in samples_shuffled], payload=None,
-                   valid=T(valid), probe=T(samples_shuffled))
+    return Rollout(
+        rollout_logp=torch.zeros(B, 2),
+        mask=torch.ones(B, 2),
+        group_id=T(group_ids),
+        samples=[{"text": ""} for _ in samples_shuffled],
+        payload=None,
+        valid=T(valid),
+        probe=T(samples_shuffled),
+    )
 
 
 def test_rollout_temporal_bonus_reads_probes_validity_and_nan():
@@ -115,14 +122,22 @@ def test_rollout_temporal_bonus_reads_probes_validity_and_nan():
     assert metrics["tgrpo/p_shuffled"] == pytest.approx(0.0)  # sample 3 only
     assert metrics["tgrpo/granted_frac"] == 1.0 and metrics["tgrpo/compared_groups"] == 1.0
     assert metrics["tgrpo/bonus_frac"] == pytest.approx(0.5)  # 1 of 2 counted ordered samples
-    with pytest.raises(AlgoInputError, match="'temporal' is not a reward of this task; its rewards are accuracy, format"):
+    with pytest.raises(
+        AlgoInputError, match="'temporal' is not a reward of this task; its rewards are accuracy, format"
+    ):
         rollout_temporal_bonus(ro, terms, TGRPOConfig(shuffled_group=2, correct_reward="temporal"))
 
 
 def test_config_validation():
     TGRPOConfig(shuffled_group=4).validate()
-    for bad in ({"shuffled_group": -1}, {"alpha": -0.1}, {"alpha": math.nan}, {"mu": -1.0},
-                {"threshold": math.inf}, {"correct_reward": ""}):
+    for bad in (
+        {"shuffled_group": -1},
+        {"alpha": -0.1},
+        {"alpha": math.nan},
+        {"mu": -1.0},
+        {"threshold": math.inf},
+        {"correct_reward": ""},
+    ):
         with pytest.raises(ConfigError):
             TGRPOConfig(**bad).validate()
 

@@ -1,4 +1,5 @@
 """Tiny offline Qwen-VL models: tokenizer, build/cache, reload, processor geometry, forward, generate, presets."""
+
 from __future__ import annotations
 
 import json
@@ -376,9 +377,7 @@ def test_generate_never_emits_suppressed_vision_tokens(loaded):
     # control: with the boost and no suppression the first new token is a vision token
     out = model.generate(**inputs, do_sample=False, max_new_tokens=1, logits_processor=boost)
     assert int(out[0, prompt_len]) in banned
-    out = model.generate(
-        **inputs, do_sample=False, max_new_tokens=8, logits_processor=boost, suppress_tokens=banned
-    )
+    out = model.generate(**inputs, do_sample=False, max_new_tokens=8, logits_processor=boost, suppress_tokens=banned)
     new = out[0, prompt_len:].tolist()
     assert 1 <= len(new) <= 8
     assert not set(new) & set(banned)

@@ -1,4 +1,5 @@
 """End-to-end trainer behaviour on the toy task: updates, algorithm variants, failure handling."""
+
 import math
 import os
 import signal
@@ -26,8 +27,17 @@ def test_train_step_changes_parameters_and_logs(tmp_path):
     assert any(not torch.equal(before[k], after[k]) for k in before)
     rows = read_metrics(tr.run_dir / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2, 3]
-    for key in ("reward/mean", "reward/correct", "loss/policy", "loss/clipfrac", "policy/entropy",
-                "time/rollout", "time/update", "data/skipped", "rollout/logp_abs_diff"):
+    for key in (
+        "reward/mean",
+        "reward/correct",
+        "loss/policy",
+        "loss/clipfrac",
+        "policy/entropy",
+        "time/rollout",
+        "time/update",
+        "data/skipped",
+        "rollout/logp_abs_diff",
+    ):
         assert key in rows[-1], key
     assert all(math.isfinite(r["loss/policy"]) for r in rows)
     # the trainer's recomputed log-probs equal the sampler's behaviour log-probs (on-policy ratio 1)
@@ -92,8 +102,9 @@ def _with_reward(tr, fn, name="fragile", weight=1.0):
     from mmrl.rewards.manager import RewardManager
 
     specs = tr.task.reward_specs() + [RewardSpec(name, fn, weight)]
-    tr.rewards = RewardManager(specs, error_threshold=tr.cfg.trainer.reward_error_threshold,
-                               window=tr.cfg.trainer.reward_error_window)
+    tr.rewards = RewardManager(
+        specs, error_threshold=tr.cfg.trainer.reward_error_threshold, window=tr.cfg.trainer.reward_error_window
+    )
 
 
 def test_failing_reward_samples_are_masked_and_counted(tmp_path):
@@ -218,8 +229,9 @@ def test_cli_eval_loads_the_checkpoint(tmp_path, capsys):
     assert out["eval/accuracy"] == trained  # the checkpoint's weights, not the random init
     assert main(["eval", "trainer.progress=false"]) == 2  # neither checkpoint= nor task=: one clear error
     # task= without a checkpoint evaluates the model of model.path as built (here the tiny LM's random init)
-    assert main(["eval", "task=toy_arithmetic", f"trainer.output_dir={tmp_path / 'plain'}",
-                 "trainer.progress=false"]) == 0
+    assert (
+        main(["eval", "task=toy_arithmetic", f"trainer.output_dir={tmp_path / 'plain'}", "trainer.progress=false"]) == 0
+    )
     plain = json.loads(capsys.readouterr().out)
     results = json.loads((tmp_path / "plain" / "eval" / "toy_arithmetic_tiny_lm" / "results.json").read_text())
     assert results["checkpoint"] is None and results["metrics"]["eval/accuracy"] == plain["eval/accuracy"]

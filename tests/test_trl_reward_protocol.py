@@ -7,6 +7,7 @@
 - reward errors (NaN, inf, a string, a bare float, a wrong length, an exception): exit code, one line naming the
   function and the value, no traceback.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -100,8 +101,10 @@ def always_none(completions, **kwargs):
 
 def make_scaled(scale, offset=0.0):
     """A factory: arguments in, reward function out."""
+
     def scaled(completions, **kwargs):
         return [scale * len(_text(c)) + offset for c in completions]
+
     return scaled
 
 
@@ -171,8 +174,9 @@ def _trl_batch(conversational: bool):
 
 
 def _mmrl_result(fns, weights, fn_kwargs=None, completion_format="auto", prompts=None, step=0):
-    cfg = RewardConfig(fns=fns, weights=weights, fn_kwargs=fn_kwargs or [], mode="replace",
-                       completion_format=completion_format)
+    cfg = RewardConfig(
+        fns=fns, weights=weights, fn_kwargs=fn_kwargs or [], mode="replace", completion_format=completion_format
+    )
     manager = RewardManager(compose_reward_specs([], cfg), error_threshold=1.0)
     manager.set_progress(step, 10)
     samples = [{"text": t, "length": len(i), "truncated": False, "completion_ids": i} for t, i in zip(TEXTS, IDS)]
@@ -188,30 +192,67 @@ MATRIX = {
     "keyword_only": (["keyword_only"], [keyword_only], [1.0], None, "text"),
     # without **kwargs TRL's call raises TypeError (test below); mmrl passes only what the function names, so the
     # reference is TRL's call of the function given exactly those
-    "no_kwargs_some_columns": (["no_kwargs_some_columns"],
-                               [lambda completions, answer, **kw: no_kwargs_some_columns(completions, answer)],
-                               [1.0], None, "text"),
-    "completion_ids_only": (["ids_only"], [lambda completion_ids, **kw: ids_only(completion_ids)], [1.0], None,
-                            "text"),
-    "defaults_and_fixed_kwargs": (["with_defaults"], [lambda **kw: with_defaults(scale=3.0, **kw)], [1.0],
-                                  [{"scale": 3.0}], "text"),
+    "no_kwargs_some_columns": (
+        ["no_kwargs_some_columns"],
+        [lambda completions, answer, **kw: no_kwargs_some_columns(completions, answer)],
+        [1.0],
+        None,
+        "text",
+    ),
+    "completion_ids_only": (["ids_only"], [lambda completion_ids, **kw: ids_only(completion_ids)], [1.0], None, "text"),
+    "defaults_and_fixed_kwargs": (
+        ["with_defaults"],
+        [lambda **kw: with_defaults(scale=3.0, **kw)],
+        [1.0],
+        [{"scale": 3.0}],
+        "text",
+    ),
     "trainer_state": (["uses_state"], [uses_state], [1.0], None, "text"),
     "log_metric": (["logs_a_metric"], [logs_a_metric], [1.0], None, "text"),
     "async": (["async_reward"], [async_reward], [1.0], None, "text"),
     "factory": (["make_scaled"], [make_scaled(0.5, offset=1.0)], [1.0], [{"scale": 0.5, "offset": 1.0}], "text"),
-    "weighted_mix": (["completions_then_prompts", "keyword_only", "completions_only"],
-                     [completions_then_prompts, keyword_only, completions_only], [0.5, 2.0, -1.0], None, "text"),
-    "one_none_on_some_samples": (["none_on_ones", "completions_only"], [none_on_ones, completions_only],
-                                 [1.0, 0.5], None, "text"),
-    "all_none_on_some_samples": (["none_on_ones", "none_on_ones_and_twos"], [none_on_ones, none_on_ones_and_twos],
-                                 [1.0, 2.0], None, "text"),
-    "none_everywhere_but_a_zero_weight": (["always_none", "completions_only"], [always_none, completions_only],
-                                          [1.0, 0.0], None, "text"),
-    "conversational": (["completions_then_prompts", "keyword_only", "none_on_ones"],
-                       [completions_then_prompts, keyword_only, none_on_ones], [1.0, 1.0, 1.0], None,
-                       "conversational"),
-    "trl_think_format_reward": (["trl.rewards:think_format_reward"], ["think_format_reward"], [1.0], None,
-                                "conversational"),
+    "weighted_mix": (
+        ["completions_then_prompts", "keyword_only", "completions_only"],
+        [completions_then_prompts, keyword_only, completions_only],
+        [0.5, 2.0, -1.0],
+        None,
+        "text",
+    ),
+    "one_none_on_some_samples": (
+        ["none_on_ones", "completions_only"],
+        [none_on_ones, completions_only],
+        [1.0, 0.5],
+        None,
+        "text",
+    ),
+    "all_none_on_some_samples": (
+        ["none_on_ones", "none_on_ones_and_twos"],
+        [none_on_ones, none_on_ones_and_twos],
+        [1.0, 2.0],
+        None,
+        "text",
+    ),
+    "none_everywhere_but_a_zero_weight": (
+        ["always_none", "completions_only"],
+        [always_none, completions_only],
+        [1.0, 0.0],
+        None,
+        "text",
+    ),
+    "conversational": (
+        ["completions_then_prompts", "keyword_only", "none_on_ones"],
+        [completions_then_prompts, keyword_only, none_on_ones],
+        [1.0, 1.0, 1.0],
+        None,
+        "conversational",
+    ),
+    "trl_think_format_reward": (
+        ["trl.rewards:think_format_reward"],
+        ["think_format_reward"],
+        [1.0],
+        None,
+        "conversational",
+    ),
 }
 
 
@@ -264,30 +305,48 @@ def test_a_positional_call_would_have_been_wrong():
 
 
 def test_factories_and_fn_kwargs_are_checked_at_start_up():
-    with pytest.raises(ConfigError, match=r"is a reward factory that needs max_completion_len, soft_punish_cache: "
-                                          r"give 'reward.fn_kwargs=\[\{max_completion_len:VALUE,soft_punish_cache"):
+    with pytest.raises(
+        ConfigError,
+        match=r"is a reward factory that needs max_completion_len, soft_punish_cache: "
+        r"give 'reward.fn_kwargs=\[\{max_completion_len:VALUE,soft_punish_cache",
+    ):
         compose_reward_specs([], RewardConfig(fns=["trl.rewards:get_soft_overlong_punishment"]))
     with pytest.raises(ConfigError, match="takes no argument 'cache'"):
         compose_reward_specs([], RewardConfig(fns=[f"{ME}:make_scaled"], fn_kwargs=[{"cache": 1}]))
     with pytest.raises(ConfigError, match="reward.fn_kwargs has 1 entries for 2 reward.fns"):
-        load_config(["task=toy_arithmetic", f"reward.fns=[{ME}:make_scaled,{ME}:completions_only]",
-                     "reward.fn_kwargs=[{scale:2}]"])
-    with pytest.raises(ConfigError, match="reward.completion_format: 'chat' is not valid; choose from auto, text, "
-                                          "conversational"):
+        load_config(
+            [
+                "task=toy_arithmetic",
+                f"reward.fns=[{ME}:make_scaled,{ME}:completions_only]",
+                "reward.fn_kwargs=[{scale:2}]",
+            ]
+        )
+    with pytest.raises(
+        ConfigError, match="reward.completion_format: 'chat' is not valid; choose from auto, text, conversational"
+    ):
         load_config(["task=toy_arithmetic", "reward.completion_format=chat"])
-    cfg = load_config(["task=toy_arithmetic", "reward.fns=[trl.rewards:get_soft_overlong_punishment]",
-                       "reward.fn_kwargs=[{max_completion_len:64,soft_punish_cache:16}]"])
+    cfg = load_config(
+        [
+            "task=toy_arithmetic",
+            "reward.fns=[trl.rewards:get_soft_overlong_punishment]",
+            "reward.fn_kwargs=[{max_completion_len:64,soft_punish_cache:16}]",
+        ]
+    )
     (spec,) = compose_reward_specs([], cfg.reward)[-1:]
     assert spec.name == "soft_overlong_punishment_reward"  # the product's __name__, as TRL names it
     assert spec.fn(["p"], [{"text": "x", "completion_ids": [1] * 56}]) == [-0.5]
 
 
 def test_a_missing_column_names_the_argument_and_the_fix():
-    manager = RewardManager(compose_reward_specs([], RewardConfig(fns=["trl.rewards:accuracy_reward"],
-                                                                  completion_format="conversational")))
-    with pytest.raises(RewardError, match=r"needs 'solution', which the task does not pass \(its columns: answer, "
-                                          r"id\); pass a task column under that name with 'reward.columns="
-                                          r"\{solution: COLUMN\}'"):
+    manager = RewardManager(
+        compose_reward_specs([], RewardConfig(fns=["trl.rewards:accuracy_reward"], completion_format="conversational"))
+    )
+    with pytest.raises(
+        RewardError,
+        match=r"needs 'solution', which the task does not pass \(its columns: answer, "
+        r"id\); pass a task column under that name with 'reward.columns="
+        r"\{solution: COLUMN\}'",
+    ):
         manager(["1+2="], [{"text": "3"}], {"answer": ["3"], "id": [0]})
 
 
@@ -319,16 +378,18 @@ BAD = {  # name: (function body's return, the message expected)
 @pytest.fixture
 def bad_rewards(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    body = "import math\n" + "".join(f"def {k}(completions, **kwargs):\n    return {v}\n\n"
-                                     for k, (v, _) in BAD.items())
+    body = "import math\n" + "".join(
+        f"def {k}(completions, **kwargs):\n    return {v}\n\n" for k, (v, _) in BAD.items()
+    )
     (tmp_path / "bad.py").write_text(body)
     return tmp_path
 
 
 @pytest.mark.parametrize("kind", list(BAD))
 def test_reward_errors_name_the_function_and_the_value(bad_rewards, kind):
-    manager = RewardManager(compose_reward_specs([], RewardConfig(fns=[f"bad.py:{kind}"], mode="replace")),
-                            error_threshold=0.5, window=4)
+    manager = RewardManager(
+        compose_reward_specs([], RewardConfig(fns=[f"bad.py:{kind}"], mode="replace")), error_threshold=0.5, window=4
+    )
     with pytest.raises(RewardError) as info:
         manager(["p"] * 4, [{"text": "a"}] * 4, {})
     message = str(info.value)
@@ -338,8 +399,7 @@ def test_reward_errors_name_the_function_and_the_value(bad_rewards, kind):
 
 
 def test_nonfinite_values_fail_the_sample_and_are_counted(bad_rewards):
-    specs = compose_reward_specs([RewardSpec("ok", lambda p, c, **_: [1.0] * len(c))],
-                                 RewardConfig(fns=["bad.py:nan"]))
+    specs = compose_reward_specs([RewardSpec("ok", lambda p, c, **_: [1.0] * len(c))], RewardConfig(fns=["bad.py:nan"]))
     res = RewardManager(specs, error_threshold=1.0)(["p"] * 3, [{"text": "a"}] * 3, {})
     assert not res.valid.any()  # NaN is that sample failing for that function, never a silent 0
     assert res.metrics["reward/nan/nonfinite"] == 3 and res.metrics["reward/nan/errors"] == 3
@@ -352,10 +412,25 @@ def _cli(tmp_path: Path, *overrides: str, steps: int = 2) -> tuple[subprocess.Co
     """``python -m mmrl.cli train task=toy_arithmetic`` with tiny settings, run from ``tmp_path``;
     returns (process, metric rows)."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-    cmd = [sys.executable, "-m", "mmrl.cli", "train", "task=toy_arithmetic", f"trainer.output_dir={tmp_path / 'out'}",
-           "trainer.run_name=r", f"trainer.max_steps={steps}", "trainer.batch_size=4", "algo.group_size=4",
-           "trainer.eval_every=0", "trainer.eval_at_end=false", "trainer.progress=false", "trainer.tensorboard=false",
-           "trainer.plot=false", "trainer.log_every=1", *overrides]
+    cmd = [
+        sys.executable,
+        "-m",
+        "mmrl.cli",
+        "train",
+        "task=toy_arithmetic",
+        f"trainer.output_dir={tmp_path / 'out'}",
+        "trainer.run_name=r",
+        f"trainer.max_steps={steps}",
+        "trainer.batch_size=4",
+        "algo.group_size=4",
+        "trainer.eval_every=0",
+        "trainer.eval_at_end=false",
+        "trainer.progress=false",
+        "trainer.tensorboard=false",
+        "trainer.plot=false",
+        "trainer.log_every=1",
+        *overrides,
+    ]
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     metrics = tmp_path / "out" / "r" / "metrics.jsonl"
     rows = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.exists() else []
@@ -374,8 +449,11 @@ TRL_RUNS = {
     "reasoning_accuracy_reward": ("reasoning_accuracy_reward", {}, 0.0),  # no </think>: "incomplete reasoning"
     "get_cosine_scaled_reward": ("cosine_scaled_reward", {"max_len": 3}, lambda v, row: -0.875 <= v <= -0.5),
     "get_repetition_penalty_reward": ("repetition_penalty_reward", {}, 0.0),  # <= 3 tokens: no repeated 3-gram
-    "get_soft_overlong_punishment": ("soft_overlong_punishment_reward",
-                                     {"max_completion_len": 3, "soft_punish_cache": 3}, _soft_overlong),
+    "get_soft_overlong_punishment": (
+        "soft_overlong_punishment_reward",
+        {"max_completion_len": 3, "soft_punish_cache": 3},
+        _soft_overlong,
+    ),
 }
 _COMMON = ("reward.completion_format=conversational", "reward.columns={solution:answer}")
 
@@ -408,8 +486,12 @@ def test_the_trl_runs_cover_every_trl_reward():
 def test_trl_rewards_run_unchanged_in_a_two_step_run(tmp_path, fn):
     pytest.importorskip("math_verify")  # trl's accuracy rewards need it (the dev extra installs it)
     chosen = list(TRL_RUNS) if fn == "all_together" else [fn]
-    proc, rows = _cli(tmp_path, "reward.fns=[" + ",".join(f"trl.rewards:{f}" for f in chosen) + "]",
-                      "reward.fn_kwargs=[" + ",".join(_hydra_dict(TRL_RUNS[f][1]) for f in chosen) + "]", *_COMMON)
+    proc, rows = _cli(
+        tmp_path,
+        "reward.fns=[" + ",".join(f"trl.rewards:{f}" for f in chosen) + "]",
+        "reward.fn_kwargs=[" + ",".join(_hydra_dict(TRL_RUNS[f][1]) for f in chosen) + "]",
+        *_COMMON,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
     for f in chosen:
@@ -419,8 +501,9 @@ def test_trl_rewards_run_unchanged_in_a_two_step_run(tmp_path, fn):
 
 # one CLI run per kind takes ~20-40 s here: the first runs by default, the rest with -m slow (all kinds are also
 # checked in process above)
-CLI_BAD = ["bare_float"] + [pytest.param(k, marks=pytest.mark.slow)
-                            for k in ("nan", "inf", "string", "wrong_length", "raises")]
+CLI_BAD = ["bare_float"] + [
+    pytest.param(k, marks=pytest.mark.slow) for k in ("nan", "inf", "string", "wrong_length", "raises")
+]
 
 
 @pytest.mark.parametrize("kind", CLI_BAD)

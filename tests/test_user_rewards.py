@@ -1,4 +1,5 @@
 """User reward functions from the config (reward.fns): files, modules, weights, add/replace, remote HTTP rewards."""
+
 import json
 import math
 import threading
@@ -70,16 +71,23 @@ def test_file_reward_is_logged_with_the_values_it_returns(tmp_path, user_file):
 
 
 def test_replace_drops_the_task_rewards_and_weights_scale(tmp_path, user_file):
-    tr = toy_trainer(tmp_path, "reward.fns=[my_rewards.py:short_answer,my_rewards.py:only_answer]",
-                     "reward.weights=[2,0.5]", "reward.mode=replace", "trainer.log_every=1", steps=2)
+    tr = toy_trainer(
+        tmp_path,
+        "reward.fns=[my_rewards.py:short_answer,my_rewards.py:only_answer]",
+        "reward.weights=[2,0.5]",
+        "reward.mode=replace",
+        "trainer.log_every=1",
+        steps=2,
+    )
     assert [(s.name, s.weight) for s in tr.rewards.specs] == [("short_answer", 2.0), ("only_answer", 0.5)]
     tr.fit()
     row = read_metrics(tr.run_dir / "metrics.jsonl")[-1]
     assert "reward/short_answer" in row and "reward/only_answer" in row
     assert "reward/correct" not in row and "reward/format" not in row
     # by hand: the weighted sum over the samples, completions given as sample dicts
-    res = tr.rewards(["1+1=", "1+2=", "2+2="], [{"text": "2"}, {"text": "34"}, {"text": ""}],
-                     {"answer": ["2", "3", "4"]})
+    res = tr.rewards(
+        ["1+1=", "1+2=", "2+2="], [{"text": "2"}, {"text": "34"}, {"text": ""}], {"answer": ["2", "3", "4"]}
+    )
     assert res.total.tolist() == pytest.approx([2 * 0.1 + 0.5 * 1.0, 2 * 0.2 + 0.5 * 0.0, 0.0])
     # None from short_answer is "no opinion" (TRL): only_answer's 0.0 scores the empty completion, nothing is masked
     assert res.valid.tolist() == [True, True, True]
@@ -103,7 +111,9 @@ def test_module_function_spec(tmp_path, monkeypatch):
     pkg = tmp_path / "mmrl_test_user_pkg"
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
-    (pkg / "scores.py").write_text("def exclaim(prompts, completions, **kw):\n    return [float(len(c)) for c in completions]\n")
+    (pkg / "scores.py").write_text(
+        "def exclaim(prompts, completions, **kw):\n    return [float(len(c)) for c in completions]\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     cfg = RewardConfig(fns=["mmrl_test_user_pkg.scores:exclaim"], mode="replace")
     specs = compose_reward_specs([], cfg)
@@ -113,13 +123,19 @@ def test_module_function_spec(tmp_path, monkeypatch):
     assert specs[0].fn(["p"], images) == [1.0]
 
 
-@pytest.mark.parametrize("spec, message", [
-    ("missing.py:f", "file 'missing.py' not found"),
-    ("my_rewards.py:nope", "has no function 'nope'; functions defined there: none_for_all, only_answer, short_answer"),
-    ("my_rewards.py:NOT_A_FUNCTION", "is a int, not a function"),
-    ("no_such_module_xyz.rewards:f", "module 'no_such_module_xyz.rewards' is not importable"),
-    ("my_rewards.py", "names no function"),
-])
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("missing.py:f", "file 'missing.py' not found"),
+        (
+            "my_rewards.py:nope",
+            "has no function 'nope'; functions defined there: none_for_all, only_answer, short_answer",
+        ),
+        ("my_rewards.py:NOT_A_FUNCTION", "is a int, not a function"),
+        ("no_such_module_xyz.rewards:f", "module 'no_such_module_xyz.rewards' is not importable"),
+        ("my_rewards.py", "names no function"),
+    ],
+)
 def test_bad_specs_raise_one_clear_config_error(tmp_path, user_file, spec, message):
     with pytest.raises(ConfigError, match="reward.fns: '" + spec.replace(".", r"\.") + "'") as info:
         toy_trainer(tmp_path, f"reward.fns=[{spec}]", steps=1)
@@ -136,8 +152,9 @@ def test_config_validation():
     with pytest.raises(ConfigError, match="timeout_s"):
         load_config(["task=toy_arithmetic", "reward.timeout_s=0"])
     # the Hydra forms documented in docs/rewards.md
-    assert load_config(["task=toy_arithmetic", "reward.fns=[my_rewards.py:short_answer]"]).reward.fns == \
-        ["my_rewards.py:short_answer"]
+    assert load_config(["task=toy_arithmetic", "reward.fns=[my_rewards.py:short_answer]"]).reward.fns == [
+        "my_rewards.py:short_answer"
+    ]
     for form in ("reward.fns=[http://127.0.0.1:8000/score]", 'reward.fns=["http://127.0.0.1:8000/score"]'):
         assert load_config(["task=toy_arithmetic", form]).reward.fns == ["http://127.0.0.1:8000/score"]
     assert load_config(["task=toy_arithmetic"]).reward == RewardConfig()
@@ -204,7 +221,9 @@ def server():
 
 def _length_scores(payload):
     time.sleep(0.05)  # lets requests overlap
-    return 200, json.dumps({"scores": [len(c) + 0.5 * a for c, a in zip(payload["completions"], payload["a"])]}).encode()
+    return 200, json.dumps(
+        {"scores": [len(c) + 0.5 * a for c, a in zip(payload["completions"], payload["a"])]}
+    ).encode()
 
 
 def test_remote_scores_come_back_in_order_chunked_and_concurrent(server):
@@ -233,12 +252,15 @@ def test_remote_slow_server_is_masked_counted_and_bounded(server, caplog):
     assert any(srv.url in r.message and "timed out" in r.message and "2 attempts" in r.message for r in caplog.records)
 
 
-@pytest.mark.parametrize("body, reason", [
-    (b"<html>oops</html>", "not JSON"),
-    (b'{"scores": [1.0]}', "1 scores for 2 completions"),
-    (b'{"score": [1.0, 2.0]}', "no 'scores' list"),
-    (b'{"scores": [1.0, "high"]}', "1 of 2 scores are not numbers"),
-])
+@pytest.mark.parametrize(
+    "body, reason",
+    [
+        (b"<html>oops</html>", "not JSON"),
+        (b'{"scores": [1.0]}', "1 scores for 2 completions"),
+        (b'{"score": [1.0, 2.0]}', "no 'scores' list"),
+        (b'{"scores": [1.0, "high"]}', "1 of 2 scores are not numbers"),
+    ],
+)
 def test_remote_garbage_is_masked_and_counted(server, caplog, body, reason):
     srv = server(lambda p: (200, body))
     fn = RemoteReward(srv.url, timeout_s=2, max_retries=2)

@@ -1,5 +1,6 @@
 """Video input: sampling rules (by hand), decoding, bad inputs, timeout worker, cache,
 synthetic videos, and the values the Qwen processors receive."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -151,7 +152,9 @@ def test_plan_sampling_budgets():
         plan_sampling(64, 8.0, 2, 1000, base, path="thin.mp4")
     # an extreme aspect ratio whose smallest frame (28 x 28*190) cannot fit 2 frames in the budget
     with pytest.raises(VideoError, match="total_pixel_budget"):
-        plan_sampling(64, 8.0, 28, 28 * 190, dataclasses.replace(base, total_pixel_budget=2 * 28 * 28 * 10), path="w.mp4")
+        plan_sampling(
+            64, 8.0, 28, 28 * 190, dataclasses.replace(base, total_pixel_budget=2 * 28 * 28 * 10), path="w.mp4"
+        )
 
 
 def test_resolve_fps():
@@ -179,8 +182,13 @@ def test_decode_whole_video_values(vids):
     assert (clip.source_width, clip.source_height, clip.source_num_frames) == (128, 96, 64)
     assert clip.grid_timestamps() == pytest.approx([0.5 + 1.0 * j for j in range(8)])  # mean of pairs
     assert clip.metadata() == {
-        "total_num_frames": 64, "fps": 8.0, "width": 140, "height": 84, "duration": 8.0,
-        "video_backend": "decord", "frames_indices": [2 + 4 * k for k in range(16)],
+        "total_num_frames": 64,
+        "fps": 8.0,
+        "width": 140,
+        "height": 84,
+        "duration": 8.0,
+        "video_backend": "decord",
+        "frames_indices": [2 + 4 * k for k in range(16)],
     }
     assert not clip.frames.flags.writeable
 
@@ -231,7 +239,7 @@ def test_event_visible_exactly_inside_segment(vids):
     all_frames = VideoSamplingConfig(fps=8.0, max_frames=64, decode_timeout_s=None)
     clip = load_video(truth["video"], all_frames)
     assert clip.frame_indices == list(range(64)) and clip.frames.shape == (64, 84, 112, 3)  # no resize
-    (s, e), = truth["segments"]
+    ((s, e),) = truth["segments"]
     cx, cy = truth["event_center"]
     event_rgb = np.array(PALETTE[truth["event_color"]])
     centre = clip.frames[:, cy, cx].astype(int)
@@ -479,7 +487,9 @@ def test_synthetic_deterministic_and_fast(tmp_path):
 def test_synthetic_event_grid_and_scale(tmp_path):
     # 8 s at 2 fps = 16 frames; grid 2 -> 8 cells: the event starts and lasts whole cells (whole seconds)
     for seed in range(6):
-        t = make_event_video(tmp_path / f"g{seed}.mp4", seed=seed, duration_s=8.0, fps=2, event_grid=2, event_scale=0.22)
+        t = make_event_video(
+            tmp_path / f"g{seed}.mp4", seed=seed, duration_s=8.0, fps=2, event_grid=2, event_scale=0.22
+        )
         a, b = t["event_frames"]
         assert a % 2 == 0 and b % 2 == 0 and 0 < a < b < 16
         s, e = t["segments"][0]
@@ -575,6 +585,7 @@ def test_torchcodec_decodes_the_same_clip_as_decord(vids):
         b = load_video(vids["main"]["video"], dataclasses.replace(cfg, reader="torchcodec"))
         assert a.frame_indices == b.frame_indices and a.frames.shape == b.frames.shape
         np.testing.assert_array_equal(a.frames, b.frames)  # both seek exactly; same FFmpeg decode, same resize
-        assert {k: v for k, v in a.info().items() if k != "reader"} == \
-            {k: v for k, v in b.info().items() if k != "reader"}
+        assert {k: v for k, v in a.info().items() if k != "reader"} == {
+            k: v for k, v in b.info().items() if k != "reader"
+        }
         assert b.info()["reader"] == "torchcodec"

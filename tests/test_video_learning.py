@@ -2,6 +2,7 @@
 
 The full SFT -> GRPO runs (minutes) are in tests/test_learning_slow.py (`python -m pytest -m slow`).
 """
+
 from __future__ import annotations
 
 import pytest
@@ -18,8 +19,7 @@ from mmrl.trainer import Trainer  # noqa: E402
 def best_constant_miou(segments: list[list[float]], duration: float, step: float = 0.5) -> float:
     """Mean IoU of the best single answer [a, b] (on a ``step`` grid) given to every item."""
     grid = [k * step for k in range(int(duration / step) + 1)]
-    return max(sum(temporal_iou([a, b], s) for s in segments) / len(segments)
-               for a in grid for b in grid if b > a)
+    return max(sum(temporal_iou([a, b], s) for s in segments) / len(segments) for a in grid for b in grid if b > a)
 
 
 def test_best_constant_by_hand():
@@ -30,9 +30,20 @@ def test_best_constant_by_hand():
 def test_temporal_grounding_warm_start_beats_the_best_constant_answer(tmp_path):
     # the default task (8 s videos, 16 frames, tiny Qwen3-VL) with a shortened warm start and no RL steps;
     # the best constant answer scores 0.39 mIoU on these 48 eval videos; the warm start must beat it by 0.1 (~60 s)
-    cfg = load_config(["task=video_temporal_grounding", f"trainer.output_dir={tmp_path}", "trainer.run_name=r",
-                       "trainer.progress=false", "trainer.tensorboard=false", "trainer.plot=false",
-                       "trainer.sft_steps=150", "trainer.max_steps=0", "task.num_eval=48", "trainer.eval_size=48"])
+    cfg = load_config(
+        [
+            "task=video_temporal_grounding",
+            f"trainer.output_dir={tmp_path}",
+            "trainer.run_name=r",
+            "trainer.progress=false",
+            "trainer.tensorboard=false",
+            "trainer.plot=false",
+            "trainer.sft_steps=150",
+            "trainer.max_steps=0",
+            "task.num_eval=48",
+            "trainer.eval_size=48",
+        ]
+    )
     tr = Trainer(cfg)
     final = tr.fit()
     segments = [it["segments"][0] for it in (tr.task.prepare_item(x) for x in tr.task.eval_items())]

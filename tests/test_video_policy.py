@@ -7,6 +7,7 @@ text; and the behaviour log-probs equal the recomputed ones. Also: T-GRPO's shuf
 whole temporal patches, are batched into the same generate call and are masked out of training;
 each video is decoded once per prompt.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -28,7 +29,6 @@ from mmrl.models.presets import resolve_vlm  # noqa: E402
 from mmrl.models.tiny_vlm import load_vlm  # noqa: E402
 from mmrl.policies.base import PromptBatch  # noqa: E402
 from mmrl.policies.vlm import VLMInputError, VLMPolicy  # noqa: E402
-from mmrl.rollout.noise import mix_seed  # noqa: E402
 from mmrl.policies.vlm_video import (  # noqa: E402
     VideoInputError,
     item_clips,
@@ -36,6 +36,7 @@ from mmrl.policies.vlm_video import (  # noqa: E402
     temporal_patch_permutation,
     video_rollout_metrics,
 )
+from mmrl.rollout.noise import mix_seed  # noqa: E402
 
 FAMILIES = ["tiny_qwen2_vl", "tiny_qwen2_5_vl", "tiny_qwen3_vl"]
 TOL = 1e-4
@@ -60,10 +61,17 @@ def make_policy(family: str, *, shuffled: int = 0, **kw) -> VLMPolicy:
 def video_batch(videos, sampling=SAMPLING) -> PromptBatch:
     items = [
         {"video": videos[0], "prompt": "When does the circle appear?", "video_sampling": sampling},
-        {"video": videos[2], "prompt": "When does the shape appear in this video? Answer in seconds.",
-         "video_sampling": sampling},
-        {"video": videos[1], "prompt": "When?", "video_sampling": {**sampling, "max_pixels_per_frame": 12544},
-         "system": "Be brief."},
+        {
+            "video": videos[2],
+            "prompt": "When does the shape appear in this video? Answer in seconds.",
+            "video_sampling": sampling,
+        },
+        {
+            "video": videos[1],
+            "prompt": "When?",
+            "video_sampling": {**sampling, "max_pixels_per_frame": 12544},
+            "system": "Be brief.",
+        },
     ]
     return PromptBatch(items=items, indices=[0, 1, 2], seeds=[101, 202, 303])
 
@@ -96,14 +104,16 @@ def generation_positions(calls: list[dict], prompt_mask: torch.Tensor, lengths: 
     return out
 
 
-def training_positions(call: dict, n_prompt_cols: int, prompt_mask: torch.Tensor, lengths: list[int]) -> list[torch.Tensor]:
+def training_positions(
+    call: dict, n_prompt_cols: int, prompt_mask: torch.Tensor, lengths: list[int]
+) -> list[torch.Tensor]:
     """Per sample positions of the real prompt tokens + the first n-1 completion tokens of a training forward."""
     pos = call["pos"]
     out = []
     for b, n in enumerate(lengths):
         keep = prompt_mask[b].bool()
         prompt_part = pos[:, b, :n_prompt_cols][:, keep]
-        out.append(torch.cat([prompt_part, pos[:, b, n_prompt_cols:n_prompt_cols + n - 1]], dim=1))
+        out.append(torch.cat([prompt_part, pos[:, b, n_prompt_cols : n_prompt_cols + n - 1]], dim=1))
     return out
 
 
@@ -159,14 +169,17 @@ def test_recomputed_logp_equals_plain_forward_from_processor_outputs(sampled):
     for i in (0, 5, ro.batch_size - 1):
         p, c = ro.payload["prompts"][i], ro.payload["completion_ids"][i]
         ids = torch.cat([p.input_ids, c])[None]
-        kw = dict(pixel_values_videos=p.pixel_values_videos, video_grid_thw=p.video_grid_thw,
-                  mm_token_type_ids=torch.cat([p.mm_token_type_ids, torch.zeros_like(c)])[None])
+        kw = dict(
+            pixel_values_videos=p.pixel_values_videos,
+            video_grid_thw=p.video_grid_thw,
+            mm_token_type_ids=torch.cat([p.mm_token_type_ids, torch.zeros_like(c)])[None],
+        )
         if p.second_per_grid_ts is not None:
             kw["second_per_grid_ts"] = p.second_per_grid_ts
         with torch.no_grad():
             logits = policy.module.lm(input_ids=ids, attention_mask=torch.ones_like(ids), **kw).logits
         L = p.input_ids.numel()
-        z = logits[0, L - 1: L - 1 + c.numel()] / policy.cfg.temperature
+        z = logits[0, L - 1 : L - 1 + c.numel()] / policy.cfg.temperature
         z[:, policy.suppress_ids] = float("-inf")  # the sampled distribution: vision special tokens removed
         ref = z.log_softmax(-1).gather(-1, c[:, None])[:, 0]
         assert float((out.logp[i, : c.numel()] - ref).abs().max()) < TOL
@@ -202,12 +215,19 @@ def test_second_per_grid_ts_reaches_every_qwen25_forward(videos):
     lm = policy.module.lm
     inputs = policy._prompt_inputs(prompts, None)
     # the prefill of generate used the processor's second_per_grid_ts ...
-    with_spg, _ = lm.model.get_rope_index(inputs["input_ids"], inputs["mm_token_type_ids"],
-                                          video_grid_thw=inputs["video_grid_thw"],
-                                          second_per_grid_ts=inputs["second_per_grid_ts"],
-                                          attention_mask=inputs["attention_mask"])
-    without, _ = lm.model.get_rope_index(inputs["input_ids"], inputs["mm_token_type_ids"],
-                                         video_grid_thw=inputs["video_grid_thw"], attention_mask=inputs["attention_mask"])
+    with_spg, _ = lm.model.get_rope_index(
+        inputs["input_ids"],
+        inputs["mm_token_type_ids"],
+        video_grid_thw=inputs["video_grid_thw"],
+        second_per_grid_ts=inputs["second_per_grid_ts"],
+        attention_mask=inputs["attention_mask"],
+    )
+    without, _ = lm.model.get_rope_index(
+        inputs["input_ids"],
+        inputs["mm_token_type_ids"],
+        video_grid_thw=inputs["video_grid_thw"],
+        attention_mask=inputs["attention_mask"],
+    )
     real = inputs["attention_mask"].bool()
     assert torch.equal(rec.calls[0]["pos"][:, real], with_spg[:, real])
     assert not torch.equal(with_spg[:, real], without[:, real])  # 2 s per patch vs the default 1: differs
@@ -259,7 +279,7 @@ def test_shuffled_samples_layout_masking_and_patch_pairs(sampled):
         # frames: whole pairs moved
         f0, f1 = ordered.videos[0].frames, shuffled.videos[0].frames
         for j, src in enumerate(perm):
-            assert np.array_equal(f1[2 * j: 2 * j + 2], f0[2 * src: 2 * src + 2])
+            assert np.array_equal(f1[2 * j : 2 * j + 2], f0[2 * src : 2 * src + 2])
         # processor pixels: t-major blocks of h*w patches moved the same way
         t, h, w = ordered.video_grid_thw[0].tolist()
         blocks0 = ordered.pixel_values_videos.reshape(t, h * w, -1)
@@ -316,12 +336,17 @@ def test_bad_video_items_raise_named_errors(videos, tmp_path):
     policy = make_policy("tiny_qwen2_5_vl")
     with pytest.raises(VideoInputError, match="must be a path or a VideoClip"):
         policy.preprocess([{"video": 3, "prompt": "x"}])
-    odd = load_video(videos[0], VideoSamplingConfig(fps=2.0, max_frames=8, max_pixels_per_frame=6272,
-                                                    size_multiple=32, decode_timeout_s=None))
+    odd = load_video(
+        videos[0],
+        VideoSamplingConfig(fps=2.0, max_frames=8, max_pixels_per_frame=6272, size_multiple=32, decode_timeout_s=None),
+    )
     with pytest.raises(VLMInputError, match="not multiples of this processor's patch\\*merge=28"):
         policy.preprocess([{"video": odd, "prompt": "x"}])
-    three = dataclasses.replace(load_video(videos[0], VideoSamplingConfig(fps=2.0, max_frames=8, decode_timeout_s=None,
-                                                                          max_pixels_per_frame=6272)))
+    three = dataclasses.replace(
+        load_video(
+            videos[0], VideoSamplingConfig(fps=2.0, max_frames=8, decode_timeout_s=None, max_pixels_per_frame=6272)
+        )
+    )
     three.frames = three.frames[:3]
     with pytest.raises(VideoInputError, match="3 frames is not a multiple of the temporal patch size 2"):
         item_clips({"video": three}, policy.processor)

@@ -1,4 +1,5 @@
 """task=video_temporal_grounding and task=video_qa: rewards by hand, loaders, bad inputs, end-to-end."""
+
 from __future__ import annotations
 
 import json
@@ -32,8 +33,13 @@ from mmrl.tasks.video_temporal_grounding import (  # noqa: E402
     temporal_format_reward,
 )
 
-TG_BASE = ["trainer.progress=false", "trainer.tensorboard=false", "trainer.plot=false", "trainer.device=cpu",
-           "task.video.decode_timeout_s=null"]
+TG_BASE = [
+    "trainer.progress=false",
+    "trainer.tensorboard=false",
+    "trainer.plot=false",
+    "trainer.device=cpu",
+    "task.video.decode_timeout_s=null",
+]
 
 
 @pytest.fixture(scope="module")
@@ -43,8 +49,16 @@ def vids(tmp_path_factory) -> list[dict]:
 
 
 def tg_task(tmp_path, *extra) -> VideoTemporalGroundingTask:
-    cfg = load_config(["task=video_temporal_grounding", f"task.video.cache_dir={tmp_path / 'frames'}",
-                       "task.num_train=4", "task.num_eval=2", *TG_BASE, *extra])
+    cfg = load_config(
+        [
+            "task=video_temporal_grounding",
+            f"task.video.cache_dir={tmp_path / 'frames'}",
+            "task.num_train=4",
+            "task.num_eval=2",
+            *TG_BASE,
+            *extra,
+        ]
+    )
     return VideoTemporalGroundingTask(cfg.task, cfg)
 
 
@@ -58,12 +72,14 @@ def sample(text, **kw):
 def test_temporal_rewards_by_hand():
     seg, dur = [[1.0, 3.0]], 4.0
     fn = make_temporal_reward("tiou")
-    texts = ["<answer>2.0 to 3.0</answer>",  # inter 1, union 2 -> 0.5
-             "<answer>0 to 4</answer>",  # inter 2, union 4 -> 0.5 (the whole-video answer)
-             "<answer>1.0 to 3.0</answer>",  # exact -> 1
-             "<answer>3.5 to 4.5</answer>",  # clipped to [3.5, 4]: no overlap -> 0
-             "<answer>3.0 to 1.0</answer>",  # reversed: rejected -> 0
-             "no idea"]  # unparseable -> 0
+    texts = [
+        "<answer>2.0 to 3.0</answer>",  # inter 1, union 2 -> 0.5
+        "<answer>0 to 4</answer>",  # inter 2, union 4 -> 0.5 (the whole-video answer)
+        "<answer>1.0 to 3.0</answer>",  # exact -> 1
+        "<answer>3.5 to 4.5</answer>",  # clipped to [3.5, 4]: no overlap -> 0
+        "<answer>3.0 to 1.0</answer>",  # reversed: rejected -> 0
+        "no idea",
+    ]  # unparseable -> 0
     got = fn(None, [sample(t) for t in texts], [seg] * 6, [dur] * 6)
     assert got == pytest.approx([0.5, 0.5, 1.0, 0.0, 0.0, 0.0])
     # Time-R1 distance weighting: [2, 3] vs [1, 3] in 4 s: 0.5 * (1 - 1/4) * (1 - 0/4) = 0.375
@@ -72,34 +88,44 @@ def test_temporal_rewards_by_hand():
     assert make_temporal_reward("giou01")(None, [sample(texts[3])], [seg], [dur]) == pytest.approx([5 / 12])
     # swap mode reads the reversed answer as [1, 3]
     assert make_temporal_reward("tiou", on_reversed="swap")(None, [sample(texts[4])], [seg], [dur]) == [1.0]
-    fmt = temporal_format_reward(None, [sample(texts[0]), sample("2.0 to 3.0"), sample(texts[3]),
-                                        sample(texts[0], truncated=True)], [dur] * 4)
+    fmt = temporal_format_reward(
+        None, [sample(texts[0]), sample("2.0 to 3.0"), sample(texts[3]), sample(texts[0], truncated=True)], [dur] * 4
+    )
     # ok; no tag; clipped (status "repaired" is not the format as written); cut off
     assert fmt == [1.0, 0.0, 0.0, 0.0]
 
 
 def test_format_gate_zeroes_answers_with_junk_after_them():
     seg, dur = [[1.0, 3.0]], 4.0
-    texts = ["<answer>1.0 to 3.0</answer>",  # clean, exact -> 1
-             "<answer>1.0 to 3.0</answer>2.0</answer>",  # junk after the block: gated -> 0 (ungated 1)
-             "<answer>1.0 to 3.0</answer><answer>0 to 4</answer>",  # two blocks -> 0 (ungated: the last, 0.5)
-             "<think>the circle shows at 1 s</think><answer>2.0 to 3.0</answer>"]  # think + answer is clean -> 0.5
+    texts = [
+        "<answer>1.0 to 3.0</answer>",  # clean, exact -> 1
+        "<answer>1.0 to 3.0</answer>2.0</answer>",  # junk after the block: gated -> 0 (ungated 1)
+        "<answer>1.0 to 3.0</answer><answer>0 to 4</answer>",  # two blocks -> 0 (ungated: the last, 0.5)
+        "<think>the circle shows at 1 s</think><answer>2.0 to 3.0</answer>",
+    ]  # think + answer is clean -> 0.5
     gated = make_temporal_reward("tiou", format_gate=True)(None, [sample(t) for t in texts], [seg] * 4, [dur] * 4)
     assert gated == pytest.approx([1.0, 0.0, 0.0, 0.5])
     ungated = make_temporal_reward("tiou")(None, [sample(t) for t in texts], [seg] * 4, [dur] * 4)
     assert ungated[1] == pytest.approx(1.0)
     # a clean answer that was cut off (no EOS) is gated too
-    assert make_temporal_reward("tiou", format_gate=True)(None, [sample(texts[0], truncated=True)], [seg], [dur]) == [0.0]
+    assert make_temporal_reward("tiou", format_gate=True)(None, [sample(texts[0], truncated=True)], [seg], [dur]) == [
+        0.0
+    ]
     assert temporal_format_reward(None, [sample(t) for t in texts], [dur] * 4) == [1.0, 0.0, 0.0, 1.0]
 
 
 def test_temporal_eval_and_rollout_metrics_by_hand(tmp_path):
     task = tg_task(tmp_path)
-    items = [{"segments": [[1.0, 3.0]], "duration": 4.0}, {"segments": [[0.0, 1.0]], "duration": 4.0},
-             {"segments": [[2.0, 4.0]], "duration": 4.0}]
-    samples = [sample("<answer>1.0 to 3.0</answer>"),  # IoU 1
-               sample("<answer>0.0 to 2.0</answer>"),  # IoU 1/2
-               sample("nothing")]  # 0, parse failure
+    items = [
+        {"segments": [[1.0, 3.0]], "duration": 4.0},
+        {"segments": [[0.0, 1.0]], "duration": 4.0},
+        {"segments": [[2.0, 4.0]], "duration": 4.0},
+    ]
+    samples = [
+        sample("<answer>1.0 to 3.0</answer>"),  # IoU 1
+        sample("<answer>0.0 to 2.0</answer>"),  # IoU 1/2
+        sample("nothing"),
+    ]  # 0, parse failure
     m = task.eval_metrics(items, samples, {})
     assert m["eval/miou"] == pytest.approx(0.5) and m["eval/score"] == m["eval/miou"]
     assert m["eval/R@0.3"] == pytest.approx(2 / 3) and m["eval/R@0.5"] == pytest.approx(2 / 3)
@@ -122,20 +148,36 @@ def test_qa_rewards_by_hand():
         {"question_type": "numeric", "answer": 3},
         {"question_type": "numeric", "answer": 3, "abs_tol": 1.0},
     ]
-    texts = ["<answer>B</answer>", "<answer>blue</answer>", "<answer>3</answer>", "<answer>three</answer> 4",
-             "<answer>4</answer>"]
-    cols = {k: [it.get(k) for it in items] for k in ("question_type", "answer", "options", "rel_tol", "abs_tol", "metric")}
+    texts = [
+        "<answer>B</answer>",
+        "<answer>blue</answer>",
+        "<answer>3</answer>",
+        "<answer>three</answer> 4",
+        "<answer>4</answer>",
+    ]
+    cols = {
+        k: [it.get(k) for it in items] for k in ("question_type", "answer", "options", "rel_tol", "abs_tol", "metric")
+    }
     got = accuracy_reward(None, [sample(t) for t in texts], **cols)
     # B right; "blue" is option C -> wrong; 3 right; "three" read as 3 -> right; 4 within abs_tol 1 -> right
     assert got == [1.0, 0.0, 1.0, 1.0, 1.0]
-    fmt = qa_format_reward(None, [sample("<answer>B</answer>"), sample("B"), sample("<answer></answer>"),
-                                  sample("<answer>B</answer><answer>C</answer>"), sample("<answer>B</answer>", truncated=True)])
+    fmt = qa_format_reward(
+        None,
+        [
+            sample("<answer>B</answer>"),
+            sample("B"),
+            sample("<answer></answer>"),
+            sample("<answer>B</answer><answer>C</answer>"),
+            sample("<answer>B</answer>", truncated=True),
+        ],
+    )
     assert fmt == [1.0, 0.0, 0.0, 0.0, 0.0]
     # the format gate: "<answer>three</answer> 4" has text after the block -> 0; a cut-off right answer -> 0
     gated = accuracy_reward(None, [sample(t) for t in texts], **cols, format_gate=True)
     assert gated == [1.0, 0.0, 1.0, 0.0, 1.0]
-    assert accuracy_reward(None, [sample(texts[0], truncated=True)], **{k: v[:1] for k, v in cols.items()},
-                           format_gate=True) == [0.0]
+    assert accuracy_reward(
+        None, [sample(texts[0], truncated=True)], **{k: v[:1] for k, v in cols.items()}, format_gate=True
+    ) == [0.0]
     cfg = load_config(["task=video_qa", "task.video.decode_timeout_s=null"])
     task = VideoQATask(cfg.task, cfg)
     m = task.eval_metrics(items[:4], [sample(t) for t in texts[:4]], {})
@@ -143,7 +185,9 @@ def test_qa_rewards_by_hand():
     assert m["eval/accuracy"] == m["eval/score"] == pytest.approx(0.75)
     assert m["eval/accuracy/multiple_choice"] == 0.5 and m["eval/accuracy/numeric"] == 1.0
     assert task.sft_target({"answer": 3.0}, {}) == "<answer>3</answer>"
-    assert task.rollout_metrics(items[:2], [sample("x"), sample("<answer>A</answer>")]) == {"monitor/no_answer_rate": 0.5}
+    assert task.rollout_metrics(items[:2], [sample("x"), sample("<answer>A</answer>")]) == {
+        "monitor/no_answer_rate": 0.5
+    }
 
 
 # ----------------------------------------------------------------------------- loaders
@@ -151,14 +195,19 @@ def test_qa_rewards_by_hand():
 
 def test_charades_sta_loader(tmp_path):
     ann = tmp_path / "charades_sta_train.txt"
-    ann.write_text("3MSZA 24.3 30.4##person turn a light on.\n\nAO8RW 0.0 6.9##a person is putting a book on a shelf.\n")
+    ann.write_text(
+        "3MSZA 24.3 30.4##person turn a light on.\n\nAO8RW 0.0 6.9##a person is putting a book on a shelf.\n"
+    )
     recs = load_charades_sta(ann, tmp_path / "videos")
     assert [r["segments"] for r in recs] == [[[24.3, 30.4]], [[0.0, 6.9]]]
     assert recs[0]["video"] == str(tmp_path / "videos" / "3MSZA.mp4") and recs[0]["query"] == "person turn a light on."
     assert recs[1]["source"] == f"{ann}:3"
-    for bad, msg in [("3MSZA 24.3##x", "expected '<video_id> <start> <end>##<sentence>'"),
-                     ("3MSZA a b##x", "must be numbers"), ("3MSZA 5 2##x", "0 <= start <= end"),
-                     ("3MSZA 1 2##  ", "empty sentence")]:
+    for bad, msg in [
+        ("3MSZA 24.3##x", "expected '<video_id> <start> <end>##<sentence>'"),
+        ("3MSZA a b##x", "must be numbers"),
+        ("3MSZA 5 2##x", "0 <= start <= end"),
+        ("3MSZA 1 2##  ", "empty sentence"),
+    ]:
         ann.write_text("ok 1 2##fine\n" + bad + "\n")
         with pytest.raises(AnnotationError, match=msg) as err:
             load_charades_sta(ann, tmp_path)
@@ -169,17 +218,21 @@ def test_charades_sta_loader(tmp_path):
 
 def test_temporal_jsonl_loader(tmp_path):
     ann = tmp_path / "tg.jsonl"
-    rows = [{"video": "a.mp4", "query": "the door opens", "segments": [[1, 2], [3, 4]]},
-            {"video": "/abs/b.mp4", "question": "When?", "timestamp": [0.5, 1.5], "id": "b", "clip_start": 2.0}]
+    rows = [
+        {"video": "a.mp4", "query": "the door opens", "segments": [[1, 2], [3, 4]]},
+        {"video": "/abs/b.mp4", "question": "When?", "timestamp": [0.5, 1.5], "id": "b", "clip_start": 2.0},
+    ]
     ann.write_text("\n".join(json.dumps(r) for r in rows))
     recs = load_temporal_jsonl(ann)
     assert recs[0]["video"] == str(tmp_path / "a.mp4") and recs[0]["segments"] == [[1.0, 2.0], [3.0, 4.0]]
     assert recs[1]["video"] == "/abs/b.mp4" and recs[1]["id"] == "b" and recs[1]["clip_start"] == 2.0
-    for bad, msg in [({"query": "x", "segments": [[0, 1]]}, "missing 'video'"),
-                     ({"video": "a.mp4", "segments": [[0, 1]]}, "missing 'query'"),
-                     ({"video": "a.mp4", "query": "x"}, "missing 'segments'"),
-                     ({"video": "a.mp4", "query": "x", "segments": [[2, 1]]}, "0 <= start <= end"),
-                     ({"video": "a.mp4", "query": "x", "segments": [[0, math.inf]]}, "finite")]:
+    for bad, msg in [
+        ({"query": "x", "segments": [[0, 1]]}, "missing 'video'"),
+        ({"video": "a.mp4", "segments": [[0, 1]]}, "missing 'query'"),
+        ({"video": "a.mp4", "query": "x"}, "missing 'segments'"),
+        ({"video": "a.mp4", "query": "x", "segments": [[2, 1]]}, "0 <= start <= end"),
+        ({"video": "a.mp4", "query": "x", "segments": [[0, math.inf]]}, "finite"),
+    ]:
         ann.write_text(json.dumps(bad) + "\n")
         with pytest.raises(AnnotationError, match=msg) as err:
             load_temporal_jsonl(ann)
@@ -191,19 +244,30 @@ def test_temporal_jsonl_loader(tmp_path):
 
 def test_qa_jsonl_loader_and_record_checks(tmp_path):
     ann = tmp_path / "qa.jsonl"
-    rows = [{"video": "v.mp4", "question": "Colour?", "question_type": "multiple_choice", "options": ["red", "blue"],
-             "answer": "blue"},
-            {"video": "v.mp4", "question": "How many?", "question_type": "numeric", "answer": "4", "abs_tol": 0.5}]
+    rows = [
+        {
+            "video": "v.mp4",
+            "question": "Colour?",
+            "question_type": "multiple_choice",
+            "options": ["red", "blue"],
+            "answer": "blue",
+        },
+        {"video": "v.mp4", "question": "How many?", "question_type": "numeric", "answer": "4", "abs_tol": 0.5},
+    ]
     ann.write_text("\n".join(json.dumps(r) for r in rows))
     recs = load_video_qa_jsonl(ann)
     assert recs[0]["answer"] == "B"  # option text turned into its letter
     assert recs[1]["abs_tol"] == 0.5 and recs[1]["video"] == str(tmp_path / "v.mp4")
-    for bad, msg in [({"question": "q", "question_type": "essay", "answer": "x"}, "not one of"),
-                     ({"question": "q", "question_type": "multiple_choice", "answer": "E", "options": ["a", "b"]},
-                      "not an option letter A..B"),
-                     ({"question": "q", "question_type": "multiple_choice", "answer": "A", "options": ["a"]}, "2..10"),
-                     ({"question": "q", "question_type": "numeric", "answer": "about 3"}, "not a number"),
-                     ({"question_type": "numeric", "answer": 3}, "missing 'question'")]:
+    for bad, msg in [
+        ({"question": "q", "question_type": "essay", "answer": "x"}, "not one of"),
+        (
+            {"question": "q", "question_type": "multiple_choice", "answer": "E", "options": ["a", "b"]},
+            "not an option letter A..B",
+        ),
+        ({"question": "q", "question_type": "multiple_choice", "answer": "A", "options": ["a"]}, "2..10"),
+        ({"question": "q", "question_type": "numeric", "answer": "about 3"}, "not a number"),
+        ({"question_type": "numeric", "answer": 3}, "missing 'question'"),
+    ]:
         with pytest.raises(AnnotationError, match=msg):
             check_qa_record(bad, "f.jsonl:7")
 
@@ -240,8 +304,12 @@ def test_bad_inputs_are_counted_skips_naming_the_file(tmp_path, vids, monkeypatc
     truncated.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
     empty = tmp_path / "empty.mp4"
     empty.write_bytes(b"")
-    cases = [(corrupt, "not a readable video"), (truncated, "not a readable video"), (empty, r"empty file \(0 bytes\)"),
-             (tmp_path / "missing.mp4", "file not found")]
+    cases = [
+        (corrupt, "not a readable video"),
+        (truncated, "not a readable video"),
+        (empty, r"empty file \(0 bytes\)"),
+        (tmp_path / "missing.mp4", "file not found"),
+    ]
     for path, reason in cases:
         with pytest.raises(SkipItem, match=reason) as err:
             task.prepare_item({"video": str(path), "prompt": "p", "segments": [[0.0, 1.0]]})
@@ -268,20 +336,26 @@ def test_bad_inputs_are_counted_skips_naming_the_file(tmp_path, vids, monkeypatc
 
 
 def test_config_errors():
-    for overrides, msg in [(["task.data_format=charades"], "needs an annotation file"),
-                           (["task.reward_kind=iou"], "reward_kind"),
-                           (["algo.tgrpo.shuffled_group=-2"], "shuffled_group"),
-                           (["task.video.max_frames=1"], "task.video"),
-                           (["model=tiny_lm"], "vision-language model")]:
+    for overrides, msg in [
+        (["task.data_format=charades"], "needs an annotation file"),
+        (["task.reward_kind=iou"], "reward_kind"),
+        (["algo.tgrpo.shuffled_group=-2"], "shuffled_group"),
+        (["task.video.max_frames=1"], "task.video"),
+        (["model=tiny_lm"], "vision-language model"),
+    ]:
         with pytest.raises(ConfigError, match=msg):
             cfg = load_config(["task=video_temporal_grounding", *overrides])
             VideoTemporalGroundingTask(cfg.task, cfg)
     # T-GRPO is an algorithm option; its correctness reward must be one of the task's rewards
     from mmrl.trainer import check_algo_against_task
 
-    cfg = load_config(["task=video_temporal_grounding", "algo.tgrpo.shuffled_group=2", "algo.tgrpo.correct_reward=accuracy"])
+    cfg = load_config(
+        ["task=video_temporal_grounding", "algo.tgrpo.shuffled_group=2", "algo.tgrpo.correct_reward=accuracy"]
+    )
     names = [s.name for s in VideoTemporalGroundingTask(cfg.task, cfg).reward_specs()]
-    with pytest.raises(ConfigError, match="not a reward of task=video_temporal_grounding; choose from temporal, format"):
+    with pytest.raises(
+        ConfigError, match="not a reward of task=video_temporal_grounding; choose from temporal, format"
+    ):
         check_algo_against_task(cfg.algo, names, "video_temporal_grounding")
     tg = load_config(["task=video_temporal_grounding"])
     assert tg.algo.tgrpo.correct_reward == "temporal" and tg.algo.tgrpo.threshold == 0.5
@@ -309,13 +383,31 @@ def test_two_step_training_run_with_tgrpo_and_a_bad_video(tmp_path, vids):
     """SFT warm start + 2 GRPO steps with T-GRPO on the tiny Qwen2.5-VL; a corrupt video is skipped and counted."""
     from mmrl.trainer import Trainer
 
-    cfg = load_config(["task=video_temporal_grounding", f"trainer.output_dir={tmp_path}", "trainer.run_name=e2e",
-                       "task.num_train=6", "task.num_eval=2", f"task.video.cache_dir={tmp_path / 'frames'}",
-                       "algo.tgrpo.shuffled_group=2", "trainer.max_steps=2", "trainer.batch_size=3",
-                       "trainer.sft_steps=2", "trainer.eval_every=0", "trainer.eval_at_end=true", "trainer.eval_size=2",
-                       "trainer.lr=0.01", "algo.group_size=3", "model.max_new_tokens=6", *TG_BASE,
-                       # Qwen2.5-VL (time via second_per_grid_ts) on 4 s videos at 4 fps: 8 frames of 84x56
-                       "model=tiny_qwen2_5_vl", "task.video_duration_s=4", "task.video_fps=4"])
+    cfg = load_config(
+        [
+            "task=video_temporal_grounding",
+            f"trainer.output_dir={tmp_path}",
+            "trainer.run_name=e2e",
+            "task.num_train=6",
+            "task.num_eval=2",
+            f"task.video.cache_dir={tmp_path / 'frames'}",
+            "algo.tgrpo.shuffled_group=2",
+            "trainer.max_steps=2",
+            "trainer.batch_size=3",
+            "trainer.sft_steps=2",
+            "trainer.eval_every=0",
+            "trainer.eval_at_end=true",
+            "trainer.eval_size=2",
+            "trainer.lr=0.01",
+            "algo.group_size=3",
+            "model.max_new_tokens=6",
+            *TG_BASE,
+            # Qwen2.5-VL (time via second_per_grid_ts) on 4 s videos at 4 fps: 8 frames of 84x56
+            "model=tiny_qwen2_5_vl",
+            "task.video_duration_s=4",
+            "task.video_fps=4",
+        ]
+    )
     tr = Trainer(cfg)
     bad = tmp_path / "bad.mp4"
     bad.write_bytes(b"not a video" * 100)

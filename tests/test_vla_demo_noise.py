@@ -1,6 +1,7 @@
 """DART noise injection in expert demos (mmrl.data.demos): the env executes expert + noise, the demo
 records the clean expert action at every visited state, the noise is seeded per episode, and only
 the named dimensions are perturbed."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -19,8 +20,11 @@ class LineEnv:
         self.executed: list[np.ndarray] = []
 
     def _obs(self):
-        return {"image": np.full((2, 2, 3), int(self.x * 100) % 256, np.uint8),
-                "proprio": np.array([self.x], np.float32), "instruction": "go to 1"}
+        return {
+            "image": np.full((2, 2, 3), int(self.x * 100) % 256, np.uint8),
+            "proprio": np.array([self.x], np.float32),
+            "instruction": "go to 1",
+        }
 
     def reset(self, options=None):
         self.x, self.t = 0.0, 0
@@ -52,8 +56,7 @@ def test_noise_free_episode_records_and_executes_the_expert_action():
 
 def test_noisy_episode_labels_each_visited_state_with_the_clean_expert_action():
     env = LineEnv()
-    demo = run_expert_episode(env, "line", 0, line_expert, noise_std=0.5, noise_dims=[0],
-                              rng=np.random.default_rng(7))
+    demo = run_expert_episode(env, "line", 0, line_expert, noise_std=0.5, noise_dims=[0], rng=np.random.default_rng(7))
     executed = np.stack(env.executed)
     # the recorded state before step t is the sum of the executed moves so far ...
     x_before = np.concatenate([[0.0], np.cumsum(0.1 * np.clip(executed[:, 0], -1, 1))[:-1]])
@@ -107,9 +110,16 @@ def test_demo_subprocess_that_dies_is_an_error_not_a_hang(tmp_path):
     import sys
 
     script = tmp_path / "no_guard.py"
-    script.write_text("from mmrl.data.demos import collect_demos\n"
-                      "collect_demos('tabletop/reach_red', 1, env_kwargs={'image_size': 32}, subprocess=True)\n")
-    p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
-                       cwd=str(Path(__file__).resolve().parent.parent))
+    script.write_text(
+        "from mmrl.data.demos import collect_demos\n"
+        "collect_demos('tabletop/reach_red', 1, env_kwargs={'image_size': 32}, subprocess=True)\n"
+    )
+    p = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=str(Path(__file__).resolve().parent.parent),
+    )
     assert p.returncode != 0
     assert "DemoError: the demo-collection subprocess died before it returned" in p.stderr

@@ -13,6 +13,7 @@ There is no short (~60 s) variant: the SFT warm start alone takes ~190 s at 128x
 64 px / short-SFT settings that fit in a minute the policy cannot locate the blocks (success stays at
 chance), so a few GRPO steps have nothing to improve.
 """
+
 import numpy as np
 import pytest
 

@@ -1,6 +1,7 @@
 """VLAPolicy on the tiny offline Qwen2.5-VL with pure-numpy test envs (no GL): constrained action
 sampling, first-update log-prob equality, chunk execution in the env workers, masked failures,
 log-prob granularity, supervised loss and the saved action statistics."""
+
 from __future__ import annotations
 
 import math
@@ -11,6 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+import mmrl.simulators.testing_envs  # noqa: E402,F401  (registers testing/*)
 from mmrl.models.configs import VLAConfig  # noqa: E402
 from mmrl.models.presets import resolve_vlm  # noqa: E402
 from mmrl.models.tiny_vlm import load_vlm  # noqa: E402
@@ -22,8 +24,6 @@ from mmrl.policies.vla import (  # noqa: E402
     VLAPolicy,
     action_vocab_ids,
 )
-
-import mmrl.simulators.testing_envs  # noqa: E402,F401  (registers testing/*)
 
 TOL = 1e-4
 STATS = {"low": [-1.0, -1.0], "high": [1.0, 1.0]}

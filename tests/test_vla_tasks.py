@@ -3,6 +3,7 @@
 
 MuJoCo envs only run in spawned processes here (demo collection, env-pool workers): a GL context in
 the test process would crash a later import of torch's GPU stack."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -21,18 +22,41 @@ from mmrl.tasks.vla_reach import VLAReachTask, success_reward, write_video  # no
 
 
 def reach_overrides(tmp_path, *extra):
-    return ["task=vla_reach", "task.tasks=[reach_red,reach_blue]", "task.train_init_states=2",
-            "task.eval_init_states=1", "task.demo_episodes=2", "task.max_steps=3", "task.eval_videos=1",
-            f"trainer.output_dir={tmp_path}", "trainer.run_name=run", "trainer.max_steps=2", "trainer.batch_size=2",
-            "trainer.sft_steps=2", "trainer.sft_batch_size=4", "trainer.eval_every=0", "trainer.eval_at_end=true",
-            "trainer.progress=false", "trainer.tensorboard=false", "trainer.plot=false", "algo.group_size=2",
-            "model.num_workers=1", *extra]
+    return [
+        "task=vla_reach",
+        "task.tasks=[reach_red,reach_blue]",
+        "task.train_init_states=2",
+        "task.eval_init_states=1",
+        "task.demo_episodes=2",
+        "task.max_steps=3",
+        "task.eval_videos=1",
+        f"trainer.output_dir={tmp_path}",
+        "trainer.run_name=run",
+        "trainer.max_steps=2",
+        "trainer.batch_size=2",
+        "trainer.sft_steps=2",
+        "trainer.sft_batch_size=4",
+        "trainer.eval_every=0",
+        "trainer.eval_at_end=true",
+        "trainer.progress=false",
+        "trainer.tensorboard=false",
+        "trainer.plot=false",
+        "algo.group_size=2",
+        "model.num_workers=1",
+        *extra,
+    ]
 
 
 def fake_demo(n=3, success=True, init_state=0) -> Demo:
-    return Demo(env="tabletop/reach_red", instruction="reach the red block", init_state=init_state, success=success,
-                frames=np.arange(n * 8 * 8 * 3, dtype=np.uint8).reshape(n, 8, 8, 3) % 251,
-                proprio=np.ones((n, 7), np.float32) * init_state, actions=np.linspace(-1, 1, n * 4).reshape(n, 4).astype(np.float32))
+    return Demo(
+        env="tabletop/reach_red",
+        instruction="reach the red block",
+        init_state=init_state,
+        success=success,
+        frames=np.arange(n * 8 * 8 * 3, dtype=np.uint8).reshape(n, 8, 8, 3) % 251,
+        proprio=np.ones((n, 7), np.float32) * init_state,
+        actions=np.linspace(-1, 1, n * 4).reshape(n, 4).astype(np.float32),
+    )
 
 
 def test_save_load_demos_roundtrip_and_errors(tmp_path):
@@ -54,10 +78,20 @@ def test_save_load_demos_roundtrip_and_errors(tmp_path):
 
 
 def test_collect_expert_demos_in_a_subprocess(tmp_path):
-    demos = collect_demos(["tabletop/reach_red", "tabletop/reach_blue"], 2, [3, 4], tmp_path / "reach",
-                          env_kwargs={"image_size": 32, "max_steps": 30}, subprocess=True)
-    assert [(d.env, d.init_state) for d in demos] == [("tabletop/reach_red", 3), ("tabletop/reach_red", 4),
-                                                      ("tabletop/reach_blue", 3), ("tabletop/reach_blue", 4)]
+    demos = collect_demos(
+        ["tabletop/reach_red", "tabletop/reach_blue"],
+        2,
+        [3, 4],
+        tmp_path / "reach",
+        env_kwargs={"image_size": 32, "max_steps": 30},
+        subprocess=True,
+    )
+    assert [(d.env, d.init_state) for d in demos] == [
+        ("tabletop/reach_red", 3),
+        ("tabletop/reach_red", 4),
+        ("tabletop/reach_blue", 3),
+        ("tabletop/reach_blue", 4),
+    ]
     assert all(d.success for d in demos)  # the reach expert solves every layout (docs/simulators.md)
     d = demos[0]
     assert d.frames.shape == (d.length, 32, 32, 3) and d.frames.dtype == np.uint8
@@ -85,13 +119,18 @@ def test_items_stats_sft_targets_and_metrics():
     cfg = load_config(["task=vla_reach", "task.tasks=[reach_red]", "task.train_init_states=3", "model.chunk=2"])
     task = VLAReachTask(cfg.task, cfg)
     assert [it["init_state"] for it in task.train_items()] == [0, 1, 2]
-    held_out = load_config(["task=vla_reach", "task.tasks=[reach_red]", "task.eval_init_states=2",
-                            "task.eval_init_offset=500"])
+    held_out = load_config(
+        ["task=vla_reach", "task.tasks=[reach_red]", "task.eval_init_states=2", "task.eval_init_offset=500"]
+    )
     assert [it["init_state"] for it in VLAReachTask(held_out.task, held_out).eval_items()] == [500, 501]
     with pytest.raises(ConfigError, match="eval_init_offset"):
         load_config(["task=vla_reach", "task.eval_init_offset=-1"])
-    assert task.train_items()[0] == {"prompt": "reach the red block", "env_task": "reach_red", "task": "reach_red",
-                                     "init_state": 0}
+    assert task.train_items()[0] == {
+        "prompt": "reach the red block",
+        "env_task": "reach_red",
+        "task": "reach_red",
+        "init_state": 0,
+    }
     task._demos = [fake_demo(3, True, 0), fake_demo(4, False, 1)]
     stats = task.action_stats()  # percentiles of the successful demo only; gripper dim forced to [-1, 1]
     acts = task._demos[0].actions
@@ -106,12 +145,18 @@ def test_items_stats_sft_targets_and_metrics():
     names = SimpleNamespace(convert_ids_to_tokens=lambda ids: [f"<{i}>" for i in ids])
     chunk = np.array([[-1.0, 1.0, 0.0, -1.0], [1.0, -1.0, 0.0, 1.0]])
     # bins: -1 -> 0, +1 -> 255, 0 -> 128 ; ids = 100 + bin
-    assert task.sft_target({"expert_chunk": chunk}, {"action_tokenizer": tok, "tokenizer": names}) == \
-        "<100><355><228><100><355><100><228><355>"
+    assert (
+        task.sft_target({"expert_chunk": chunk}, {"action_tokenizer": tok, "tokenizer": names})
+        == "<100><355><228><100><355><100><228><355>"
+    )
     assert task.sft_target({"prompt": "x"}, {}) is None
     items = [{"task": "reach_red", "init_state": s} for s in (0, 0, 1, 1)]
-    samples = [{"success": True, "valid": True}, {"success": False, "valid": True},
-               {"success": True, "valid": True}, {"success": True, "valid": False}]
+    samples = [
+        {"success": True, "valid": True},
+        {"success": False, "valid": True},
+        {"success": True, "valid": True},
+        {"success": True, "valid": False},
+    ]
     assert success_reward(None, samples) == [1.0, 0.0, 1.0, 1.0]
     m = task.rollout_metrics(items, samples)
     # valid: state 0 -> 1/2, state 1 -> 1/1 ; per task 2/3
@@ -125,8 +170,10 @@ def test_eval_metrics_write_success_file_and_video(tmp_path):
     task = VLAReachTask(cfg.task, cfg)
     frames = np.zeros((4, 32, 32, 3), np.uint8)
     frames[:, :, :16] = 200
-    samples = [{"success": True, "valid": True, "length": 3, "frames": frames},
-               {"success": False, "valid": True, "length": 5, "frames": frames}]
+    samples = [
+        {"success": True, "valid": True, "length": 3, "frames": frames},
+        {"success": False, "valid": True, "length": 5, "frames": frames},
+    ]
     items = [{"task": "reach_red", "init_state": 0}, {"task": "reach_blue", "init_state": 0}]
     out = task.eval_metrics(items, samples, {})
     assert out["eval/score"] == 0.5 and out["eval/success/reach_blue"] == 0.0 and out["eval/episode_length"] == 4.0
@@ -155,8 +202,16 @@ def test_write_video_roundtrip(tmp_path):
 def test_cli_collect(tmp_path, capsys):
     from mmrl.cli import main
 
-    rc = main(["collect", "task=vla_reach", "task.tasks=[reach_green]", "task.demo_episodes=1", "task.image_size=32",
-               f"task.demos_path={tmp_path}/d"])
+    rc = main(
+        [
+            "collect",
+            "task=vla_reach",
+            "task.tasks=[reach_green]",
+            "task.demo_episodes=1",
+            "task.image_size=32",
+            f"task.demos_path={tmp_path}/d",
+        ]
+    )
     assert rc == 0 and '"episodes": 1' in capsys.readouterr().out
     assert load_demos(tmp_path / "d")[0].instruction == "reach the green block"
     assert main(["collect", "task=toy_arithmetic"]) == 2
@@ -186,8 +241,11 @@ def test_vla_sampled_eval_keeps_videos_and_per_state_rates(tmp_path):
 
     from mmrl.trainer import Trainer
 
-    tr = Trainer(load_config(reach_overrides(tmp_path, "trainer.eval_greedy=false", "trainer.eval_samples=3",
-                                             "trainer.max_steps=0")))
+    tr = Trainer(
+        load_config(
+            reach_overrides(tmp_path, "trainer.eval_greedy=false", "trainer.eval_samples=3", "trainer.max_steps=0")
+        )
+    )
     tr.setup_run_dir()
     try:
         out = tr.evaluate()
@@ -206,12 +264,28 @@ def test_vla_sampled_eval_keeps_videos_and_per_state_rates(tmp_path):
 def test_vla_lift_two_trainer_steps(tmp_path):
     from mmrl.trainer import Trainer
 
-    cfg = load_config(["task=vla_lift", "task.train_init_states=1", "task.eval_init_states=1", "task.demo_episodes=1",
-                       "task.max_steps=2", "task.demo_max_steps=60", "task.eval_videos=0",
-                       f"trainer.output_dir={tmp_path}", "trainer.run_name=run", "trainer.max_steps=2",
-                       "trainer.batch_size=1", "trainer.sft_steps=1", "trainer.eval_at_end=false",
-                       "trainer.progress=false", "trainer.tensorboard=false", "trainer.plot=false",
-                       "algo.group_size=2", "model.num_workers=1"])
+    cfg = load_config(
+        [
+            "task=vla_lift",
+            "task.train_init_states=1",
+            "task.eval_init_states=1",
+            "task.demo_episodes=1",
+            "task.max_steps=2",
+            "task.demo_max_steps=60",
+            "task.eval_videos=0",
+            f"trainer.output_dir={tmp_path}",
+            "trainer.run_name=run",
+            "trainer.max_steps=2",
+            "trainer.batch_size=1",
+            "trainer.sft_steps=1",
+            "trainer.eval_at_end=false",
+            "trainer.progress=false",
+            "trainer.tensorboard=false",
+            "trainer.plot=false",
+            "algo.group_size=2",
+            "model.num_workers=1",
+        ]
+    )
     tr = Trainer(cfg)
     try:
         before = [p.detach().clone() for p in tr.policy.trainable_parameters()]

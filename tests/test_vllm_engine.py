@@ -8,6 +8,7 @@ to run while anything sleeps, sampling params are validated as ``vllm.SamplingPa
 are cached by image until ``llm_engine.reset_encoder_cache()``. It records the call order, so the sleep / sync /
 check sequence (the TRL #5312 failure) is tested without a GPU.
 """
+
 from __future__ import annotations
 
 import copy
@@ -87,8 +88,10 @@ def lp(v: float):
 
 def output(token_lists, logps, prompt_ids=None):
     """A vLLM ``RequestOutput``-like object with one CompletionOutput per token list."""
-    comps = [SimpleNamespace(token_ids=toks, logprobs=[{t: lp(v)} for t, v in zip(toks, vals)])
-             for toks, vals in zip(token_lists, logps)]
+    comps = [
+        SimpleNamespace(token_ids=toks, logprobs=[{t: lp(v)} for t, v in zip(toks, vals)])
+        for toks, vals in zip(token_lists, logps)
+    ]
     return SimpleNamespace(outputs=comps, prompt_token_ids=prompt_ids)
 
 
@@ -105,7 +108,11 @@ def test_check_rollout_engine_accepts_known_and_names_choices():
 def test_vlm_config_defaults_keep_hf():
     cfg = VLMConfig()
     assert (cfg.rollout_engine, cfg.vllm_gpu_memory_utilization, cfg.vllm_sleep, cfg.vllm_max_images_per_prompt) == (
-        "hf", 0.3, True, 1)
+        "hf",
+        0.3,
+        True,
+        1,
+    )
 
 
 def test_config_refuses_sampling_values_vllm_would_reject_or_change():
@@ -113,7 +120,9 @@ def test_config_refuses_sampling_values_vllm_would_reject_or_change():
     config refuses both, so the trainer never computes log-probs at a temperature the sampler did not use."""
     base = ["task=vqa_grounding", "model=tiny_qwen2_5_vl"]
     assert load_config(base + ["model.temperature=2.5"]).model.temperature == 2.5  # HF generate takes it
-    ok = load_config(base + ["model.rollout_engine=vllm", "model.temperature=2.0", "model.vllm_max_images_per_prompt=3"])
+    ok = load_config(
+        base + ["model.rollout_engine=vllm", "model.temperature=2.0", "model.vllm_max_images_per_prompt=3"]
+    )
     assert (ok.model.temperature, ok.model.vllm_max_images_per_prompt) == (2.0, 3)
     assert load_config(base + ["model.rollout_engine=vllm", "model.temperature=0.01"]).model.temperature == 0.01
     for t in ("2.5", "0.005"):
@@ -143,8 +152,9 @@ def test_processor_mm_kwargs_reads_the_trainer_budget(tiny):
 def test_build_requests_groups_consecutive_samples_with_the_trainer_inputs(tiny):
     _, proc = tiny
     img_a, img_b = picture(120, 64), picture(50, 170)
-    p0, p1 = preprocess(proc, [{"image": img_a, "prompt": "Find the red box."},
-                               {"images": [img_a, img_b], "prompt": "Two pictures."}])
+    p0, p1 = preprocess(
+        proc, [{"image": img_a, "prompt": "Find the red box."}, {"images": [img_a, img_b], "prompt": "Two pictures."}]
+    )
     p2 = preprocess(proc, [{"prompt": "no image here"}])[0]
     mm = processor_mm_kwargs(proc)
     reqs = build_requests([p0, p0, p0, p1, p1, p2, p0], [10, 11, 12, 20, 21, 30, 40], mm)
@@ -167,18 +177,32 @@ def test_build_requests_refuses_more_images_than_the_engine_limit(tiny):
     two = preprocess(proc, [{"images": [picture(120, 64), picture(50, 170)], "prompt": "Two pictures."}])[0]
     mm = processor_mm_kwargs(proc)
     assert build_requests([two], [1], mm, max_images=2)[0].prompt["multi_modal_data"]["image"] == two.images
-    with pytest.raises(VLLMEngineError, match=r"2 images but the vLLM engine accepts at most 1 per prompt .*"
-                                              r"model.vllm_max_images_per_prompt=2"):
+    with pytest.raises(
+        VLLMEngineError,
+        match=r"2 images but the vLLM engine accepts at most 1 per prompt .*"
+        r"model.vllm_max_images_per_prompt=2",
+    ):
         build_requests([two], [1], mm, max_images=1)
 
 
 def test_sampling_kwargs_values_and_errors():
-    kw = sampling_kwargs(n=4, seed=7, max_new_tokens=32, temperature=0.7, top_p=1.0, eos_ids=[2, 5],
-                         suppress_ids=[9, 11])
-    assert kw == {"n": 4, "seed": 7, "max_tokens": 32, "temperature": 0.7, "top_p": 1.0, "logprobs": 0,
-                  "stop_token_ids": [2, 5], "logit_bias": {9: -100.0, 11: -100.0}, "detokenize": False}
-    g = sampling_kwargs(n=1, seed=2 ** 64 + 3, max_new_tokens=4, temperature=0.7, top_p=0.9, eos_ids=[2],
-                        suppress_ids=[], greedy=True)
+    kw = sampling_kwargs(
+        n=4, seed=7, max_new_tokens=32, temperature=0.7, top_p=1.0, eos_ids=[2, 5], suppress_ids=[9, 11]
+    )
+    assert kw == {
+        "n": 4,
+        "seed": 7,
+        "max_tokens": 32,
+        "temperature": 0.7,
+        "top_p": 1.0,
+        "logprobs": 0,
+        "stop_token_ids": [2, 5],
+        "logit_bias": {9: -100.0, 11: -100.0},
+        "detokenize": False,
+    }
+    g = sampling_kwargs(
+        n=1, seed=2**64 + 3, max_new_tokens=4, temperature=0.7, top_p=0.9, eos_ids=[2], suppress_ids=[], greedy=True
+    )
     assert (g["temperature"], g["top_p"], g["logit_bias"], g["seed"]) == (0.0, 1.0, None, 3)  # 2**64+3 mod 2**63 = 3
     args = dict(n=1, seed=0, max_new_tokens=4, top_p=1.0, eos_ids=[2], suppress_ids=[])
     with pytest.raises(ValueError, match="temperature must be > 0"):
@@ -207,8 +231,9 @@ def test_completions_from_outputs_layout_masks_and_logprobs():
     c = completions_from_outputs(outs, reqs, eos_ids=[EOS], pad_id=PAD, max_new_tokens=4)
     assert c.ids.tolist() == [[5, 7, EOS, PAD], [9, 9, 9, 9], [4, EOS, PAD, PAD]]
     assert c.mask.tolist() == [[1, 1, 1, 0], [1, 1, 1, 1], [1, 1, 0, 0]]
-    torch.testing.assert_close(c.logp, torch.tensor([[-0.5, -1.0, -0.25, 0.0], [-0.1, -0.2, -0.3, -0.4],
-                                                     [-2.0, -0.5, 0.0, 0.0]]))
+    torch.testing.assert_close(
+        c.logp, torch.tensor([[-0.5, -1.0, -0.25, 0.0], [-0.1, -0.2, -0.3, -0.4], [-2.0, -0.5, 0.0, 0.0]])
+    )
     assert c.truncated.tolist() == [False, True, False]
 
 
@@ -244,8 +269,9 @@ def test_engine_logprob_formula_is_the_trainers():
     T = 0.7
     processed = (logits / T).log_softmax(-1)  # vLLM: temperature, then log_softmax (top_p = 1, no bias)
     vals = processed[0].gather(-1, toks[0, :, None])[:, 0].tolist()
-    c = completions_from_outputs([output([toks[0].tolist()], [vals])], [EngineRequest({}, 1, 0, 0)],
-                                 eos_ids=[EOS], pad_id=PAD, max_new_tokens=3)
+    c = completions_from_outputs(
+        [output([toks[0].tolist()], [vals])], [EngineRequest({}, 1, 0, 0)], eos_ids=[EOS], pad_id=PAD, max_new_tokens=3
+    )
     trainer, _ = token_logp_and_entropy(logits, toks, temperature=T)
     torch.testing.assert_close(c.logp, trainer)
 
@@ -322,8 +348,20 @@ def test_merged_lora_state_dict_equals_peft_merge_and_leaves_the_model_alone():
     before = {k: v.clone() for k, v in model.state_dict().items()}
     merged = merged_lora_state_dict(model)
     reference = copy.deepcopy(model).merge_and_unload().state_dict()
-    assert set(merged) == set(reference) == {"q_proj.weight", "q_proj.bias", "o_proj.weight", "o_proj.bias",
-                                             "v_proj.weight", "v_proj.bias", "norm.weight", "norm.bias"}
+    assert (
+        set(merged)
+        == set(reference)
+        == {
+            "q_proj.weight",
+            "q_proj.bias",
+            "o_proj.weight",
+            "o_proj.bias",
+            "v_proj.weight",
+            "v_proj.bias",
+            "norm.weight",
+            "norm.bias",
+        }
+    )
     for k in reference:
         torch.testing.assert_close(merged[k], reference[k])
     # independent formula for the adapted layer: W + (alpha / r) B A
@@ -402,7 +440,9 @@ def test_engine_state_dict_uses_checkpoint_names_with_and_without_lora(tiny):
     assert torch.equal(merged[v], full[v])  # the vision tower has no adapters
     one = dict(iter_engine_weights(lora_lm, keep=lambda n: n == "model.layers.1.mlp.down_proj.weight"))
     assert list(one) == ["model.layers.1.mlp.down_proj.weight"]
-    torch.testing.assert_close(one["model.layers.1.mlp.down_proj.weight"], merged["model.layers.1.mlp.down_proj.weight"])
+    torch.testing.assert_close(
+        one["model.layers.1.mlp.down_proj.weight"], merged["model.layers.1.mlp.down_proj.weight"]
+    )
 
 
 def test_normalise_param_name_maps_trainer_and_vllm_names_together():
@@ -414,13 +454,24 @@ def test_normalise_param_name_maps_trainer_and_vllm_names_together():
 
 
 def test_canary_keys_pick_the_projections_of_the_last_layer_of_each_tower():
-    names = ["language_model.model.layers.0.self_attn.o_proj.weight", "language_model.model.layers.11.mlp.down_proj.weight",
-             "language_model.model.layers.11.self_attn.o_proj.weight", "language_model.model.layers.2.self_attn.o_proj.weight",
-             "language_model.model.layers.11.self_attn.qkv_proj.weight", "language_model.model.layers.11.input_layernorm.weight",
-             "visual.blocks.3.attn.proj.weight", "visual.blocks.3.attn.qkv.weight", "visual.blocks.10.attn.proj.weight",
-             "visual.merger.mlp.2.weight", "language_model.lm_head.weight"]
-    assert canary_keys(names) == ["layers.11.mlp.down_proj.weight", "layers.11.self_attn.o_proj.weight",
-                                  "visual.blocks.10.attn.proj.weight"]
+    names = [
+        "language_model.model.layers.0.self_attn.o_proj.weight",
+        "language_model.model.layers.11.mlp.down_proj.weight",
+        "language_model.model.layers.11.self_attn.o_proj.weight",
+        "language_model.model.layers.2.self_attn.o_proj.weight",
+        "language_model.model.layers.11.self_attn.qkv_proj.weight",
+        "language_model.model.layers.11.input_layernorm.weight",
+        "visual.blocks.3.attn.proj.weight",
+        "visual.blocks.3.attn.qkv.weight",
+        "visual.blocks.10.attn.proj.weight",
+        "visual.merger.mlp.2.weight",
+        "language_model.lm_head.weight",
+    ]
+    assert canary_keys(names) == [
+        "layers.11.mlp.down_proj.weight",
+        "layers.11.self_attn.o_proj.weight",
+        "visual.blocks.10.attn.proj.weight",
+    ]
     assert canary_keys(["layers.0.input_layernorm.weight"]) == []
 
 
@@ -435,18 +486,29 @@ def test_weight_canary_catches_a_stale_copy_that_an_rmsnorm_check_misses():
     o_old = torch.tensor([[0.5, 0.0], [1.0, -0.25]])
     o_new = o_old - step
     vis = torch.tensor([[0.125, 2.0]])
-    trainer = [("model.layers.1.self_attn.o_proj.weight", o_new), ("model.layers.1.input_layernorm.weight", norm_old - step),
-               ("visual.blocks.0.attn.proj.weight", vis)]
-    synced = [("language_model.model.layers.1.self_attn.o_proj.weight", o_new.bfloat16()),
-              ("language_model.model.layers.1.input_layernorm.weight", (norm_old - step).bfloat16()),
-              ("visual.blocks.0.attn.proj.weight", vis.bfloat16())]
-    assert weight_canary_check(trainer, synced) == {"vllm/sync_checked": 2.0, "vllm/sync_checked_elements": 6.0,
-                                                    "vllm/sync_max_abs_diff": 0.0}
+    trainer = [
+        ("model.layers.1.self_attn.o_proj.weight", o_new),
+        ("model.layers.1.input_layernorm.weight", norm_old - step),
+        ("visual.blocks.0.attn.proj.weight", vis),
+    ]
+    synced = [
+        ("language_model.model.layers.1.self_attn.o_proj.weight", o_new.bfloat16()),
+        ("language_model.model.layers.1.input_layernorm.weight", (norm_old - step).bfloat16()),
+        ("visual.blocks.0.attn.proj.weight", vis.bfloat16()),
+    ]
+    assert weight_canary_check(trainer, synced) == {
+        "vllm/sync_checked": 2.0,
+        "vllm/sync_checked_elements": 6.0,
+        "vllm/sync_max_abs_diff": 0.0,
+    }
     stale = [("language_model.model.layers.1.self_attn.o_proj.weight", o_old.bfloat16()), *synced[1:]]
-    with pytest.raises(WeightSyncError, match=r"layers\.1\.self_attn\.o_proj\.weight differs from the trainer's in 1 "
-                                              r"of 4 elements \(max abs 9\.98e-07, compared in the engine dtype bfloat16"):
+    with pytest.raises(
+        WeightSyncError,
+        match=r"layers\.1\.self_attn\.o_proj\.weight differs from the trainer's in 1 "
+        r"of 4 elements \(max abs 9\.98e-07, compared in the engine dtype bfloat16",
+    ):
         weight_canary_check(trainer, stale)
-    assert float(-(torch.tensor(-step).bfloat16().float())) == 1.046875 * 2 ** -20
+    assert float(-(torch.tensor(-step).bfloat16().float())) == 1.046875 * 2**-20
     with pytest.raises(WeightSyncError, match="cannot run"):
         weight_canary_check(trainer, [("x.weight", torch.ones(3))])
 
@@ -502,11 +564,20 @@ def fake_sampling_params(**kw):
     return dict(kw)
 
 
-_PREFIXES = (("model.language_model.", "language_model.model."), ("model.visual.", "visual."),
-             ("lm_head.", "language_model.lm_head."), ("model.", "language_model.model."))
+_PREFIXES = (
+    ("model.language_model.", "language_model.model."),
+    ("model.visual.", "visual."),
+    ("lm_head.", "language_model.lm_head."),
+    ("model.", "language_model.model."),
+)
 """Qwen2_5_VLForConditionalGeneration.hf_to_vllm_mapper (vLLM 0.33), in order."""
-_STACKED = ((".q_proj.", ".qkv_proj.", 0), (".k_proj.", ".qkv_proj.", 1), (".v_proj.", ".qkv_proj.", 2),
-            (".gate_proj.", ".gate_up_proj.", 0), (".up_proj.", ".gate_up_proj.", 1))
+_STACKED = (
+    (".q_proj.", ".qkv_proj.", 0),
+    (".k_proj.", ".qkv_proj.", 1),
+    (".v_proj.", ".qkv_proj.", 2),
+    (".gate_proj.", ".gate_up_proj.", 0),
+    (".up_proj.", ".gate_up_proj.", 1),
+)
 """vLLM's fused projections: q/k/v -> qkv_proj and gate/up -> gate_up_proj (shards along dim 0)."""
 
 
@@ -514,7 +585,7 @@ def vllm_name(ckpt: str) -> tuple[str, int | None]:
     """(vLLM parameter name, shard) of a checkpoint tensor name."""
     for old, new in _PREFIXES:
         if ckpt.startswith(old):
-            ckpt = new + ckpt[len(old):]
+            ckpt = new + ckpt[len(old) :]
             break
     for old, new, shard in _STACKED:
         if old in ckpt:
@@ -588,7 +659,9 @@ class FakeLLMEngine:
 
     def __init__(self, llm):
         self._llm = llm
-        self.model_executor = SimpleNamespace(driver_worker=SimpleNamespace(model_runner=SimpleNamespace(model=llm.model)))
+        self.model_executor = SimpleNamespace(
+            driver_worker=SimpleNamespace(model_runner=SimpleNamespace(model=llm.model))
+        )
 
     def reset_encoder_cache(self):
         self._llm.calls.append("reset_encoder_cache")
@@ -639,14 +712,19 @@ class FakeLLM:
         current = self.model.visual_fingerprint()
         for p in prompts:
             images = (p.get("multi_modal_data") or {}).get("image")
-            for im in (images if isinstance(images, list) else [images] if images is not None else []):
+            for im in images if isinstance(images, list) else [images] if images is not None else []:
                 key = hashlib.sha1(im.tobytes()).hexdigest()
                 if key in self.encoder_cache and self.encoder_cache[key] != current:
                     self.stale_embeddings += 1
                 self.encoder_cache[key] = current
         self.last_params = sampling_params
-        return [output([[7, 8, EOS][: 1 + (k % 3)] for k in range(sp["n"])],
-                       [[-0.5, -0.25, -0.125][: 1 + (k % 3)] for k in range(sp["n"])]) for sp in sampling_params]
+        return [
+            output(
+                [[7, 8, EOS][: 1 + (k % 3)] for k in range(sp["n"])],
+                [[-0.5, -0.25, -0.125][: 1 + (k % 3)] for k in range(sp["n"])],
+            )
+            for sp in sampling_params
+        ]
 
 
 _LLM_KEYS = ("reload_on_kv_wake", "fail_generate", "dtype", "drop", "frozen")
@@ -679,7 +757,10 @@ def test_fake_behaves_like_vllm_on_names_sleep_and_sampling_params(tiny):
     lm, _ = tiny
     fake = FakeLLM(lm)
     names = [n for n, _ in fake.model.named_parameters()]
-    assert "language_model.model.layers.1.self_attn.qkv_proj.weight" in names and "visual.blocks.1.attn.proj.weight" in names
+    assert (
+        "language_model.model.layers.1.self_attn.qkv_proj.weight" in names
+        and "visual.blocks.1.attn.proj.weight" in names
+    )
     assert not any(".q_proj." in n or "lm_head" in n for n in names)  # fused; the tied lm_head is the embedding
     t = torch.zeros(4)
     with pytest.raises(ValueError, match="There is no module or parameter named"):
@@ -704,13 +785,22 @@ def test_engine_sleeps_syncs_checks_then_generates_in_order(tiny):
     assert fake.calls == ["sleep2"]
     prompts, seeds = sample_args(proc)
     c = eng.sample(prompts, seeds, lm=lm, suppress_ids=[9], **KW)
-    assert fake.calls == ["sleep2", "wake_weights", "load_weights", "reset_prefix_cache", "wake_kv_cache",
-                          "generate", "sleep2"]
+    assert fake.calls == [
+        "sleep2",
+        "wake_weights",
+        "load_weights",
+        "reset_prefix_cache",
+        "wake_kv_cache",
+        "generate",
+        "sleep2",
+    ]
     assert [sp["n"] for sp in fake.last_params] == [3] and fake.last_params[0]["seed"] == 5
     assert c.ids.tolist() == [[7, PAD, PAD], [7, 8, PAD], [7, 8, EOS]]
     assert c.truncated.tolist() == [True, True, False]
     n_params = len(list(fake.model.named_parameters()))
-    assert eng.metrics["vllm/sync_max_abs_diff"] == 0.0 and eng.metrics["vllm/sync_checked"] == 4.0  # last layer / block:
+    assert (
+        eng.metrics["vllm/sync_max_abs_diff"] == 0.0 and eng.metrics["vllm/sync_checked"] == 4.0
+    )  # last layer / block:
     # o_proj and down_proj of the language model, attn.proj and mlp.down_proj of the vision tower
     assert eng.metrics["vllm/sync_params_covered"] == n_params
     assert eng.metrics["vllm/sync_tensors"] == len(engine_state_dict(lm))
@@ -793,8 +883,11 @@ def test_engine_refuses_an_incomplete_sync(tiny):
     eng, fake = engine_for(lm, proc, sleep=True, drop=[skipped])
     n = len(list(fake.model.named_parameters()))
     prompts, seeds = sample_args(proc)
-    with pytest.raises(WeightSyncError, match=rf"loaded {n - 1} of the engine's {n} parameters; not loaded: "
-                                              rf"\['{skipped}'\]"):
+    with pytest.raises(
+        WeightSyncError,
+        match=rf"loaded {n - 1} of the engine's {n} parameters; not loaded: "
+        rf"\['{skipped}'\]",
+    ):
         eng.sample(prompts, seeds, lm=lm, **KW)
     assert torch.isnan(fake.model.param(skipped)).all() and "generate" not in fake.calls
     assert eng.needs_sync
@@ -824,7 +917,9 @@ def test_engine_refuses_weights_changed_during_sync_and_sleeps_after_failures(ti
     prompts, seeds = sample_args(proc)
     meddler = lambda engine, model: step(model) or {}  # noqa: E731  (updates the trainer mid-sync)
     fake = FakeLLM(lm)
-    eng = VLLMEngine("unused", proc, llm=fake, sleep=True, post_sync_hooks=[meddler], sampling_params=fake_sampling_params)
+    eng = VLLMEngine(
+        "unused", proc, llm=fake, sleep=True, post_sync_hooks=[meddler], sampling_params=fake_sampling_params
+    )
     with pytest.raises(StaleWeightsError, match="changed during the sync"):
         eng.sample(prompts, seeds, lm=lm, **KW)
     assert fake.calls[-1] == "sleep2"
@@ -918,8 +1013,11 @@ def test_constructor_picks_a_free_master_port_and_keeps_a_launcher_s(tiny, fake_
 def test_from_policy_passes_the_image_limit_and_the_vision_tower_state(tiny, fake_vllm_module):
     lm, proc = tiny
     built = fake_vllm_module
-    pol = VLMPolicy(copy.deepcopy(lm), proc, VLMConfig(rollout_engine="vllm", max_new_tokens=4,
-                                                       vllm_max_images_per_prompt=3, freeze_vision_tower=False))
+    pol = VLMPolicy(
+        copy.deepcopy(lm),
+        proc,
+        VLMConfig(rollout_engine="vllm", max_new_tokens=4, vllm_max_images_per_prompt=3, freeze_vision_tower=False),
+    )
     assert built["limit_mm_per_prompt"] == {"image": 3, "video": 0}
     assert pol.engine.max_images_per_prompt == 3 and pol.engine.vision_trainable is True
     frozen = VLMPolicy(copy.deepcopy(lm), proc, VLMConfig(rollout_engine="vllm", max_new_tokens=4))
@@ -943,10 +1041,22 @@ def test_policy_rollout_through_a_fake_engine_trains_on_its_completions(tiny):
     lm = copy.deepcopy(lm)
     pol = VLMPolicy(lm, proc, VLMConfig(max_new_tokens=3))
     fake = FakeLLM(pol.module.lm)
-    pol.engine = VLLMEngine("unused", proc, llm=fake, sleep=True, sampling_params=fake_sampling_params,
-                            vision_trainable=pol.vision_trainable)
-    batch = PromptBatch(items=[{"image": picture(120, 64), "prompt": "Find the red box."},
-                               {"image": picture(50, 170), "prompt": "Where is it?"}], indices=[0, 1], seeds=[11, 22])
+    pol.engine = VLLMEngine(
+        "unused",
+        proc,
+        llm=fake,
+        sleep=True,
+        sampling_params=fake_sampling_params,
+        vision_trainable=pol.vision_trainable,
+    )
+    batch = PromptBatch(
+        items=[
+            {"image": picture(120, 64), "prompt": "Find the red box."},
+            {"image": picture(50, 170), "prompt": "Where is it?"},
+        ],
+        indices=[0, 1],
+        seeds=[11, 22],
+    )
     ro = pol.rollout(batch, 3)
     assert [sp["n"] for sp in fake.last_params] == [3, 3]
     assert set(fake.last_params[0]["logit_bias"]) == set(pol.suppress_ids)
@@ -969,8 +1079,14 @@ def test_real_vllm_engine_matches_trainer_logprobs_and_follows_updates():
     lm, proc = load_vlm(resolve_vlm("tiny_qwen2_5_vl"), dtype="float32", device="cuda")
     pol = VLMPolicy(lm, proc, VLMConfig(max_new_tokens=16, dtype="float32", rollout_engine="hf"))
     pol.engine = VLLMEngine.from_policy(pol, gpu_memory_utilization=0.2, dtype="float32")
-    batch = PromptBatch(items=[{"image": picture(120, 64), "prompt": "Find the red box."},
-                               {"image": picture(50, 170), "prompt": "Where is it?"}], indices=[0, 1], seeds=[1, 2])
+    batch = PromptBatch(
+        items=[
+            {"image": picture(120, 64), "prompt": "Find the red box."},
+            {"image": picture(50, 170), "prompt": "Where is it?"},
+        ],
+        indices=[0, 1],
+        seeds=[1, 2],
+    )
     ro = pol.rollout(batch, 4)
     with torch.no_grad():
         gap = float(((pol.log_probs(ro).logp.cpu() - ro.rollout_logp).abs() * ro.mask).sum() / ro.mask.sum())

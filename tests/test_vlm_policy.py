@@ -5,6 +5,7 @@ B*G left-padded prompts) equal the log-probs recomputed by `log_probs` (one forw
 completion, another padding layout) and those of an independent unpadded HF forward from the
 processor's pixel values.
 """
+
 from __future__ import annotations
 
 import math
@@ -24,8 +25,6 @@ from mmrl.models.configs import LoraConfig, VLMConfig  # noqa: E402
 from mmrl.models.presets import resolve_vlm  # noqa: E402
 from mmrl.models.tiny_vlm import load_vlm, vision_special_token_ids  # noqa: E402
 from mmrl.policies.base import PromptBatch  # noqa: E402
-from mmrl.rewards.manager import RewardSpec  # noqa: E402
-from mmrl.tasks.base import Task  # noqa: E402
 from mmrl.policies.vlm import (  # noqa: E402
     PromptTooLongError,
     VLMInputError,
@@ -33,6 +32,8 @@ from mmrl.policies.vlm import (  # noqa: E402
     build_vlm_policy,
     vision_tower,
 )
+from mmrl.rewards.manager import RewardSpec  # noqa: E402
+from mmrl.tasks.base import Task  # noqa: E402
 
 FAMILIES = ["tiny_qwen2_vl", "tiny_qwen2_5_vl", "tiny_qwen3_vl"]
 TOL = 1e-4
@@ -80,12 +81,15 @@ def independent_logp(policy: VLMPolicy, rollout, i: int, *, suppress: bool = Tru
     ids = torch.cat([p.input_ids, c])[None]
     kw = {}
     if p.num_images:
-        kw = dict(pixel_values=p.pixel_values, image_grid_thw=p.image_grid_thw,
-                  mm_token_type_ids=torch.cat([p.mm_token_type_ids, torch.zeros_like(c)])[None])
+        kw = dict(
+            pixel_values=p.pixel_values,
+            image_grid_thw=p.image_grid_thw,
+            mm_token_type_ids=torch.cat([p.mm_token_type_ids, torch.zeros_like(c)])[None],
+        )
     with torch.no_grad():
         logits = policy.module.lm(input_ids=ids, attention_mask=torch.ones_like(ids), **kw).logits
     L = p.input_ids.numel()
-    z = logits[0, L - 1: L - 1 + c.numel()] / policy.cfg.temperature
+    z = logits[0, L - 1 : L - 1 + c.numel()] / policy.cfg.temperature
     if suppress:
         keep = torch.ones(z.shape[-1], dtype=torch.bool)
         keep[policy.suppress_ids] = False
@@ -147,14 +151,16 @@ def test_sample_fields_and_frames(sampled):
         item = batch.items[i // 2]
         W, H = item["image"].size
         assert s["orig_size"] == (W, H)
-        h, w = smart_resize(H, W, factor=factor, min_pixels=ip.size["shortest_edge"],
-                            max_pixels=ip.size["longest_edge"])
+        h, w = smart_resize(
+            H, W, factor=factor, min_pixels=ip.size["shortest_edge"], max_pixels=ip.size["longest_edge"]
+        )
         assert s["input_size"] == (w, h)  # grid x patch size == Qwen's resize rule
         assert s["family"] == family
         assert s["box_frame"] == {"qwen2_vl": "norm1000", "qwen2_5_vl": "input_pixels", "qwen3_vl": "norm1000"}[family]
         assert s["length"] == int(ro.mask[i].sum()) and isinstance(s["text"], str)
-        assert s["truncated"] == (s["length"] == policy.cfg.max_new_tokens and
-                                  int(ro.payload["completion_ids"][i][-1]) not in policy.eos_ids)
+        assert s["truncated"] == (
+            s["length"] == policy.cfg.max_new_tokens and int(ro.payload["completion_ids"][i][-1]) not in policy.eos_ids
+        )
     assert ro.group_id.tolist() == [101, 101, 202, 202, 303, 303]
     assert ro.prompt_index.tolist() == [0, 0, 1, 1, 2, 2]
     # one PromptInputs per prompt, shared by reference by its G samples
@@ -231,8 +237,10 @@ def test_text_only_and_mixed_prompts(q25):
 
 
 def test_multiple_images_per_prompt(q25):
-    items = [{"images": [image(60, 90), image(100, 50)], "prompt": "Which image has the box?"},
-             {"image": image(80, 80), "prompt": "Box?"}]
+    items = [
+        {"images": [image(60, 90), image(100, 50)], "prompt": "Which image has the box?"},
+        {"image": image(80, 80), "prompt": "Box?"},
+    ]
     ro = q25.rollout(PromptBatch(items=items, indices=[0, 1], seeds=[3, 4]), 2)
     assert ro.samples[0]["orig_sizes"] == [(60, 90), (100, 50)] and len(ro.samples[0]["input_sizes"]) == 2
     with torch.no_grad():
@@ -393,10 +401,11 @@ def test_sft_loss_matches_cross_entropy(q25):
             c = torch.tensor(q25.tokenizer(t, add_special_tokens=False)["input_ids"] + [eos])
             ids = torch.cat([p.input_ids, c])[None]
             mm = torch.cat([p.mm_token_type_ids, torch.zeros_like(c)])[None]
-            logits = q25.module.lm(input_ids=ids, pixel_values=p.pixel_values, image_grid_thw=p.image_grid_thw,
-                                   mm_token_type_ids=mm).logits[0]
+            logits = q25.module.lm(
+                input_ids=ids, pixel_values=p.pixel_values, image_grid_thw=p.image_grid_thw, mm_token_type_ids=mm
+            ).logits[0]
             L = p.input_ids.numel()
-            nll -= float(logits[L - 1: L - 1 + c.numel()].log_softmax(-1).gather(-1, c[:, None]).sum())
+            nll -= float(logits[L - 1 : L - 1 + c.numel()].log_softmax(-1).gather(-1, c[:, None]).sum())
             n += c.numel()
     assert abs(float(loss.detach()) - nll / n) < 1e-4
     loss.backward()
@@ -455,8 +464,15 @@ def test_presets_compose_and_build(folders):
     for name in FAMILIES:
         m = load_config([f"model={name}"]).model
         assert (m.type, m.name, m.path) == ("vlm", name, name)
-    cfg = load_config(["model=tiny_qwen3_vl", "algo.advantage=gae", "algo.kl_coef=0.01", "trainer.device=cpu",
-                       "model.max_new_tokens=4"])
+    cfg = load_config(
+        [
+            "model=tiny_qwen3_vl",
+            "algo.advantage=gae",
+            "algo.kl_coef=0.01",
+            "trainer.device=cpu",
+            "model.max_new_tokens=4",
+        ]
+    )
     policy = build_vlm_policy(cfg)
     assert policy.family == "qwen3_vl" and policy.module.value_head is not None and policy._frozen_ref is not None
     ro = policy.rollout(mixed_batch((1,)), 2)
@@ -492,10 +508,21 @@ def test_trainer_step_updates_parameters(folders, tmp_path):
     from mmrl.trainer import Trainer
 
     model_cfg = VLMConfig(path=folders["tiny_qwen2_5_vl"], max_new_tokens=6, gradient_checkpointing=True)
-    cfg = RunConfig(task=type("T", (), {"name": "vlm_test"})(), model=model_cfg,
-                    algo=AlgoConfig(group_size=2, kl_coef=0.02),
-                    trainer=TrainerConfig(batch_size=2, lr=1e-2, device="cpu", progress=False, tensorboard=False,
-                                          plot=False, output_dir=str(tmp_path), max_steps=1))
+    cfg = RunConfig(
+        task=type("T", (), {"name": "vlm_test"})(),
+        model=model_cfg,
+        algo=AlgoConfig(group_size=2, kl_coef=0.02),
+        trainer=TrainerConfig(
+            batch_size=2,
+            lr=1e-2,
+            device="cpu",
+            progress=False,
+            tensorboard=False,
+            plot=False,
+            output_dir=str(tmp_path),
+            max_steps=1,
+        ),
+    )
     policy = build_vlm_policy(cfg, None)
     trainer = Trainer(cfg, task=_BoxTask(cfg.task, cfg), policy=policy)
     before = [p.detach().clone() for p in policy.trainable_parameters()]

@@ -1,4 +1,5 @@
 """End to end: `task=vqa_grounding` trains one step with each tiny Qwen-VL family (frames included)."""
+
 import math
 
 import pytest
@@ -10,13 +11,27 @@ from mmrl.trainer import Trainer
 
 @pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
 def test_one_grpo_step_per_family(tmp_path, family):
-    cfg = load_config([
-        "task=vqa_grounding", f"model=tiny_{family}", f"trainer.output_dir={tmp_path}", "trainer.run_name=r",
-        "task.num_train=8", "task.num_eval=4", "trainer.sft_steps=2", "trainer.sft_batch_size=2",
-        "trainer.batch_size=2", "algo.group_size=2", "model.max_new_tokens=12", "trainer.max_steps=1",
-        "trainer.eval_every=0", "trainer.eval_at_end=true", "trainer.progress=false", "trainer.tensorboard=false",
-        "trainer.plot=false",
-    ])
+    cfg = load_config(
+        [
+            "task=vqa_grounding",
+            f"model=tiny_{family}",
+            f"trainer.output_dir={tmp_path}",
+            "trainer.run_name=r",
+            "task.num_train=8",
+            "task.num_eval=4",
+            "trainer.sft_steps=2",
+            "trainer.sft_batch_size=2",
+            "trainer.batch_size=2",
+            "algo.group_size=2",
+            "model.max_new_tokens=12",
+            "trainer.max_steps=1",
+            "trainer.eval_every=0",
+            "trainer.eval_at_end=true",
+            "trainer.progress=false",
+            "trainer.tensorboard=false",
+            "trainer.plot=false",
+        ]
+    )
     tr = Trainer(cfg)
     expected_frame = "input_pixels" if family == "qwen2_5_vl" else "norm1000"
     assert tr.task.answer_frame == expected_frame == tr.policy.box_frame

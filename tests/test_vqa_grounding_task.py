@@ -3,6 +3,7 @@
 No model: completions are hand-made dicts in the VLM policy's schema (text, length, truncated,
 orig_size, input_size, family, box_frame). Expected values are worked out in the comments.
 """
+
 from __future__ import annotations
 
 import json
@@ -90,7 +91,9 @@ def test_same_numbers_in_the_wrong_frame_score_below_half():
     # 164.864 * 91.392 - 9411.38 = 54807.9 -> IoU 0.1717.
     pred = [64.4, 47.6, 322.0, 238.0]
     wrong = grounding([completion(answer(pred), "qwen2_vl")], [[GT]], ["norm1000"], [(W, H)])[0]
-    assert wrong == pytest.approx(iou_ref([41.216, 22.848, 206.08, 114.24], GT)) and wrong == pytest.approx(0.1717, abs=1e-4)
+    assert wrong == pytest.approx(iou_ref([41.216, 22.848, 206.08, 114.24], GT)) and wrong == pytest.approx(
+        0.1717, abs=1e-4
+    )
     assert wrong < 0.5
     # Read as original pixels (no resize undone): IoU of [64.4, 47.6, 322, 238] with GT, still < 1.
     as_pixels = predicted_pixels({"text": answer(pred), "orig_size": (W, H)}, "pixels", (W, H))
@@ -156,7 +159,9 @@ def test_prediction_outside_image_is_clipped():
     r = grounding([completion(answer([-50, -50, 322, 238]))], [[[0, 0, 320, 240]]], ["input_pixels"], [(W, H)])
     assert r == [pytest.approx(1.0)]
     # norm1000 [500, 500, 1500, 1500] -> pixels [320, 240, 960, 720] -> clipped to the image corner.
-    r = grounding([completion(answer([500, 500, 1500, 1500]), "qwen3_vl")], [[[320, 240, 640, 480]]], ["norm1000"], [(W, H)])
+    r = grounding(
+        [completion(answer([500, 500, 1500, 1500]), "qwen3_vl")], [[[320, 240, 640, 480]]], ["norm1000"], [(W, H)]
+    )
     assert r == [pytest.approx(1.0)]
     # Entirely outside: clipped to zero area -> 0.
     r = grounding([completion(answer([1100, 0, 1200, 100]), "qwen3_vl")], [[GT]], ["norm1000"], [(W, H)])
@@ -196,7 +201,13 @@ def test_duplicate_penalty_and_total_through_the_reward_manager():
     task = VQAGroundingTask(VQAGroundingConfig(box_frame="norm1000"), None)
     size = (1000, 1000)
     dup = completion(answer([0, 0, 100, 100], [0, 0, 100, 100]), "qwen2_vl", orig=size)
-    item = {"gt_boxes": [[0, 0, 100, 100]], "gt_labels": ["a"], "answer_frame": "norm1000", "image_size": size, "id": "x"}
+    item = {
+        "gt_boxes": [[0, 0, 100, 100]],
+        "gt_labels": ["a"],
+        "answer_frame": "norm1000",
+        "image_size": size,
+        "id": "x",
+    }
     manager = RewardManager(task.reward_specs())
     res = manager(["p"], [dup], task.reward_columns([item]))
     # grounding: first box IoU 1; format: exact JSON -> 1; duplicate: 1 of 2 boxes repeats -> 0.5.
@@ -320,7 +331,10 @@ def test_sft_target_negative_think_and_errors():
     with pytest.raises(ValueError, match="prepare_item"):
         sft_target({"gt_boxes": None, "image_size": (W, H)}, "norm1000")
     # A missing label is left out.
-    assert sft_target({"gt_boxes": [GT], "gt_labels": [None], "image_size": (W, H)}, "norm1000") == '[{"bbox_2d": [100, 100, 500, 500]}]'
+    assert (
+        sft_target({"gt_boxes": [GT], "gt_labels": [None], "image_size": (W, H)}, "norm1000")
+        == '[{"bbox_2d": [100, 100, 500, 500]}]'
+    )
 
 
 # ----------------------------------------------------------------------------- model family -> frame
@@ -335,7 +349,10 @@ def test_model_family_and_frame_resolution(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3_vl"}))
     assert model_family_of(NS(name="local", path=str(tmp_path))) == "qwen3_vl"
     assert model_family_of(NS(name="llava", path="llava-hf/llava-1.5-7b-hf")) is None
-    assert resolve_answer_frame("auto", NS(model=NS(name="qwen2_5_vl_3b", path="Qwen/Qwen2.5-VL-3B-Instruct"))) == "input_pixels"
+    assert (
+        resolve_answer_frame("auto", NS(model=NS(name="qwen2_5_vl_3b", path="Qwen/Qwen2.5-VL-3B-Instruct")))
+        == "input_pixels"
+    )
     assert resolve_answer_frame("norm1000", None) == "norm1000"
     with pytest.raises(ConfigError, match="task.box_frame"):
         resolve_answer_frame("auto", NS(model=NS(name="llava", path="llava")))
@@ -399,14 +416,39 @@ def test_jsonl_loading_prepare_and_skips(tmp_path):
     write_image(tmp_path / "imgs" / "a.png", (200, 100))
     write_image(tmp_path / "imgs" / "b.png", (300, 150))
     records = [
-        {"id": "a", "image": "imgs/a.png", "question": "the red thing", "boxes": [{"bbox": [20, 10, 120, 60], "label": "red"}],
-         "bbox_frame": "pixels", "image_size": [200, 100]},
+        {
+            "id": "a",
+            "image": "imgs/a.png",
+            "question": "the red thing",
+            "boxes": [{"bbox": [20, 10, 120, 60], "label": "red"}],
+            "bbox_frame": "pixels",
+            "image_size": [200, 100],
+        },
         # norm1000 without image_size: pixels known only once the image is read (300x150).
-        {"id": "b", "image": "imgs/b.png", "question": "the left half", "boxes": [{"bbox": [0, 0, 500, 1000]}], "bbox_frame": "norm1000"},
+        {
+            "id": "b",
+            "image": "imgs/b.png",
+            "question": "the left half",
+            "boxes": [{"bbox": [0, 0, 500, 1000]}],
+            "bbox_frame": "norm1000",
+        },
         {"id": "neg", "image": "imgs/a.png", "question": "a purple star", "boxes": [], "bbox_frame": "pixels"},
         {"id": "gone", "image": "imgs/missing.png", "question": "anything", "boxes": [], "bbox_frame": "pixels"},
-        {"id": "wrong_size", "image": "imgs/a.png", "question": "x", "boxes": [], "bbox_frame": "pixels", "image_size": [400, 200]},
-        {"id": "held_out", "image": "imgs/b.png", "question": "eval one", "boxes": [{"bbox": [1, 1, 50, 50]}], "bbox_frame": "pixels"},
+        {
+            "id": "wrong_size",
+            "image": "imgs/a.png",
+            "question": "x",
+            "boxes": [],
+            "bbox_frame": "pixels",
+            "image_size": [400, 200],
+        },
+        {
+            "id": "held_out",
+            "image": "imgs/b.png",
+            "question": "eval one",
+            "boxes": [{"bbox": [1, 1, 50, 50]}],
+            "bbox_frame": "pixels",
+        },
     ]
     data = tmp_path / "train.jsonl"
     data.write_text("\n".join(json.dumps(r) for r in records) + "\n")
@@ -414,7 +456,9 @@ def test_jsonl_loading_prepare_and_skips(tmp_path):
     cfg.validate()
     task = VQAGroundingTask(cfg, None)
     train = {it["id"]: it for it in task.train_items()}
-    assert list(train) == ["a", "b", "neg", "gone", "wrong_size"] and [it["id"] for it in task.eval_items()] == ["held_out"]
+    assert list(train) == ["a", "b", "neg", "gone", "wrong_size"] and [it["id"] for it in task.eval_items()] == [
+        "held_out"
+    ]
     assert train["a"]["gt_boxes"] == [[20.0, 10.0, 120.0, 60.0]] and train["b"]["gt_boxes"] is None
     assert "0 to 1000" in train["a"]["prompt"]
     b = task.prepare_item(train["b"])
@@ -452,23 +496,37 @@ def test_malformed_jsonl_box_names_file_and_line(tmp_path):
         {"image": "a.png", "question": "reversed", "boxes": [{"bbox": [50, 10, 20, 40]}], "bbox_frame": "pixels"},
     ]
     data.write_text("\n".join(json.dumps(r) for r in lines) + "\n")
-    task = VQAGroundingTask(VQAGroundingConfig(data_format="jsonl", data=str(data), num_eval=0, box_frame="norm1000"), None)
-    with pytest.raises(DataFormatError, match=rf"bad\.jsonl:2: box 0 has x2 < x1"):
+    task = VQAGroundingTask(
+        VQAGroundingConfig(data_format="jsonl", data=str(data), num_eval=0, box_frame="norm1000"), None
+    )
+    with pytest.raises(DataFormatError, match=r"bad\.jsonl:2: box 0 has x2 < x1"):
         task.train_items()
     skipping = VQAGroundingTask(
-        VQAGroundingConfig(data_format="jsonl", data=str(data), num_eval=0, box_frame="norm1000", on_invalid_box="skip_sample"), None
+        VQAGroundingConfig(
+            data_format="jsonl", data=str(data), num_eval=0, box_frame="norm1000", on_invalid_box="skip_sample"
+        ),
+        None,
     )
     assert len(skipping.train_items()) == 1 and "1 skipped" in skipping.load_reports[str(data)]
 
 
 def test_vlm_r1_loading(tmp_path):
     write_image(tmp_path / "c.jpg", (320, 240))
-    rec = {"image": "c.jpg", "problem": "Please provide the bounding box coordinate of the region this sentence describes: the cup.",
-           "solution": [10, 20, 110, 220], "normal_caption": "the cup"}
+    rec = {
+        "image": "c.jpg",
+        "problem": "Please provide the bounding box coordinate of the region this sentence describes: the cup.",
+        "solution": [10, 20, 110, 220],
+        "normal_caption": "the cup",
+    }
     (tmp_path / "train.jsonl").write_text(json.dumps(rec) + "\n")
     (tmp_path / "val.jsonl").write_text(json.dumps({**rec, "normal_caption": "a cup"}) + "\n")
-    cfg = VQAGroundingConfig(data_format="vlm_r1", data=str(tmp_path / "train.jsonl"), eval_data=str(tmp_path / "val.jsonl"),
-                             image_root=str(tmp_path), multi_box=False)
+    cfg = VQAGroundingConfig(
+        data_format="vlm_r1",
+        data=str(tmp_path / "train.jsonl"),
+        eval_data=str(tmp_path / "val.jsonl"),
+        image_root=str(tmp_path),
+        multi_box=False,
+    )
     task = VQAGroundingTask(cfg, NS(model=NS(type="vlm", name="qwen2_vl_2b", path="Qwen/Qwen2-VL-2B-Instruct")))
     (item,) = task.train_items()
     assert item["question"] == "the cup" and item["gt_boxes"] == [[10.0, 20.0, 110.0, 220.0]]
@@ -523,13 +581,24 @@ def test_refcoco_loading_by_split(tmp_path):
         "categories": [{"id": 3, "name": "cup"}],
     }
     refs = [
-        {"ref_id": 1, "ann_id": 10, "image_id": 1, "split": "train", "sentences": [{"sent": "the cup"}, {"sent": "a mug"}]},
+        {
+            "ref_id": 1,
+            "ann_id": 10,
+            "image_id": 1,
+            "split": "train",
+            "sentences": [{"sent": "the cup"}, {"sent": "a mug"}],
+        },
         {"ref_id": 2, "ann_id": [], "image_id": 1, "split": "val", "sentences": [{"sent": "the purple dog"}]},
     ]
     (tmp_path / "instances.json").write_text(json.dumps(instances))
     (tmp_path / "refs.json").write_text(json.dumps(refs))
-    cfg = VQAGroundingConfig(data_format="refcoco", data=str(tmp_path / "instances.json"), refs=str(tmp_path / "refs.json"),
-                             image_root=str(tmp_path), box_frame="norm1000")
+    cfg = VQAGroundingConfig(
+        data_format="refcoco",
+        data=str(tmp_path / "instances.json"),
+        refs=str(tmp_path / "refs.json"),
+        image_root=str(tmp_path),
+        box_frame="norm1000",
+    )
     cfg.validate()
     task = VQAGroundingTask(cfg, None)
     train = task.train_items()

@@ -1,5 +1,6 @@
 """W&B logging through the real library in offline mode: every metrics row reaches wandb.log, and a resumed
 run continues the same W&B run (its id travels in the checkpoint)."""
+
 from __future__ import annotations
 
 import json
