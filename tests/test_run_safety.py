@@ -339,3 +339,37 @@ def test_eval_that_scored_nothing_is_an_error(cli, tmp_path, monkeypatch):
     assert p.returncode == 1, p.stderr
     line = _one_line(p.stderr)
     assert line.startswith("mmrl eval: error: nothing was scored: all 3 items") and "3 skipped" in line
+
+
+# ---------------------------------------------------------------- the same classes through real processes (slow)
+
+NOTHING_TRAINED_PATCH = """
+    from mmrl.tasks.base import SkipItem
+    from mmrl.tasks.toy_arithmetic import ToyArithmeticTask
+    def prepare_item(self, item):
+        raise SkipItem("corrupt")
+    ToyArithmeticTask.prepare_item = prepare_item
+"""
+
+
+@pytest.mark.slow
+def test_the_in_process_classes_through_real_processes(tmp_path):
+    """The classes the default suite checks through ``mmrl.cli.main`` in-process, here as real ``mmrl`` processes:
+    an unwritable output folder, a run that trained nothing, a resume that changes the experiment."""
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")
+    p = _mmrl(tmp_path, "train", *toy_overrides(blocker / "runs", steps=1))
+    assert p.returncode == 2 and "is not writable" in _one_line(p.stderr)
+    p = _mmrl(
+        tmp_path,
+        "train",
+        *toy_overrides(tmp_path, "trainer.data_skip_threshold=1.0", steps=2, run="none"),
+        patch=NOTHING_TRAINED_PATCH,
+    )
+    assert p.returncode == 1 and "trained nothing: 2 step(s) ran" in _one_line(p.stderr)
+    assert latest_checkpoint(tmp_path / "none") is None
+    base = toy_overrides(tmp_path, steps=1, run="exp")
+    assert _mmrl(tmp_path, "train", *base).returncode == 0
+    p = _mmrl(tmp_path, "train", *base, "algo.group_size=2", "trainer.resume=auto", "trainer.max_steps=2")
+    assert p.returncode == 2 and "algo.group_size: 4 -> 2" in _one_line(p.stderr)
+    assert len(list((tmp_path / "exp" / "config_history").glob("start-*.yaml"))) == 1
