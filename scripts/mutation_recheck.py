@@ -55,6 +55,10 @@ def main() -> int:
     sys.path.insert(0, str(mutants))
     import pytest
 
+    os.environ["MUTANT_UNDER_TEST"] = ""  # baseline: the tests must pass on the unmutated code of the run's copy
+    if int(pytest.main(["-x", "-p", "no:cacheprovider", "-p", "no:terminal", *args.tests])) != 0:
+        print("the tests fail without any mutant in this run's copy (is it older than the tests?); nothing rechecked")
+        return 1
     alive = []
     for name in names:
         os.environ["MUTANT_UNDER_TEST"] = name

@@ -1,6 +1,7 @@
 """Edges of the RL math that mutation testing found untested (scripts/mutation.sh, docs/testing.md): inclusive
 bounds, defaults, clamps at both ends, float64 kept as float64, and errors that name the function and argument.
 Every expected value is worked out by hand in the comment next to it."""
+
 from __future__ import annotations
 
 import math
@@ -60,9 +61,17 @@ def test_filters_keep_float64_precision():
     assert mean.dtype == torch.float64 and float(mean[0]) == 1.0 + 0.5e-12
 
 
-@pytest.mark.parametrize("fn, name", [(grpo, "grpo"), (rloo, "rloo"), (reinforce_pp, "reinforce_pp"),
-                                      (group_stats, "group_stats"), (nonzero_variance_groups, "nonzero_variance_groups"),
-                                      (success_rate_band, "success_rate_band")])
+@pytest.mark.parametrize(
+    "fn, name",
+    [
+        (grpo, "grpo"),
+        (rloo, "rloo"),
+        (reinforce_pp, "reinforce_pp"),
+        (group_stats, "group_stats"),
+        (nonzero_variance_groups, "nonzero_variance_groups"),
+        (success_rate_band, "success_rate_band"),
+    ],
+)
 def test_outcome_errors_name_the_function(fn, name):
     rewards = torch.tensor([1.0, float("nan")])
     with pytest.raises(AlgoInputError, match=rf"^{name}: non-finite reward for valid samples at indices \[1\]"):
@@ -174,8 +183,9 @@ def test_rollout_temporal_bonus_without_ordered_samples():
     from mmrl.algos.tgrpo import rollout_temporal_bonus
     from mmrl.config import TGRPOConfig
 
-    ro = SimpleNamespace(probe=torch.tensor([False, True]), valid=torch.tensor([False, False]),
-                         group_id=torch.tensor([0, 0]))
+    ro = SimpleNamespace(
+        probe=torch.tensor([False, True]), valid=torch.tensor([False, False]), group_id=torch.tensor([0, 0])
+    )
     bonus, metrics = rollout_temporal_bonus(ro, {"accuracy": torch.tensor([1.0, 1.0])}, TGRPOConfig(shuffled_group=1))
     assert bonus.tolist() == [0.0, 0.0]
     assert metrics == {"tgrpo/compared_groups": 0.0, "tgrpo/bonus_frac": 0.0}
@@ -193,8 +203,92 @@ def test_temporal_bonus_single_members_exact_grant_boundary_and_errors():
     assert res.compared.tolist() == [True, True] and res.granted.tolist() == [True, True]
     torch.testing.assert_close(res.bonus, torch.tensor([0.3, 0.0, 0.3, 0.3, 0.0]))
     with pytest.raises(AlgoInputError, match="^temporal_bonus: non-finite reward"):
-        temporal_bonus(torch.tensor([float("nan"), 1.0]), torch.tensor([0, 0]), torch.tensor([True, False]),
-                       torch.tensor([False, True]))
+        temporal_bonus(
+            torch.tensor([float("nan"), 1.0]),
+            torch.tensor([0, 0]),
+            torch.tensor([True, False]),
+            torch.tensor([False, True]),
+        )
     with pytest.raises(AlgoInputError, match="^temporal_bonus: non-finite reward"):
-        temporal_bonus(torch.tensor([1.0, float("inf")]), torch.tensor([0, 0]), torch.tensor([True, False]),
-                       torch.tensor([False, True]))
+        temporal_bonus(
+            torch.tensor([1.0, float("inf")]),
+            torch.tensor([0, 0]),
+            torch.tensor([True, False]),
+            torch.tensor([False, True]),
+        )
+
+
+def test_kl_is_folded_into_rewards_only_with_kl_in_reward():
+    from types import SimpleNamespace
+
+    from mmrl.algos import fold_kl_into_rewards, token_advantages
+
+    rewards = torch.tensor([1.0, 0.0])
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+    kl = torch.tensor([[0.5, 0.25], [2.0, 9.0]])
+    on = SimpleNamespace(kl_in_reward=True, kl_coef=0.1)
+    off = SimpleNamespace(kl_in_reward=False, kl_coef=0.1)
+    # folded: r - 0.1 * sum_t m KL = 1 - 0.075, 0 - 0.2 (the masked 9.0 is not read)
+    torch.testing.assert_close(fold_kl_into_rewards(rewards, mask, on, kl), torch.tensor([0.925, -0.2]))
+    torch.testing.assert_close(fold_kl_into_rewards(rewards, mask, off, kl), rewards)  # KL in the loss instead
+    # GAE: the same switch on the token rewards (gamma = lam = 1, values 0: the returns are the rewards-to-go)
+    cfg = dict(advantage="gae", gamma=1.0, lam=1.0, adv_clip=None, kl_coef=0.1)
+    values = torch.zeros(2, 2)
+    _, r_off = token_advantages(
+        rewards,
+        torch.tensor([0, 0]),
+        torch.tensor([True, True]),
+        mask,
+        SimpleNamespace(kl_in_reward=False, **cfg),
+        kl_tok=kl,
+        values=values,
+    )
+    _, r_none = token_advantages(
+        rewards,
+        torch.tensor([0, 0]),
+        torch.tensor([True, True]),
+        mask,
+        SimpleNamespace(kl_in_reward=False, **cfg),
+        kl_tok=None,
+        values=values,
+    )
+    torch.testing.assert_close(r_off, r_none)
+    torch.testing.assert_close(r_off, torch.tensor([[1.0, 1.0], [0.0, 0.0]]))  # returns = reward-to-go, no KL
+    _, r_on = token_advantages(
+        rewards,
+        torch.tensor([0, 0]),
+        torch.tensor([True, True]),
+        mask,
+        SimpleNamespace(kl_in_reward=True, **cfg),
+        kl_tok=kl,
+        values=values,
+    )
+    # folded per token: row 0: r_t = -0.05, 1 - 0.025 -> returns 0.925, 0.975; row 1: -0.2
+    torch.testing.assert_close(r_on, torch.tensor([[0.925, 0.975], [-0.2, 0.0]]))
+
+
+def test_gae_token_rewards_and_a_one_action_row():
+    from types import SimpleNamespace
+
+    from mmrl.algos import token_advantages
+
+    # gamma = lam = 1 and values 0: returns are rewards-to-go. The outcome reward sits on the last valid action.
+    # row 0: token rewards 0.5, 0.25 (+ outcome 1.0 on action 1) -> returns 1.75, 1.25 (the masked 7.0 is not read)
+    # row 1: one action: token reward 0.1 + outcome 2.0 -> 2.1
+    cfg = SimpleNamespace(advantage="gae", gamma=1.0, lam=1.0, adv_clip=None, kl_coef=0.0, kl_in_reward=False)
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
+    adv, returns = token_advantages(
+        torch.tensor([1.0, 2.0]),
+        torch.tensor([0, 1]),
+        torch.tensor([True, True]),
+        mask,
+        cfg,
+        values=torch.zeros(2, 3),
+        token_rewards=torch.tensor([[0.5, 0.25, 7.0], [0.1, 3.0, 3.0]]),
+    )
+    torch.testing.assert_close(returns, torch.tensor([[1.75, 1.25, 0.0], [2.1, 0.0, 0.0]]))
+    # advantages: the returns whitened over the 3 valid actions (mean 1.7, unbiased std 0.4272)
+    vals = [1.75, 1.25, 2.1]
+    mean, std = sum(vals) / 3, (sum((v - sum(vals) / 3) ** 2 for v in vals) / 2) ** 0.5
+    want = torch.tensor([[(1.75 - mean) / std, (1.25 - mean) / std, 0.0], [(2.1 - mean) / std, 0.0, 0.0]])
+    torch.testing.assert_close(adv, want, rtol=1e-5, atol=1e-6)

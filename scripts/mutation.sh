@@ -1,0 +1,126 @@
+#!/usr/bin/env bash
+# Mutation testing (mutmut 3) of the RL math and its wiring, in a scratch copy of the repository: the checkout is
+# never modified. Prints the surviving mutants (each with its diff) and the counts. See docs/testing.md.
+#
+#   bash scripts/mutation.sh [TARGET ...]   TARGET: algos (default), wiring (algos/objective.py + estimators.py, the
+#                                           config-to-math layer), trainer, rewards, sde, shared_prefix, all
+#
+# Environment: PYTHON (default .venv/bin/python; mutmut must be installed in it: pip install -e ".[mutation]"),
+# MUTATION_DIR (scratch folder, default /tmp/mmrl-mutation-<target>; kept afterwards so `mutmut show NAME` works
+# there), MUTATION_CHILDREN (parallel workers, default 1; the CI machines have 2 shared cores).
+#
+# Not part of the default test run: it takes from minutes (shared_prefix) to an hour or more (algos, trainer).
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+PY="${PYTHON:-$ROOT/.venv/bin/python}"
+[ -x "$PY" ] || PY="$(command -v python)"
+"$PY" -c "import mutmut" 2>/dev/null || { echo "mutmut is not installed in $PY: $PY -m pip install -e \".[mutation]\"" >&2; exit 2; }
+MUTMUT="$(dirname "$PY")/mutmut"
+CHILDREN="${MUTATION_CHILDREN:-1}"
+
+targets=("$@")
+[ ${#targets[@]} -gt 0 ] || targets=(algos)
+[ "${targets[0]}" != all ] || targets=(algos trainer rewards sde shared_prefix)
+
+# what to mutate, and the tests that are meant to kill its mutants
+spec() {
+  case "$1" in
+    algos) ONLY='"mmrl/algos/*"'
+           TESTS='"tests/test_algos_advantages.py", "tests/test_algos_aggregation.py", "tests/test_algos_constant_groups.py",
+                  "tests/test_algos_kl_is_filter.py", "tests/test_algos_losses.py", "tests/test_algos_objective.py",
+                  "tests/test_tgrpo.py", "tests/test_algos_edges.py", "tests/test_knobs_reach_math.py",
+                  "tests/test_masking_end_to_end.py"' ;;
+    wiring) ONLY='"mmrl/algos/objective.py", "mmrl/algos/estimators.py"'  # config -> math: a subset of algos
+            TESTS='"tests/test_algos_edges.py", "tests/test_algos_objective.py", "tests/test_algos_advantages.py",
+                   "tests/test_tgrpo.py", "tests/test_knobs_reach_math.py", "tests/test_masking_end_to_end.py"' ;;
+    trainer) ONLY='"mmrl/trainer.py"'
+             TESTS='"tests/test_knobs_reach_math.py", "tests/test_masking_end_to_end.py", "tests/test_trainer.py"' ;;
+    rewards) ONLY='"mmrl/rewards/manager.py", "mmrl/rewards/user.py"'
+             TESTS='"tests/test_reward_manager.py", "tests/test_user_rewards.py", "tests/test_masking_end_to_end.py",
+                    "tests/test_knobs_reach_math.py"' ;;
+    sde) ONLY='"mmrl/rollout/sde_math.py"'
+         TESTS='"tests/test_sde_sampler.py"' ;;
+    shared_prefix) ONLY='"mmrl/policies/shared_prefix.py"'
+                   TESTS='"tests/test_shared_prefix.py"' ;;
+    *) echo "unknown target '$1'; choose from algos wiring trainer rewards sde shared_prefix all" >&2; exit 2 ;;
+  esac
+}
+
+prepare_copy() {  # $1: scratch dir. A plain copy in which mmrl.tasks / configs / simulators are real sub-packages.
+  rm -rf "$1"
+  mkdir -p "$1"
+  (cd "$ROOT" && tar --exclude=./.venv --exclude=./.git --exclude=./mutants -cf - .) | tar -xf - -C "$1"
+  for d in tasks configs simulators; do  # setup.py maps these root folders into mmrl.*; mutmut copies only mmrl/
+    mv "$1/$d" "$1/mmrl/$d"
+    ln -s "mmrl/$d" "$1/$d"
+  done
+  # mutmut 3 does not mutate decorated functions; module-level decorators (@POLICY_LOSSES.register("ppo_clip"),
+  # @group_relative() @_named("grpo"), ...) are rewritten as the equivalent `f = dec1(dec2(f))` after the function so
+  # their bodies are mutated
+  (cd "$1" && "$PY" - $ONLY <<'EOF'
+import ast, glob, sys
+
+for pattern in sys.argv[1:]:
+    for path in glob.glob(pattern.strip('",')):
+        if not path.endswith(".py"):
+            continue
+        src = open(path).read()
+        lines = src.splitlines(keepends=True)
+        edits = []
+        for node in ast.parse(src).body:
+            decs = getattr(node, "decorator_list", [])
+            if isinstance(node, ast.FunctionDef) and decs and not any(
+                    isinstance(d, ast.Name) and d.id in ("staticmethod", "classmethod", "property") for d in decs):
+                expr = node.name
+                for d in reversed(decs):
+                    expr = f"{ast.get_source_segment(src, d)}({expr})"
+                edits.append((decs[0].lineno, node.lineno, node.end_lineno, f"{node.name} = {expr}\n"))
+        for first, def_line, end, assign in reversed(edits):
+            lines.insert(end, assign)
+            del lines[first - 1:def_line - 1]
+        if edits:
+            open(path, "w").write("".join(lines))
+            print(f"{path}: {len(edits)} decorated function(s) made mutable")
+EOF
+  )
+  cat >>"$1/pyproject.toml" <<EOF
+
+[tool.mutmut]
+source_paths = ["mmrl"]
+only_mutate = [$ONLY]
+pytest_add_cli_args_test_selection = [$TESTS]
+pytest_add_cli_args = ["-p", "no:cacheprovider", "-q"]
+process_isolation = "forkserver"
+use_git_change_detection = false
+# error messages and log lines: a changed message alters no result (the tests that match messages still run on the
+# conditions that raise them, which are mutated)
+do_not_mutate_patterns = ['^\\s*raise ', '^\\s*log\\.(debug|info|warning|error)\\(']
+EOF
+}
+
+summary() {  # counts from mutmut's result list
+  "$MUTMUT" results --all true 2>/dev/null | awk -F': ' 'NF>1 {n[$2]++; t++} END {
+    printf "generated %d", t; for (k in n) printf " / %s %d", k, n[k]; printf "\n" }'
+}
+
+for target in "${targets[@]}"; do
+  spec "$target"
+  work="${MUTATION_DIR:-/tmp/mmrl-mutation-$target}"
+  echo "=== mutation testing: $target (scratch copy $work)"
+  prepare_copy "$work"
+  cd "$work"
+  PYTHONPATH="$work" "$PY" -c "import mmrl, mmrl.tasks; assert mmrl.tasks.__file__.startswith('$work'), mmrl.tasks.__file__"
+  nice -n 15 "$MUTMUT" run --max-children "$CHILDREN" >"$work/mutmut-run.log" 2>&1 || {
+    echo "mutmut run failed; the end of $work/mutmut-run.log:"; tail -30 "$work/mutmut-run.log"; exit 1; }
+  echo "--- $target: $(summary)"
+  survivors=$("$MUTMUT" results 2>/dev/null | awk -F': ' '$2 ~ /survived|no tests|timeout|suspicious/ {print $1}' | sed 's/^ *//')
+  if [ -z "$survivors" ]; then
+    echo "no surviving mutants"
+  else
+    for name in $survivors; do
+      echo "--- survived: $name"
+      "$MUTMUT" show "$name" 2>/dev/null | sed -n '1,40p'
+    done
+  fi
+  cd "$ROOT"
+done
