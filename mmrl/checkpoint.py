@@ -385,6 +385,17 @@ def prune_checkpoints(ckpt_root: Path, keep_last: int) -> None:
         shutil.rmtree(p, ignore_errors=True)
 
 
+def checkpoint_step(ckpt: Path) -> int | None:
+    """The step of a checkpoint folder: its ``step_NNNNNN`` name, else its state.json; None when neither says."""
+    m = re.match(r"^step_(\d+)$", ckpt.name)
+    if m:
+        return int(m.group(1))
+    try:
+        return int(json.loads((ckpt / "training_state" / "state.json").read_text())["step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def latest_checkpoint(run_dir: Path) -> Path | None:
     """The newest complete checkpoint of a run directory, or None (not validated: see
     :func:`latest_loadable_checkpoint`)."""

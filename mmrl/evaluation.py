@@ -265,16 +265,6 @@ class CheckpointEval:
     """A simulator task's success table (per suite and task; :mod:`mmrl.success_table`), else None."""
 
 
-def _checkpoint_step(ckpt: Path) -> int | None:
-    m = re.match(r"^step_(\d+)$", ckpt.name)
-    if m:
-        return int(m.group(1))
-    try:
-        return int(json.loads((ckpt / "training_state" / "state.json").read_text())["step"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
 def _first_bad_weight(e: BaseException) -> str:
     """The first missing / unexpected / mis-sized weight named in a load error, else the error's first line."""
     msg = str(e)
@@ -364,7 +354,7 @@ def evaluate_checkpoint(overrides: list[str]) -> CheckpointEval:
     ``results.json`` and ``predictions.jsonl`` into ``<run>/eval/<NAME>/``. A checkpoint that does not fit the
     requested task / model raises a one-line :class:`~mmrl.errors.ConfigError`.
     """
-    from mmrl.checkpoint import resolve_checkpoint
+    from mmrl.checkpoint import checkpoint_step, resolve_checkpoint
     from mmrl.config import ConfigError, load_config
 
     checkpoint, name, rest = _split_eval_overrides(list(overrides))
@@ -387,7 +377,7 @@ def evaluate_checkpoint(overrides: list[str]) -> CheckpointEval:
             raise ConfigError(f"checkpoint={checkpoint}: {e}") from None
         run_dir = ckpt.parent.parent if ckpt.parent.name == "checkpoints" else None
         cfg, saved_desc = _eval_config(checkpoint, ckpt, run_dir, rest)
-        step = _checkpoint_step(ckpt)
+        step = checkpoint_step(ckpt)
         if name is None:  # the checkpoint folder's own name (step_000120), so eval/ mirrors checkpoints/
             name = (
                 ckpt.name

@@ -31,7 +31,7 @@ from torch import Tensor
 
 from mmrl import algos
 from mmrl.algos.tgrpo import rollout_temporal_bonus
-from mmrl.checkpoint import load_training_state, resolve_checkpoint, save_checkpoint
+from mmrl.checkpoint import checkpoint_step, load_training_state, resolve_checkpoint, save_checkpoint
 from mmrl.config import ConfigError, RunConfig, load_config, to_dict
 from mmrl.data.sampler import PromptSampler, shard
 from mmrl.evaluation import build_policy, build_rewards, build_task, evaluate_policy, prepare_batch
@@ -100,14 +100,6 @@ def _lr_lambda(schedule: str, warmup: int, total: int) -> Callable[[int], float]
         return 0.5 * (1.0 + math.cos(math.pi * progress))
 
     return f
-
-
-def _checkpoint_step(path: Path) -> int:
-    """The step of a ``step_NNNNNN`` checkpoint folder (0 when the name does not say)."""
-    try:
-        return int(Path(path).name.rsplit("_", 1)[-1])
-    except ValueError:
-        return 0
 
 
 def check_algo_against_task(algo, reward_names: list[str], task_name: str) -> None:
@@ -291,7 +283,7 @@ class Trainer:
             import yaml
 
             create_run_dir(run_dir)
-            step = _checkpoint_step(resume_from) if resume_from is not None else 0
+            step = (checkpoint_step(resume_from) or 0) if resume_from is not None else 0
             record_start(run_dir, yaml.safe_dump(to_dict(self.cfg), sort_keys=False), step)
         self.run_dir = run_dir
         wandb_id = None
