@@ -2,7 +2,7 @@
 
     python benchmarks/video_pipeline.py [--quick] [--videos 20] [--frames 16] [--size 128x96] [--repeats 5]
 
-Writes ``--videos`` synthetic videos (8 s at 8 fps, :mod:`mmrl.data.synthetic_video`) and
+Writes ``--videos`` synthetic videos (8 s at 8 fps, :mod:`mmrl.adapters.video.synthetic`) and
 samples ``--frames`` frames of each (``VideoSamplingConfig(fps=frames/8, max_frames=frames)``,
 resized to multiples of 28 under ``128*28*28`` pixels). The disk cache is filled once before
 the timing. Sides, each timed as one pass over all videos:
@@ -58,8 +58,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from _stats import spread  # noqa: E402
 
-from mmrl.data.video import VideoSamplingConfig  # noqa: E402
-from mmrl.data.video_cache import VideoFrameCache  # noqa: E402
+from mmrl.adapters.video.decode import VideoSamplingConfig  # noqa: E402
+from mmrl.adapters.video.frame_cache import VideoFrameCache  # noqa: E402
 
 DROP_CACHES = Path("/proc/sys/vm/drop_caches")
 
@@ -196,8 +196,8 @@ def main() -> None:
         ap.error("--repeats must be >= 3")
     import cv2
 
-    from mmrl.data.synthetic_video import make_video_dataset
-    from mmrl.data.video import DecodeWorker, decode_clip, load_video
+    from mmrl.adapters.video.decode import DecodeWorker, decode_clip, load_video
+    from mmrl.adapters.video.synthetic import make_video_dataset
 
     cv2.setNumThreads(1)
     width, height = (int(v) for v in args.size.lower().split("x"))

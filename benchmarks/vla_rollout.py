@@ -3,7 +3,7 @@
 Both sides run the SAME episodes with the SAME policy object: the tiny VLA of the benchmark's task (``--benchmark``:
 ``task=vla_reach`` on the tabletop, ``task=metaworld``, or ``task=libero``; ``model=tiny_vla`` with the task's
 ``tiny_qwen3_vl``, random init, ``trainer.sft_steps=0``, built
-by :func:`mmrl.policies.vla.build_vla_policy` from the task's env spec; action statistics fixed to
+by :func:`mmrl.adapters.vla.policy.build_vla_policy` from the task's env spec; action statistics fixed to
 [-1, 1] instead of expert demos, which only sets the decoding range).  One *rollout* is ``B``
 prompt items x ``G`` episodes (one GRPO group per item, all ``G`` from the item's initial state);
 a repeat runs ``--rollouts`` of them on each side, items and seeds drawn identically per side.
@@ -70,10 +70,10 @@ BENCHMARKS: dict[str, tuple[str, int]] = {
 
 def build_policy(args: argparse.Namespace):
     """The tiny VLA of ``task=vla_reach`` (random init, no SFT) with a pool of exactly ``B * G`` slots."""
+    from mmrl.adapters.vla.policy import build_vla_policy
     from mmrl.config import load_config
     from mmrl.evaluation import build_task
     from mmrl.policies.base import PolicySpec
-    from mmrl.policies.vla import build_vla_policy
 
     task_overrides = {
         "tabletop": ["task=vla_reach", f"task.tasks=[{args.task}]"],
@@ -249,8 +249,8 @@ class GymPeer:
 
 def peer_rollout(policy, peer: GymPeer, batch, G: int):
     """B: the same episodes as ``policy.rollout(batch, G)``, with the gymnasium vector env as the env side."""
-    from mmrl.rollout.episodes import EpisodeRecord, EpisodeRun, EpisodeSpec, _record_call
-    from mmrl.rollout.init_states import init_state_key
+    from mmrl.adapters.vla.episodes import EpisodeRecord, EpisodeRun, EpisodeSpec, _record_call
+    from mmrl.adapters.vla.init_states import init_state_key
     from mmrl.rollout.noise import mix_seed
 
     planned = [(i, j) for i in range(len(batch)) for j in range(G)]

@@ -317,11 +317,9 @@ def main(argv: list[str] | None = None) -> int:
         print("mmrl: interrupted", file=sys.stderr)
         return 130
     except Exception as e:  # known, user-facing failure modes get one line, not a traceback
-        from mmrl.rewards.manager import RewardError
-        from mmrl.rollout.init_states import InitStateDriftError
-        from mmrl.trainer import TrainingAborted
+        from mmrl.errors import RunStopped
 
-        if isinstance(e, (TrainingAborted, RewardError, InitStateDriftError)):
+        if isinstance(e, RunStopped):
             print(f"mmrl {command}: aborted: {e}", file=sys.stderr)
             return 1
         prompt_too_long = sys.modules.get("mmrl.policies.vlm_errors")  # loaded only if a VLM policy ran

@@ -1,15 +1,22 @@
-"""The configuration error every layer raises, and the choice check that words it (no imports of mmrl)."""
+"""The errors every layer raises for the user to read (no imports of mmrl): configuration problems, and
+failures that stop a run with one line instead of a traceback."""
 
 from __future__ import annotations
 
 import difflib
 from typing import Iterable
 
-__all__ = ["ConfigError", "check_choice", "suggest"]
+__all__ = ["ConfigError", "RunStopped", "check_choice", "suggest"]
 
 
 class ConfigError(ValueError):
     """A configuration problem the user can fix (bad key, bad value, unknown option)."""
+
+
+class RunStopped(RuntimeError):
+    """A failure of the run's inputs or surroundings, not of mmrl's code (a reward server down, a threshold of
+    skipped items crossed, a simulator that resets to another state than recorded). The CLI reports it as one
+    line after the trainer has saved a checkpoint; an adapter raises a subclass for its own such failures."""
 
 
 def suggest(name: str, choices: Iterable[str]) -> str:

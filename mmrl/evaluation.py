@@ -262,7 +262,7 @@ class CheckpointEval:
     data: str
     config: Any
     table: dict | None = None
-    """A simulator task's success table (per suite and task; :mod:`mmrl.success_table`), else None."""
+    """A simulator task's success table (per suite and task; :mod:`mmrl.adapters.vla.success_table`), else None."""
 
 
 def _first_bad_weight(e: BaseException) -> str:

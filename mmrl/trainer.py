@@ -32,8 +32,9 @@ from torch import Tensor
 from mmrl import algos
 from mmrl.algos.tgrpo import rollout_temporal_bonus
 from mmrl.checkpoint import checkpoint_step, load_training_state, resolve_checkpoint, save_checkpoint
-from mmrl.config import ConfigError, RunConfig, load_config, to_dict
+from mmrl.config import RunConfig, load_config, to_dict
 from mmrl.data.sampler import PromptSampler, shard
+from mmrl.errors import ConfigError, RunStopped
 from mmrl.evaluation import build_policy, build_rewards, build_task, evaluate_policy, prepare_batch
 from mmrl.parallel.data_parallel import DataParallel
 from mmrl.policies.base import Policy, PromptBatch, Rollout
@@ -46,7 +47,7 @@ from mmrl.tracking import Tracker, plot_metrics
 log = logging.getLogger(__name__)
 
 
-class TrainingAborted(RuntimeError):
+class TrainingAborted(RunStopped):
     """The run stopped on purpose (too many failures); the message says why and what to change.
 
     ``step_completed``: the step that raised it finished its update (e.g. the non-finite limit is checked after the
@@ -909,10 +910,7 @@ class Trainer:
         :func:`mmrl.run_dir.rescue_dir` when the run folder cannot be written)."""
         import traceback
 
-        from mmrl.rewards.manager import RewardError
-        from mmrl.rollout.init_states import InitStateDriftError
-
-        expected = isinstance(error, (TrainingAborted, RewardError, InitStateDriftError, ConfigError))
+        expected = isinstance(error, (RunStopped, ConfigError))
         first = (str(error).strip().splitlines() or [""])[0]
         self.stop_reason = first if expected else f"{type(error).__name__}: {first}".rstrip(": ")
         if not expected and self.is_main and self.run_dir is not None:

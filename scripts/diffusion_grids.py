@@ -6,7 +6,7 @@
 RUN_DIR is a run directory written by the trainer (``config.yaml`` + ``checkpoints/``). The script
 rebuilds the policy exactly as the trainer did (same config, same seed, so the LoRA starts as the
 identity: "before" is the model RL started from), draws one deterministic sample per eval prompt with
-:func:`mmrl.tasks.t2i_color.save_sample_grid`, then loads the run's last checkpoint (or
+:func:`mmrl.tasks.diffusion.t2i_color.save_sample_grid`, then loads the run's last checkpoint (or
 ``--checkpoint``) and draws the same prompts from the same seeds ("after"). Each tile is enlarged
 ``--scale`` times and captioned with its prompt and the task's reward for it; the grids are written to
 ``OUT/NAME_before.png`` and ``OUT/NAME_after.png`` and the per-tile rewards printed as JSON.
@@ -86,7 +86,7 @@ def render(policy: Any, task: Any, items: list[dict], path: Path, *, cols: int, 
     """Sample the items' prompts, write the labelled grid to ``path`` and return the per-tile rewards."""
     from PIL import Image
 
-    from mmrl.tasks.t2i_color import save_sample_grid
+    from mmrl.tasks.diffusion.t2i_color import save_sample_grid
 
     prompts = [it["prompt"] for it in items]
     with tempfile.TemporaryDirectory() as tmp:

@@ -13,7 +13,7 @@ counting the changed entries. One env step applies the action for ``action_repea
 Initial states: ``reset(options={"init_state": i})`` draws the task's random vector (object and goal
 positions, Meta-World's ``_random_reset_space`` with its own rejection of too-close placements) from
 ``default_rng([METAWORLD_SEED, crc32(task), i])``, so the same index gives the same scene in every env
-instance; ``info["init_state_hash"]`` fingerprints ``qpos`` + goal (:mod:`mmrl.rollout.init_states`).
+instance; ``info["init_state_hash"]`` fingerprints ``qpos`` + goal (:mod:`mmrl.adapters.vla.init_states`).
 
 Success: ``info["success"]`` is Meta-World's own success flag; it terminates the episode with reward 1.0
 (binary success). ``max_steps`` env steps truncate it.

@@ -97,5 +97,13 @@ def _register_builtin() -> None:
                 f"libero/{task}", _lazy_factory("libero_env", "LiberoEnv", task, f"LIBERO {task}"), overwrite=True
             )
 
+    def switchable_tabletop(**kwargs: Any) -> Any:
+        from .tabletop.switchable import build
+
+        return build(**kwargs)
+
+    switchable_tabletop.__doc__ = "SwitchableTabletopEnv(task='reach_red', **kwargs): any tabletop task, switchable"
+    register_env("tabletop/switchable", switchable_tabletop, overwrite=True)
+
 
 _register_builtin()

@@ -17,7 +17,7 @@ it) and restores the caller's global state afterwards.
 The same index gives bit-identical object poses and robot joints within one process and
 one mujoco/robosuite version (checked in tests); other versions may place differently, which
 ``info["init_state_hash"]`` (a fingerprint of ``qpos`` after the reset) makes detectable: VLA
-checkpoints record it per initial state (``mmrl.rollout.init_states``).
+checkpoints record it per initial state (``mmrl.adapters.vla.init_states``).
 """
 
 from __future__ import annotations

@@ -12,19 +12,19 @@ from mmrl.errors import ConfigError
 
 TASKS: dict[str, str] = {
     "toy_arithmetic": "mmrl.tasks.toy_arithmetic:ToyArithmeticTask",
-    "vqa_grounding": "mmrl.tasks.vqa_grounding:VQAGroundingTask",
-    "t2i_color": "mmrl.tasks.t2i_color:T2IColorTask",
-    "vla_reach": "mmrl.tasks.vla_reach:VLAReachTask",
-    "vla_lift": "mmrl.tasks.vla_lift:VLALiftTask",
-    "metaworld": "mmrl.tasks.metaworld:MetaWorldTask",
-    "libero": "mmrl.tasks.libero:LiberoTask",
-    "libero_spatial": "mmrl.tasks.libero:LiberoTask",
-    "libero_object": "mmrl.tasks.libero:LiberoTask",
-    "libero_goal": "mmrl.tasks.libero:LiberoTask",
-    "libero_10": "mmrl.tasks.libero:LiberoTask",
-    "libero_90": "mmrl.tasks.libero:LiberoTask",
-    "video_temporal_grounding": "mmrl.tasks.video_temporal_grounding:VideoTemporalGroundingTask",
-    "video_qa": "mmrl.tasks.video_qa:VideoQATask",
+    "vqa_grounding": "mmrl.tasks.grounding.vqa_grounding:VQAGroundingTask",
+    "t2i_color": "mmrl.tasks.diffusion.t2i_color:T2IColorTask",
+    "vla_reach": "mmrl.tasks.vla.vla_reach:VLAReachTask",
+    "vla_lift": "mmrl.tasks.vla.vla_lift:VLALiftTask",
+    "metaworld": "mmrl.tasks.vla.metaworld:MetaWorldTask",
+    "libero": "mmrl.tasks.vla.libero:LiberoTask",
+    "libero_spatial": "mmrl.tasks.vla.libero:LiberoTask",
+    "libero_object": "mmrl.tasks.vla.libero:LiberoTask",
+    "libero_goal": "mmrl.tasks.vla.libero:LiberoTask",
+    "libero_10": "mmrl.tasks.vla.libero:LiberoTask",
+    "libero_90": "mmrl.tasks.vla.libero:LiberoTask",
+    "video_temporal_grounding": "mmrl.tasks.video.video_temporal_grounding:VideoTemporalGroundingTask",
+    "video_qa": "mmrl.tasks.video.video_qa:VideoQATask",
 }
 
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from mmrl.policies.action_tokenizer import (
+from mmrl.adapters.vla.action_tokenizer import (
     ActionTokenError,
     ActionTokenizer,
     PartialGroupError,

@@ -91,7 +91,7 @@ def data(tmp_path_factory) -> Path:
     (d / "long.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (d / "long_eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:2]))
     # Charades-STA over two real (synthetic) videos; one 33,000-character sentence
-    from mmrl.data.synthetic_video import make_video_dataset
+    from mmrl.adapters.video.synthetic import make_video_dataset
 
     recs = make_video_dataset(d / "videos", 2, 0, "temporal", duration_s=4.0, fps=4, size=(64, 48))
     ids = [Path(r["video"]).stem for r in recs]
@@ -196,7 +196,7 @@ def test_on_invalid_box_skip_counts_the_rows(data, tmp_path):
     assert metrics(tmp_path / "run")["data/load_skipped"] == 1.0
 
     from mmrl.config import ConfigError
-    from mmrl.tasks.vqa_grounding.task import VQAGroundingConfig, VQAGroundingTask
+    from mmrl.tasks.grounding.vqa_grounding.task import VQAGroundingConfig, VQAGroundingTask
 
     for name in ("three", "reversed"):  # the same policy for every unusable box
         cfg = VQAGroundingConfig(
@@ -318,9 +318,9 @@ def test_overlong_charades_sentence_is_skipped_at_load(data, tmp_path):
 
 def test_text_guard_in_every_loader(data, tmp_path):
     from mmrl.config import ConfigError
-    from mmrl.tasks.video_qa import VideoQAConfig, VideoQATask
-    from mmrl.tasks.video_temporal_grounding import VideoTemporalGroundingConfig, VideoTemporalGroundingTask
-    from mmrl.tasks.vqa_grounding.task import VQAGroundingConfig, VQAGroundingTask
+    from mmrl.tasks.grounding.vqa_grounding.task import VQAGroundingConfig, VQAGroundingTask
+    from mmrl.tasks.video.video_qa import VideoQAConfig, VideoQATask
+    from mmrl.tasks.video.video_temporal_grounding import VideoTemporalGroundingConfig, VideoTemporalGroundingTask
 
     qa = tmp_path / "qa.jsonl"
     rec = {

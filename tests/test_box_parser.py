@@ -7,7 +7,7 @@ import random
 import numpy as np
 import pytest
 
-from mmrl.parsing.boxes import MAX_PARSE_CHARS, ParsedBoxes, parse_boxes
+from mmrl.adapters.grounding.boxes import MAX_PARSE_CHARS, ParsedBoxes, parse_boxes
 
 
 def check(text, boxes, labels=None, status="ok", **kwargs):

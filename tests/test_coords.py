@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from mmrl.data.coords import (
+from mmrl.adapters.grounding.coords import (
     FRAMES,
     MODEL_BOX_FRAMES,
     BoxArrayError,

@@ -12,16 +12,16 @@ import torch
 pytest.importorskip("diffusers")
 pytest.importorskip("peft")
 
-from mmrl.config import ConfigError  # noqa: E402
-from mmrl.models.configs import DiffusionConfig  # noqa: E402
-from mmrl.policies.base import PromptBatch, Rollout  # noqa: E402
-from mmrl.policies.diffusion import (  # noqa: E402
+from mmrl.adapters.diffusion import (  # noqa: E402
     DiffusionPayload,
     DiffusionPolicy,
     DiffusionPromptError,
     ParamEMA,
     train_step_plan,
 )
+from mmrl.config import ConfigError  # noqa: E402
+from mmrl.models.configs import DiffusionConfig  # noqa: E402
+from mmrl.policies.base import PromptBatch, Rollout  # noqa: E402
 
 PRESETS = {"sd3": ("tiny_sd3", "flow_sde"), "flux": ("tiny_flux", "flow_sde"), "sd": ("tiny_sd_unet", "ddim")}
 
@@ -35,7 +35,7 @@ def cache(tmp_path_factory):
 
 
 def make_policy(kind="sd3", **kw) -> DiffusionPolicy:
-    from mmrl.models.tiny_diffusion import load_diffusion_pipeline
+    from mmrl.adapters.diffusion.tiny_model import load_diffusion_pipeline
 
     path, sampler = PRESETS[kind]
     base = dict(path=path, pipeline=kind, sampler=sampler, num_steps=4, eval_num_steps=3, max_sequence_length=8)

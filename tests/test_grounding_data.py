@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from mmrl.data.grounding_converters import from_hf_dataset, load_refcoco, load_vlm_r1_rec, parse_box_answer
-from mmrl.data.grounding_data import (
+from mmrl.adapters.grounding.converters import from_hf_dataset, load_refcoco, load_vlm_r1_rec, parse_box_answer
+from mmrl.adapters.grounding.data import (
     DataFormatError,
     GroundingSample,
     InvalidSampleError,

@@ -5,10 +5,9 @@ import itertools
 import numpy as np
 import pytest
 
-from mmrl.data.coords import BoxArrayError
-from mmrl.parsing.boxes import ParsedBoxes, parse_boxes
-from mmrl.rewards.format import extract_tag, find_tag_content, format_reward, is_clean_answer
-from mmrl.rewards.grounding import (
+from mmrl.adapters.grounding.boxes import ParsedBoxes, parse_boxes
+from mmrl.adapters.grounding.coords import BoxArrayError
+from mmrl.adapters.grounding.rewards import (
     box_area,
     duplicate_penalty,
     giou,
@@ -20,6 +19,7 @@ from mmrl.rewards.grounding import (
     multibox_scores,
     pairwise_iou,
 )
+from mmrl.rewards.format import extract_tag, find_tag_content, format_reward, is_clean_answer
 
 A, B = [0, 0, 2, 2], [1, 1, 3, 3]
 

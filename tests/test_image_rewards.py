@@ -9,7 +9,7 @@ import pytest
 import torch
 from PIL import Image
 
-from mmrl.rewards import image as ir
+from mmrl.adapters.diffusion import image_rewards as ir
 from mmrl.rewards.manager import RewardManager, RewardSpec
 
 RED, BLUE, GREEN = (220, 40, 40), (40, 80, 220), (40, 170, 60)

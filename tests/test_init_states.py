@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from mmrl.rollout.init_states import INIT_STATES_FILE, InitStateDriftError, InitStateRecord, simulator_versions
+from mmrl.adapters.vla.init_states import INIT_STATES_FILE, InitStateDriftError, InitStateRecord, simulator_versions
 from mmrl.simulators.common import state_fingerprint
 
 

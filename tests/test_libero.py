@@ -10,6 +10,7 @@ import math
 import numpy as np
 import pytest
 
+from mmrl.adapters.vla.success_table import markdown_table, success_table
 from mmrl.config import ConfigError, load_config
 from mmrl.simulators.libero_env import (
     MAX_STEPS,
@@ -18,7 +19,6 @@ from mmrl.simulators.libero_env import (
     parse_task,
     quat_to_axis_angle,
 )
-from mmrl.success_table import markdown_table, success_table
 
 # ---------------------------------------------------------------------------- without LIBERO
 
@@ -104,8 +104,8 @@ def _write_demo_file(path, n_demos=2, length=5, size=16):
 
 def test_demo_file_reader_turns_tiles_and_rejects_bad_files(tmp_path):
     pytest.importorskip("h5py")
-    from mmrl.data.demos import DemoError
-    from mmrl.tasks.libero import read_libero_hdf5
+    from mmrl.adapters.vla.demos import DemoError
+    from mmrl.tasks.vla.libero import read_libero_hdf5
 
     path = tmp_path / "t_demo.hdf5"
     _write_demo_file(path)
@@ -281,7 +281,7 @@ def test_sft_needs_demos_and_the_trainer_runs_demo_files_sft_grpo(tmp_path):
     demos and the parameters move."""
     import torch
 
-    from mmrl.tasks.libero import LiberoTask
+    from mmrl.tasks.vla.libero import LiberoTask
     from mmrl.trainer import Trainer
 
     cfg = load_config(["task=libero_goal", "task.task_ids=[0]", "trainer.sft_steps=3"])

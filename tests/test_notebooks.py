@@ -245,7 +245,7 @@ def test_tile_rewards_are_the_task_colour_rule():
     from PIL import Image
 
     from mmrl.config import load_config
-    from mmrl.tasks.t2i_color import T2IColorTask
+    from mmrl.tasks.diffusion.t2i_color import T2IColorTask
 
     g = _grids_module()
     cfg = load_config(["task=t2i_color"])

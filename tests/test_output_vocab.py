@@ -1,4 +1,4 @@
-"""The LM head restricted to a few token ids (mmrl/policies/output_vocab.py): values and gradients equal the selected
+"""The LM head restricted to a few token ids (mmrl/adapters/vla/output_vocab.py): values and gradients equal the selected
 columns of the full head, the head is put back (also after an error), heads that are not a plain Linear are left
 alone, and the VLA policy's log-probs and gradients are those of the full-vocabulary path."""
 
@@ -13,9 +13,9 @@ pytest.importorskip("transformers")
 
 from torch import nn  # noqa: E402
 
+from mmrl.adapters.vla.output_vocab import SubsetHead, restricted_output_vocab  # noqa: E402
 from mmrl.models.presets import resolve_vlm  # noqa: E402
 from mmrl.models.tiny_vlm import load_vlm  # noqa: E402
-from mmrl.policies.output_vocab import SubsetHead, restricted_output_vocab  # noqa: E402
 
 
 def test_subset_head_is_the_selected_rows_by_hand():
@@ -97,7 +97,7 @@ def test_vla_log_probs_equal_the_full_vocabulary_path(monkeypatch):
             calls.append(len(ids))
             yield False
 
-        monkeypatch.setattr("mmrl.policies.vla.restricted_output_vocab", full_vocab)
+        monkeypatch.setattr("mmrl.adapters.vla.policy.restricted_output_vocab", full_vocab)
         slow = policy.log_probs(ro, entropy=True)
         (slow.logp * ro.mask).sum().backward()
         g_slow = [p.grad.clone() for p in policy.trainable_parameters() if p.grad is not None]

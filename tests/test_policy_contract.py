@@ -89,9 +89,9 @@ def test_optional_capabilities_have_documented_defaults():
 
 
 def test_shipped_policies_implement_the_contract():
+    from mmrl.adapters.diffusion import DiffusionPolicy
+    from mmrl.adapters.vla.policy import VLAPolicy
     from mmrl.policies.causal_lm import CausalLMPolicy
-    from mmrl.policies.diffusion import DiffusionPolicy
-    from mmrl.policies.vla import VLAPolicy
     from mmrl.policies.vlm import VLMPolicy
 
     for cls in (CausalLMPolicy, VLMPolicy, VLAPolicy, DiffusionPolicy):
@@ -146,8 +146,8 @@ def test_tasks_give_their_policy_spec():
 
 
 def test_builders_name_the_task_when_the_spec_lacks_what_they_need():
+    from mmrl.adapters.vla.policy import VLAInputError, build_vla_policy
     from mmrl.policies.causal_lm import build_causal_lm_policy
-    from mmrl.policies.vla import VLAInputError, build_vla_policy
 
     cfg = load_config(["task=toy_arithmetic"])
     with pytest.raises(ValueError, match="task minimal has none"):

@@ -1,4 +1,4 @@
-"""Tests for mmrl.rewards.qa: answer extraction, MRA, ROUGE-L by hand, mixed-type dispatch."""
+"""Tests for mmrl.adapters.video.qa_rewards: answer extraction, MRA, ROUGE-L by hand, mixed-type dispatch."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from mmrl.rewards.qa import (
+from mmrl.adapters.video.qa_rewards import (
     QUESTION_TYPES,
     _lcs_length,
     exact_match,

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
+from mmrl.adapters.diffusion.sde_sampler import SDESampler, SDESamplerError
 from mmrl.rollout import sde_math
 from mmrl.rollout.sde_math import SDEInputError, StepOutput
-from mmrl.rollout.sde_sampler import SDESampler, SDESamplerError
 
 diffusers = pytest.importorskip("diffusers")
 from diffusers import DDIMScheduler, FlowMatchEulerDiscreteScheduler  # noqa: E402

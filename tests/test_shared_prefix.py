@@ -349,7 +349,7 @@ def test_vlm_trainable_vision_tower_gets_the_same_gradients():
 def test_video_prompts_shared_equals_plain(family, tmp_path):
     pytest.importorskip("decord")
     pytest.importorskip("cv2")
-    from mmrl.data.synthetic_video import make_video_dataset
+    from mmrl.adapters.video.synthetic import make_video_dataset
 
     land = make_video_dataset(tmp_path / "land", 1, 3, "temporal", duration_s=4.0, fps=4)
     port = make_video_dataset(tmp_path / "port", 1, 4, "temporal", duration_s=4.0, fps=4, size=(128, 128))
@@ -477,7 +477,7 @@ def test_config_flag_off_never_shares(tiny_lm_folder):
 
 @pytest.mark.parametrize("frozen", [True, False], ids=["features", "pixels"])
 def test_vla_shared_equals_plain(frozen):
-    from mmrl.policies.vla import VLAEnvSpec, VLAPolicy, first_identical_rows
+    from mmrl.adapters.vla.policy import VLAEnvSpec, VLAPolicy, first_identical_rows
 
     lm, proc = load_vlm(resolve_vlm("tiny_qwen2_5_vl"))
     spec = VLAEnvSpec(env_name="testing/counter", env_kwargs={}, max_steps=4, action_dim=2)

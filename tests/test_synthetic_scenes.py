@@ -8,8 +8,8 @@ import time
 import numpy as np
 import pytest
 
-from mmrl.data.grounding_data import load_grounding_jsonl, save_grounding_jsonl
-from mmrl.data.synthetic_scenes import PALETTE, generate_scenes, satisfies_relation
+from mmrl.adapters.grounding.data import load_grounding_jsonl, save_grounding_jsonl
+from mmrl.adapters.grounding.synthetic_scenes import PALETTE, generate_scenes, satisfies_relation
 
 COLORS = ("red", "green", "blue", "yellow")
 
@@ -214,7 +214,7 @@ def test_save_and_reload_scenes(tmp_path):
 def test_position_cue_background_encodes_position_and_keeps_palette():
     import numpy as np
 
-    from mmrl.data.synthetic_scenes import PALETTE, generate_scenes
+    from mmrl.adapters.grounding.synthetic_scenes import PALETTE, generate_scenes
 
     s = generate_scenes(4, seed=3, sizes=[(128, 96)], position_cue=1.0)
     for sample in s:
@@ -233,7 +233,7 @@ def test_position_cue_background_encodes_position_and_keeps_palette():
 def test_object_scale_multiplies_sizes():
     import numpy as np
 
-    from mmrl.data.synthetic_scenes import generate_scenes
+    from mmrl.adapters.grounding.synthetic_scenes import generate_scenes
 
     def mean_side(scale):
         s = generate_scenes(60, seed=5, sizes=[(224, 224)], max_objects=1, p_multi=0, p_negative=0, object_scale=scale)

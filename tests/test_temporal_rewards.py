@@ -1,4 +1,4 @@
-"""Tests for mmrl.rewards.temporal: parsing, tIoU/GIoU/Time-R1/F1 values worked by hand."""
+"""Tests for mmrl.adapters.video.temporal_rewards: parsing, tIoU/GIoU/Time-R1/F1 values worked by hand."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import random
 import numpy as np
 import pytest
 
-from mmrl.rewards.temporal import (
+from mmrl.adapters.video.temporal_rewards import (
     InvalidSegmentError,
     ParsedSegments,
     distance_weighted_tiou,

@@ -14,9 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mmrl.data.media import MediaError
-from mmrl.data.synthetic_video import PALETTE, SyntheticVideoError, make_event_video, make_video_dataset
-from mmrl.data.video import (
+from mmrl.adapters.video.decode import (
     DecodeWorker,
     VideoDecodeTimeout,
     VideoError,
@@ -34,7 +32,9 @@ from mmrl.data.video import (
     size_multiple_of,
     target_frame_size,
 )
-from mmrl.data.video_cache import VideoFrameCache, file_identity, frame_cache_key, get_or_decode
+from mmrl.adapters.video.frame_cache import VideoFrameCache, file_identity, frame_cache_key, get_or_decode
+from mmrl.adapters.video.synthetic import PALETTE, SyntheticVideoError, make_event_video, make_video_dataset
+from mmrl.data.media import MediaError
 
 INPROC = VideoSamplingConfig(decode_timeout_s=None)  # decode in this process (fast path for most tests)
 
@@ -322,7 +322,7 @@ def test_bad_inputs_raise_video_error_with_path(vids, tmp_path):
 
 
 def test_missing_torchcodec_is_a_clear_setup_error(vids, monkeypatch):
-    import mmrl.data.video as video_module
+    import mmrl.adapters.video.decode as video_module
 
     for name in ("torchcodec", "torchcodec.decoders"):  # as if not installed (import -> ImportError)
         monkeypatch.setitem(sys.modules, name, None)

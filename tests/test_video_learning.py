@@ -11,8 +11,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("decord")
 pytest.importorskip("cv2")
 
+from mmrl.adapters.video.temporal_rewards import temporal_iou  # noqa: E402
 from mmrl.config import load_config  # noqa: E402
-from mmrl.rewards.temporal import temporal_iou  # noqa: E402
 from mmrl.trainer import Trainer  # noqa: E402
 
 

@@ -20,22 +20,22 @@ pytest.importorskip("transformers")
 pytest.importorskip("decord")
 pytest.importorskip("cv2")
 
-from mmrl.config import TGRPOConfig  # noqa: E402
-from mmrl.data.synthetic_video import make_video_dataset  # noqa: E402
-from mmrl.data.video import VideoSamplingConfig, load_video  # noqa: E402
-from mmrl.data.video_cache import frame_cache_for  # noqa: E402
-from mmrl.models.configs import VLMConfig  # noqa: E402
-from mmrl.models.presets import resolve_vlm  # noqa: E402
-from mmrl.models.tiny_vlm import load_vlm  # noqa: E402
-from mmrl.policies.base import PromptBatch  # noqa: E402
-from mmrl.policies.vlm import VLMInputError, VLMPolicy  # noqa: E402
-from mmrl.policies.vlm_video import (  # noqa: E402
+from mmrl.adapters.video.decode import VideoSamplingConfig, load_video  # noqa: E402
+from mmrl.adapters.video.frame_cache import frame_cache_for  # noqa: E402
+from mmrl.adapters.video.policy_inputs import (  # noqa: E402
     VideoInputError,
     item_clips,
     permute_temporal_patches,
     temporal_patch_permutation,
     video_rollout_metrics,
 )
+from mmrl.adapters.video.synthetic import make_video_dataset  # noqa: E402
+from mmrl.config import TGRPOConfig  # noqa: E402
+from mmrl.models.configs import VLMConfig  # noqa: E402
+from mmrl.models.presets import resolve_vlm  # noqa: E402
+from mmrl.models.tiny_vlm import load_vlm  # noqa: E402
+from mmrl.policies.base import PromptBatch  # noqa: E402
+from mmrl.policies.vlm import VLMInputError, VLMPolicy  # noqa: E402
 from mmrl.rollout.noise import mix_seed  # noqa: E402
 
 FAMILIES = ["tiny_qwen2_vl", "tiny_qwen2_5_vl", "tiny_qwen3_vl"]
@@ -350,7 +350,7 @@ def test_bad_video_items_raise_named_errors(videos, tmp_path):
     three.frames = three.frames[:3]
     with pytest.raises(VideoInputError, match="3 frames is not a multiple of the temporal patch size 2"):
         item_clips({"video": three}, policy.processor)
-    from mmrl.data.video import VideoError
+    from mmrl.adapters.video.decode import VideoError
 
     with pytest.raises(VideoError, match="file not found") as err:
         policy.preprocess([{"video": str(tmp_path / "missing.mp4"), "prompt": "x", "video_sampling": SAMPLING}])

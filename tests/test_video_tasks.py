@@ -13,19 +13,19 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("decord")
 pytest.importorskip("cv2")
 
+from mmrl.adapters.video.decode import VideoClip  # noqa: E402
+from mmrl.adapters.video.synthetic import make_video_dataset  # noqa: E402
 from mmrl.config import ConfigError, load_config  # noqa: E402
-from mmrl.data.synthetic_video import make_video_dataset  # noqa: E402
-from mmrl.data.video import VideoClip  # noqa: E402
 from mmrl.tasks.base import SkipItem  # noqa: E402
-from mmrl.tasks.video_common import AnnotationError  # noqa: E402
-from mmrl.tasks.video_qa import (  # noqa: E402
+from mmrl.tasks.video.common import AnnotationError  # noqa: E402
+from mmrl.tasks.video.video_qa import (  # noqa: E402
     VideoQATask,
     accuracy_reward,
     check_qa_record,
     load_video_qa_jsonl,
     qa_format_reward,
 )
-from mmrl.tasks.video_temporal_grounding import (  # noqa: E402
+from mmrl.tasks.video.video_temporal_grounding import (  # noqa: E402
     VideoTemporalGroundingTask,
     load_charades_sta,
     load_temporal_jsonl,
@@ -322,7 +322,7 @@ def test_bad_inputs_are_counted_skips_naming_the_file(tmp_path, vids, monkeypatc
     near = task.prepare_item({"video": str(good), "prompt": "p", "segments": [[3.0, 4.3]]})
     assert near["segments"] == [[3.0, 4.0]]  # within tolerance: clipped to the end
     # a container without a frame rate: skipped (never guessed) unless fallback_fps is set
-    import mmrl.data.video as video_mod
+    import mmrl.adapters.video.decode as video_mod
 
     nofps = tmp_path / "nofps.mp4"
     shutil.copy(good, nofps)
@@ -366,7 +366,7 @@ def test_config_errors():
 
 
 def test_fixed_option_order_moves_the_answer_letter():
-    from mmrl.tasks.video_qa import fixed_option_order
+    from mmrl.tasks.video.video_qa import fixed_option_order
 
     rec = {"question_type": "multiple_choice", "options": ["blue", "yellow", "red", "green"], "answer": "B"}
     out = fixed_option_order(rec)  # the answer was "yellow": last in palette order red, green, blue, yellow

@@ -1,4 +1,4 @@
-"""DART noise injection in expert demos (mmrl.data.demos): the env executes expert + noise, the demo
+"""DART noise injection in expert demos (mmrl.adapters.vla.demos): the env executes expert + noise, the demo
 records the clean expert action at every visited state, the noise is seeded per episode, and only
 the named dimensions are perturbed."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mmrl.data.demos import DemoError, collect_demos, run_expert_episode
+from mmrl.adapters.vla.demos import DemoError, collect_demos, run_expert_episode
 
 
 class LineEnv:
@@ -111,7 +111,7 @@ def test_demo_subprocess_that_dies_is_an_error_not_a_hang(tmp_path):
 
     script = tmp_path / "no_guard.py"
     script.write_text(
-        "from mmrl.data.demos import collect_demos\n"
+        "from mmrl.adapters.vla.demos import collect_demos\n"
         "collect_demos('tabletop/reach_red', 1, env_kwargs={'image_size': 32}, subprocess=True)\n"
     )
     p = subprocess.run(

@@ -47,7 +47,7 @@ def test_reach_radius_and_success_radius_must_be_positive(tmp_path):
     with pytest.raises(ConfigError, match="success_radius"):
         load_config(["task=vla_reach", "task.success_radius=-0.1"])
     cfg = load_config(["task=vla_reach"])
-    from mmrl.tasks.vla_reach import VLAReachTask
+    from mmrl.tasks.vla.vla_reach import VLAReachTask
 
     task = VLAReachTask(cfg.task, cfg)
     assert task.env_kwargs()["reach_radius"] == 0.08 and task.env_kwargs(demo=True)["reach_radius"] == 0.08

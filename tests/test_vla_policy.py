@@ -13,17 +13,17 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 import mmrl.simulators.testing_envs  # noqa: E402,F401  (registers testing/*)
-from mmrl.models.configs import VLAConfig  # noqa: E402
-from mmrl.models.presets import resolve_vlm  # noqa: E402
-from mmrl.models.tiny_vlm import load_vlm  # noqa: E402
-from mmrl.policies.base import PromptBatch  # noqa: E402
-from mmrl.policies.vla import (  # noqa: E402
+from mmrl.adapters.vla.policy import (  # noqa: E402
     ActionTokenSampler,
     VLAEnvSpec,
     VLAInputError,
     VLAPolicy,
     action_vocab_ids,
 )
+from mmrl.models.configs import VLAConfig  # noqa: E402
+from mmrl.models.presets import resolve_vlm  # noqa: E402
+from mmrl.models.tiny_vlm import load_vlm  # noqa: E402
+from mmrl.policies.base import PromptBatch  # noqa: E402
 
 TOL = 1e-4
 STATS = {"low": [-1.0, -1.0], "high": [1.0, 1.0]}

@@ -15,10 +15,11 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("mujoco")
 
+from mmrl.adapters.vla.demos import Demo, DemoError, collect_demos, expert_for, load_demos, save_demos  # noqa: E402
 from mmrl.config import ConfigError, load_config  # noqa: E402
-from mmrl.data.demos import Demo, DemoError, collect_demos, expert_for, load_demos, save_demos  # noqa: E402
 from mmrl.tasks import get_task_class  # noqa: E402
-from mmrl.tasks.vla_reach import VLAReachTask, success_reward, write_video  # noqa: E402
+from mmrl.tasks.vla.base import success_reward, write_video  # noqa: E402
+from mmrl.tasks.vla.vla_reach import VLAReachTask  # noqa: E402
 
 
 def reach_overrides(tmp_path, *extra):
@@ -139,7 +140,7 @@ def test_items_stats_sft_targets_and_metrics():
     items = task.sft_items()
     assert len(items) == 3  # the failed demo is not used
     assert np.array_equal(items[2]["expert_chunk"], acts[[2, 2]])  # chunk 2 past the end repeats the last action
-    from mmrl.policies.action_tokenizer import ActionTokenizer
+    from mmrl.adapters.vla.action_tokenizer import ActionTokenizer
 
     tok = ActionTokenizer([-1] * 4, [1] * 4, token_ids=list(range(100, 356)), chunk=2)
     names = SimpleNamespace(convert_ids_to_tokens=lambda ids: [f"<{i}>" for i in ids])

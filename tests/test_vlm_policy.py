@@ -19,9 +19,9 @@ pytest.importorskip("peft")
 from PIL import Image  # noqa: E402
 
 from mmrl.config import AlgoConfig, RunConfig, TrainerConfig, load_config  # noqa: E402
-from mmrl.data.coords import smart_resize  # noqa: E402
 from mmrl.data.media import MediaError, load_image  # noqa: E402
 from mmrl.models.configs import LoraConfig, VLMConfig  # noqa: E402
+from mmrl.models.families import smart_resize  # noqa: E402
 from mmrl.models.presets import resolve_vlm  # noqa: E402
 from mmrl.models.tiny_vlm import load_vlm, vision_special_token_ids  # noqa: E402
 from mmrl.policies.base import PromptBatch  # noqa: E402

@@ -13,15 +13,16 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from mmrl.adapters.grounding.boxes import parse_boxes
+from mmrl.adapters.grounding.coords import FrameError, convert_boxes
+from mmrl.adapters.grounding.data import DataFormatError
 from mmrl.config import ConfigError
-from mmrl.data.coords import FrameError, box_frame_for, convert_boxes, smart_resize
-from mmrl.data.grounding_data import DataFormatError
-from mmrl.parsing.boxes import parse_boxes
+from mmrl.models.families import box_frame_for, smart_resize
 from mmrl.rewards.manager import RewardManager
 from mmrl.tasks.base import SkipItem
-from mmrl.tasks.vqa_grounding import VQAGroundingConfig, VQAGroundingTask
-from mmrl.tasks.vqa_grounding.prompts import answer_frame, build_prompt, sft_target
-from mmrl.tasks.vqa_grounding.rewards import (
+from mmrl.tasks.grounding.vqa_grounding import VQAGroundingConfig, VQAGroundingTask
+from mmrl.tasks.grounding.vqa_grounding.prompts import answer_frame, build_prompt, sft_target
+from mmrl.tasks.grounding.vqa_grounding.rewards import (
     GroundingRewardSettings,
     answer_schema_ok,
     grounding_eval_metrics,
@@ -32,7 +33,7 @@ from mmrl.tasks.vqa_grounding.rewards import (
     rollout_monitors,
     score_boxes,
 )
-from mmrl.tasks.vqa_grounding.task import model_family_of, resolve_answer_frame
+from mmrl.tasks.grounding.vqa_grounding.task import model_family_of, resolve_answer_frame
 
 W, H = 640, 480
 INPUT_25 = (644, 476)  # smart_resize(480, 640, factor=28): round(640/28)=23 -> 644, round(480/28)=17 -> 476

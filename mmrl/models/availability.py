@@ -1,7 +1,7 @@
 """One-line errors for model weights that are not on this machine.
 
 Every loader (:func:`mmrl.models.tiny_vlm.load_vlm`, :func:`mmrl.policies.causal_lm.load_causal_lm`,
-:func:`mmrl.models.tiny_diffusion.load_diffusion_pipeline`) wraps its ``from_pretrained`` calls in
+:func:`mmrl.adapters.diffusion.tiny_model.load_diffusion_pipeline`) wraps its ``from_pretrained`` calls in
 :func:`model_load_errors`: a missing download, an offline hub, a gated or unknown repo, or a local folder
 without weights becomes a :class:`ModelNotAvailableError` (a :class:`~mmrl.errors.ConfigError`, so
 ``mmrl train`` prints one line and exits with code 2) that names the model id, where it was looked

@@ -124,7 +124,7 @@ def _diffusion_lora() -> LoraConfig:
 class DiffusionConfig(BaseModelConfig):
     """A text-to-image diffusion / flow policy over a diffusers pipeline (SD3, Flux, SD-UNet).
 
-    Each action is one SDE denoising step; see docs/diffusion_sde.md and mmrl/policies/diffusion/.
+    Each action is one SDE denoising step; see docs/diffusion_sde.md and mmrl/adapters/diffusion/.
     """
 
     type: str = "diffusion"
@@ -219,7 +219,7 @@ class VLAConfig(VLMConfig):
 
     Every VLM field applies (model path, dtype, LoRA, pixel limits, vision-tower freezing); the
     fields below add the action tokenizer, the rollout over an env pool and the log-prob granularity.
-    See docs/tasks/vla.md and mmrl/policies/vla.py.
+    See docs/tasks/vla.md and mmrl/adapters/vla/policy.py.
     """
 
     type: str = "vla"

@@ -13,9 +13,9 @@ from mmrl.errors import ConfigError
 # type -> (config class path, policy builder path)
 MODEL_TYPES: dict[str, tuple[str, str]] = {
     "causal_lm": ("mmrl.models.configs:CausalLMConfig", "mmrl.policies.causal_lm:build_causal_lm_policy"),
-    "diffusion": ("mmrl.models.configs:DiffusionConfig", "mmrl.policies.diffusion:build_diffusion_policy"),
+    "diffusion": ("mmrl.models.configs:DiffusionConfig", "mmrl.adapters.diffusion:build_diffusion_policy"),
     "vlm": ("mmrl.models.configs:VLMConfig", "mmrl.policies.vlm:build_vlm_policy"),
-    "vla": ("mmrl.models.configs:VLAConfig", "mmrl.policies.vla:build_vla_policy"),
+    "vla": ("mmrl.models.configs:VLAConfig", "mmrl.adapters.vla.policy:build_vla_policy"),
 }
 
 

@@ -1,6 +1,6 @@
 """Tag extraction from model answers (``<answer>...</answer>``): forgiving of a missing opening or closing tag.
 
-Shared by the readers of model outputs (:mod:`mmrl.parsing.boxes`, the QA and temporal rewards) and the data
+Shared by the readers of model outputs (:mod:`mmrl.adapters.grounding.boxes`, the QA and temporal rewards) and the data
 converters that read ground truth in the same notation.
 """
 

@@ -240,7 +240,7 @@ class PolicySpec:
     vocabulary: str | None = None
     """Characters of a character-level task (``model.path=tiny`` text LMs build their tokenizer from them)."""
     env_spec: Any = None
-    """VLA: the environment's :class:`~mmrl.policies.vla.VLAEnvSpec` (observation keys, action size, pool)."""
+    """VLA: the environment's :class:`~mmrl.adapters.vla.policy.VLAEnvSpec` (observation keys, action size, pool)."""
     action_stats: dict | None = None
     """VLA: per-dimension action statistics for the action tokenizer (``q01``/``q99``, or ``min``/``max``)."""
     prepare_model: Callable[[str, Any], str] | None = None

@@ -27,7 +27,7 @@ Each sample dict carries what box rewards need to convert frames: ``orig_size`` 
 
 Videos (``video``/``videos`` items) follow the same path; the video-specific parts (clips from the
 frame cache, processor keyword arguments, T-GRPO's shuffled copies, sample fields) live in
-:mod:`mmrl.policies.vlm_video`. The processor's ``video_grid_thw`` and Qwen2.5-VL's
+:mod:`mmrl.adapters.video.policy_inputs`. The processor's ``video_grid_thw`` and Qwen2.5-VL's
 ``second_per_grid_ts`` are stored once per prompt and passed to generation and to every later
 forward, so all of them compute the same time-aware rotary positions. With ``tgrpo`` set (T-GRPO,
 :mod:`mmrl.algos.tgrpo`) a rollout adds ``tgrpo.shuffled_group`` samples per video prompt on
@@ -47,8 +47,8 @@ from typing import Any, Sequence
 import torch
 from torch import Tensor
 
-from mmrl.data.coords import box_frame_for, input_size_from_grid
 from mmrl.data.media import ORIG_SIZE_KEY, load_image
+from mmrl.models.families import box_frame_for, input_size_from_grid
 from mmrl.policies import shared_prefix as sp
 from mmrl.policies.base import FrozenCopyReference, LogProbOutput, PolicySpec, PromptBatch, Rollout
 from mmrl.policies.token_policy import (
@@ -121,7 +121,7 @@ class PromptInputs:
     features: ImageFeatures | None = field(default=None, repr=False)
     """Vision features cached at rollout time when the vision tower is frozen."""
     videos: list = field(default_factory=list)
-    """The decoded :class:`~mmrl.data.video.VideoClip` of each video, in prompt order."""
+    """The decoded :class:`~mmrl.adapters.video.decode.VideoClip` of each video, in prompt order."""
     pixel_values_videos: Tensor | None = None
     """[patches, C * temporal * patch**2] processor pixels of all videos, or None without videos."""
     video_grid_thw: Tensor | None = None
@@ -205,8 +205,8 @@ def preprocess(
     A prompt over ``max_prompt_tokens`` raises :class:`PromptTooLongError`, or with ``skip_too_long`` gives None
     in its place (the rollout leaves it out and counts it in ``data/too_long``).
 
-    Video items are read with :func:`mmrl.policies.vlm_video.item_clips` (frame cache) and reach the
-    processor only through :func:`mmrl.policies.vlm_video.video_processor_kwargs`.
+    Video items are read with :func:`mmrl.adapters.video.policy_inputs.item_clips` (frame cache) and reach the
+    processor only through :func:`mmrl.adapters.video.policy_inputs.video_processor_kwargs`.
     """
     patch = int(processor.image_processor.patch_size)
     out: list[PromptInputs] = []
@@ -215,7 +215,7 @@ def preprocess(
         clips: list = []
         video_kw: dict[str, Any] = {}
         if item.get("video") is not None or item.get("videos") is not None:
-            from mmrl.policies.vlm_video import item_clips, video_processor_kwargs
+            from mmrl.adapters.video.policy_inputs import item_clips, video_processor_kwargs
 
             clips = item_clips(item, processor)
             video_kw = video_processor_kwargs(clips)
@@ -648,7 +648,7 @@ class VLMPolicy(HFTokenPolicy):
     # ------------------------------------------------------------------ Policy API
     def _shuffled_prompt(self, item: dict, prompt: PromptInputs, seed: int) -> PromptInputs:
         """T-GRPO: ``prompt`` with the temporal patches of each video shuffled (same text, grid and times)."""
-        from mmrl.policies.vlm_video import shuffled_clip, temporal_patch_size
+        from mmrl.adapters.video.policy_inputs import shuffled_clip, temporal_patch_size
 
         tp = temporal_patch_size(self.processor)
         clips = [shuffled_clip(c, mix_seed(seed, k), tp)[0] for k, c in enumerate(prompt.videos)]
@@ -695,7 +695,7 @@ class VLMPolicy(HFTokenPolicy):
             "box_frame": self.box_frame,
         }
         if p.num_videos:
-            from mmrl.policies.vlm_video import video_sample_fields
+            from mmrl.adapters.video.policy_inputs import video_sample_fields
 
             sample.update(video_sample_fields(p.videos, p.visual_tokens), shuffled=probe)
         return sample
@@ -764,7 +764,7 @@ class VLMPolicy(HFTokenPolicy):
         if self.engine is not None:
             metrics.update(self.engine.metrics)  # vllm/sync_time, vllm/sync_max_abs_diff, ...
         if any(p is not None and p.num_videos for p in prompts):
-            from mmrl.policies.vlm_video import video_rollout_metrics
+            from mmrl.adapters.video.policy_inputs import video_rollout_metrics
 
             metrics.update(video_rollout_metrics([s for s in samples if not s.get("shuffled")]))
         probe = torch.tensor([shuf for _, _, shuf in plan], dtype=torch.bool)

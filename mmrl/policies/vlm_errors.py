@@ -1,5 +1,5 @@
 """Errors of the VLM input path (images and videos), shared by :mod:`mmrl.policies.vlm` and
-:mod:`mmrl.policies.vlm_video`."""
+:mod:`mmrl.adapters.video.policy_inputs`."""
 
 from __future__ import annotations
 

@@ -38,10 +38,12 @@ from typing import Any, Callable, Mapping
 import torch
 from torch import Tensor
 
+from mmrl.errors import RunStopped
+
 log = logging.getLogger(__name__)
 
 
-class RewardError(RuntimeError):
+class RewardError(RunStopped):
     """A reward function failed too often, or returned something that is not one value per sample; the run stops."""
 
 

@@ -1,0 +1,1 @@
+"""Image-generation tasks (``task=t2i_color``)."""

@@ -1,0 +1,1 @@
+"""Image-grounding tasks (``task=vqa_grounding``)."""
