@@ -71,8 +71,8 @@ BENCHMARKS: dict[str, tuple[str, int]] = {
 def build_policy(args: argparse.Namespace):
     """The tiny VLA of ``task=vla_reach`` (random init, no SFT) with a pool of exactly ``B * G`` slots."""
     from mmrl.adapters.vla.policy import build_vla_policy
+    from mmrl.builders import build_task
     from mmrl.config import load_config
-    from mmrl.evaluation import build_task
     from mmrl.policies.base import PolicySpec
 
     task_overrides = {

@@ -6,7 +6,7 @@ from __future__ import annotations
 import difflib
 from typing import Iterable
 
-__all__ = ["ConfigError", "RunStopped", "check_choice", "suggest"]
+__all__ = ["ConfigError", "RunStopped", "TrainingAborted", "check_choice", "suggest"]
 
 
 class ConfigError(ValueError):
@@ -17,6 +17,17 @@ class RunStopped(RuntimeError):
     """A failure of the run's inputs or surroundings, not of mmrl's code (a reward server down, a threshold of
     skipped items crossed, a simulator that resets to another state than recorded). The CLI reports it as one
     line after the trainer has saved a checkpoint; an adapter raises a subclass for its own such failures."""
+
+
+class TrainingAborted(RunStopped):
+    """The run stopped on purpose (too many failures); the message says why and what to change.
+
+    ``step_completed``: the step that raised it finished its update (e.g. the non-finite limit is checked after the
+    step's optimizer steps were taken or skipped), so its checkpoint counts that step."""
+
+    def __init__(self, message: str, *, step_completed: bool = False) -> None:
+        super().__init__(message)
+        self.step_completed = step_completed
 
 
 def suggest(name: str, choices: Iterable[str]) -> str:

@@ -1,4 +1,4 @@
-"""Evaluation of a policy on a task's items, and the item preparation it shares with training and SFT.
+"""Evaluation of a policy on a task's items (``Trainer.evaluate``, ``mmrl eval``).
 
 :func:`evaluate_policy` rolls out every eval item (greedy, or ``samples`` seeded samples per item with seeds
 fixed per item, so every evaluation sees the same noise), drops probe samples (``Rollout.without_probes``),
@@ -24,33 +24,17 @@ from typing import Any, Sequence
 
 import torch
 
-from mmrl.policies.base import Policy, PromptBatch
+from mmrl.builders import build_policy, build_rewards, build_task
+from mmrl.policies.base import Policy
 from mmrl.rewards.manager import RewardManager
+from mmrl.rollout.collect import prepare_batch, sample_prompts
 from mmrl.rollout.noise import mix_seed
-from mmrl.tasks.base import SkipItem, Task
+from mmrl.tasks.base import Task
 
 log = logging.getLogger(__name__)
 
 EVAL_SEED_STREAM = 0xE7A1
 """Mixed into the run seed for the per-item evaluation seeds (disjoint from the training prompts' seeds)."""
-
-
-def prepare_batch(
-    task: Task, indices: Sequence[int], seeds: Sequence[int], source: Sequence[dict], *, what: str = "item"
-) -> tuple[PromptBatch, int]:
-    """``task.prepare_item`` on ``source[i]`` for each index; items that raise :class:`SkipItem` are logged and left
-    out. Returns the batch of the prepared items (with their indices and seeds) and the number skipped."""
-    items, idx, sd = [], [], []
-    skipped = 0
-    for i, s in zip(indices, seeds):
-        try:
-            items.append(task.prepare_item(source[i]))
-            idx.append(i)
-            sd.append(s)
-        except SkipItem as e:
-            skipped += 1
-            log.warning("skipping %s %d: %s", what, i, e)
-    return PromptBatch(items=items, indices=idx, seeds=sd), skipped
 
 
 def evaluate_policy(
@@ -89,20 +73,12 @@ def evaluate_policy(
                 continue
             with torch.no_grad():
                 ro = policy.rollout(batch, samples, greedy=greedy).without_probes()
-            rep = (
-                [batch.items[i] for i in ro.prompt_index.tolist()]
-                if ro.prompt_index is not None
-                else [it for it in batch.items for _ in range(samples)]
-            )  # prompt-major, like every rollout
+            pos = sample_prompts(batch, ro)
+            rep = [batch.items[p] for p in pos]
             skipped += int(ro.metrics.get("data/too_long", 0))  # prompts the policy left out (model.max_prompt_tokens)
             columns = task.reward_columns(rep)
             res = rewards([it.get("prompt", "") for it in rep], ro.samples, columns)
             if predictions is not None:
-                pos = (
-                    ro.prompt_index.tolist()
-                    if ro.prompt_index is not None
-                    else [p for p in range(len(batch)) for _ in range(samples)]
-                )
                 seen: dict[int, int] = {}
                 for j, p in enumerate(pos):
                     k = seen[p] = seen.get(p, -1) + 1
@@ -315,32 +291,6 @@ def build_for_eval(cfg: Any) -> tuple[Task, RewardManager, Policy, torch.device]
     task = build_task(cfg)  # the task sees checkpoint= (VLA: videos into the run dir)
     rewards = build_rewards(cfg, task)
     return task, rewards, build_policy(cfg, task), device
-
-
-def build_task(cfg: Any) -> Task:
-    """The task of ``cfg.task.name`` with its config (what the trainer and ``mmrl eval`` build)."""
-    from mmrl.tasks import get_task_class
-
-    return get_task_class(cfg.task.name)(cfg.task, cfg)
-
-
-def build_rewards(cfg: Any, task: Task) -> RewardManager:
-    """The reward manager of a run: the task's rewards plus (or instead of) the user's ``reward.fns``."""
-    from mmrl.rewards.user import compose_reward_specs
-
-    tr = cfg.trainer
-    return RewardManager(
-        compose_reward_specs(task.reward_specs(), cfg.reward),
-        error_threshold=tr.reward_error_threshold,
-        window=tr.reward_error_window,
-    )
-
-
-def build_policy(cfg: Any, task: Task) -> Policy:
-    """The policy of ``cfg.model.type``, built from the task's :class:`~mmrl.policies.base.PolicySpec`."""
-    from mmrl.models.registry import policy_builder
-
-    return policy_builder(cfg.model.type)(cfg, task.policy_spec())
 
 
 def evaluate_checkpoint(overrides: list[str]) -> CheckpointEval:

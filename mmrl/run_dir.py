@@ -301,3 +301,58 @@ def auto_resume_checkpoint(run_dir: Path, *, warn: bool = True) -> Path | None:
                 run_dir,
             )
     return found
+
+
+# ---------------------------------------------------------------- which folder a run writes, and what it resumes
+
+
+def open_run(trainer_cfg, config: dict, task_name: str, *, is_main: bool) -> tuple[Path, str, Path | None]:
+    """Decide a run's folder and the checkpoint it continues: ``(run_dir, run name, checkpoint or None)``.
+
+    ``trainer.resume``: a checkpoint or run folder (continued), ``auto`` (continue ``trainer.run_name``'s run if it
+    exists) or ``never``. An existing run without ``resume`` is refused unless ``trainer.overwrite=true``, which
+    clears it only when mmrl created it. A resume is refused when ``config`` (the new run's, as a dict) changes the
+    experiment (:func:`check_same_experiment`), before any weight loads. Nothing is created here."""
+    from datetime import datetime
+
+    from mmrl.checkpoint import resolve_checkpoint
+
+    tr = trainer_cfg
+    name = tr.run_name or f"{task_name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+    run_dir = run_dir_path(tr.output_dir, name)
+    resume_from: Path | None = None
+    if tr.resume not in ("never", "auto"):
+        try:
+            resume_from = resolve_checkpoint(tr.resume)
+        except FileNotFoundError as e:
+            why = str(e) if Path(tr.resume).exists() else f"{tr.resume} does not exist"
+            raise ConfigError(
+                f"trainer.resume={tr.resume}: {why}; trainer.resume takes auto (continue "
+                "trainer.run_name's run), never, a checkpoint folder (<run dir>/checkpoints/step_N) "
+                "or a run directory"
+            ) from None
+        run_dir = resume_from.parent.parent
+    elif run_dir.exists() and any(run_dir.iterdir()):
+        if tr.resume == "auto":
+            resume_from = auto_resume_checkpoint(run_dir, warn=is_main)
+        elif not tr.overwrite:
+            raise ConfigError(
+                f"run directory {run_dir} exists; pass trainer.resume=auto to continue it, "
+                "trainer.overwrite=true to start over, or another trainer.run_name"
+            )
+        elif is_main:
+            clear_run_dir(run_dir)  # only a folder mmrl created (ConfigError otherwise)
+    elif tr.resume == "auto" and is_main:
+        if tr.run_name:
+            log.info("trainer.resume=auto: no run %s to continue yet; starting it", run_dir)
+        else:  # a timestamped name is new every time: auto can never find a run without trainer.run_name
+            log.warning(
+                "trainer.resume=auto without trainer.run_name: no run to continue (a run without a name gets a "
+                "new timestamped directory, here %s); to continue a run pass trainer.run_name=<its folder "
+                "name in %s> trainer.resume=auto (or trainer.resume=<its run dir>)",
+                run_dir,
+                tr.output_dir,
+            )
+    if resume_from is not None:  # before any weight is loaded
+        check_same_experiment(run_dir, config, accept=tr.resume_accept_changes, log_changes=is_main)
+    return run_dir, name, resume_from

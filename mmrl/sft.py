@@ -15,10 +15,10 @@ from typing import Callable
 
 import torch
 
-from mmrl.config import ConfigError
 from mmrl.data.sampler import PromptSampler
-from mmrl.evaluation import prepare_batch
+from mmrl.errors import ConfigError
 from mmrl.policies.base import PromptBatch
+from mmrl.rollout.collect import prepare_batch
 
 log = logging.getLogger(__name__)
 
@@ -29,11 +29,20 @@ def sft_targets(task, policy, items: list[dict]) -> list[str | None]:
     return [task.sft_target(it, m) for it, m in zip(items, metas)]
 
 
-def run_sft(trainer, steps: int, on_step: Callable[[dict], None] | None = None) -> dict[str, float]:
-    """Run ``steps`` supervised steps on the trainer's policy; returns the last metrics. ``on_step`` is called with
-    each step's metrics (the warm-start progress bar)."""
-    cfg = trainer.cfg.trainer
-    policy, task = trainer.policy, trainer.task
+def run_sft(
+    policy,
+    task,
+    cfg,
+    steps: int,
+    *,
+    metrics_path: Path | None = None,
+    on_step: Callable[[dict], None] | None = None,
+) -> dict[str, float]:
+    """Run ``steps`` supervised steps on ``policy`` with the task's SFT items and targets; returns the last metrics.
+
+    ``cfg``: the run's ``trainer`` section (``sft_*`` fields, batch size, seed, lr, weight decay, gradient clip).
+    ``metrics_path``: when given, emptied, then one JSON line per step (``<run>/sft_metrics.jsonl``; the trainer's
+    main process passes it). ``on_step`` is called with each step's metrics (the warm-start progress bar)."""
     if not policy.supports_sft:
         raise ConfigError(
             f"trainer.sft_steps>0 but the {type(policy).__name__} policy has no supervised loss (sft_loss)"
@@ -45,9 +54,8 @@ def run_sft(trainer, steps: int, on_step: Callable[[dict], None] | None = None) 
         source = source[: cfg.sft_max_items]
     sampler = PromptSampler(len(source), bs, cfg.seed + 7919)
     opt = torch.optim.AdamW(policy.trainable_parameters(), lr=cfg.sft_lr or cfg.lr, weight_decay=cfg.weight_decay)
-    out_path = Path(trainer.run_dir) / "sft_metrics.jsonl" if trainer.run_dir else None
-    if out_path is not None and trainer.is_main:
-        out_path.write_text("")  # a warm start interrupted before its checkpoint is redone from scratch
+    if metrics_path is not None:
+        metrics_path.write_text("")  # a warm start interrupted before its checkpoint is redone from scratch
     last: dict[str, float] = {}
     for k in range(steps):
         t0 = time.perf_counter()
@@ -71,8 +79,8 @@ def run_sft(trainer, steps: int, on_step: Callable[[dict], None] | None = None) 
             "sft/grad_norm": float(gn),
             "time/sft_step": time.perf_counter() - t0,
         }
-        if out_path is not None and trainer.is_main:
-            with out_path.open("a") as f:
+        if metrics_path is not None:
+            with metrics_path.open("a") as f:
                 f.write(json.dumps(last) + "\n")
         if on_step is not None:
             on_step(last)

@@ -15,14 +15,12 @@ batch.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import signal
 import sys
 import time
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Callable
 
@@ -30,32 +28,22 @@ import torch
 from torch import Tensor
 
 from mmrl import algos
-from mmrl.algos.tgrpo import rollout_temporal_bonus
-from mmrl.checkpoint import checkpoint_step, load_training_state, resolve_checkpoint, save_checkpoint
+from mmrl.builders import build_policy, build_rewards, build_task
+from mmrl.checkpoint import checkpoint_step, resolve_checkpoint
 from mmrl.config import RunConfig, load_config, to_dict
-from mmrl.data.sampler import PromptSampler, shard
-from mmrl.errors import ConfigError, RunStopped
-from mmrl.evaluation import build_policy, build_rewards, build_task, evaluate_policy, prepare_batch
+from mmrl.errors import ConfigError, RunStopped, TrainingAborted
+from mmrl.evaluation import evaluate_policy
 from mmrl.parallel.data_parallel import DataParallel
 from mmrl.policies.base import Policy, PromptBatch, Rollout
 from mmrl.preflight import warn_if_cannot_learn
 from mmrl.progress import PhaseProgress, fmt
+from mmrl.rollout.collect import RolloutCollector
 from mmrl.rollout.noise import mix_seed
 from mmrl.run_report import RunReport, start_banner
 from mmrl.tracking import Tracker, plot_metrics
+from mmrl.training_checkpoint import TrainingParts, restore_training, save_to_rescue, save_training
 
 log = logging.getLogger(__name__)
-
-
-class TrainingAborted(RunStopped):
-    """The run stopped on purpose (too many failures); the message says why and what to change.
-
-    ``step_completed``: the step that raised it finished its update (e.g. the non-finite limit is checked after the
-    step's optimizer steps were taken or skipped), so its checkpoint counts that step."""
-
-    def __init__(self, message: str, *, step_completed: bool = False) -> None:
-        super().__init__(message)
-        self.step_completed = step_completed
 
 
 class NothingTrained(RuntimeError):
@@ -81,12 +69,6 @@ class _StepStats:
             ist = algos.importance_stats(logp, rollout_logp, mask, cap=cap)
             self.sums["rollout/is_ratio_max"] = max(self.sums.get("rollout/is_ratio_max", 0.0), ist["ratio_max"])
             self.sums["rollout/is_ratio_min"] = min(self.sums.get("rollout/is_ratio_min", math.inf), ist["ratio_min"])
-
-
-def _finite_or_none(x) -> float | None:
-    """``float(x)`` for a finite number, None for NaN / inf (JSON has no NaN)."""
-    x = float(x)
-    return x if math.isfinite(x) else None
 
 
 def _lr_lambda(schedule: str, warmup: int, total: int) -> Callable[[int], float]:
@@ -150,8 +132,8 @@ class Trainer:
                 pass  # setup_run_dir says what trainer.resume takes
         self.task = task = task if task is not None else build_task(cfg)
         # rewards (user files, modules, servers) and the algorithm's needs are checked before the model is loaded
-        self.rewards = build_rewards(cfg, task)
-        check_algo_against_task(cfg.algo, [s.name for s in self.rewards.specs], task.name)
+        rewards = build_rewards(cfg, task)
+        check_algo_against_task(cfg.algo, [s.name for s in rewards.specs], task.name)
         if tr.batch_size % self.world:
             raise ConfigError(f"trainer.batch_size={tr.batch_size} must be divisible by the {self.world} processes")
         if self.is_main and policy is None:
@@ -162,8 +144,7 @@ class Trainer:
         if self.accelerator.device.type != "cpu":
             self.policy.to_device(self.accelerator.device)
 
-        self.train_items = list(task.train_items())
-        self.sampler = PromptSampler(len(self.train_items), tr.batch_size, tr.seed)
+        self.rollouts = RolloutCollector(task, self.policy, rewards, cfg, self.dp)
         self.dp.wrap(self.policy, ema=bool(getattr(cfg.model, "ema", False)))
         self.sharded = self.dp.sharded  # True when trainer.strategy=fsdp2 sharded the policy over several processes
         if self.world == 1 and tr.strategy == "fsdp2" and self.is_main:
@@ -183,8 +164,6 @@ class Trainer:
         )
 
         self.step = 0
-        self.skipped_total = 0
-        self.seen_total = 0
         self.nonfinite_streak = 0
         self._stop_signal: int | None = None
         self.run_dir: Path | None = None
@@ -232,53 +211,10 @@ class Trainer:
     def setup_run_dir(self) -> Path:
         """Create (or resume) the run directory below ``trainer.output_dir``; refuse to overwrite an existing run, to
         delete a folder mmrl did not create, or to resume a different experiment (:mod:`mmrl.run_dir`)."""
-        from mmrl.run_dir import (
-            auto_resume_checkpoint,
-            check_same_experiment,
-            clear_run_dir,
-            create_run_dir,
-            record_start,
-            run_dir_path,
-        )
+        from mmrl.run_dir import create_run_dir, open_run, record_start
 
         tr = self.cfg.trainer
-        name = tr.run_name or f"{self.cfg.task.name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
-        run_dir = run_dir_path(tr.output_dir, name)
-        resume_from: Path | None = None
-        if tr.resume not in ("never", "auto"):
-            try:
-                resume_from = resolve_checkpoint(tr.resume)
-            except FileNotFoundError as e:
-                why = str(e) if Path(tr.resume).exists() else f"{tr.resume} does not exist"
-                raise ConfigError(
-                    f"trainer.resume={tr.resume}: {why}; trainer.resume takes auto (continue "
-                    "trainer.run_name's run), never, a checkpoint folder (<run dir>/checkpoints/step_N) "
-                    "or a run directory"
-                ) from None
-            run_dir = resume_from.parent.parent
-        elif run_dir.exists() and any(run_dir.iterdir()):
-            if tr.resume == "auto":
-                resume_from = auto_resume_checkpoint(run_dir, warn=self.is_main)
-            elif not tr.overwrite:
-                raise ConfigError(
-                    f"run directory {run_dir} exists; pass trainer.resume=auto to continue it, "
-                    "trainer.overwrite=true to start over, or another trainer.run_name"
-                )
-            elif self.is_main:
-                clear_run_dir(run_dir)  # only a folder mmrl created (ConfigError otherwise)
-        elif tr.resume == "auto" and self.is_main:
-            if tr.run_name:
-                log.info("trainer.resume=auto: no run %s to continue yet; starting it", run_dir)
-            else:  # a timestamped name is new every time: auto can never find a run without trainer.run_name
-                log.warning(
-                    "trainer.resume=auto without trainer.run_name: no run to continue (a run without a name gets a "
-                    "new timestamped directory, here %s); to continue a run pass trainer.run_name=<its folder "
-                    "name in %s> trainer.resume=auto (or trainer.resume=<its run dir>)",
-                    run_dir,
-                    tr.output_dir,
-                )
-        if resume_from is not None:  # before any weight is loaded
-            check_same_experiment(run_dir, to_dict(self.cfg), accept=tr.resume_accept_changes, log_changes=self.is_main)
+        run_dir, name, resume_from = open_run(tr, to_dict(self.cfg), self.cfg.task.name, is_main=self.is_main)
         self.accelerator.wait_for_everyone()
         if self.is_main:
             import yaml
@@ -309,210 +245,82 @@ class Trainer:
     # ------------------------------------------------------------------ checkpoints
     def trainer_state(self) -> dict:
         return {
-            "sampler": self.sampler.state_dict(),
-            "skipped_total": self.skipped_total,
-            "seen_total": self.seen_total,
+            **self.rollouts.state_dict(),
             "wandb_id": self.tracker.wandb_id if self.tracker else None,
             "stop_reason": self.stop_reason,
         }
 
+    @property
+    def _parts(self) -> TrainingParts:
+        return TrainingParts(self.policy, self.optimizer, self.scheduler)
+
     def save_checkpoint(self) -> Path | None:
+        """Write the checkpoint of the current step (:func:`mmrl.training_checkpoint.save_training`)."""
         if self.run_dir is None:
             raise RuntimeError("call setup_run_dir() (or fit()) before saving")
-        path = None
         t0 = time.perf_counter()
         self._saved_step = self.step
-        if self.cfg.trainer.strategy == "fsdp2":
-            path = self._save_sharded_checkpoint()
-        else:
-            if self.is_main:
-                path = save_checkpoint(
-                    self.run_dir,
-                    self.step,
-                    policy=self.policy,
-                    optimizer=self.optimizer,
-                    scheduler=self.scheduler,
-                    state=self.trainer_state(),
-                    keep_last=self.cfg.trainer.keep_last,
-                )
-            self.accelerator.wait_for_everyone()
+        path = save_training(
+            self.run_dir,
+            self.step,
+            self._parts,
+            self.trainer_state(),
+            keep_last=self.cfg.trainer.keep_last,
+            dp=self.dp,
+            sharded_format=self.cfg.trainer.strategy == "fsdp2",
+        )
         self.report.add_time("checkpoints", time.perf_counter() - t0)
         return path
 
-    def _save_sharded_checkpoint(self) -> Path | None:
-        """Every rank writes its shard of the trained parameters and optimizer state (DCP) and its RNG; rank 0 writes
-        the gathered ``pretrained_model/``, the scheduler and the trainer state, then publishes atomically."""
-        from mmrl.checkpoint import publish_checkpoint, rng_state, staging_dir, start_staging, write_training_files
-        from mmrl.parallel.fsdp import full_state_dict_view
-        from mmrl.parallel.sharded_checkpoint import SHARDED_DIR, rank_rng_file, save_sharded_state
-
-        tmp = start_staging(self.run_dir, self.step) if self.is_main else staging_dir(self.run_dir, self.step)
-        self.accelerator.wait_for_everyone()
-        with full_state_dict_view(self.policy.model) as writer:
-            if writer:
-                self.policy.save_pretrained(tmp / "pretrained_model")
-        save_sharded_state(tmp / "training_state" / SHARDED_DIR, self.policy.model, self.optimizer)
-        if not self.is_main:
-            torch.save(rng_state(), tmp / "training_state" / rank_rng_file(self.rank))
-        self.accelerator.wait_for_everyone()
-        path = None
-        if self.is_main:
-            state = {**self.trainer_state(), "world_size": self.world, "strategy": "fsdp2"}
-            write_training_files(tmp, self.step, scheduler=self.scheduler, state=state)
-            path = publish_checkpoint(tmp, self.run_dir, self.step, self.cfg.trainer.keep_last)
-        self.accelerator.wait_for_everyone()
-        return path
-
     def load_checkpoint(self, path: Path) -> dict:
-        """Continue from a checkpoint: the policy's weights, optimizer (single file or sharded, at any world size),
-        scheduler, RNG and data position. The whole checkpoint is validated first (a damaged file is one
-        DamagedCheckpointError line before the policy is touched); weights for another model are a
-        CheckpointMismatchError."""
-        from mmrl.checkpoint import DamagedCheckpointError, check_checkpoint
-        from mmrl.parallel.sharded_checkpoint import SHARDED_DIR, load_sharded_state, rank_rng_file
+        """Continue from a checkpoint: weights, optimizer, scheduler, RNG (:func:`mmrl.training_checkpoint.
+        restore_training`) and the data position."""
+        from mmrl.checkpoint import DamagedCheckpointError
 
-        path = Path(path)
-        check_checkpoint(path)
-        sharded_state = path / "training_state" / SHARDED_DIR
-        if self.sharded:
-            if not sharded_state.exists():
-                raise ConfigError(
-                    f"{path} was written with trainer.strategy=ddp (one optimizer file); continue it with "
-                    "trainer.strategy=ddp (an fsdp2 run resumes from fsdp2 checkpoints)"
-                )
-            # the trained parameters come from the shards; frozen ones are the model's own build
-        else:
-            self.policy.load_pretrained(path / "pretrained_model")
-        if sharded_state.exists():
-            load_sharded_state(sharded_state, self.policy.model, self.optimizer)
-        state = load_training_state(
-            path,
-            optimizer=None if sharded_state.exists() else self.optimizer,
-            scheduler=self.scheduler,
-            rng_file=rank_rng_file(self.rank),
-        )
+        state = restore_training(path, self._parts, sharded=self.sharded, rank=self.rank)
         self.step = state["step"]
         try:
-            self.sampler.load_state_dict(state["sampler"])
+            self.rollouts.load_state_dict(state)
         except (KeyError, TypeError) as e:
             raise DamagedCheckpointError(
-                path / "training_state" / "state.json", f"its data position ('sampler') is missing or malformed ({e!r})"
+                Path(path) / "training_state" / "state.json",
+                f"its data position ('sampler') is missing or malformed ({e!r})",
             ) from None
-        self.skipped_total = state.get("skipped_total", 0)
-        self.seen_total = state.get("seen_total", 0)
         log.info("resumed from %s at step %d", path, self.step)
         return state
 
-    # ------------------------------------------------------------------ data
-    def _prepare(self, indices: list[int], seeds: list[int], items_source) -> tuple[PromptBatch, int]:
-        return prepare_batch(self.task, indices, seeds, items_source)
+    # ------------------------------------------------------------------ rollouts (mmrl.rollout.collect)
+    @property
+    def rewards(self):
+        """The run's :class:`~mmrl.rewards.manager.RewardManager` (training and evaluation score with it)."""
+        return self.rollouts.rewards
+
+    @rewards.setter
+    def rewards(self, manager) -> None:
+        self.rollouts.rewards = manager
+
+    @property
+    def train_items(self) -> list[dict]:
+        return self.rollouts.train_items
+
+    @property
+    def sampler(self):
+        return self.rollouts.sampler
+
+    @property
+    def skipped_total(self) -> int:
+        return self.rollouts.skipped_total
+
+    @property
+    def seen_total(self) -> int:
+        return self.rollouts.seen_total
 
     def _next_prompts(self) -> tuple[PromptBatch, int]:
-        indices, seeds = self.sampler.next_batch()
-        return self._prepare(
-            shard(indices, self.rank, self.world), shard(seeds, self.rank, self.world), self.train_items
-        )
-
-    # ------------------------------------------------------------------ rollout + rewards
-    def _score(self, batch: PromptBatch, ro: Rollout) -> None:
-        G = ro.batch_size // max(1, len(batch))
-        rep = (
-            [batch.items[i] for i in ro.prompt_index.tolist()]
-            if ro.prompt_index is not None
-            else [it for it in batch.items for _ in range(G)]
-        )
-        self.rewards.set_progress(self.step, self.cfg.trainer.max_steps)  # TRL's trainer_state.global_step / max_steps
-        res = self.rewards([it.get("prompt", "") for it in rep], ro.samples, self.task.reward_columns(rep))
-        ro.rewards = res.total
-        ro.valid = ro.valid & res.valid
-        ro.metrics.update(res.metrics)
-        if self.cfg.algo.tgrpo_enabled:  # T-GRPO: the bonus from the policy's shuffled-frame probes
-            ro.adv_bonus, bonus_metrics = rollout_temporal_bonus(ro, res.per_fn, self.cfg.algo.tgrpo)
-            ro.metrics.update(bonus_metrics)
-        ro.metrics.update(self.task.rollout_metrics(rep, ro.samples))
-        every = self.cfg.trainer.log_samples_every
-        if every and self.is_main and (self.step + 1) % every == 0 and self.run_dir is not None:
-            self._log_samples(rep, ro, res.per_fn)
-
-    def _log_samples(self, items: list, ro: Rollout, per_fn: dict) -> None:
-        """Append up to ``trainer.log_samples_max`` of this step's samples to ``samples.jsonl``."""
-        rows = []
-        for j in range(min(ro.batch_size, self.cfg.trainer.log_samples_max)):
-            sample = ro.samples[j]
-            text = sample.get("text") if isinstance(sample, dict) else sample if isinstance(sample, str) else None
-            row = {
-                "step": self.step + 1,
-                "group": int(ro.group_id[j]),
-                "id": items[j].get("id"),
-                "text": text,
-                "reward": float(ro.rewards[j]) if ro.rewards.dim() == 1 else None,
-            }
-            row.update({f"reward/{name}": _finite_or_none(v[j]) for name, v in per_fn.items()})
-            rows.append(row)
-        with open(self.run_dir / "samples.jsonl", "a") as f:
-            for row in rows:
-                f.write(json.dumps(row, default=str) + "\n")
+        return self.rollouts.next_prompts()
 
     def collect(self) -> tuple[Rollout | None, dict]:
-        """Roll out, score and filter one step's batch (with bounded resampling)."""
-        algo = self.cfg.algo
-        metrics: dict[str, float] = {}
-        kept: list[Rollout] = []
-        n_groups_kept = 0
-        target_groups = self.cfg.trainer.batch_size // self.world
-        skipped = seen = too_long_total = 0
-        rounds = 0
-        t0 = time.perf_counter()
-        # fsdp2: the full weights are gathered once for all rounds; ranks may need different numbers of DAPO rounds,
-        # and no collective runs inside (a per-round gather would pair rank 0's second round with nothing)
-        with self._gathered(metrics):
-            for rounds in range(1, 2 + (algo.max_resample if algo.filter_groups else 0)):
-                batch, sk = self._next_prompts()
-                skipped += sk
-                seen += sk + len(batch)
-                if not len(batch):
-                    continue
-                ro = self.policy.rollout(batch, algo.group_size)
-                too_long = int(
-                    ro.metrics.get("data/too_long", 0)
-                )  # prompts the policy could not take: skipped items too
-                skipped += too_long
-                too_long_total += too_long
-                self._score(batch, ro)
-                if rounds == 1:
-                    metrics.update(ro.metrics)
-                if algo.filter_groups:
-                    keep = algos.nonzero_variance_groups(ro.rewards, ro.group_id, ro.valid)
-                    ro = ro.index(torch.nonzero(keep).flatten())
-                n_groups_kept += int(torch.unique(ro.group_id).numel()) if ro.batch_size else 0
-                if ro.batch_size:
-                    kept.append(ro)
-                if not algo.filter_groups or n_groups_kept >= target_groups:
-                    break
-        metrics["time/rollout"] = time.perf_counter() - t0
-        self.skipped_total += skipped
-        self.seen_total += seen
-        if too_long_total:
-            metrics["data/too_long"] = float(too_long_total)  # every resampling round, not only the first
-        metrics["data/skipped"] = float(skipped)
-        metrics["data/skipped_total"] = float(self.skipped_total)
-        if self.seen_total and self.skipped_total / self.seen_total > self.cfg.trainer.data_skip_threshold:
-            raise TrainingAborted(
-                f"{self.skipped_total} of {self.seen_total} data items were skipped (> "
-                f"{self.cfg.trainer.data_skip_threshold:.0%}, trainer.data_skip_threshold); see the warnings above "
-                "for the files and reasons"
-            )
-        if algo.filter_groups:
-            metrics["filter/rounds"] = float(rounds)
-            metrics["filter/kept_groups"] = float(n_groups_kept)
-        if not kept:
-            return None, metrics
-        ro = Rollout.concat(kept)
-        if algo.filter_groups and n_groups_kept > target_groups:
-            groups = list(dict.fromkeys(ro.group_id.tolist()))[:target_groups]
-            sel = torch.isin(ro.group_id, torch.tensor(groups))
-            ro = ro.index(torch.nonzero(sel).flatten())
-        return ro, metrics
+        """Roll out, score and filter this step's batch (:meth:`mmrl.rollout.collect.RolloutCollector.collect`)."""
+        return self.rollouts.collect(step=self.step, run_dir=self.run_dir)
 
     # ------------------------------------------------------------------ helpers for the update
     def _micro_batches(self, idx: Tensor) -> list[Tensor]:
@@ -798,7 +606,14 @@ class Trainer:
         with PhaseProgress(
             f"{self.cfg.task.name} warm start (SFT)", tr.sft_steps, enabled=tr.progress and self.is_main
         ) as bar:
-            sft = run_sft(self, tr.sft_steps, on_step=lambda m: bar.update(1, loss=m["sft/loss"]))
+            sft = run_sft(
+                self.policy,
+                self.task,
+                tr,
+                tr.sft_steps,
+                metrics_path=self.run_dir / "sft_metrics.jsonl" if self.run_dir and self.is_main else None,
+                on_step=lambda m: bar.update(1, loss=m["sft/loss"]),
+            )
         self.report.add_time("warm start", time.perf_counter() - t0)
         after = self.evaluate() if tr.eval_at_end or tr.eval_every else {}
         self.report.add_eval("after warm start", after)
@@ -940,25 +755,22 @@ class Trainer:
                 raise
             import yaml
 
-            from mmrl.run_dir import create_run_dir, record_start, rescue_dir
+            from mmrl.run_dir import rescue_dir
 
-            rescue = rescue_dir(self.run_dir.name)
             log.error(
                 "%s could not be written in %s (%s); saving it to %s instead",
                 what,
                 self.run_dir,
                 e.strerror or type(e).__name__,
-                rescue,
+                rescue_dir(self.run_dir.name),
             )
-            create_run_dir(rescue)
-            record_start(rescue, yaml.safe_dump(to_dict(self.cfg), sort_keys=False), self.step)
-            self.stop_checkpoint = save_checkpoint(
-                rescue,
+            config_yaml = yaml.safe_dump(to_dict(self.cfg), sort_keys=False)
+            self.stop_checkpoint = save_to_rescue(
+                self.run_dir.name,
+                config_yaml,
                 self.step,
-                policy=self.policy,
-                optimizer=self.optimizer,
-                scheduler=self.scheduler,
-                state=self.trainer_state(),
+                self._parts,
+                self.trainer_state(),
                 keep_last=self.cfg.trainer.keep_last,
             )
             self.rescued = True

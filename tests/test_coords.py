@@ -7,17 +7,14 @@ import pytest
 
 from mmrl.adapters.grounding.coords import (
     FRAMES,
-    MODEL_BOX_FRAMES,
     BoxArrayError,
     FrameError,
     as_box_array,
-    box_frame_for,
     clip_boxes,
     convert_boxes,
     format_box,
-    input_size_from_grid,
-    smart_resize,
 )
+from mmrl.models.families import MODEL_BOX_FRAMES, box_frame_for, input_size_from_grid, smart_resize
 
 # Qwen2/2.5-VL processor defaults: patch 14 x merge 2 = factor 28; Qwen3-VL: patch 16 x merge 2 = 32.
 QWEN2_PIXELS = {"factor": 28, "min_pixels": 56 * 56, "max_pixels": 28 * 28 * 1280}

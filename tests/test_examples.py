@@ -47,10 +47,10 @@ def _state(policy) -> dict[str, torch.Tensor]:
 
 
 def test_minimal_adapter_learns_and_its_checkpoint_reloads(example, tmp_path):
+    from mmrl.builders import build_policy, build_task
     from mmrl.checkpoint import latest_checkpoint
     from mmrl.cli import main as mmrl_main
     from mmrl.config import load_saved_config
-    from mmrl.evaluation import build_policy, build_task
     from mmrl.trainer import Trainer
 
     trainer = Trainer(example.make_config([f"trainer.output_dir={tmp_path}", *QUIET]))

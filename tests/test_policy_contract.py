@@ -161,18 +161,15 @@ def test_sft_refuses_a_policy_without_supervised_loss():
     from mmrl.sft import run_sft
 
     cfg = load_config(["task=toy_arithmetic"])
-    trainer = SimpleNamespace(
-        cfg=cfg, policy=MinimalPolicy(), task=MinimalTask(SimpleNamespace(), None), run_dir=None, is_main=True
-    )
     with pytest.raises(ConfigError, match="no supervised loss"):
-        run_sft(trainer, 1)
+        run_sft(MinimalPolicy(), MinimalTask(SimpleNamespace(), None), cfg.trainer, 1)
 
 
 def test_every_consumer_reaches_policy_and_task_only_through_the_contract():
     """Trainer, SFT, evaluation (train-time and `mmrl eval`) and the CLI (`mmrl collect`) use only what the base
     classes declare: no probing of a policy or task with getattr / hasattr."""
     pattern = re.compile(r"(getattr|hasattr)\((self\.)?(policy|task)\b")
-    for rel in ("mmrl/trainer.py", "mmrl/sft.py", "mmrl/evaluation.py", "mmrl/cli.py"):
+    for rel in ("mmrl/trainer.py", "mmrl/sft.py", "mmrl/evaluation.py", "mmrl/cli.py", "mmrl/rollout/collect.py"):
         hits = [line for line in (ROOT / rel).read_text().splitlines() if pattern.search(line)]
         assert not hits, f"{rel} probes the policy/task outside the contract: {hits}"
 

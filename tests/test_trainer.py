@@ -278,7 +278,7 @@ def test_sft_max_items_limits_the_warm_start_to_the_first_items(tmp_path):
     seen = []
     prepare = tr.task.prepare_item
     tr.task.prepare_item = lambda item: seen.append(item) or prepare(item)
-    run_sft(tr, 6)
+    run_sft(tr.policy, tr.task, tr.cfg.trainer, 6)
     first = [dict(it) for it in tr.train_items[:3]]
     assert len(seen) == 24 and all(dict(it) in first for it in seen)  # 6 steps x 4 draws, all from items 0-2
     assert all(any(dict(it) == f for it in seen) for f in first)  # ... and every one of them is used
