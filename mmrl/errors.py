@@ -6,7 +6,7 @@ from __future__ import annotations
 import difflib
 from typing import Iterable
 
-__all__ = ["ConfigError", "RunStopped", "TrainingAborted", "check_choice", "suggest"]
+__all__ = ["ConfigError", "RunStopped", "SkipItem", "TrainingAborted", "check_choice", "suggest"]
 
 
 class ConfigError(ValueError):
@@ -28,6 +28,13 @@ class TrainingAborted(RunStopped):
     def __init__(self, message: str, *, step_completed: bool = False) -> None:
         super().__init__(message)
         self.step_completed = step_completed
+
+
+class SkipItem(Exception):
+    """Raised by :meth:`Task.prepare_item` for an item that cannot be used (corrupt media...).
+
+    The trainer skips it, logs the reason and counts it in ``data/skipped``.
+    """
 
 
 def suggest(name: str, choices: Iterable[str]) -> str:

@@ -18,7 +18,7 @@ import torch
 from mmrl.data.sampler import PromptSampler
 from mmrl.errors import ConfigError
 from mmrl.policies.base import PromptBatch
-from mmrl.rollout.collect import prepare_batch
+from mmrl.rollouts import prepare_batch
 
 log = logging.getLogger(__name__)
 

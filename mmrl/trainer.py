@@ -37,8 +37,8 @@ from mmrl.parallel.data_parallel import DataParallel
 from mmrl.policies.base import Policy, PromptBatch, Rollout
 from mmrl.preflight import warn_if_cannot_learn
 from mmrl.progress import PhaseProgress, fmt
-from mmrl.rollout.collect import RolloutCollector
 from mmrl.rollout.noise import mix_seed
+from mmrl.rollouts import RolloutCollector
 from mmrl.run_report import RunReport, start_banner
 from mmrl.tracking import Tracker, plot_metrics
 from mmrl.training_checkpoint import TrainingParts, restore_training, save_to_rescue, save_training
@@ -289,7 +289,7 @@ class Trainer:
         log.info("resumed from %s at step %d", path, self.step)
         return state
 
-    # ------------------------------------------------------------------ rollouts (mmrl.rollout.collect)
+    # ------------------------------------------------------------------ rollouts (mmrl.rollouts)
     @property
     def rewards(self):
         """The run's :class:`~mmrl.rewards.manager.RewardManager` (training and evaluation score with it)."""
@@ -319,7 +319,7 @@ class Trainer:
         return self.rollouts.next_prompts()
 
     def collect(self) -> tuple[Rollout | None, dict]:
-        """Roll out, score and filter this step's batch (:meth:`mmrl.rollout.collect.RolloutCollector.collect`)."""
+        """Roll out, score and filter this step's batch (:meth:`mmrl.rollouts.RolloutCollector.collect`)."""
         return self.rollouts.collect(step=self.step, run_dir=self.run_dir)
 
     # ------------------------------------------------------------------ helpers for the update

@@ -33,7 +33,7 @@ spec() {
     wiring) ONLY='"mmrl/algos/objective.py", "mmrl/algos/estimators.py"'  # config -> math: a subset of algos
             TESTS='"tests/test_algos_edges.py", "tests/test_algos_objective.py", "tests/test_algos_advantages.py",
                    "tests/test_tgrpo.py", "tests/test_knobs_reach_math.py", "tests/test_masking_end_to_end.py"' ;;
-    trainer) ONLY='"mmrl/trainer.py", "mmrl/rollout/collect.py"'
+    trainer) ONLY='"mmrl/trainer.py", "mmrl/rollouts.py"'
              TESTS='"tests/test_knobs_reach_math.py", "tests/test_masking_end_to_end.py", "tests/test_trainer.py"' ;;
     rewards) ONLY='"mmrl/rewards/manager.py", "mmrl/rewards/user.py"'
              TESTS='"tests/test_reward_manager.py", "tests/test_user_rewards.py", "tests/test_masking_end_to_end.py",

@@ -35,7 +35,7 @@ EOF
 }
 
 BUGS=(
-  "mmrl/rollout/collect.py|ro.valid = ro.valid & res.valid|ro.valid = ro.valid"
+  "mmrl/rollouts.py|ro.valid = ro.valid & res.valid|ro.valid = ro.valid"
   "mmrl/algos/objective.py|clip_high=cfg.clip_high|clip_high=cfg.clip_low"
   "mmrl/algos/objective.py|dual_clip=cfg.dual_clip|dual_clip=None"
 )

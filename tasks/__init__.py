@@ -1,7 +1,10 @@
-"""Tasks: one module per task (dataset + prompt + rewards + eval metric + default config).
+"""Tasks: one module per task (dataset + prompt + rewards + eval metric + default config), grouped by adapter.
 
-Tasks are registered here by name for ``task=<name>``; modules are imported lazily, and a task
-module keeps heavy imports inside functions so that `mmrl tasks` stays fast.
+This folder installs as ``mmrl.tasks`` (setup.py maps it; ``tasks/vla/libero.py`` is ``mmrl.tasks.vla.libero``):
+``grounding/``, ``video/``, ``diffusion/``, ``vla/`` (with the shared VLA task base in ``vla/base.py``), plus the toy
+task and :mod:`~mmrl.tasks.base` (the Task contract) here. Each group's ``__init__`` declares its tasks in a ``TASKS``
+table (``task=<name>`` -> ``"module:Class"``); task modules are imported lazily, and keep heavy imports inside
+functions so that `mmrl tasks` stays fast.
 """
 
 from __future__ import annotations
@@ -10,22 +13,25 @@ import importlib
 
 from mmrl.errors import ConfigError
 
-TASKS: dict[str, str] = {
-    "toy_arithmetic": "mmrl.tasks.toy_arithmetic:ToyArithmeticTask",
-    "vqa_grounding": "mmrl.tasks.grounding.vqa_grounding:VQAGroundingTask",
-    "t2i_color": "mmrl.tasks.diffusion.t2i_color:T2IColorTask",
-    "vla_reach": "mmrl.tasks.vla.vla_reach:VLAReachTask",
-    "vla_lift": "mmrl.tasks.vla.vla_lift:VLALiftTask",
-    "metaworld": "mmrl.tasks.vla.metaworld:MetaWorldTask",
-    "libero": "mmrl.tasks.vla.libero:LiberoTask",
-    "libero_spatial": "mmrl.tasks.vla.libero:LiberoTask",
-    "libero_object": "mmrl.tasks.vla.libero:LiberoTask",
-    "libero_goal": "mmrl.tasks.vla.libero:LiberoTask",
-    "libero_10": "mmrl.tasks.vla.libero:LiberoTask",
-    "libero_90": "mmrl.tasks.vla.libero:LiberoTask",
-    "video_temporal_grounding": "mmrl.tasks.video.video_temporal_grounding:VideoTemporalGroundingTask",
-    "video_qa": "mmrl.tasks.video.video_qa:VideoQATask",
-}
+
+def _group_tasks() -> dict[str, str]:
+    """``name -> "module:Class"`` of every task: this folder's own (``toy_arithmetic``) plus the ``TASKS`` table each
+    task group declares in its ``__init__`` (``tasks/vla/__init__.py``, ...; light modules, no task code imported).
+    A new group or task registers itself there; a name declared twice is an error."""
+    import pkgutil
+
+    found = {"toy_arithmetic": "mmrl.tasks.toy_arithmetic:ToyArithmeticTask"}
+    for group in sorted(m.name for m in pkgutil.iter_modules(__path__) if m.ispkg):
+        declared = getattr(importlib.import_module(f"{__name__}.{group}"), "TASKS", {})
+        for name, target in declared.items():
+            if name in found:
+                raise RuntimeError(f"task {name!r} is declared by mmrl.tasks.{group} and by {found[name]}")
+            found[name] = target
+    return found
+
+
+TASKS: dict[str, str] = _group_tasks()
+"""Every registered task (``task=<name>``): ``name -> "module:Class"``, imported on first use."""
 
 
 def task_names() -> list[str]:

@@ -11,16 +11,12 @@ import abc
 from pathlib import Path
 from typing import Any, ClassVar, Sequence
 
-from mmrl.errors import ConfigError
+from mmrl.errors import (
+    ConfigError,
+    SkipItem,  # noqa: F401  (the Task contract: prepare_item raises it)
+)
 from mmrl.policies.base import PolicySpec
 from mmrl.rewards.manager import RewardSpec
-
-
-class SkipItem(Exception):
-    """Raised by :meth:`Task.prepare_item` for an item that cannot be used (corrupt media...).
-
-    The trainer skips it, logs the reason and counts it in ``data/skipped``.
-    """
 
 
 class Task(abc.ABC):

@@ -34,7 +34,9 @@ __all__ = [
     "epsilon_from_prediction",
     "flow_sde_std",
     "flow_sde_step",
+    "gaussian_log_density",
     "gaussian_log_prob",
+    "gaussian_step",
     "ode_step",
     "reverse_sde_mean",
     "shift_sigmas",
@@ -55,7 +57,8 @@ class StepOutput(NamedTuple):
     Attributes:
         prev_sample: the next (less noisy) sample x', shape of the input sample, float32.
         mean: the Gaussian mean μ of x' given x, float32.
-        std: the Gaussian standard deviation (0-d float32 tensor; 0 for a deterministic step).
+        std: the Gaussian standard deviation (0-d float32 tensor; 0 for a deterministic step; the per-element
+            std, broadcastable to the sample, for ``gaussian_step``).
         log_prob: log N(x'; μ, std²) reduced over all non-batch dims, shape [B], float32
             (zeros for a deterministic step).
         deterministic: True when std == 0; such a step has no density and must not be trained.
@@ -142,6 +145,23 @@ def gaussian_log_prob(
     """
     where = "gaussian_log_prob"
     _check_reduction(reduction, where)
+    per_element = _log_density(x, mean, std, where)
+    per_element = per_element.reshape(per_element.shape[0], -1)
+    return per_element.mean(dim=1) if reduction == "mean" else per_element.sum(dim=1)
+
+
+def gaussian_log_density(x: torch.Tensor, mean: torch.Tensor, std: float | torch.Tensor) -> torch.Tensor:
+    """Per-element log density of ``x`` under N(mean, std²), not reduced: float32 of the shape of ``x``.
+
+    ``-(x - μ)² / (2 std²) - log std - log sqrt(2π)``, the same arithmetic as ``gaussian_log_prob`` (which
+    reduces it). For callers that weight or mask elements before summing (e.g. only executed actions and
+    real action dims of a robot action chunk). ``std`` as in ``gaussian_log_prob``; std <= 0 raises.
+    """
+    return _log_density(x, mean, std, "gaussian_log_density")
+
+
+def _log_density(x: torch.Tensor, mean: torch.Tensor, std: float | torch.Tensor, where: str) -> torch.Tensor:
+    """Per-element Gaussian log density expanded to the shape of ``x`` (float32); validates the inputs."""
     x32 = _as_f32(x, "x", where)
     mean32 = _as_f32(mean, "mean", where, like=x32)
     if isinstance(std, torch.Tensor):
@@ -154,8 +174,7 @@ def gaussian_log_prob(
         if not std_f > 0:
             raise SDEInputError(f"{where}: std must be > 0, got {std_f}")
         per_element = -((x32 - mean32) ** 2) / (2.0 * std_f * std_f) - (math.log(std_f) + LOG_SQRT_2PI)
-    per_element = per_element.expand_as(x32).reshape(x32.shape[0], -1)
-    return per_element.mean(dim=1) if reduction == "mean" else per_element.sum(dim=1)
+    return per_element.expand_as(x32)
 
 
 def shift_sigmas(t: float | torch.Tensor, shift: float) -> torch.Tensor:
@@ -281,6 +300,43 @@ def _finish(
         sample_next = mean + std * _as_f32(noise, "noise", where, like=mean)
     log_prob = gaussian_log_prob(sample_next.detach(), mean, std, reduction=reduction)
     return StepOutput(sample_next, mean, std_t, log_prob, False)
+
+
+def gaussian_step(
+    mean: torch.Tensor,
+    std: float | torch.Tensor,
+    *,
+    noise: torch.Tensor | None = None,
+    prev_sample: torch.Tensor | None = None,
+    reduction: str = "mean",
+) -> StepOutput:
+    """One Gaussian transition around a given mean with a given (per-element) std, with its log-prob.
+
+    ``x' = μ + std ε`` (or ``prev_sample`` when given, to re-evaluate a stored step); the log-prob is
+    ``gaussian_log_prob(x'.detach(), μ, std)`` so its gradient flows through μ and std only (score function).
+    For steps whose mean and std come from elsewhere, e.g. Flow-Noise (the ODE mean and a learned std).
+    ``std`` is a positive number or a tensor broadcastable to ``mean``, > 0 everywhere (a deterministic step
+    has no density; use ``ode_step`` for it). ``StepOutput.std`` is that std as float32.
+    """
+    where = "gaussian_step"
+    _check_reduction(reduction, where)
+    mean32 = _as_f32(mean, "mean", where)
+    if isinstance(std, torch.Tensor):
+        std32 = std.to(device=mean32.device, dtype=torch.float32)
+    else:
+        std32 = torch.full((), _scalar(std, "std", where), dtype=torch.float32, device=mean32.device)
+    if not bool(torch.all(std32 > 0)):
+        raise SDEInputError(f"{where}: std must be > 0 everywhere (got min {std32.min().item()})")
+    if prev_sample is not None:
+        if noise is not None:
+            raise SDEInputError(f"{where}: pass either noise (to sample) or prev_sample (to re-evaluate), not both")
+        sample_next = _as_f32(prev_sample, "prev_sample", where, like=mean32)
+    else:
+        if noise is None:
+            noise = torch.randn_like(mean32)
+        sample_next = mean32 + std32 * _as_f32(noise, "noise", where, like=mean32)
+    log_prob = gaussian_log_prob(sample_next.detach(), mean32, std32, reduction=reduction)
+    return StepOutput(sample_next, mean32, std32, log_prob, False)
 
 
 def reverse_sde_mean(v: torch.Tensor, x: torch.Tensor, sigma: float, sigma_next: float, g: float) -> torch.Tensor:

@@ -21,7 +21,7 @@ from typing import Sequence
 import torch
 
 from mmrl.data.sampler import PromptSampler, shard
-from mmrl.errors import TrainingAborted
+from mmrl.errors import SkipItem, TrainingAborted
 from mmrl.policies.base import PromptBatch, Rollout
 
 log = logging.getLogger(__name__)
@@ -30,11 +30,9 @@ log = logging.getLogger(__name__)
 def prepare_batch(
     task, indices: Sequence[int], seeds: Sequence[int], source: Sequence[dict], *, what: str = "item"
 ) -> tuple[PromptBatch, int]:
-    """``task.prepare_item`` on ``source[i]`` for each index; items that raise :class:`~mmrl.tasks.base.SkipItem` are
+    """``task.prepare_item`` on ``source[i]`` for each index; items that raise :class:`~mmrl.errors.SkipItem` are
     logged and left out. Returns the batch of the prepared items (with their indices and seeds) and the number
     skipped."""
-    from mmrl.tasks.base import SkipItem
-
     items, idx, sd = [], [], []
     skipped = 0
     for i, s in zip(indices, seeds):

@@ -1,0 +1,193 @@
+"""Counts of the package layout, as Python sees the modules: ``python scripts/layout_report.py [--root DIR]``.
+
+Reads the source as text (nothing is imported), mapping ``tasks/``, ``simulators/`` and ``configs/`` to
+``mmrl.tasks``, ``mmrl.simulators`` and ``mmrl.configs`` as setup.py installs them, and prints:
+
+- files and lines per modality adapter (``mmrl/adapters/<name>/`` plus ``tasks/<name>/``);
+- the trainer's lines;
+- import cycles between modules (top-level imports only: the cycles Python meets at import time) and between
+  folders (any import, also inside functions);
+- upward imports: the core (``mmrl`` outside ``adapters/``) importing an adapter or a task module other than the
+  Task contract (``mmrl.tasks.base``, the registry ``mmrl.tasks``), and an adapter importing a task;
+- probes of the policy or task outside the contract (``getattr``/``hasattr`` on them) in the modules that consume
+  both (trainer, SFT, evaluation, rollout collection, CLI).
+
+Run it on an older checkout (``git archive <commit> | tar -x -C /tmp/old``) for a before/after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import re
+from collections import defaultdict
+from pathlib import Path
+
+MAPPED = {"tasks": "mmrl.tasks", "simulators": "mmrl.simulators", "configs": "mmrl.configs"}
+CONSUMERS = ("mmrl/trainer.py", "mmrl/sft.py", "mmrl/evaluation.py", "mmrl/rollouts.py", "mmrl/cli.py")
+CONTRACT = {"mmrl.tasks", "mmrl.tasks.base"}
+PROBE = re.compile(r"(getattr|hasattr)\((self\.)?(policy|task)\b")
+
+
+def module_files(root: Path) -> dict[str, Path]:
+    """Dotted module name -> file, for every module of the installed package."""
+    out = {}
+    for top, dotted in [("mmrl", "mmrl"), *MAPPED.items()]:
+        for f in sorted((root / top).rglob("*.py")):
+            rel = f.relative_to(root / top).with_suffix("")
+            parts = [p for p in rel.parts if p != "__init__"]
+            out[".".join([dotted, *parts])] = f
+    return out
+
+
+def imports(path: Path, module: str, is_pkg: bool) -> list[tuple[str, bool]]:
+    """``(imported module, at top level?)`` for every import of ``path`` (relative imports resolved)."""
+    tree = ast.parse(path.read_text())
+    top_level = {id(n) for n in tree.body}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(a.name, id(node) in top_level) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = module.split(".")
+                parts = parts if is_pkg else parts[:-1]
+                parts = parts[: len(parts) - (node.level - 1)]
+                base = ".".join(parts + ([base] if base else []))
+            found.append((base, id(node) in top_level))
+            found += [(f"{base}.{a.name}", id(node) in top_level) for a in node.names]
+    return found
+
+
+def resolve(name: str, modules: dict[str, Path]) -> str | None:
+    while name and name not in modules:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def graph(root: Path) -> tuple[dict[str, Path], dict[str, set[str]], dict[str, set[str]]]:
+    """Modules, their top-level import edges and all their import edges (within the package)."""
+    modules = module_files(root)
+    top, every = defaultdict(set), defaultdict(set)
+    for mod, path in modules.items():
+        for name, at_top in imports(path, mod, path.name == "__init__.py"):
+            target = resolve(name, modules)
+            if target and target != mod and target.startswith("mmrl"):
+                every[mod].add(target)
+                if at_top:
+                    top[mod].add(target)
+    return modules, top, every
+
+
+def cycles(edges: dict[str, set[str]], nodes) -> list[list[str]]:
+    """Strongly connected components with more than one node (Tarjan)."""
+    index, low, stack, on, out, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in edges.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(nodes):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def folder(mod: str, modules: dict[str, Path]) -> str:
+    """The package a module belongs to (a package's ``__init__`` belongs to the package itself); the modules directly
+    in ``mmrl/`` (trainer, config, cli, ...) count one each."""
+    if modules[mod].name == "__init__.py":
+        return mod
+    parent = mod.rpartition(".")[0]
+    return mod if parent == "mmrl" else parent
+
+
+def is_adapter(mod: str) -> bool:
+    return mod.startswith("mmrl.adapters.") or mod.startswith("mmrl.policies.diffusion")
+
+
+def is_core(mod: str) -> bool:
+    return not (
+        is_adapter(mod) or mod.startswith(("mmrl.tasks", "mmrl.simulators", "mmrl.configs", "mmrl.adapters"))
+    )
+
+
+def upward(every: dict[str, set[str]]) -> list[str]:
+    out = []
+    for src, targets in sorted(every.items()):
+        for dst in sorted(targets):
+            task = dst.startswith("mmrl.tasks.") and dst not in CONTRACT
+            if (is_core(src) and (is_adapter(dst) or task)) or (is_adapter(src) and task):
+                out.append(f"{src} -> {dst}")
+    return out
+
+
+def adapter_files(root: Path) -> dict[str, tuple[int, int]]:
+    out = {}
+    for name in ("grounding", "video", "diffusion", "vla"):
+        files = [*(root / "mmrl" / "adapters" / name).rglob("*.py"), *(root / "tasks" / name).rglob("*.py")]
+        if files:
+            out[name] = (len(files), sum(len(f.read_text().splitlines()) for f in files))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--root", type=Path, default=Path(__file__).resolve().parents[1])
+    args = ap.parse_args()
+    root = args.root
+    modules, top, every = graph(root)
+    print(f"modules: {len(modules)}")
+    trainer = root / "mmrl" / "trainer.py"
+    print(f"mmrl/trainer.py lines: {len(trainer.read_text().splitlines())}")
+    for name, (n, lines) in adapter_files(root).items():
+        print(f"adapter {name}: {n} files, {lines} lines (mmrl/adapters/{name}/ + tasks/{name}/)")
+    mod_cycles = cycles(top, modules)
+    print(f"import-time cycles between modules: {len(mod_cycles)}")
+    for c in mod_cycles:
+        print("   ", " <-> ".join(c))
+    fold_edges = defaultdict(set)
+    for src, targets in every.items():
+        for dst in targets:
+            a, b = folder(src, modules), folder(dst, modules)
+            if a != b:
+                fold_edges[a].add(b)
+    fold_cycles = cycles(fold_edges, {folder(m, modules) for m in modules})
+    print(f"cycles between folders (any import): {len(fold_cycles)}")
+    for c in fold_cycles:
+        print("   ", " <-> ".join(c))
+    up = upward(every)
+    print(f"upward imports (core -> adapter/task, adapter -> task): {len(up)}")
+    for line in up:
+        print("   ", line)
+    probes = []
+    for rel in CONSUMERS:
+        f = root / rel
+        if f.exists():
+            probes += [f"{rel}: {ln.strip()}" for ln in f.read_text().splitlines() if PROBE.search(ln)]
+    print(f"probes of policy/task outside the contract in {', '.join(CONSUMERS)}: {len(probes)}")
+    for line in probes:
+        print("   ", line)
+
+
+if __name__ == "__main__":
+    main()
