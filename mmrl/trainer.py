@@ -139,6 +139,11 @@ class Trainer:
         if self.is_main and policy is None:
             self._warn_if_out_of_memory()
         self.policy: Policy = policy if policy is not None else build_policy(cfg, task)
+        if cfg.algo.advantage == algos.CRITIC_ESTIMATOR and not self.policy.has_value_head:
+            raise ConfigError(
+                f"algo.advantage={algos.CRITIC_ESTIMATOR} needs a critic, and the {type(self.policy).__name__} policy "
+                "has no value head; choose a critic-free estimator (e.g. algo=grpo)"
+            )
         if init_from is not None:
             self.policy.load_pretrained(Path(init_from) / "pretrained_model")
         if self.accelerator.device.type != "cpu":

@@ -95,6 +95,8 @@ class _Params(torch.nn.Module):
 class FixedPolicy(Policy):
     """Returns ``data.rounds`` in turn; ``logp = theta[rows]``, ``values = v[rows]``, entropy ``-exp(theta) theta``."""
 
+    has_value_head = True
+
     def __init__(self, data: FixedData) -> None:
         self.data = data
         self.model = _Params(data)

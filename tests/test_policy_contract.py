@@ -76,7 +76,7 @@ def test_a_policy_missing_a_required_method_cannot_be_built():
 
 def test_optional_capabilities_have_documented_defaults():
     p = MinimalPolicy()
-    assert p.owns_kl is False and p.supports_sft is False
+    assert p.owns_kl is False and p.supports_sft is False and p.has_value_head is False
     assert p.sample_meta([{"a": 1}, {"b": 2}]) == [{}, {}]
     with pytest.raises(PolicyCapabilityError, match="no supervised loss"):
         p.sft_loss(PromptBatch([], [], []), [])
@@ -86,6 +86,24 @@ def test_optional_capabilities_have_documented_defaults():
     p.to_device(torch.device("cpu"))
     ro = p.rollout(PromptBatch([{}], [0], [7]), 2)
     assert ro.probe.tolist() == [False, False] and ro.without_probes() is ro
+
+
+def test_gae_with_a_policy_without_a_critic_is_refused_before_anything_is_written(tmp_path):
+    from mmrl.trainer import Trainer
+
+    cfg = load_config(["task=toy_arithmetic", "algo.advantage=gae", f"trainer.output_dir={tmp_path / 'runs'}"])
+    with pytest.raises(ConfigError, match="MinimalPolicy policy has no value head"):
+        Trainer(cfg, task=MinimalTask(SimpleNamespace(), cfg), policy=MinimalPolicy())
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
+def test_token_policies_declare_their_critic():
+    from mmrl.policies.causal_lm import build_causal_lm_policy
+
+    spec = PolicySpec(task_name="toy", vocabulary="0123456789+=")
+    with_critic = build_causal_lm_policy(load_config(["task=toy_arithmetic", "algo.advantage=gae"]), spec)
+    without = build_causal_lm_policy(load_config(["task=toy_arithmetic"]), spec)
+    assert with_critic.has_value_head is True and without.has_value_head is False
 
 
 def test_shipped_policies_implement_the_contract():

@@ -30,14 +30,19 @@ from torch import Tensor
 class PromptBatch:
     """The prompts of one step, before they are repeated ``group_size`` times.
 
-    ``seeds[i]`` is a per-prompt random seed derived from (run seed, step, global prompt index).
-    Policies that draw their sampling noise from it produce the same samples whatever the batch
-    layout (data-parallel rank, micro-batching), which makes data-parallel runs equal to
-    single-process runs and gives "same initial noise per group" for free.
+    ``seeds[i]`` is a per-prompt random seed derived from (run seed, epoch, position of the prompt in the epoch's
+    shuffled order) (:class:`mmrl.data.sampler.PromptSampler`). Policies that draw their sampling noise from it
+    produce the same samples whatever the batch layout (data-parallel rank, micro-batching), which makes
+    data-parallel runs equal to single-process runs and gives "same initial noise per group" for free. The way to
+    do that: the noise of sample ``j`` of prompt ``i`` comes from ``mix_seed(seeds[i], j, ...)``
+    (:func:`mmrl.rollout.noise.mix_seed`), token noise from :func:`mmrl.rollout.noise.counter_gumbel` /
+    ``counter_uniform`` keyed by that seed and the position, never from a global generator.
     """
 
     items: list[dict]
-    """Task records (question, media, ground truth...)."""
+    """Task records as :meth:`mmrl.tasks.base.Task.prepare_item` returned them (question, media, ground truth...).
+    Keys every consumer reads: ``prompt`` (passed to reward functions as their ``prompts``) and, optionally, ``id``
+    (logged in ``samples.jsonl`` / ``predictions.jsonl``)."""
     indices: list[int]
     """Dataset index of each item."""
     seeds: list[int]
@@ -112,9 +117,17 @@ class Rollout:
     group_id: Tensor
     """[B] int64; samples from the same prompt / initial state share an id."""
     samples: list
-    """What rewards read, one per sample: completion text, image, episode summary..."""
+    """What rewards read, one per sample (the ``completions`` of reward functions): a dict per sample, or a
+    plain string for text. Keys read outside the adapter: ``text`` (the completion text: user rewards in
+    ``reward.completion_format=text``, TRL-style rewards, ``samples.jsonl``, ``predictions.jsonl``; leave it out
+    when a sample has no text); any other key is a convention between the adapter's policy and its task's rewards,
+    which the policy documents (e.g. VLM: ``orig_size``, ``input_size``, ``box_frame``; VLA: ``success``,
+    ``frames``; diffusion: ``image``)."""
     payload: Any
-    """What :meth:`Policy.log_probs` needs: token ids, latent chain, frames..."""
+    """What :meth:`Policy.log_probs` needs: token ids, latent chain, frames... It must be indexable along the batch
+    (a tensor, a list, a dict of those, or an object with ``index`` / ``concat_samples``: :func:`index_payload`,
+    :func:`concat_payloads`) with fixed shapes beyond the batch dimension for tensors (store variable-length entries
+    as per-sample lists)."""
     prompt_index: Tensor | None = None
     """[B] int64 position of each sample's prompt in the step's :class:`PromptBatch`; None: exactly ``group_size``
     samples per prompt, in prompt-major order."""
@@ -136,8 +149,10 @@ class Rollout:
     """[B] added to each sample's advantage after group normalisation (T-GRPO's temporal bonus); filled by the
     trainer from :func:`mmrl.algos.tgrpo.rollout_temporal_bonus` after scoring."""
     metrics: dict[str, float] = field(default_factory=dict)
-    """Rollout-side metrics (engine time, skips, env steps/s...), logged as they are. ``data/too_long``: prompts the
-    policy left out (over its length limit); the trainer counts them as skipped items."""
+    """Rollout-side metrics (engine time, skips, env steps/s...), logged as they are. Keys with a meaning:
+    ``data/too_long``: prompts the policy left out (over its length limit; set ``prompt_index`` for the others),
+    counted by the trainer and evaluation as skipped items; ``count/*``: counts, summed (not averaged) when
+    rollouts are concatenated by :meth:`concat`."""
 
     def __post_init__(self) -> None:
         if self.rollout_logp.shape != self.mask.shape:
@@ -214,9 +229,12 @@ class LogProbOutput:
     """What :meth:`Policy.log_probs` returns for the selected samples."""
 
     logp: Tensor
-    """[b, T] log-prob of each action under the current parameters (differentiable)."""
+    """[b, T] log-prob of each action under the current parameters (differentiable). ``T`` is the rollout's
+    ``mask.shape[1]`` (the trainer pads only in its no-grad passes)."""
     entropy: Tensor | None = None
-    """[b, T] entropy of the action distribution, when asked for."""
+    """[b, T] entropy of the action distribution. The trainer always asks for it (a logged metric, and the loss
+    term when ``algo.entropy_coef > 0``); None is an acceptable answer when the policy cannot compute it (the
+    metric is then left out, and ``algo.entropy_coef`` has no effect)."""
     values: Tensor | None = None
     """[b, T] critic values, when asked for and the policy has a value head."""
     kl: Tensor | None = None
@@ -257,7 +275,8 @@ class Policy(abc.ABC):
     """
 
     model: torch.nn.Module
-    """The trainable module (accelerate may wrap it for data parallel; the trainer only wraps and moves it)."""
+    """The trainable module. Under data parallel the trainer REASSIGNS this attribute to the DDP / FSDP2 wrapper:
+    code that saves, loads or inspects weights unwraps it (``getattr(self.model, "module", self.model)``)."""
 
     owns_kl: bool = False
     """True when :meth:`log_probs` returns the policy's own KL to the reference in ``LogProbOutput.kl`` (e.g. the
@@ -269,12 +288,16 @@ class Policy(abc.ABC):
     def rollout(self, batch: PromptBatch, group_size: int, *, greedy: bool = False) -> Rollout:
         """Sample ``group_size`` completions (episodes, images) per prompt; ``[B*G, T]`` tensors in prompt-major
         order. ``greedy`` (evaluation): argmax actions, or the deterministic sampler. ``Rollout.probe`` marks extra
-        samples that only inform the algorithm (T-GRPO's shuffled-frame probes): they are never trained."""
+        samples that only inform the algorithm (T-GRPO's shuffled-frame probes): they are never trained.
+
+        Evaluation calls it under ``torch.no_grad()``; the trainer does not, so a policy disables gradients itself
+        where it does not need them. Sampling noise comes from ``batch.seeds`` (:class:`PromptBatch`)."""
 
     @abc.abstractmethod
     def log_probs(self, rollout: Rollout, *, entropy: bool = False, values: bool = False) -> LogProbOutput:
         """Recompute the log-probs of ``rollout``'s actions under the current parameters (with grad), on the same
-        distribution the rollout sampled from (suppressed tokens masked, same temperature)."""
+        distribution the rollout sampled from (suppressed tokens masked, same temperature): ``[b, T]`` with ``T``
+        the rollout's ``mask.shape[1]``. ``values=True`` only when :attr:`has_value_head` (``algo.advantage=gae``)."""
 
     @abc.abstractmethod
     def reference(self) -> ContextManager:
@@ -286,11 +309,16 @@ class Policy(abc.ABC):
 
     @abc.abstractmethod
     def save_pretrained(self, path: str) -> None:
-        """Write the model in its ecosystem's format (HF safetensors, PEFT adapter...)."""
+        """Write the model in its ecosystem's format. Checkpoints are validated before loading
+        (:func:`mmrl.checkpoint.check_pretrained_folder`), which accepts ``model.safetensors``, a sharded
+        safetensors index, a PEFT adapter or a diffusion pipeline folder (``mmrl_diffusion.json``): write one of
+        those, or resume, ``checkpoint=`` and ``mmrl eval`` cannot read it."""
 
     @abc.abstractmethod
     def load_pretrained(self, path: str) -> None:
-        """Load what :meth:`save_pretrained` wrote, exactly."""
+        """Load what :meth:`save_pretrained` wrote, exactly. Weights written for another model (other names or
+        shapes) raise :class:`mmrl.checkpoint.CheckpointMismatchError` naming the first differing weight: the CLI
+        reports it as one line."""
 
     # ------------------------------------------------------------------ optional, with defaults
     def to_device(self, device: torch.device) -> None:
@@ -318,6 +346,12 @@ class Policy(abc.ABC):
         """True when the policy overrides :meth:`sft_loss`."""
         return type(self).sft_loss is not Policy.sft_loss
 
+    @property
+    def has_value_head(self) -> bool:
+        """True when :meth:`log_probs` can return critic values (``values=True``), which ``algo.advantage=gae``
+        needs; the trainer refuses GAE with a policy without one before anything is trained. Default: False."""
+        return False
+
     @contextlib.contextmanager
     def evaluation_outputs(self) -> Iterator[None]:
         """A context around evaluation rollouts in which the policy keeps what evaluation outputs need beyond the
@@ -325,7 +359,9 @@ class Policy(abc.ABC):
         yield
 
     def close(self) -> None:
-        """Release external resources (simulator workers...). Default: nothing to release."""
+        """Release external resources (simulator workers, a rollout engine...). Called once when the policy is no
+        longer used: by ``mmrl train`` after :meth:`~mmrl.trainer.Trainer.fit` and by ``mmrl eval``; code that
+        builds a policy itself calls it. Default: nothing to release."""
 
     def prepare_for_evaluation(self, rollouts_per_call: int) -> None:
         """Called by ``mmrl eval`` before evaluating: at most ``rollouts_per_call`` samples are rolled out per
@@ -333,7 +369,9 @@ class Policy(abc.ABC):
         env pool). Default: nothing to do."""
 
     _frozen_ref: FrozenCopyReference | None = None
-    """A full fine-tune's frozen reference copy (None with LoRA: the reference is the model with adapters off)."""
+    """A full fine-tune's frozen reference copy (None with LoRA: the reference is the model with adapters off).
+    A policy that keeps a :class:`FrozenCopyReference` stores it here, so that :meth:`shardable_modules` hands it to
+    fsdp2 with the trained model."""
 
     def shardable_modules(self) -> list[torch.nn.Module]:
         """The modules a sharding strategy (``trainer.strategy=fsdp2``) wraps: the trained ``model`` and, when the

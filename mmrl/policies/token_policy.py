@@ -302,6 +302,11 @@ class HFTokenPolicy(Policy):
         return getattr(self.model, "module", self.model)
 
     @property
+    def has_value_head(self) -> bool:
+        """True when the model was built with a critic (``algo.advantage=gae``)."""
+        return self.module.value_head is not None
+
+    @property
     def device(self) -> torch.device:
         return next(self.module.parameters()).device
 
