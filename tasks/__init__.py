@@ -53,3 +53,13 @@ def get_task_class(name: str):
 def list_tasks() -> list[tuple[str, str]]:
     """(name, one-line description) of every task."""
     return [(n, get_task_class(n).description) for n in task_names()]
+
+
+def register_task(name: str, target: str) -> None:
+    """Make ``task=<name>`` select ``target`` (``"module:Class"``, imported on first use; every process must be able to
+    import it). A task group inside mmrl declares its tasks in its ``__init__``'s ``TASKS``; this is for code outside
+    the package. Selecting it from the command line also needs a ``configs/task/<name>.yaml`` or the overrides
+    ``~task=toy_arithmetic task.name=<name>`` (docs/custom_adapter.md)."""
+    if not isinstance(target, str) or target.count(":") != 1:
+        raise ValueError(f"register_task({name!r}): target must be 'module:Class', got {target!r}")
+    TASKS[name] = target

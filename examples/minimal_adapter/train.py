@@ -36,11 +36,12 @@ DEFAULTS = [
 
 def register() -> None:
     """Make ``task.name=tone_class`` and ``model.type=tone_mlp`` known to mmrl (values: ``module:attribute``)."""
-    from mmrl.models.registry import MODEL_TYPES
-    from mmrl.tasks import TASKS
+    from mmrl.models.registry import register_model_type
+    from mmrl.tasks import register_task
 
-    TASKS[ToneTask.name] = f"{ToneTask.__module__}:{ToneTask.__name__}"
-    MODEL_TYPES[ToneModelConfig.type] = (
+    register_task(ToneTask.name, f"{ToneTask.__module__}:{ToneTask.__name__}")
+    register_model_type(
+        ToneModelConfig.type,
         f"{ToneModelConfig.__module__}:{ToneModelConfig.__name__}",
         f"{build_tone_policy.__module__}:{build_tone_policy.__name__}",
     )

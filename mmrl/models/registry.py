@@ -10,13 +10,45 @@ import importlib
 
 from mmrl.errors import ConfigError
 
-# type -> (config class path, policy builder path)
-MODEL_TYPES: dict[str, tuple[str, str]] = {
+# type -> (config class path, policy builder path): the core's token policies; each adapter declares its own in a
+# ``MODEL_TYPES`` table in its package ``__init__`` (``mmrl/adapters/vla/__init__.py``, ...), found by _adapter_types.
+CORE_MODEL_TYPES: dict[str, tuple[str, str]] = {
     "causal_lm": ("mmrl.models.configs:CausalLMConfig", "mmrl.policies.causal_lm:build_causal_lm_policy"),
-    "diffusion": ("mmrl.models.configs:DiffusionConfig", "mmrl.adapters.diffusion:build_diffusion_policy"),
     "vlm": ("mmrl.models.configs:VLMConfig", "mmrl.policies.vlm:build_vlm_policy"),
-    "vla": ("mmrl.models.configs:VLAConfig", "mmrl.adapters.vla.policy:build_vla_policy"),
 }
+
+
+def _adapter_types() -> dict[str, tuple[str, str]]:
+    """Every adapter's ``MODEL_TYPES``; a type declared twice is an error."""
+    import pkgutil
+
+    import mmrl.adapters
+
+    found: dict[str, tuple[str, str]] = {}
+    for info in sorted(pkgutil.iter_modules(mmrl.adapters.__path__), key=lambda m: m.name):
+        if not info.ispkg:
+            continue
+        declared = getattr(importlib.import_module(f"mmrl.adapters.{info.name}"), "MODEL_TYPES", {})
+        for name, paths in declared.items():
+            if name in found or name in CORE_MODEL_TYPES:
+                raise RuntimeError(f"model.type {name!r} is declared twice (mmrl.adapters.{info.name} and another)")
+            found[name] = paths
+    return found
+
+
+MODEL_TYPES: dict[str, tuple[str, str]] = dict(CORE_MODEL_TYPES)
+"""The core's model types, and any that code registers by adding to this table (``model.type=<name>`` ->
+``(config class path, policy builder path)``). The adapters' types are read from their packages at the first lookup
+(importing the adapters at import time would be circular); an entry here overrides an adapter's."""
+_adapter_cache: dict[str, tuple[str, str]] | None = None
+
+
+def _types() -> dict[str, tuple[str, str]]:
+    """Every model type: the adapters' plus :data:`MODEL_TYPES`."""
+    global _adapter_cache
+    if _adapter_cache is None:
+        _adapter_cache = _adapter_types()
+    return {**_adapter_cache, **MODEL_TYPES}
 
 
 def _load(path: str):
@@ -25,18 +57,28 @@ def _load(path: str):
 
 
 def model_types() -> list[str]:
-    return sorted(MODEL_TYPES)
+    return sorted(_types())
 
 
 def model_config_class(model_type: str) -> type:
     """The config dataclass of a model type; ConfigError naming the valid types otherwise."""
-    if model_type not in MODEL_TYPES:
+    if model_type not in _types():
         raise ConfigError(f"unknown model.type '{model_type}'; valid types: {', '.join(model_types())}")
-    return _load(MODEL_TYPES[model_type][0])
+    return _load(_types()[model_type][0])
 
 
 def policy_builder(model_type: str):
-    """The function ``(run_cfg, spec: PolicySpec) -> Policy`` for a model type (the task's
-    :meth:`~tasks.base.Task.policy_spec`)."""
+    """The function ``(run_cfg, spec: PolicySpec) -> Policy`` for a model type; ``spec`` is the task's
+    :meth:`~mmrl.tasks.base.Task.policy_spec`."""
     model_config_class(model_type)
-    return _load(MODEL_TYPES[model_type][1])
+    return _load(_types()[model_type][1])
+
+
+def register_model_type(name: str, config_class: str, policy_builder: str) -> None:
+    """Make ``model.type=<name>`` select ``config_class`` and ``policy_builder`` (``"module:attribute"`` strings that
+    every process can import; the module is imported on first use). An adapter inside mmrl declares its types in
+    its package's ``MODEL_TYPES`` instead; this is for code outside the package (examples, a user's adapter)."""
+    for what, path in (("config_class", config_class), ("policy_builder", policy_builder)):
+        if not isinstance(path, str) or path.count(":") != 1:
+            raise ValueError(f"register_model_type({name!r}): {what} must be 'module:attribute', got {path!r}")
+    MODEL_TYPES[name] = (config_class, policy_builder)

@@ -65,3 +65,6 @@ __all__ = [
     "pipeline_backend",
     "train_step_plan",
 ]
+
+MODEL_TYPES = {"diffusion": ("mmrl.models.configs:DiffusionConfig", "mmrl.adapters.diffusion:build_diffusion_policy")}
+"""``model.type=diffusion``: its config class and policy builder (found by :mod:`mmrl.models.registry`)."""
