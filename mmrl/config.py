@@ -127,7 +127,7 @@ class AlgoConfig:
     """Value clipping range for the critic; None disables."""
     tgrpo: TGRPOConfig | None = None
     """T-GRPO (Video-R1): shuffled-frame probes and a temporal advantage bonus for video prompts; None (off) unless
-    set, e.g. ``algo.tgrpo.shuffled_group=4`` (the video task presets spell out its settings)."""
+    set, e.g. ``algo.tgrpo.shuffled_group=4`` (the video task presets include it, off)."""
 
     @property
     def tgrpo_enabled(self) -> bool:
