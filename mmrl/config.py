@@ -801,6 +801,11 @@ def build_run_config(raw: dict, *, texts: dict[str, str] | None = None) -> RunCo
         if "type" not in model_raw:
             raise ConfigError("model.type is missing: select a model preset with model=<name>")
         model_cls = model_config_class(_coerce(model_raw["type"], str, "model.type"))
+        if task_cls.model_types and model_raw["type"] not in task_cls.model_types:
+            raise ConfigError(
+                f"model.type={model_raw['type']} cannot run task {task_raw['name']}, which takes model.type="
+                f"{' or '.join(task_cls.model_types)}; pick a model preset of that type (model=<name>, see configs/model)"
+            )
         cfg = RunConfig(
             task=from_dict(task_cls.config_cls, task_raw, "task"),
             model=from_dict(model_cls, model_raw, "model"),

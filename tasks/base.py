@@ -25,6 +25,9 @@ class Task(abc.ABC):
     name: ClassVar[str] = ""
     description: ClassVar[str] = ""
     config_cls: ClassVar[type] = object
+    model_types: ClassVar[tuple[str, ...]] = ()
+    """The ``model.type`` values whose policies this task can drive (``("vla",)``); a run with another type is a
+    ConfigError naming both. Empty: any type (a task outside mmrl that has not said)."""
 
     def __init__(self, cfg: Any, run_cfg: Any) -> None:
         self.cfg = cfg

@@ -58,6 +58,7 @@ def format_reward(prompts, completions, **_) -> list[float]:
 
 
 class ToyArithmeticTask(Task):
+    model_types = ("causal_lm",)
     name = "toy_arithmetic"
     description = "Text-only RLVR: a tiny LM learns 'a+b=' answers from an exact-match reward (CPU, minutes)."
     config_cls = ToyArithmeticConfig

@@ -324,3 +324,15 @@ def test_eval_overrides_read_as_train_overrides(trained_run):
     """``mmrl eval`` reads overrides with the grammar of ``mmrl train``: quoted text, numbers kept as typed."""
     cfg = load_run_config(trained_run, ['trainer.run_name="café"', "trainer.eval_size=2", "trainer.wandb_project=1e3"])
     assert cfg.trainer.run_name == "café" and cfg.trainer.eval_size == 2 and cfg.trainer.wandb_project == "1e3"
+
+
+def test_a_model_type_the_task_cannot_run_is_refused():
+    """Every shipped task declares its model types; another type is one ConfigError naming both."""
+    from mmrl.tasks import get_task_class, task_names
+
+    assert all(get_task_class(n).model_types for n in task_names())
+    with pytest.raises(ConfigError, match="model.type=vlm cannot run task libero, which takes model.type=vla"):
+        load_config(["task=libero", "model=tiny_qwen2_vl"])
+    with pytest.raises(ConfigError, match="cannot run task t2i_color"):
+        load_config(["task=t2i_color", "model=tiny_lm"])
+    assert load_config(["task=vla_reach", "model=tiny_vla"]).model.type == "vla"

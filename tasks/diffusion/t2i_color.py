@@ -288,6 +288,7 @@ def _color_reward_fn(tol: float):
 
 
 class T2IColorTask(Task):
+    model_types = ("diffusion",)
     name = "t2i_color"
     description = "Text-to-image RL: a tiny SD3 learns 'a red circle on a blue background' from a colour-rule reward (CPU, minutes)."
     config_cls = T2IColorConfig

@@ -220,6 +220,8 @@ def read_jsonl(path: str | Path) -> list[tuple[int, dict]]:
 class VideoTaskBase(Task):
     """Common parts of the video tasks: the sampling config and decoding in :meth:`prepare_item`."""
 
+    model_types = ("vlm",)
+
     def __init__(self, cfg: Any, run_cfg: Any = None) -> None:
         super().__init__(cfg, run_cfg)
         model_type = getattr(getattr(run_cfg, "model", None), "type", None)

@@ -109,6 +109,8 @@ class VLATask(Task):
     """Shared logic of the simulator tasks; subclasses define :meth:`env_spec`, :meth:`env_names`
     and the config. Items: ``{"prompt", "env_task", "task", "init_state"}``."""
 
+    model_types = ("vla",)
+
     gripper_dims: tuple[int, ...] = ()
     action_dim: int = 4
 

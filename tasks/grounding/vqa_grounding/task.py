@@ -275,6 +275,8 @@ def _with_task_hint(exc: Exception) -> Exception:
 class VQAGroundingTask(Task):
     """Grounding task: prompts in the model's box frame, rewards in original-image pixels."""
 
+    model_types = ("vlm",)
+
     name = "vqa_grounding"
     description = (
         "Image grounding (Qwen-VL): boxes as JSON, IoU rewards in original pixels; synthetic scenes by default."
