@@ -55,7 +55,7 @@ def test_non_uniform_resize_scales_each_axis_separately():
     np.testing.assert_allclose(out, [[322, 182, 322, 182]])
 
 
-@pytest.mark.parametrize("family", sorted(MODEL_BOX_FRAMES))
+@pytest.mark.parametrize("family", sorted(FAMILY_RESIZE))  # the Qwen families: smart_resize geometry
 @pytest.mark.parametrize("size", IMAGE_SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
 def test_round_trip_pixels_model_frame_pixels(family, size):
     w, h = size

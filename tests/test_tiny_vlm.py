@@ -403,8 +403,9 @@ def test_real_presets_resolve_to_hub_ids():
         "qwen3_vl_4b": "Qwen/Qwen3-VL-4B-Instruct",
     }
     assert {k: resolve_vlm(k) for k in expected} == expected
-    assert {p.family for p in VLM_PRESETS.values()} == set(TINY_VLM_FAMILIES)
-    assert sorted(k for k, p in VLM_PRESETS.items() if p.is_tiny) == [f"tiny_{f}" for f in sorted(TINY_VLM_FAMILIES)]
+    families = set(TINY_VLM_FAMILIES) | {tiny_vlm.SMOLVLM_FAMILY}
+    assert {p.family for p in VLM_PRESETS.values()} == families
+    assert sorted(k for k, p in VLM_PRESETS.items() if p.is_tiny) == [f"tiny_{f}" for f in sorted(families)]
 
 
 def test_tiny_preset_resolves_to_cached_build(built, cache_root):

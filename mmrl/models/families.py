@@ -15,6 +15,10 @@ MODEL_BOX_FRAMES: dict[str, str] = {
     "qwen2_vl": "norm1000",
     "qwen2_5_vl": "input_pixels",
     "qwen3_vl": "norm1000",
+    # SmolVLM squashes each image to a square tile (or splits it into tiles plus a global view), so no single
+    # model-input pixel frame exists; 0-1000 integers are resize-independent, cost at most 4 digit tokens (as
+    # norm1's decimals would not) and are the frame the shared grounding prompts and tokenizer corpus already use.
+    "smolvlm": "norm1000",
 }
 
 MAX_ASPECT_RATIO = 200.0

@@ -38,6 +38,7 @@ VLM_PRESETS: dict[str, VLMPreset] = {
     "tiny_qwen2_vl": VLMPreset("qwen2_vl", description="~0.7M-param Qwen2-VL built offline (CPU tests)"),
     "tiny_qwen2_5_vl": VLMPreset("qwen2_5_vl", description="~0.7M-param Qwen2.5-VL built offline (CPU tests)"),
     "tiny_qwen3_vl": VLMPreset("qwen3_vl", description="~0.8M-param Qwen3-VL built offline (CPU tests)"),
+    "tiny_smolvlm": VLMPreset("smolvlm", description="~0.5M-param SmolVLM built offline (CPU tests, non-Qwen path)"),
     "qwen2_vl_2b": VLMPreset("qwen2_vl", hf_id="Qwen/Qwen2-VL-2B-Instruct"),
     "qwen2_5_vl_3b": VLMPreset("qwen2_5_vl", hf_id="Qwen/Qwen2.5-VL-3B-Instruct"),
     "qwen2_5_vl_7b": VLMPreset("qwen2_5_vl", hf_id="Qwen/Qwen2.5-VL-7B-Instruct"),

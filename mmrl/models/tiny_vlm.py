@@ -22,6 +22,11 @@ or ``processor.apply_chat_template(..., tokenize=True, return_dict=True)``):
   (transformers 5 keeps the outer wrapper, as with the official template); the stamps come from
   ``video_metadata`` (fps), 24 fps being assumed without it.
 
+* ``smolvlm`` (:data:`SMOLVLM_FAMILY`: ``SmolVLMProcessor`` with an image processor that squashes each image to
+  one 64x64 tile, no splitting; SigLIP-style vision tower with patch 8 and pixel-shuffle 2, so 16 ``<image>`` tokens
+  per image; Llama text model, 1-D positions): ``input_ids``, ``attention_mask``, ``pixel_values``
+  ``[batch, images, 3, 64, 64]`` and ``pixel_attention_mask``. The processor needs ``num2words``.
+
 When re-running prompt + completion for log-probs, extend ``mm_token_type_ids`` with zeros over
 the completion. Image pixel limits live in the saved processor config (``size`` =
 ``{"shortest_edge": min_pixels, "longest_edge": max_pixels}``), never elsewhere.
@@ -47,6 +52,9 @@ from mmrl.models.tokenizer_builder import (
     EOS_TOKEN,
     PAD_TOKEN,
     QWEN_VL_CHAT_TEMPLATE,
+    SMOLVLM_CHAT_TEMPLATE,
+    SMOLVLM_EOS_TOKEN,
+    SMOLVLM_SPECIAL_TOKENS,
     build_bpe_tokenizer,
     default_vlm_corpus,
 )
@@ -54,6 +62,7 @@ from mmrl.models.tokenizer_builder import (
 __all__ = [
     "BUILDER_VERSION",
     "MARKER_FILE",
+    "SMOLVLM_FAMILY",
     "TINY_VLM_FAMILIES",
     "VISION_SPECIAL_TOKENS",
     "ProcessorLimits",
@@ -72,6 +81,9 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 TINY_VLM_FAMILIES: tuple[str, ...] = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+"""The Qwen-VL families :func:`build_tiny_vlm` builds (and :func:`model_family` accepts)."""
+SMOLVLM_FAMILY = "smolvlm"
+"""The non-Qwen family :func:`build_tiny_vlm` also builds: a tiny SmolVLM (SmolVLA's backbone family)."""
 BUILDER_VERSION = 1
 """Bump when the builder's output changes: it is part of the cache folder's hash."""
 MARKER_FILE = "mmrl_tiny_vlm.json"
@@ -145,7 +157,8 @@ class TinyVLMSpec:
 
     def short_hash(self) -> str:
         """8 hex digits of the SHA-256 of this spec, the tokenizer corpus and the chat template."""
-        payload = json.dumps(asdict(self), sort_keys=True) + _corpus_fingerprint() + QWEN_VL_CHAT_TEMPLATE
+        template = SMOLVLM_CHAT_TEMPLATE if self.family == SMOLVLM_FAMILY else QWEN_VL_CHAT_TEMPLATE
+        payload = json.dumps(asdict(self), sort_keys=True) + _corpus_fingerprint() + template
         return hashlib.sha256(payload.encode()).hexdigest()[:8]
 
     def dir_name(self) -> str:
@@ -207,8 +220,9 @@ def mrope_section(head_dim: int, family: str) -> list[int]:
 
 
 def _check_spec(spec: TinyVLMSpec) -> None:
-    if spec.family not in _RECIPES:
-        raise UnsupportedModelError(f"unknown tiny VLM family {spec.family!r}; expected one of {TINY_VLM_FAMILIES}")
+    if spec.family not in _RECIPES and spec.family != SMOLVLM_FAMILY:
+        known = (*TINY_VLM_FAMILIES, SMOLVLM_FAMILY)
+        raise UnsupportedModelError(f"unknown tiny VLM family {spec.family!r}; expected one of {known}")
     if spec.hidden_size < _HEAD_DIM or spec.hidden_size % _HEAD_DIM:
         raise TinyVLMError(f"hidden_size must be a positive multiple of {_HEAD_DIM}, got {spec.hidden_size}")
     for name in ("num_layers", "vision_depth"):
@@ -326,20 +340,90 @@ def _build_config(spec: TinyVLMSpec, tokenizer):
     return cls(text_config=text, vision_config=vision, tie_word_embeddings=True, **ids)
 
 
+_SMOLVLM_IMAGE_SIDE = 64
+_SMOLVLM_PATCH = 8
+_SMOLVLM_SCALE = 2
+
+
+def _build_smolvlm(spec: TinyVLMSpec):
+    """Tokenizer, processor and config of a tiny SmolVLM: one 64x64 tile per image (no splitting), a 2-layer
+    SigLIP-style tower (patch 8, absolute position embeddings) whose 64 patches the connector pixel-shuffles into 16
+    ``<image>`` tokens, and a small Llama text model."""
+    import transformers
+
+    tokenizer = build_bpe_tokenizer(
+        default_vlm_corpus(),
+        vocab_size=spec.bpe_vocab_size,
+        special_tokens=list(SMOLVLM_SPECIAL_TOKENS),
+        chat_template=SMOLVLM_CHAT_TEMPLATE,
+        eos_token=SMOLVLM_EOS_TOKEN,
+    )
+    side = {"longest_edge": _SMOLVLM_IMAGE_SIDE}
+    image_processor = transformers.SmolVLMImageProcessor(
+        do_image_splitting=False, size=side, max_image_size=side, image_mean=[0.5] * 3, image_std=[0.5] * 3
+    )
+    video_processor = transformers.SmolVLMVideoProcessor(size=side, max_image_size=side)
+    image_tokens = (_SMOLVLM_IMAGE_SIDE // _SMOLVLM_PATCH) ** 2 // _SMOLVLM_SCALE**2
+    processor = transformers.SmolVLMProcessor(
+        image_processor=image_processor,
+        tokenizer=tokenizer,
+        video_processor=video_processor,
+        image_seq_len=image_tokens,
+        chat_template=SMOLVLM_CHAT_TEMPLATE,
+    )
+    num_heads = spec.hidden_size // _HEAD_DIM
+    ids = tokenizer.convert_tokens_to_ids
+    text = dict(
+        model_type="llama",
+        vocab_size=len(tokenizer),
+        hidden_size=spec.hidden_size,
+        intermediate_size=2 * spec.hidden_size,
+        num_hidden_layers=spec.num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=max(1, num_heads // 2),
+        head_dim=_HEAD_DIM,
+        max_position_embeddings=8192,
+        bos_token_id=ids("<|im_start|>"),
+        eos_token_id=ids(SMOLVLM_EOS_TOKEN),
+        pad_token_id=ids(PAD_TOKEN),
+        tie_word_embeddings=True,
+    )
+    vision = dict(
+        hidden_size=_VISION_WIDTH,
+        intermediate_size=2 * _VISION_WIDTH,
+        num_hidden_layers=spec.vision_depth,
+        num_attention_heads=_VISION_HEADS,
+        image_size=_SMOLVLM_IMAGE_SIDE,
+        patch_size=_SMOLVLM_PATCH,
+    )
+    config = transformers.SmolVLMConfig(
+        text_config=text,
+        vision_config=vision,
+        scale_factor=_SMOLVLM_SCALE,
+        image_token_id=ids("<image>"),
+        tie_word_embeddings=True,
+    )
+    return tokenizer, processor, config, ids(SMOLVLM_EOS_TOKEN)
+
+
 def _build_into(spec: TinyVLMSpec, folder: Path) -> int:
     """Build and save model + processor of ``spec`` into ``folder``; return the parameter count."""
     import torch
     from transformers import AutoModelForImageTextToText, GenerationConfig
 
-    tokenizer = build_bpe_tokenizer(
-        default_vlm_corpus(), vocab_size=spec.bpe_vocab_size, chat_template=QWEN_VL_CHAT_TEMPLATE
-    )
-    processor = _build_processor(spec, tokenizer)
-    config = _build_config(spec, tokenizer)
+    if spec.family == SMOLVLM_FAMILY:
+        tokenizer, processor, config, eos = _build_smolvlm(spec)
+    else:
+        tokenizer = build_bpe_tokenizer(
+            default_vlm_corpus(), vocab_size=spec.bpe_vocab_size, chat_template=QWEN_VL_CHAT_TEMPLATE
+        )
+        processor = _build_processor(spec, tokenizer)
+        config = _build_config(spec, tokenizer)
+        eos = tokenizer.convert_tokens_to_ids(EOS_TOKEN)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(spec.seed)
         model = AutoModelForImageTextToText.from_config(config, dtype=torch.float32)
-    pad, eos = tokenizer.convert_tokens_to_ids(PAD_TOKEN), tokenizer.convert_tokens_to_ids(EOS_TOKEN)
+    pad = tokenizer.convert_tokens_to_ids(PAD_TOKEN)
     model.generation_config = GenerationConfig(bos_token_id=pad, eos_token_id=[eos, pad], pad_token_id=pad)
     model.save_pretrained(folder, safe_serialization=True)
     processor.save_pretrained(folder)
@@ -392,7 +476,8 @@ def build_tiny_vlm(
     vision_depth: int = 2,
     overwrite: bool = False,
 ) -> Path:
-    """Build (or reuse) a tiny offline Qwen-VL model of ``family``; return its folder.
+    """Build (or reuse) a tiny offline VLM of ``family`` (a Qwen-VL family or :data:`SMOLVLM_FAMILY`); return its
+    folder.
 
     The folder ``cache_dir / "{family}-h{hidden}-l{layers}-v{vision_depth}-s{seed}-{hash}"``
     holds the safetensors weights, config, generation config, tokenizer and processor, and

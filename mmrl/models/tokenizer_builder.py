@@ -13,6 +13,10 @@ matters to mmrl:
 * a Qwen-VL chat template (:data:`QWEN_VL_CHAT_TEMPLATE`) that renders an image as
   ``<|vision_start|><|image_pad|><|vision_end|>`` and a video with ``<|video_pad|>``; the
   Qwen processors expand those pads into one token per merged vision patch.
+
+The same builder makes SmolVLM-style tokenizers (:data:`SMOLVLM_SPECIAL_TOKENS`, eos ``<end_of_utterance>``,
+:data:`SMOLVLM_CHAT_TEMPLATE`: ``User:<image>...<end_of_utterance>\nAssistant:``), whose processor expands each
+``<image>`` into ``<fake_token_around_image><global-img><image>...<image><fake_token_around_image>``.
 """
 
 from __future__ import annotations
@@ -30,6 +34,9 @@ __all__ = [
     "NUM_ACTION_TOKENS",
     "QWEN_VL_CHAT_TEMPLATE",
     "QWEN_VL_SPECIAL_TOKENS",
+    "SMOLVLM_CHAT_TEMPLATE",
+    "SMOLVLM_EOS_TOKEN",
+    "SMOLVLM_SPECIAL_TOKENS",
     "TokenizerBuildError",
     "action_token_ids",
     "build_bpe_tokenizer",
@@ -54,6 +61,18 @@ QWEN_VL_SPECIAL_TOKENS: tuple[str, ...] = (
     "<|video_pad|>",
 )
 """Qwen-VL special tokens, in the order (and relative ids) of the real tokenizers."""
+
+SMOLVLM_EOS_TOKEN = "<end_of_utterance>"
+SMOLVLM_SPECIAL_TOKENS: tuple[str, ...] = (
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    SMOLVLM_EOS_TOKEN,
+    "<fake_token_around_image>",
+    "<image>",
+    "<global-img>",
+)
+"""SmolVLM's special tokens (chat markers, end of turn, the image token and its wrappers), in SmolVLM2's order."""
 
 NUM_ACTION_TOKENS = 256
 ACTION_TOKEN_FORMAT = "<|act_{}|>"
@@ -90,6 +109,17 @@ QWEN_VL_CHAT_TEMPLATE = (
     "{{- '<|im_end|>\\n' -}}"
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
+)
+
+# SmolVLM2's chat template (as transformers' SmolVLMProcessor ships it): "<|im_start|>User:<image>text<end_of_utterance>\n"
+# per turn, then "Assistant:"; a message's content may be a string or a list of image / video / text parts.
+SMOLVLM_CHAT_TEMPLATE = (
+    "<|im_start|>{% for message in messages %}{{message['role'] | capitalize}}"
+    "{% if message['content'] is string %}{{': ' + message['content']}}{% else %}"
+    "{% if message['content'][0]['type'] == 'image' %}{{':'}}{% else %}{{': '}}{% endif %}"
+    "{% for line in message['content'] %}{% if line['type'] == 'text' %}{{line['text']}}"
+    "{% elif line['type'] == 'image' %}{{ '<image>' }}{% elif line['type'] == 'video' %}{{ '<video>' }}{% endif %}"
+    "{% endfor %}{% endif %}<end_of_utterance>\n{% endfor %}{% if add_generation_prompt %}{{ 'Assistant:' }}{% endif %}"
 )
 
 
@@ -262,13 +292,16 @@ def build_bpe_tokenizer(
     vocab_size: int = DEFAULT_BPE_VOCAB_SIZE,
     special_tokens: list[str] | None = None,
     chat_template: str | None = QWEN_VL_CHAT_TEMPLATE,
+    eos_token: str = EOS_TOKEN,
+    pad_token: str = PAD_TOKEN,
 ) -> Qwen2Tokenizer:
     """Train a byte-level BPE on ``corpus`` and wrap it as a transformers ``Qwen2Tokenizer``.
 
     ``vocab_size`` bounds the BPE part (the 256 byte symbols plus merges; the trainer stops
     earlier when the corpus has no pair seen twice). ``special_tokens`` (default
     :func:`default_special_tokens`) get the ids right after the BPE vocabulary, in order; they
-    must contain ``<|endoftext|>`` (pad) and ``<|im_end|>`` (eos). Padding is on the left.
+    must contain ``pad_token`` (default ``<|endoftext|>``) and ``eos_token`` (default ``<|im_end|>``). Padding is
+    on the left.
     """
     if not corpus or not all(isinstance(s, str) for s in corpus):
         raise TokenizerBuildError("corpus must be a non-empty list of strings")
@@ -277,7 +310,7 @@ def build_bpe_tokenizer(
     specials = default_special_tokens() if special_tokens is None else list(special_tokens)
     if len(set(specials)) != len(specials):
         raise TokenizerBuildError("special_tokens contains duplicates")
-    for required in (PAD_TOKEN, EOS_TOKEN):
+    for required in (pad_token, eos_token):
         if required not in specials:
             raise TokenizerBuildError(f"special_tokens must contain {required!r}")
 
@@ -298,8 +331,8 @@ def build_bpe_tokenizer(
         padding_side="left",
     )
     tokenizer.add_special_tokens({"extra_special_tokens": rest})
-    tokenizer.eos_token = EOS_TOKEN
-    tokenizer.pad_token = PAD_TOKEN
+    tokenizer.eos_token = eos_token
+    tokenizer.pad_token = pad_token
     tokenizer.padding_side = "left"
     if chat_template is not None:
         tokenizer.chat_template = chat_template

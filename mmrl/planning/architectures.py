@@ -484,6 +484,11 @@ def tiny_vlm_config(family: str, **tiny_kwargs: Any) -> tuple[dict, str]:
     weights). Returns (config, source)."""
     from mmrl.models import tiny_vlm as tv
 
+    if family not in tv._RECIPES:
+        raise UnknownArchitectureError(
+            f"the tiny {family} preset is not modelled by mmrl plan before it is built; build it once (any run with "
+            "it) and plan again, or plan a Qwen-VL preset"
+        )
     spec = tv.TinyVLMSpec(family=family, **tiny_kwargs)
     folder = tv.default_cache_dir() / spec.dir_name()
     cfg_file = folder / "config.json"

@@ -1,31 +1,34 @@
-"""Token policy over real transformers Qwen-VL models (Qwen2-VL, Qwen2.5-VL, Qwen3-VL).
+"""Token policy over any transformers vision-language model driven by a chat template and a processor.
 
 Data flow of one step:
 
 1. :func:`preprocess` turns each task item (``image``/``images``, ``prompt``, optional ``system``)
-   into a :class:`PromptInputs`: chat template, ONE processor call per prompt (pixel values,
-   ``image_grid_thw``, ``mm_token_type_ids``), original and model-input image sizes. An engine
-   (vLLM) can reuse it: ``text`` and ``images`` are what it needs, with the same pixel limits.
+   into a :class:`~mmrl.policies.vlm_inputs.PromptInputs`: chat template, ONE processor call per prompt, original
+   and (where the family can tell) model-input image sizes. An engine (vLLM) can reuse it: ``text`` and ``images``
+   are what it needs, with the same pixel limits.
 2. :meth:`VLMPolicy.rollout` runs the vision tower ONCE per prompt, repeats the features (not the
    pixels) to the ``G`` samples of the prompt and passes them to HF ``generate`` as
    ``mm_encoder_outputs`` with per-sample Gumbel seeds (:mod:`mmrl.rollout.token_sampler`).
    With a frozen vision tower the features are kept in the payload and training never runs the
    vision tower again.
-3. :meth:`VLMPolicy.log_probs` collates left-padded prompts + right-padded completions, extends
-   ``mm_token_type_ids`` with zeros over the completion and lets the model compute its multimodal
-   rotary positions from ``input_ids``/``image_grid_thw``/``attention_mask`` exactly as ``generate``
-   did (positions count non-padding tokens only, so any padding layout gives the same positions);
-   only the completion positions go through the LM head (``logits_to_keep``). A trainable vision
+3. :meth:`VLMPolicy.log_probs` collates left-padded prompts + right-padded completions and runs the model at the
+   positions ``generate`` used (positions count non-padding tokens only, so any padding layout gives the same
+   positions); only the completion positions go through the LM head (``logits_to_keep``). A trainable vision
    tower is run once per distinct prompt of the micro-batch (or, inside a data-parallel wrapper,
    on the pixels of every sample through the wrapper's forward). With ``model.shared_prefix`` (the
    default) the samples of one prompt share ONE row instead: the prompt once, then their completions,
-   under a mask where each completion sees the prompt and itself (:mod:`mmrl.policies.shared_prefix`);
-   positions come from the model's own ``get_rope_index`` over the prompts, so they are those above.
+   under a mask where each completion sees the prompt and itself (:mod:`mmrl.policies.shared_prefix`).
+
+What depends on the model family (pixels and grids, positions, vision special tokens, the vision tower's modules,
+videos) is asked of the policy's :class:`~mmrl.policies.vlm_family.VLMFamily`, chosen from ``config.model_type``:
+the generic layer serves processor-driven models with 1-D positions (SmolVLM, LLaVA-style), and
+:class:`~mmrl.policies.qwen_vl.QwenVLFamily` adds Qwen-VL's patch grids, multimodal rotary positions (also for the
+shared-prefix rows and the rollout prefill) and videos.
 
 Each sample dict carries what box rewards need to convert frames: ``orig_size`` and ``input_size``
 (W, H) of the first image, ``orig_sizes``/``input_sizes`` for all, ``family`` and ``box_frame``.
 
-Videos (``video``/``videos`` items) follow the same path; the video-specific parts (clips from the
+Videos (``video``/``videos`` items, Qwen-VL only) follow the same path; the video-specific parts (clips from the
 frame cache, processor keyword arguments, T-GRPO's shuffled copies, sample fields) live in
 :mod:`mmrl.adapters.video.policy_inputs`. The processor's ``video_grid_thw`` and Qwen2.5-VL's
 ``second_per_grid_ts`` are stored once per prompt and passed to generation and to every later
@@ -40,7 +43,6 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -48,9 +50,10 @@ import torch
 from torch import Tensor
 
 from mmrl.data.media import ORIG_SIZE_KEY, load_image
-from mmrl.models.families import box_frame_for, input_size_from_grid
+from mmrl.models.families import MODEL_BOX_FRAMES
 from mmrl.policies import shared_prefix as sp
 from mmrl.policies.base import FrozenCopyReference, LogProbOutput, PolicySpec, PromptBatch, Rollout
+from mmrl.policies.qwen_vl import apply_pixel_limits
 from mmrl.policies.token_policy import (
     HFTokenPolicy,
     LMWithValueHead,
@@ -62,6 +65,8 @@ from mmrl.policies.token_policy import (
     token_logp_and_entropy,
 )
 from mmrl.policies.vlm_errors import PromptTooLongError, VLMInputError
+from mmrl.policies.vlm_family import VLMFamily, family_for, family_for_processor
+from mmrl.policies.vlm_inputs import ImageFeatures, PromptInputs, merge_features
 from mmrl.rollout.noise import mix_seed
 from mmrl.rollout.token_sampler import generate_completions
 
@@ -74,76 +79,17 @@ __all__ = [
     "apply_pixel_limits",
     "build_messages",
     "build_vlm_policy",
+    "encode_images",
+    "merge_features",
     "preprocess",
+    "vision_modules",
+    "vision_tower",
 ]
-
-VISION_EXCLUDE = ("visual",)
-"""Module-name prefixes of the vision tower (never given LoRA adapters)."""
 
 log = logging.getLogger(__name__)
 
 
 # ============================================================================ preprocessing
-
-
-@dataclass(eq=False)
-class ImageFeatures:
-    """Vision-encoder output of one prompt's images (what ``mm_encoder_outputs["image"]`` holds)."""
-
-    embeds: list[Tensor]
-    """Per image: [tokens, hidden] merged-patch embeddings."""
-    deepstack: list[list[Tensor]] | None
-    """Qwen3-VL: per deepstack layer, per image [tokens, hidden]; None for the other families."""
-    output_cls: type
-    """The model-output class the family's forward expects (has ``pooler_output`` [+ ``deepstack_features``])."""
-
-
-@dataclass(eq=False)
-class PromptInputs:
-    """One prompt after the chat template and ONE processor call (shared by its ``G`` samples)."""
-
-    text: str
-    """The templated chat text (what a rollout engine would be given with ``images``)."""
-    images: list
-    """The RGB PIL images, in prompt order."""
-    input_ids: Tensor
-    """[L] prompt token ids (image placeholders expanded)."""
-    mm_token_type_ids: Tensor
-    """[L] 0 text, 1 image."""
-    pixel_values: Tensor | None
-    """[patches, C * temporal * patch**2] processor pixels of all images, or None without images."""
-    image_grid_thw: Tensor | None
-    """[n_images, 3] (t, h, w) patch grid per image, or None without images."""
-    orig_sizes: list[tuple[int, int]]
-    """(W, H) of each original image (before any ``load_image(max_side=...)`` shrink)."""
-    input_sizes: list[tuple[int, int]]
-    """(W, H) of each image as the model sees it (``image_grid_thw`` x patch size)."""
-    features: ImageFeatures | None = field(default=None, repr=False)
-    """Vision features cached at rollout time when the vision tower is frozen."""
-    videos: list = field(default_factory=list)
-    """The decoded :class:`~mmrl.adapters.video.decode.VideoClip` of each video, in prompt order."""
-    pixel_values_videos: Tensor | None = None
-    """[patches, C * temporal * patch**2] processor pixels of all videos, or None without videos."""
-    video_grid_thw: Tensor | None = None
-    """[n_videos, 3] (t, h, w) patch grid per video, or None without videos."""
-    second_per_grid_ts: Tensor | None = None
-    """[n_videos] seconds per temporal patch (Qwen2.5-VL's time scale of the rotary index); None for
-    the other families (Qwen3-VL writes times into the text) or without videos."""
-    video_features: ImageFeatures | None = field(default=None, repr=False)
-    """Video features cached at rollout time when the vision tower is frozen."""
-
-    @property
-    def num_images(self) -> int:
-        return len(self.images)
-
-    @property
-    def num_videos(self) -> int:
-        return len(self.videos)
-
-    @property
-    def visual_tokens(self) -> int:
-        """Image and video placeholder tokens of the prompt."""
-        return int((self.mm_token_type_ids != 0).sum())
 
 
 def build_messages(item: dict, num_images: int, num_videos: int = 0) -> list[dict]:
@@ -180,41 +126,32 @@ def _item_images(item: dict) -> tuple[list, list[tuple[int, int]]]:
     return images, sizes
 
 
-def apply_pixel_limits(processor: Any, min_pixels: int | None, max_pixels: int | None) -> None:
-    """Set the image processor's pixel budget (``size = {shortest_edge: min, longest_edge: max}``).
-
-    ``None`` keeps the processor's own value. Done once at load so that every consumer of the
-    processor (trainer, engine) resizes images identically.
-    """
-    if min_pixels is None and max_pixels is None:
-        return
-    ip = processor.image_processor
-    size = dict(ip.size)  # a dict or transformers' SizeDict
-    lo = int(min_pixels) if min_pixels is not None else size.get("shortest_edge")
-    hi = int(max_pixels) if max_pixels is not None else size.get("longest_edge")
-    if lo is None or hi is None or lo <= 0 or hi < lo:
-        raise ValueError(f"model.min_pixels / max_pixels must satisfy 0 < min_pixels <= max_pixels, got {lo} and {hi}")
-    ip.size = {"shortest_edge": lo, "longest_edge": hi}
-
-
 def preprocess(
-    processor: Any, items: Sequence[dict], *, max_prompt_tokens: int | None = None, skip_too_long: bool = False
+    processor: Any,
+    items: Sequence[dict],
+    *,
+    max_prompt_tokens: int | None = None,
+    skip_too_long: bool = False,
+    family: VLMFamily | None = None,
 ) -> list[PromptInputs | None]:
     """Chat template + one processor call per item; see :class:`PromptInputs`.
 
     A prompt over ``max_prompt_tokens`` raises :class:`PromptTooLongError`, or with ``skip_too_long`` gives None
-    in its place (the rollout leaves it out and counts it in ``data/too_long``).
+    in its place (the rollout leaves it out and counts it in ``data/too_long``). ``family`` (default: the one of the
+    processor's model type) reads the processor output into the family's fields.
 
     Video items are read with :func:`mmrl.adapters.video.policy_inputs.item_clips` (frame cache) and reach the
     processor only through :func:`mmrl.adapters.video.policy_inputs.video_processor_kwargs`.
     """
-    patch = int(processor.image_processor.patch_size)
+    family = family if family is not None else family_for_processor(processor)
     out: list[PromptInputs] = []
     for i, item in enumerate(items):
         images, orig_sizes = _item_images(item)
         clips: list = []
         video_kw: dict[str, Any] = {}
         if item.get("video") is not None or item.get("videos") is not None:
+            if not family.supports_video:
+                raise VLMInputError(f"video items are not supported for model family {family.name!r} (only Qwen-VL)")
             from mmrl.adapters.video.policy_inputs import item_clips, video_processor_kwargs
 
             clips = item_clips(item, processor)
@@ -240,25 +177,9 @@ def preprocess(
                 f"prompt {i} has {ids.numel()} tokens (text + image + video) > model.max_prompt_tokens="
                 f"{max_prompt_tokens}; lower model.max_pixels (or the video frame budget) or raise model.max_prompt_tokens"
             )
-        mm = enc.get("mm_token_type_ids")
-        mm = mm[0].long() if mm is not None else torch.zeros_like(ids)
-        grid = enc.get("image_grid_thw") if images else None
-        spg = enc.get("second_per_grid_ts") if clips else None
+        fields = family.prompt_fields(processor, enc, len(images), len(clips))
         out.append(
-            PromptInputs(
-                text=text,
-                images=images,
-                input_ids=ids.long(),
-                mm_token_type_ids=mm,
-                pixel_values=enc.get("pixel_values") if images else None,
-                image_grid_thw=grid,
-                orig_sizes=orig_sizes,
-                input_sizes=[input_size_from_grid(row, patch) for row in grid] if grid is not None else [],
-                videos=clips,
-                pixel_values_videos=enc.get("pixel_values_videos") if clips else None,
-                video_grid_thw=enc.get("video_grid_thw") if clips else None,
-                second_per_grid_ts=torch.as_tensor(spg, dtype=torch.float32).reshape(-1) if spg is not None else None,
-            )
+            PromptInputs(text=text, images=images, input_ids=ids.long(), orig_sizes=orig_sizes, videos=clips, **fields)
         )
     return out
 
@@ -271,64 +192,34 @@ def _base_model(lm):
     return lm.get_base_model() if is_peft(lm) else lm
 
 
-def vision_tower(lm) -> torch.nn.Module:
-    """The vision encoder module of a Qwen-VL model (PEFT-wrapped or not)."""
+def vision_modules(lm) -> list[torch.nn.Module]:
+    """The vision tower's modules of a VLM (PEFT-wrapped or not): its family's ``vision_modules`` found under the
+    HF model's ``model`` (or on the model itself)."""
     base = _base_model(lm)
-    tower = getattr(getattr(base, "model", None), "visual", None) or getattr(base, "visual", None)
-    if tower is None:
-        raise VLMInputError(f"{type(base).__name__} has no vision tower ('model.visual')")
-    return tower
+    inner = getattr(base, "model", None)
+    names = family_for(base).vision_modules
+    found = []
+    for n in names:
+        module = getattr(inner, n, None)
+        module = module if module is not None else getattr(base, n, None)
+        if module is not None:
+            found.append(module)
+    if not found:
+        raise VLMInputError(f"{type(base).__name__} has no vision tower (looked for {', '.join(names)})")
+    return found
 
 
-_MEDIA_FIELDS = {
-    # kind -> (count attribute, pixels attribute, grid attribute, encoder method)
-    "image": ("num_images", "pixel_values", "image_grid_thw", "get_image_features"),
-    "video": ("num_videos", "pixel_values_videos", "video_grid_thw", "get_video_features"),
-}
+def vision_tower(lm) -> torch.nn.Module:
+    """The vision encoder module of a VLM (PEFT-wrapped or not): Qwen-VL's ``model.visual``, else the first of its
+    family's vision modules."""
+    return vision_modules(lm)[0]
 
 
 def encode_images(lm, prompts: Sequence[PromptInputs], device, kind: str = "image") -> list[ImageFeatures | None]:
     """Run the vision tower once over all images (``kind="video"``: all videos) of ``prompts``;
-    split the features per prompt."""
-    count, pix_attr, grid_attr, method = _MEDIA_FIELDS[kind]
-    with_img = [p for p in prompts if getattr(p, count)]
-    if not with_img:
-        return [None] * len(prompts)
-    pixels = torch.cat([getattr(p, pix_attr) for p in with_img]).to(device)
-    grid = torch.cat([getattr(p, grid_attr) for p in with_img]).to(device)
-    out = getattr(_base_model(lm), method)(pixels, grid, return_dict=True)
-    embeds = list(out.pooler_output)
-    deep = getattr(out, "deepstack_features", None)
-    deep = [list(layer) for layer in deep] if deep else None
-    result: list[ImageFeatures | None] = []
-    k = 0
-    for p in prompts:
-        n = getattr(p, count)
-        if not n:
-            result.append(None)
-            continue
-        sl = slice(k, k + n)
-        k += n
-        result.append(
-            ImageFeatures(
-                embeds=embeds[sl],
-                deepstack=[layer[sl] for layer in deep] if deep is not None else None,
-                output_cls=type(out),
-            )
-        )
-    return result
-
-
-def merge_features(per_sample: Sequence[ImageFeatures | None]):
-    """The ``mm_encoder_outputs["image"]`` object for a batch: features in sample order (None if no images)."""
-    feats = [f for f in per_sample if f is not None]
-    if not feats:
-        return None
-    kw: dict[str, Any] = {"pooler_output": [e for f in feats for e in f.embeds]}
-    if feats[0].deepstack is not None:
-        n_layers = len(feats[0].deepstack)
-        kw["deepstack_features"] = [[e for f in feats for e in f.deepstack[layer]] for layer in range(n_layers)]
-    return feats[0].output_cls(**kw)
+    split the features per prompt (the family's :meth:`~mmrl.policies.vlm_family.VLMFamily.encode`)."""
+    base = _base_model(lm)
+    return family_for(base).encode(base, prompts, device, kind)
 
 
 # ============================================================================ the policy
@@ -354,13 +245,12 @@ def _eos_ids(tokenizer, lm) -> list[int]:
 
 
 class VLMPolicy(HFTokenPolicy):
-    """A :class:`~mmrl.policies.base.Policy` whose actions are completion tokens of a Qwen-VL model."""
+    """A :class:`~mmrl.policies.base.Policy` whose actions are completion tokens of a transformers vision-language
+    model (any with a chat template and a processor; the family layer :attr:`family_layer` says what differs)."""
 
     def __init__(
         self, lm, processor, cfg, *, value_head: bool = False, reference: bool = False, tgrpo: Any = None
     ) -> None:
-        from mmrl.models.tiny_vlm import model_family, vision_special_token_ids
-
         self.cfg = cfg
         self.tgrpo = tgrpo if tgrpo is not None and tgrpo.shuffled_group > 0 else None
         """T-GRPO settings (``algo.tgrpo``, :class:`mmrl.config.TGRPOConfig`) or None: how many shuffled-frame probes
@@ -368,20 +258,25 @@ class VLMPolicy(HFTokenPolicy):
         self.processor = processor
         self.processing = processor
         self.tokenizer = processor.tokenizer
-        self.family = model_family(lm)
-        self.box_frame = box_frame_for(self.family)
-        self.patch_size = int(processor.image_processor.patch_size)
-        apply_pixel_limits(processor, cfg.min_pixels, cfg.max_pixels)
+        self.family_layer: VLMFamily = family_for(lm)
+        """What depends on the model family (:mod:`mmrl.policies.vlm_family`), chosen from ``config.model_type``."""
+        self.family = self.family_layer.name
+        self.box_frame = MODEL_BOX_FRAMES.get(self.family)
+        """The frame the family writes boxes in (:data:`mmrl.models.families.MODEL_BOX_FRAMES`; None: unknown)."""
+        patch = getattr(processor.image_processor, "patch_size", None)
+        self.patch_size = int(patch) if isinstance(patch, int) else None
+        """Qwen-VL: the vision patch side in pixels (model-input sizes are grid x patch); None for other families."""
+        self.family_layer.configure_processor(processor, cfg.min_pixels, cfg.max_pixels)
         if cfg.lora.enabled and not cfg.freeze_vision_tower:
             raise ValueError(
                 "model.freeze_vision_tower=false needs full fine-tuning: LoRA adapters never go on the "
                 "vision tower and PEFT freezes everything else; set model.lora.enabled=false"
             )
         if cfg.freeze_vision_tower:
-            for p in vision_tower(lm).parameters():
-                p.requires_grad_(False)
+            for m in vision_modules(lm):
+                m.requires_grad_(False)
         if cfg.lora.enabled:
-            lm = apply_lora(lm, cfg.lora, exclude_prefixes=VISION_EXCLUDE)
+            lm = apply_lora(lm, cfg.lora, exclude_prefixes=self.family_layer.vision_modules)
         if cfg.gradient_checkpointing:
             enable_checkpointing(_base_model(lm))
         lm.eval()  # no dropout while sampling; log_probs switches to train mode for gradient passes only
@@ -393,7 +288,7 @@ class VLMPolicy(HFTokenPolicy):
         pad = self.tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else self.tokenizer.eos_token_id
         self.eos_ids = _eos_ids(self.tokenizer, lm)
-        self.suppress_ids = [i for i in vision_special_token_ids(processor) if i not in self.eos_ids]
+        self.suppress_ids = [i for i in self.family_layer.suppress_ids(processor) if i not in self.eos_ids]
         self._frozen_ref = FrozenCopyReference(self) if reference and not cfg.lora.enabled else None
         self.engine = None
         """The rollout engine of ``model.rollout_engine`` (None: transformers ``generate``); see
@@ -407,13 +302,17 @@ class VLMPolicy(HFTokenPolicy):
     @property
     def vision_trainable(self) -> bool:
         """True when some vision-tower parameter gets gradients (features must then be recomputed)."""
-        return any(p.requires_grad for p in vision_tower(self.module.lm).parameters())
+        return any(p.requires_grad for m in vision_modules(self.module.lm) for p in m.parameters())
 
     def preprocess(self, items: Sequence[dict], *, skip_too_long: bool = False) -> list[PromptInputs | None]:
         """Chat template + one processor call per item (reusable by a rollout engine); ``skip_too_long``: None for a
         prompt over ``model.max_prompt_tokens`` instead of :class:`PromptTooLongError`."""
         return preprocess(
-            self.processor, items, max_prompt_tokens=self.cfg.max_prompt_tokens, skip_too_long=skip_too_long
+            self.processor,
+            items,
+            max_prompt_tokens=self.cfg.max_prompt_tokens,
+            skip_too_long=skip_too_long,
+            family=self.family_layer,
         )
 
     def sample_meta(self, items: Sequence[dict]) -> list[dict]:
@@ -460,10 +359,10 @@ class VLMPolicy(HFTokenPolicy):
     ) -> dict:
         """Model inputs of left-padded prompts (+ right-padded completions when given).
 
-        Images (videos) enter as precomputed ``feats`` (``video_feats``) through
-        ``mm_encoder_outputs``, or as pixel values in sample order when ``feats`` is None. Videos
-        always bring their ``video_grid_thw`` and, for Qwen2.5-VL, ``second_per_grid_ts``, so every
-        forward computes the same rotary positions as generation did.
+        Images (videos) enter as precomputed ``feats`` (``video_feats``) through ``mm_encoder_outputs``, or as pixel
+        values in sample order when ``feats`` is None; the family adds its token-aligned inputs (positions, Qwen-VL's
+        ``mm_token_type_ids`` extended with zeros over the completion), so every forward uses the positions
+        generation used.
         """
         ids, att = left_pad([p.input_ids for p in prompts], self.pad_id)
         mm, _ = left_pad([p.mm_token_type_ids for p in prompts], 0)
@@ -474,12 +373,11 @@ class VLMPolicy(HFTokenPolicy):
         dev = self.device
         inputs: dict[str, Any] = {"input_ids": ids.to(dev), "attention_mask": att.to(dev)}
         media = self._media_inputs(prompts, feats, video_feats)
-        if media:
-            inputs["mm_token_type_ids"] = mm.to(dev)
-            inputs.update(media)
-        elif completions is not None:
-            # text only: the model would fall back to 0..L-1 positions; count non-padding tokens as generate does
-            inputs["position_ids"] = (inputs["attention_mask"].cumsum(1) - 1).clamp(min=0)
+        seq = self.family_layer.sequence_inputs(
+            inputs["attention_mask"], mm.to(dev), media=bool(media), completions=completions is not None
+        )
+        inputs.update(seq)
+        inputs.update(media)
         return inputs
 
     def _media_inputs(
@@ -488,35 +386,9 @@ class VLMPolicy(HFTokenPolicy):
         feats: Sequence[ImageFeatures | None] | None,
         video_feats: Sequence[ImageFeatures | None] | None,
     ) -> dict[str, Any]:
-        """The image / video model inputs of ``prompts`` in their order (grids, Qwen2.5-VL's ``second_per_grid_ts``,
-        and the features as ``mm_encoder_outputs`` or the pixels when ``feats`` is None); empty without media."""
-        dev = self.device
-        inputs: dict[str, Any] = {}
-        with_img = [p for p in prompts if p.num_images]
-        with_vid = [p for p in prompts if p.num_videos]
-        encoded: dict[str, Any] = {}
-        if with_img:
-            inputs["image_grid_thw"] = torch.cat([p.image_grid_thw for p in with_img]).to(dev)
-            if feats is None:
-                inputs["pixel_values"] = torch.cat([p.pixel_values for p in with_img]).to(dev)
-            else:
-                encoded["image"] = merge_features(feats)
-        if with_vid:
-            inputs["video_grid_thw"] = torch.cat([p.video_grid_thw for p in with_vid]).to(dev)
-            spg = [p.second_per_grid_ts for p in with_vid if p.second_per_grid_ts is not None]
-            if spg:
-                if len(spg) != len(with_vid):
-                    raise VLMInputError("some video prompts of the batch have second_per_grid_ts and others not")
-                inputs["second_per_grid_ts"] = torch.cat(spg).to(dev)
-            if feats is None:
-                inputs["pixel_values_videos"] = torch.cat([p.pixel_values_videos for p in with_vid]).to(dev)
-            else:
-                if video_feats is None:
-                    raise VLMInputError("video prompts need their video features (video_feats)")
-                encoded["video"] = merge_features(video_feats)
-        if encoded:
-            inputs["mm_encoder_outputs"] = encoded
-        return inputs
+        """The image / video model inputs of ``prompts`` in their order (the family's
+        :meth:`~mmrl.policies.vlm_family.VLMFamily.media_inputs`); empty without media."""
+        return self.family_layer.media_inputs(prompts, feats, video_feats, self.device)
 
     def _set_train_mode(self, train: bool) -> None:
         if self.module.lm.training != train:
@@ -565,8 +437,8 @@ class VLMPolicy(HFTokenPolicy):
         self, prompts: Sequence[PromptInputs], c_ids: Tensor, mask: Tensor, *, want_values: bool
     ) -> tuple[Tensor, Tensor | None]:
         """One packed row per distinct prompt object: the prompt once (its images / videos once), then its samples'
-        completions (:mod:`mmrl.policies.shared_prefix`); multimodal rotary positions from the model's own
-        ``get_rope_index`` over the prompts."""
+        completions (:mod:`mmrl.policies.shared_prefix`); positions from the family layer (1-D, or Qwen-VL's
+        multimodal rotary positions from the model's own ``get_rope_index`` over the prompts)."""
         groups = sp.group_rows([id(p) for p in prompts])
         lengths = sp.right_padded_lengths(mask)
         if lengths is None:
@@ -577,73 +449,11 @@ class VLMPolicy(HFTokenPolicy):
         feats = self._features(reps)
         video_feats = self._features(reps, "video") if feats is not None else None
         media = self._media_inputs(reps, feats, video_feats)
-        dev = self.device
-        inputs: dict[str, Any] = {"input_ids": ids.to(dev)}
-        if media:
-            mm = sp.pack_rows(layout, [p.mm_token_type_ids for p in reps], None, 0)
-            inputs["mm_token_type_ids"] = mm.to(dev)
-            inputs.update(media)
-            inputs["position_ids"] = self._packed_rope_positions(layout, ids, mm, media)
-        else:  # text only: 1-D positions, as the plain forward's cumsum of the attention mask
-            inputs["position_ids"] = sp.pack_positions(layout, *sp.text_prefix_positions(layout))[0].to(dev)
+        inputs: dict[str, Any] = {"input_ids": ids.to(self.device)}
+        inputs.update(self.family_layer.packed_inputs(self, layout, ids, reps, media))
+        inputs.update(media)
         self._set_train_mode(torch.is_grad_enabled())
         return self._packed_forward(layout, mask.shape[1], want_values=want_values, **inputs)
-
-    def _packed_rope_positions(self, layout: sp.PackedLayout, ids: Tensor, mm: Tensor, media: dict) -> Tensor:
-        """``[3, R, W]`` multimodal rotary positions of packed rows: the model's ``get_rope_index`` over the
-        left-padded prompts plus one text token, which takes the position of every completion's first token."""
-        E, R = layout.prefix_end, layout.num_rows
-        dev = self.device
-        prompt_cols = sp.segment_ids(layout)[:, :E] == sp.PREFIX_SEGMENT
-        one = torch.ones(R, 1, dtype=torch.long)
-        rope_kw = {k: media[k] for k in ("image_grid_thw", "video_grid_thw", "second_per_grid_ts") if k in media}
-        pos, _ = _base_model(self.module.lm).model.get_rope_index(
-            input_ids=torch.cat([ids[:, :E], one * self.pad_id], 1).to(dev),
-            mm_token_type_ids=torch.cat([mm[:, :E], one * 0], 1).to(dev),
-            attention_mask=torch.cat([prompt_cols.long(), one], 1).to(dev),
-            **rope_kw,
-        )
-        return sp.pack_positions(layout, pos[:, :, :E], pos[:, :, E])
-
-    def _prefilled_inputs(
-        self, rep_prompts: Sequence[PromptInputs], distinct: Sequence[PromptInputs], by_id: dict
-    ) -> dict[str, Any] | None:
-        """``generate`` inputs whose KV cache already holds every prompt but its last token, computed ONCE per distinct
-        prompt (its images once) and repeated to that prompt's samples; the multimodal rotary offsets
-        (``rope_deltas``) of the prefill are repeated the same way, so generation continues at the positions a prefill
-        of every copy gives. None (prefill every copy) for video prompts or a prompt whose last token is a vision
-        token. Tested: the same tokens and behaviour log-probs as the plain path on the three Qwen-VL families."""
-        from mmrl.rollout.token_sampler import cache_kwarg
-
-        if any(p.num_videos or int(p.mm_token_type_ids[-1]) != 0 or p.input_ids.numel() < 2 for p in distinct):
-            return None
-        from transformers import DynamicCache
-
-        lm = self.module.lm
-        base = _base_model(lm)
-        if not hasattr(getattr(base, "model", None), "rope_deltas"):
-            return None
-        row = {id(q): k for k, q in enumerate(distinct)}
-        index = torch.tensor([row[id(q)] for q in rep_prompts], dtype=torch.long, device=self.device)
-        pre = self._prompt_inputs(distinct, [by_id[id(q)][0] for q in distinct])
-        ids, att = left_pad([p.input_ids for p in rep_prompts], self.pad_id)  # every sample, the same padded width
-        mm, _ = left_pad([p.mm_token_type_ids for p in rep_prompts], 0)
-        full = {
-            "input_ids": ids.to(self.device),
-            "attention_mask": att.to(self.device),
-            "mm_token_type_ids": mm.to(self.device),
-        }
-        if pre["input_ids"].shape[1] != ids.shape[1]:
-            return None
-        for key in ("input_ids", "attention_mask", "mm_token_type_ids"):
-            pre[key] = pre[key][:, :-1]
-        cache = DynamicCache(config=base.config)
-        base.model.rope_deltas = None
-        with torch.no_grad():
-            lm(**pre, **{cache_kwarg(lm): cache}, use_cache=True, logits_to_keep=1)
-        cache.batch_select_indices(index)
-        base.model.rope_deltas = base.model.rope_deltas[index]
-        return {**full, cache_kwarg(lm): cache}
 
     # ------------------------------------------------------------------ Policy API
     def _shuffled_prompt(self, item: dict, prompt: PromptInputs, seed: int) -> PromptInputs:
@@ -731,7 +541,7 @@ class VLMPolicy(HFTokenPolicy):
         else:
             inputs = None
             if self.shared_prefix.enabled and len(distinct) < len(rep_prompts):
-                inputs = self._prefilled_inputs(rep_prompts, distinct, by_id)
+                inputs = self.family_layer.prefilled_inputs(self, rep_prompts, distinct, by_id)
             if inputs is None:
                 inputs = self._prompt_inputs(
                     rep_prompts,
