@@ -341,7 +341,7 @@ def test_config_errors():
         (["task.reward_kind=iou"], "reward_kind"),
         (["algo.tgrpo.shuffled_group=-2"], "shuffled_group"),
         (["task.video.max_frames=1"], "task.video"),
-        (["model=tiny_lm"], "vision-language model"),
+        (["model=tiny_lm"], "model.type=causal_lm cannot run task video_temporal_grounding"),
     ]:
         with pytest.raises(ConfigError, match=msg):
             cfg = load_config(["task=video_temporal_grounding", *overrides])

@@ -30,7 +30,7 @@ Each sample dict carries what box rewards need to convert frames: ``orig_size`` 
 
 Videos (``video``/``videos`` items, Qwen-VL only) follow the same path; the video-specific parts (clips from the
 frame cache, processor keyword arguments, T-GRPO's shuffled copies, sample fields) live in
-:mod:`mmrl.adapters.video.policy_inputs`. The processor's ``video_grid_thw`` and Qwen2.5-VL's
+:mod:`mmrl.adapters.video.policy_inputs` (registered by the video adapter, :func:`register_video_support`). The processor's ``video_grid_thw`` and Qwen2.5-VL's
 ``second_per_grid_ts`` are stored once per prompt and passed to generation and to every later
 forward, so all of them compute the same time-aware rotary positions. With ``tgrpo`` set (T-GRPO,
 :mod:`mmrl.algos.tgrpo`) a rollout adds ``tgrpo.shuffled_group`` samples per video prompt on
@@ -152,10 +152,9 @@ def preprocess(
         if item.get("video") is not None or item.get("videos") is not None:
             if not family.supports_video:
                 raise VLMInputError(f"video items are not supported for model family {family.name!r} (only Qwen-VL)")
-            from mmrl.adapters.video.policy_inputs import item_clips, video_processor_kwargs
-
-            clips = item_clips(item, processor)
-            video_kw = video_processor_kwargs(clips)
+            video = video_support()
+            clips = video.item_clips(item, processor)
+            video_kw = video.video_processor_kwargs(clips)
         text = processor.apply_chat_template(
             build_messages(item, len(images), len(clips)), add_generation_prompt=True, tokenize=False
         )
@@ -242,6 +241,28 @@ def _eos_ids(tokenizer, lm) -> list[int]:
         if e is not None and int(e) not in ids:
             ids.append(int(e))
     return ids
+
+
+# ---------------------------------------------------------------- video support (registered by the video adapter)
+_VIDEO_SUPPORT: Any = None
+
+
+def register_video_support(module: Any) -> None:
+    """Give the policy its video inputs: ``module`` provides ``item_clips``, ``video_processor_kwargs``,
+    ``temporal_patch_size``, ``shuffled_clip``, ``video_sample_fields`` and ``video_rollout_metrics``
+    (:mod:`mmrl.adapters.video.policy_inputs`, registered when the video adapter is imported)."""
+    global _VIDEO_SUPPORT
+    _VIDEO_SUPPORT = module
+
+
+def video_support() -> Any:
+    """The registered video inputs; a clear error when a video item arrives and no video adapter is loaded."""
+    if _VIDEO_SUPPORT is None:
+        raise VLMInputError(
+            "a video item reached the VLM policy but no video support is registered: import mmrl.adapters.video "
+            "(the video tasks do)"
+        )
+    return _VIDEO_SUPPORT
 
 
 class VLMPolicy(HFTokenPolicy):
@@ -458,10 +479,9 @@ class VLMPolicy(HFTokenPolicy):
     # ------------------------------------------------------------------ Policy API
     def _shuffled_prompt(self, item: dict, prompt: PromptInputs, seed: int) -> PromptInputs:
         """T-GRPO: ``prompt`` with the temporal patches of each video shuffled (same text, grid and times)."""
-        from mmrl.adapters.video.policy_inputs import shuffled_clip, temporal_patch_size
-
-        tp = temporal_patch_size(self.processor)
-        clips = [shuffled_clip(c, mix_seed(seed, k), tp)[0] for k, c in enumerate(prompt.videos)]
+        video = video_support()
+        tp = video.temporal_patch_size(self.processor)
+        clips = [video.shuffled_clip(c, mix_seed(seed, k), tp)[0] for k, c in enumerate(prompt.videos)]
         shuffled_item = {k: v for k, v in item.items() if k != "video"}
         shuffled_item["videos"] = clips
         out = self.preprocess([shuffled_item])[0]
@@ -505,9 +525,7 @@ class VLMPolicy(HFTokenPolicy):
             "box_frame": self.box_frame,
         }
         if p.num_videos:
-            from mmrl.adapters.video.policy_inputs import video_sample_fields
-
-            sample.update(video_sample_fields(p.videos, p.visual_tokens), shuffled=probe)
+            sample.update(video_support().video_sample_fields(p.videos, p.visual_tokens), shuffled=probe)
         return sample
 
     def rollout(self, batch: PromptBatch, group_size: int, *, greedy: bool = False) -> Rollout:
@@ -574,9 +592,7 @@ class VLMPolicy(HFTokenPolicy):
         if self.engine is not None:
             metrics.update(self.engine.metrics)  # vllm/sync_time, vllm/sync_max_abs_diff, ...
         if any(p is not None and p.num_videos for p in prompts):
-            from mmrl.adapters.video.policy_inputs import video_rollout_metrics
-
-            metrics.update(video_rollout_metrics([s for s in samples if not s.get("shuffled")]))
+            metrics.update(video_support().video_rollout_metrics([s for s in samples if not s.get("shuffled")]))
         probe = torch.tensor([shuf for _, _, shuf in plan], dtype=torch.bool)
         return self._first_rollout_check(
             Rollout(
