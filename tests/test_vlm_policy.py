@@ -457,15 +457,16 @@ def test_pixel_limits_are_applied_once_to_the_processor(folders):
 
 def test_presets_compose_and_build(folders):
     for name in ("qwen2_vl_2b", "qwen2_5_vl_3b", "qwen2_5_vl_7b", "qwen3_vl_4b"):
-        m = load_config([f"model={name}"]).model
+        m = load_config(["task=vqa_grounding", f"model={name}"]).model
         assert isinstance(m, VLMConfig) and m.path.startswith("Qwen/") and m.dtype == "bfloat16"
         assert m.gradient_checkpointing and m.freeze_vision_tower and m.max_pixels > m.min_pixels
-    assert load_config(["model=qwen2_5_vl_7b"]).model.lora.enabled
+    assert load_config(["task=vqa_grounding", "model=qwen2_5_vl_7b"]).model.lora.enabled
     for name in FAMILIES:
-        m = load_config([f"model={name}"]).model
+        m = load_config(["task=vqa_grounding", f"model={name}"]).model
         assert (m.type, m.name, m.path) == ("vlm", name, name)
     cfg = load_config(
         [
+            "task=vqa_grounding",
             "model=tiny_qwen3_vl",
             "algo.advantage=gae",
             "algo.kl_coef=0.01",

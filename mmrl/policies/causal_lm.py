@@ -15,10 +15,9 @@ import torch
 from torch import Tensor
 
 from mmrl.policies import shared_prefix as sp
-from mmrl.policies.base import FrozenCopyReference, LogProbOutput, PolicySpec, PromptBatch, Rollout
+from mmrl.policies.base import LogProbOutput, PolicySpec, PromptBatch, Rollout
 from mmrl.policies.token_policy import (
     HFTokenPolicy,
-    LMWithValueHead,
     ValueHead,
     apply_lora,
     left_pad,
@@ -37,19 +36,22 @@ class CausalLMPolicy(HFTokenPolicy):
     """A :class:`~mmrl.policies.base.Policy` whose actions are completion tokens of a causal LM."""
 
     def __init__(self, lm, tokenizer, cfg, *, value_head: bool = False, reference: bool = False) -> None:
-        self.cfg = cfg
         self.tokenizer = tokenizer
-        self.processing = tokenizer
         if cfg.lora.enabled:
             lm = apply_lora(lm, cfg.lora)
         if cfg.gradient_checkpointing:
             lm.gradient_checkpointing_enable()
         head = ValueHead(lm.config.hidden_size) if value_head else None
-        self.model = LMWithValueHead(lm, head)
-        self.pad_id = tokenizer.pad_token_id
-        self.eos_ids = [tokenizer.eos_token_id]
         self._prompt_cache: dict[str, Tensor] = {}
-        self._frozen_ref = FrozenCopyReference(self) if reference and not cfg.lora.enabled else None
+        super().__init__(
+            cfg,
+            lm,
+            tokenizer,
+            pad_id=tokenizer.pad_token_id,
+            eos_ids=[tokenizer.eos_token_id],
+            value_head=head,
+            reference=reference,
+        )
 
     def _decode(self, ids: Tensor) -> list[str]:
         """Batch decode through the Rust backend when there is one (the Python wrapper is ~3x slower)."""

@@ -14,7 +14,7 @@ import contextlib
 import functools
 import inspect
 from pathlib import Path
-from typing import Callable, Hashable, Sequence
+from typing import Any, Callable, Hashable, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -22,7 +22,7 @@ from torch.nn.utils.rnn import pad_sequence
 
 from mmrl.models.lora import is_peft  # noqa: F401  (re-exported: the policies use it from here)
 from mmrl.policies import shared_prefix as sp
-from mmrl.policies.base import Policy, Rollout
+from mmrl.policies.base import FrozenCopyReference, Policy, Rollout
 
 
 def suppress_logits(logits: Tensor, suppress_ids: Sequence[int] | Tensor | None) -> Tensor:
@@ -186,14 +186,40 @@ class HFTokenPolicy(Policy):
     """What every token policy over an HF model shares: the trainable module (HF model + optional
     value head), the reference policy, parameters and HF-format saving/loading.
 
-    Subclasses set ``self.model`` (an :class:`LMWithValueHead`), ``self.processing`` (the tokenizer
-    or processor saved next to the weights) and ``self._frozen_ref`` (a FrozenCopyReference or None).
+    A subclass prepares its model (LoRA, gradient checkpointing, frozen parts, the value head) and calls
+    ``HFTokenPolicy.__init__`` with the state below; its :meth:`rollout` returns
+    ``self._first_rollout_check(rollout)``, which checks once that training log-probs reproduce the rollout's.
     """
 
     model: LMWithValueHead
     processing: object
     suppress_ids: list[int] = []
     """Token ids the policy never samples (masked to -inf in sampling, training log-probs and entropy alike)."""
+
+    def __init__(
+        self,
+        cfg: Any,
+        lm: nn.Module,
+        processing: object,
+        *,
+        pad_id: int,
+        eos_ids: Sequence[int],
+        suppress_ids: Sequence[int] = (),
+        value_head: ValueHead | None = None,
+        reference: bool = False,
+    ) -> None:
+        """``cfg``: the model config (``lora``, ``temperature``, ``shared_prefix``...); ``lm``: the prepared HF model;
+        ``processing``: the tokenizer or processor saved next to the weights; ``pad_id`` / ``eos_ids``: padding and
+        the tokens that end a completion; ``suppress_ids``: tokens never sampled; ``value_head``: the critic or None;
+        ``reference``: keep a frozen copy of the initial model as the KL reference (full fine-tuning only: with
+        LoRA the reference is the model with its adapters off)."""
+        self.cfg = cfg
+        self.processing = processing
+        self.model = LMWithValueHead(lm, value_head)
+        self.pad_id = pad_id
+        self.eos_ids = list(eos_ids)
+        self.suppress_ids = list(suppress_ids)
+        self._frozen_ref = FrozenCopyReference(self) if reference and not cfg.lora.enabled else None
 
     @property
     def shared_prefix(self) -> sp.SharedPrefixGuard:

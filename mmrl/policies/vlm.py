@@ -52,11 +52,10 @@ from torch import Tensor
 from mmrl.data.media import ORIG_SIZE_KEY, load_image
 from mmrl.models.families import MODEL_BOX_FRAMES
 from mmrl.policies import shared_prefix as sp
-from mmrl.policies.base import FrozenCopyReference, LogProbOutput, PolicySpec, PromptBatch, Rollout
+from mmrl.policies.base import LogProbOutput, PolicySpec, PromptBatch, Rollout
 from mmrl.policies.qwen_vl import apply_pixel_limits
 from mmrl.policies.token_policy import (
     HFTokenPolicy,
-    LMWithValueHead,
     ValueHead,
     apply_lora,
     is_peft,
@@ -277,7 +276,6 @@ class VLMPolicy(HFTokenPolicy):
         """T-GRPO settings (``algo.tgrpo``, :class:`mmrl.config.TGRPOConfig`) or None: how many shuffled-frame probes
         a sampled rollout adds per video prompt (``Rollout.probe``); the bonus is computed by the algorithm layer."""
         self.processor = processor
-        self.processing = processor
         self.tokenizer = processor.tokenizer
         self.family_layer: VLMFamily = family_for(lm)
         """What depends on the model family (:mod:`mmrl.policies.vlm_family`), chosen from ``config.model_type``."""
@@ -305,12 +303,18 @@ class VLMPolicy(HFTokenPolicy):
         if value_head:
             text_cfg = lm.config.get_text_config() if hasattr(lm.config, "get_text_config") else lm.config
             head = ValueHead(text_cfg.hidden_size).to(next(lm.parameters()).device)
-        self.model = LMWithValueHead(lm, head)
         pad = self.tokenizer.pad_token_id
-        self.pad_id = pad if pad is not None else self.tokenizer.eos_token_id
-        self.eos_ids = _eos_ids(self.tokenizer, lm)
-        self.suppress_ids = [i for i in self.family_layer.suppress_ids(processor) if i not in self.eos_ids]
-        self._frozen_ref = FrozenCopyReference(self) if reference and not cfg.lora.enabled else None
+        eos_ids = _eos_ids(self.tokenizer, lm)
+        super().__init__(
+            cfg,
+            lm,
+            processor,
+            pad_id=pad if pad is not None else self.tokenizer.eos_token_id,
+            eos_ids=eos_ids,
+            suppress_ids=[i for i in self.family_layer.suppress_ids(processor) if i not in eos_ids],
+            value_head=head,
+            reference=reference,
+        )
         self.engine = None
         """The rollout engine of ``model.rollout_engine`` (None: transformers ``generate``); see
         :mod:`mmrl.rollout.vllm_engine`."""
