@@ -126,9 +126,7 @@ def is_adapter(mod: str) -> bool:
 
 
 def is_core(mod: str) -> bool:
-    return not (
-        is_adapter(mod) or mod.startswith(("mmrl.tasks", "mmrl.simulators", "mmrl.configs", "mmrl.adapters"))
-    )
+    return not (is_adapter(mod) or mod.startswith(("mmrl.tasks", "mmrl.simulators", "mmrl.configs", "mmrl.adapters")))
 
 
 def upward(every: dict[str, set[str]]) -> list[str]:
