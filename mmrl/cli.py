@@ -150,6 +150,7 @@ def cmd_train(overrides: list[str]) -> int:
             print(f"mmrl train: {_stopped_line(trainer, overrides, cfg)}", file=sys.stderr)
         return 1
     finally:
+        trainer.policy.close()  # simulator workers, a rollout engine: released however the run ended
         shutdown_distributed()
     signum = trainer.stopped_by_signal
     if signum is not None:  # checkpointed, but not finished: a job script must see the difference (130 / 143)
