@@ -16,7 +16,7 @@ class LoraConfig:
     alpha: int = 32
     """LoRA alpha (scale = alpha / r)."""
     dropout: float = 0.0
-    """LoRA dropout."""
+    """LoRA dropout (> 0 makes recomputed log-probs differ from the rollout's)."""
     target_modules: list[str] = field(
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     )
@@ -77,7 +77,8 @@ class CausalLMConfig(TokenModelConfig):
 
 @dataclass
 class VLMConfig(TokenModelConfig):
-    """A Qwen-VL policy (Qwen2-VL, Qwen2.5-VL, Qwen3-VL) through transformers, or a tiny offline one."""
+    """A processor-driven vision-language policy through transformers: Qwen-VL (Qwen2-VL, Qwen2.5-VL, Qwen3-VL) or
+    SmolVLM (``mmrl.policies.vlm_family``), or a tiny offline one of either."""
 
     type: str = "vlm"
     name: str = "tiny_qwen2_5_vl"
@@ -239,15 +240,134 @@ class VLAConfig(VLMConfig):
     step_timeout_s: float = 30.0
     """An env worker that makes no progress for this long is killed and its episodes are masked."""
     max_policy_calls: int | None = None
-    """Upper bound on policy calls per episode; None: ceil(env max steps / chunk)."""
+    """Upper bound on policy calls per episode; None: ceil(env max steps / n_action_steps)."""
+
+    # ---------------------------------------------------------------- continuous action heads (docs/tasks/vla.md)
+    action_head: str = "tokens"
+    """What turns the backbone's output into actions: tokens (discretised action tokens, OpenVLA), flow (a
+    flow-matching action expert cross-attending to the backbone's prefix, pi0 / SmolVLA) or gaussian (learned action
+    queries -> the mean and log-std of the whole chunk, OpenVLA-OFT). With flow / gaussian, ``chunk`` is the chunk
+    length H; the token-only fields (n_bins, temperature, top_p, logp_granularity) are not used."""
+    n_action_steps: int | None = None
+    """Actions of each sampled chunk executed in the env before the next policy call (action chunking); the others are
+    sampled but add nothing to the log-prob. None: the whole chunk. The tokens head executes its whole chunk (only
+    None or ``chunk`` is valid there)."""
+    head_action_dim: int | None = None
+    """flow / gaussian: action dims the head predicts; dims beyond the env's are padding (sampled, never executed,
+    excluded from the log-prob and the warm-start loss). None: the env's action dim."""
+    use_state: bool = True
+    """flow / gaussian: feed the env's proprioceptive state (obs["proprio"], normalised) to the model, as one projected
+    state token appended to the backbone's prefix (pi0's state token). The tokens head never reads the state."""
+    state_mean: list[float] | None = None
+    """flow / gaussian: per-dim mean of the state normalisation, (state - mean) / std; None: estimated from the
+    task's successful demos."""
+    state_std: list[float] | None = None
+    """flow / gaussian: per-dim std of the state normalisation (values below 1e-3 are raised to it); None: from the
+    demos."""
+    expert_width: int = 64
+    """flow: hidden width of the action expert's tokens (also the gaussian head's query width)."""
+    expert_depth: int = 2
+    """flow: action-expert layers (self-attention over the chunk, cross-attention to the prefix, MLP); gaussian:
+    query layers (1 or 2)."""
+    expert_heads: int = 4
+    """flow / gaussian: attention heads per layer; must divide expert_width."""
+    num_steps: int = 10
+    """flow: K denoising steps from noise to the chunk (pi0 uses 10), at rollout and evaluation alike."""
+    likelihood: str = "flow_sde"
+    """flow: how a sampled chunk gets a log-prob for RL: flow_sde (the reverse SDE at every step but the last, a =
+    noise_level), flow_sde_one (the SDE at one random step per chunk, ODE elsewhere: one expert pass per chunk in
+    training) or flow_noise (a learned noise head, std in [noise_min_std, noise_max_std], at every step). Greedy
+    evaluation always uses the deterministic ODE sampler."""
+    noise_level: float = 0.5
+    """flow_sde / flow_sde_one: the SDE noise level a (piRL ~0.5); must be > 0 (0 is the ODE, which has no density)."""
+    noise_min_std: float = 0.08
+    """flow_noise: lower bound of the learned per-step std (piRL: 0.08)."""
+    noise_max_std: float = 0.16
+    """flow_noise: upper bound of the learned per-step std (piRL: 0.16)."""
+    time_sampling: str = "beta"
+    """flow warm start: how the flow-matching loss draws t: beta (pi0: 0.999 Beta(1.5, 1) + 0.001, more weight on
+    noisy times) or uniform."""
+    log_std: str = "learned"
+    """gaussian: learned (one log-std parameter per action dim) or state (predicted from each query's features,
+    bounded to [log_std_min, log_std_max])."""
+    init_log_std: float = -1.0
+    """gaussian: initial log-std in the normalised action space ([-1, 1] spans the demos' 1st-99th percentiles)."""
+    log_std_min: float = -5.0
+    """gaussian, log_std=state: lower bound of the predicted log-std."""
+    log_std_max: float = 1.0
+    """gaussian, log_std=state: upper bound of the predicted log-std."""
 
     def validate(self) -> None:
         from mmrl.errors import ConfigError, check_choice
 
         check_choice(self.logp_granularity, ("token", "action", "chunk"), "model.logp_granularity")
+        check_choice(self.action_head, ("tokens", "flow", "gaussian"), "model.action_head")
         if self.chunk < 1 or not 2 <= self.n_bins <= 256:
             raise ConfigError(f"model.chunk must be >= 1 and model.n_bins in [2, 256], got {self.chunk}, {self.n_bins}")
         if self.num_workers < 1 or self.step_timeout_s <= 0:
             raise ConfigError("model.num_workers must be >= 1 and model.step_timeout_s > 0")
         if self.temperature <= 0:
             raise ConfigError(f"model.temperature must be > 0 for VLA sampling, got {self.temperature}")
+        if self.n_action_steps is not None and not 1 <= self.n_action_steps <= self.chunk:
+            raise ConfigError(
+                f"model.n_action_steps must be in [1, model.chunk={self.chunk}], got {self.n_action_steps}"
+            )
+        if self.action_head == "tokens":
+            if self.n_action_steps not in (None, self.chunk):
+                raise ConfigError(
+                    "model.n_action_steps < model.chunk needs a continuous head (model.action_head=flow|gaussian): "
+                    "the tokens head executes its whole chunk"
+                )
+            return
+        self._validate_continuous()
+
+    def _validate_continuous(self) -> None:
+        """The flow / gaussian fields (model.action_head != tokens)."""
+        from mmrl.errors import ConfigError, check_choice
+
+        head = f"model.action_head={self.action_head}"
+        if self.logp_granularity != "token":
+            raise ConfigError(
+                f"model.logp_granularity is for the tokens head only; {head} has one log-prob per chunk: unset it"
+            )
+        if self.rollout_engine != "hf":
+            raise ConfigError(f"{head} samples with its own head: model.rollout_engine must be hf")
+        check_choice(self.likelihood, ("flow_sde", "flow_sde_one", "flow_noise"), "model.likelihood")
+        check_choice(self.time_sampling, ("beta", "uniform"), "model.time_sampling")
+        check_choice(self.log_std, ("learned", "state"), "model.log_std")
+        if self.head_action_dim is not None and self.head_action_dim < 1:
+            raise ConfigError(f"model.head_action_dim must be >= 1 (or null), got {self.head_action_dim}")
+        if min(self.expert_width, self.expert_depth, self.expert_heads) < 1 or self.expert_width % self.expert_heads:
+            raise ConfigError(
+                "model.expert_width, expert_depth and expert_heads must be >= 1 and expert_heads must divide "
+                f"expert_width, got {self.expert_width}, {self.expert_depth}, {self.expert_heads}"
+            )
+        if self.expert_width % 2:
+            raise ConfigError(f"model.expert_width must be even (sin/cos time embedding), got {self.expert_width}")
+        if self.action_head == "gaussian" and self.expert_depth > 2:
+            raise ConfigError(f"model.expert_depth must be 1 or 2 for the gaussian head, got {self.expert_depth}")
+        if self.action_head == "flow" and self.num_steps < 2:
+            raise ConfigError(
+                f"model.num_steps must be >= 2 for the flow head (K = 1 has no density), got {self.num_steps}"
+            )
+        if self.likelihood != "flow_noise" and not self.noise_level > 0:
+            raise ConfigError(
+                f"model.noise_level must be > 0 for model.likelihood={self.likelihood}, got {self.noise_level}"
+            )
+        if not 0 < self.noise_min_std < self.noise_max_std:
+            raise ConfigError(
+                f"need 0 < model.noise_min_std < model.noise_max_std, got {self.noise_min_std}, {self.noise_max_std}"
+            )
+        if not self.log_std_min < self.init_log_std < self.log_std_max:
+            raise ConfigError(
+                f"need model.log_std_min < model.init_log_std < model.log_std_max, got {self.log_std_min}, "
+                f"{self.init_log_std}, {self.log_std_max}"
+            )
+        for name in ("state_mean", "state_std"):
+            value = getattr(self, name)
+            if value is not None and (not value or not self.use_state):
+                raise ConfigError(f"model.{name} must be a non-empty list, and needs model.use_state=true")
+        if (self.state_mean is None) != (self.state_std is None) or (
+            self.state_mean is not None and len(self.state_mean) != len(self.state_std)
+        ):
+            raise ConfigError("model.state_mean and model.state_std are set together, with one entry per state dim")

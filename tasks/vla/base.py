@@ -223,13 +223,34 @@ class VLATask(Task):
             low[d], high[d] = -1.0, 1.0
         return {"low": low.tolist(), "high": high.tolist(), "gripper_dims": list(self.gripper_dims)}
 
+    def state_stats(self) -> dict | None:
+        """Per-dimension mean / std of the successful demos' proprioceptive states (``Demo.proprio``): the state
+        normalisation of the continuous heads; None when the demos record no state."""
+        states = np.concatenate([d.proprio for d in self.demos() if d.success]).astype(np.float64)
+        if states.ndim != 2 or states.shape[1] == 0:
+            return None
+        return {"mean": states.mean(axis=0).tolist(), "std": states.std(axis=0).tolist()}
+
+    def _reads_state(self) -> bool:
+        """The run's policy is a continuous head that reads the state and has no state statistics in its config."""
+        model = getattr(self.run_cfg, "model", None)
+        return (
+            getattr(model, "action_head", "tokens") != "tokens"
+            and bool(getattr(model, "use_state", False))
+            and getattr(model, "state_mean", None) is None
+        )
+
     def policy_spec(self) -> PolicySpec:
-        """The env pool's spec and the action tokenizer's statistics (from the expert demos)."""
-        return PolicySpec(task_name=self.name, env_spec=self.env_spec(), action_stats=self.action_stats())
+        """The env pool's spec and the action statistics (from the expert demos); for a continuous head that reads
+        the robot state, the state statistics too (``action_stats["state"]``, :meth:`state_stats`)."""
+        stats = self.action_stats()
+        if self._reads_state():
+            stats = {**stats, "state": self.state_stats()}
+        return PolicySpec(task_name=self.name, env_spec=self.env_spec(), action_stats=stats)
 
     def sft_items(self) -> list[dict]:
-        """Observation-level warm-start data: one item per step of every successful demo, with the
-        expert chunk (the next ``model.chunk`` actions, the last one repeated past the episode end)."""
+        """Observation-level warm-start data: one item per step of every successful demo, with its proprioceptive
+        state and the expert chunk (the next ``model.chunk`` actions, the last one repeated past the episode end)."""
         chunk = int(getattr(self.run_cfg.model, "chunk", 1)) if self.run_cfg is not None else 1
         out = []
         for d in self.demos():
@@ -241,6 +262,7 @@ class VLATask(Task):
                     {
                         "prompt": d.instruction,
                         "frame": d.frames[t],
+                        "proprio": d.proprio[t],
                         "expert_chunk": d.actions[idx],
                         "task": d.env,
                         "init_state": d.init_state,
@@ -249,9 +271,12 @@ class VLATask(Task):
         return out
 
     def sft_target(self, item, meta):
-        """The expert chunk of an observation item as action-token text (``<|act_i|>...``)."""
+        """The expert chunk of an observation item as action-token text (``<|act_i|>...``), or, for a continuous
+        head (``meta["continuous"]``), as the JSON list of its actions (``[[a_0...], ...]``, exact floats)."""
         if "expert_chunk" not in item:
             return None
+        if meta.get("continuous"):
+            return json.dumps(np.asarray(item["expert_chunk"], dtype=np.float64).tolist())
         ids = meta["action_tokenizer"].encode_chunk(item["expert_chunk"])
         return "".join(meta["tokenizer"].convert_ids_to_tokens([int(i) for i in ids]))
 

@@ -240,6 +240,10 @@ class LiberoTask(VLATask):
         """``<demo_hdf5>/<suite>/<task name>_demo.hdf5`` (LIBERO's dataset layout)."""
         return Path(self.cfg.demo_hdf5) / suite_of(task) / f"{self._task_info(task).name}_demo.hdf5"
 
+    def state_stats(self) -> dict | None:
+        """The demos' state statistics when demos are configured, else None (set model.state_mean / state_std)."""
+        return super().state_stats() if self._has_demos() else None
+
     def action_stats(self) -> dict:
         """``task.action_low`` / ``action_high`` when set; else the demos' percentiles when demos are configured;
         else the full action box."""

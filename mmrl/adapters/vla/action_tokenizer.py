@@ -168,6 +168,26 @@ class ActionTokenizer:
     def _denormalise(self, u: np.ndarray) -> np.ndarray:
         return self.low + (u + 1.0) * (self.high - self.low) / 2.0
 
+    # ------------------------------------------------------------------ continuous actions
+    def normalise(self, actions: Any) -> np.ndarray:
+        """Actions ``[..., D]`` in the normalised space of the continuous heads: ``low -> -1``, ``high -> +1`` per
+        dimension (a dimension with ``low == high`` maps to 0); not clipped (float64)."""
+        a = np.asarray(actions, dtype=np.float64)
+        if a.ndim == 0 or a.shape[-1] != self.action_dim:
+            raise ActionTokenError(f"normalise: actions must be [..., D={self.action_dim}], got shape {a.shape}")
+        return self._normalise(a)
+
+    def to_env(self, normalised: Any) -> np.ndarray:
+        """What the env executes for normalised continuous actions ``[..., D]``: clipped to [-1, 1], mapped back to
+        [low, high], gripper dims binarised to ``gripper_values`` by sign, as :meth:`decode` does for bins (float64)."""
+        u = np.clip(np.asarray(normalised, dtype=np.float64), -1.0, 1.0)
+        if u.ndim == 0 or u.shape[-1] != self.action_dim:
+            raise ActionTokenError(f"to_env: actions must be [..., D={self.action_dim}], got shape {u.shape}")
+        a = self._denormalise(u)
+        for d in self.gripper_dims:
+            a[..., d] = np.where(u[..., d] < 0.0, self.gripper_values[0], self.gripper_values[1])
+        return a
+
     # ------------------------------------------------------------------ encode / decode
     def encode(self, actions: Any) -> np.ndarray:
         """Bins (int64, same shape) of ``actions [..., D]``; clipped entries are counted in

@@ -4,8 +4,8 @@
 (:class:`~mmrl.simulators.env_pool.EnvPool` or anything with its public interface) to the planned
 initial states, checks every valid reset's fingerprint against an
 :class:`~mmrl.adapters.vla.init_states.InitStateRecord`, then, until every episode has ended or
-``max_calls`` policy calls were made, hands the frames of the still-running episodes to ``act``
-and executes the returned action chunks in the pool. It returns one plain :class:`EpisodeRecord`
+``max_calls`` policy calls were made, hands the frames (and proprioceptive states) of the still-running episodes
+to ``act`` and executes the returned action chunks in the pool. It returns one plain :class:`EpisodeRecord`
 per episode (what was observed and sampled at every policy call, how the episode ended) and the
 timing of the generation and env phases. Building training tensors from the records is the
 policy's job.
@@ -28,7 +28,7 @@ from mmrl.rollout.noise import mix_seed
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ActOutput", "EpisodeRecord", "EpisodeRun", "EpisodeSpec", "run_episodes"]
+__all__ = ["STATE_KEY", "ActOutput", "EpisodeRecord", "EpisodeRun", "EpisodeSpec", "run_episodes"]
 
 
 @dataclass(frozen=True)
@@ -48,17 +48,22 @@ class ActOutput:
     """What ``act`` returns for the ``N`` running episodes it was given."""
 
     actions: np.ndarray
-    """Action chunks ``[N, chunk, action_dim]`` executed by the env workers."""
+    """Action chunks ``[N, steps, action_dim]`` executed by the env workers (``steps`` actions per call)."""
     bins: Any
-    """Sampled action tokens per episode (rows are recorded as they are)."""
+    """What the policy needs to recompute each row's log-prob (rows are recorded as they are): the sampled action
+    tokens, or a continuous head's record (denoising chain, sampled chunk, state)."""
     logp: Any
     """Their behaviour log-probs per episode (rows are recorded as they are)."""
     features: Sequence[Any] | None = None
     """Per-episode vision features to keep (``None``: keep nothing)."""
 
 
-Act = Callable[[list[int], np.ndarray, list[int]], ActOutput]
-"""``act(slots, frames [N, H, W, 3] uint8, seeds)``: one policy call for the running episodes ``slots``."""
+Act = Callable[[list[int], np.ndarray, list[int], "np.ndarray | None"], ActOutput]
+"""``act(slots, frames [N, H, W, 3] uint8, seeds, proprio)``: one policy call for the running episodes ``slots``;
+``proprio [N, P]`` float32 is the env's proprioceptive state (``obs["proprio"]``, None when the env has none)."""
+
+STATE_KEY = "proprio"
+"""The observation key of the proprioceptive state handed to ``act`` (the pool ships every observation array)."""
 
 
 @dataclass
@@ -138,8 +143,9 @@ def run_episodes(
             break
         calls += 1
         frames = obs[pool.image_key][live]
+        proprio = obs[STATE_KEY][live] if STATE_KEY in obs else None
         t1 = time.perf_counter()
-        out = act(live, frames, [mix_seed(*episodes[k].seed, call) for k in live])
+        out = act(live, frames, [mix_seed(*episodes[k].seed, call) for k in live], proprio)
         t_gen += time.perf_counter() - t1
         full = np.zeros((pool.num_envs, *out.actions.shape[1:]), dtype=np.float32)
         full[live] = out.actions

@@ -26,7 +26,10 @@ re-runs only the language model over every (episode, step) pair of the micro-bat
 image features + the step's action tokens, ``logits_to_keep`` = action tokens).
 
 Everything model-side (chat template, multimodal positions, LoRA, value head, reference,
-save/load) is inherited from :class:`~mmrl.policies.vlm.VLMPolicy`.
+save/load) is inherited from :class:`~mmrl.policies.vlm.VLMPolicy`. Continuous action chunks
+(``model.action_head=flow|gaussian``) are :class:`~mmrl.adapters.vla.continuous_policy.ContinuousVLAPolicy`,
+a subclass that replaces ``act``, the per-call payload (:meth:`VLAPolicy._call_payload`), the log-probs and the
+warm-start loss.
 """
 
 from __future__ import annotations
@@ -193,19 +196,26 @@ def _same_features(a, b) -> bool:
 
 
 def first_identical_rows(
-    frames: np.ndarray, instructions: Sequence[str], features: Sequence[Any] | None = None
+    frames: np.ndarray,
+    instructions: Sequence[str],
+    features: Sequence[Any] | None = None,
+    states: np.ndarray | None = None,
 ) -> list[int]:
-    """For each observation ``k`` (``frames [N, H, W, 3]``, ``instructions``, optional vision ``features``), the first
-    row with the same instruction, the same frame bytes and bit-identical features (``k`` itself when none before)."""
+    """For each observation ``k`` (``frames [N, H, W, 3]``, ``instructions``, optional vision ``features`` and
+    proprioceptive ``states [N, P]``), the first row with the same instruction, the same frame (and state) bytes and
+    bit-identical features (``k`` itself when none before)."""
     if len(instructions) != len(frames) or (features is not None and len(features) != len(frames)):
         raise VLAInputError(
             f"{len(frames)} frames, {len(instructions)} instructions and "
             f"{'no' if features is None else len(features)} features do not match"
         )
-    seen: dict[tuple[str, bytes], list[int]] = {}
+    if states is not None and len(states) != len(frames):
+        raise VLAInputError(f"{len(frames)} frames and {len(states)} states do not match")
+    seen: dict[tuple[str, bytes, bytes], list[int]] = {}
     out: list[int] = []
     for k in range(len(frames)):
-        candidates = seen.setdefault((instructions[k], np.ascontiguousarray(frames[k]).tobytes()), [])
+        state = b"" if states is None else np.ascontiguousarray(states[k]).tobytes()
+        candidates = seen.setdefault((instructions[k], np.ascontiguousarray(frames[k]).tobytes(), state), [])
         match = next((r for r in candidates if features is None or _same_features(features[r], features[k])), None)
         if match is None:
             candidates.append(k)
@@ -299,11 +309,21 @@ class VLAPolicy(VLMPolicy):
         tok = self.action_tokenizer
         return group_size(self.cfg.logp_granularity, tok.action_dim, tok.chunk)
 
+    @property
+    def logp_columns_per_call(self) -> int:
+        """Columns of the rollout's ``[B, T]`` tensors per policy call before grouping (one per action token)."""
+        return self.tokens_per_call
+
+    @property
+    def actions_per_call(self) -> int:
+        """Env steps executed per policy call (``model.n_action_steps``, default the whole chunk)."""
+        return int(self.cfg.n_action_steps or self.cfg.chunk)
+
     def max_policy_calls(self) -> int:
         """Policy calls after which a rollout stops (the env truncates episodes before that)."""
         if self.cfg.max_policy_calls is not None:
             return int(self.cfg.max_policy_calls)
-        return math.ceil(self.env_spec.max_steps / self.cfg.chunk)
+        return math.ceil(self.env_spec.max_steps / self.actions_per_call)
 
     # ------------------------------------------------------------------ observations -> prompts
     def _template(self, instruction: str, frame: np.ndarray) -> PromptInputs:
@@ -468,7 +488,7 @@ class VLAPolicy(VLMPolicy):
         lm = self.module.lm
         keep_features = not self.vision_trainable
 
-        def act(slots: list[int], frames: np.ndarray, seeds: list[int]) -> ActOutput:
+        def act(slots: list[int], frames: np.ndarray, seeds: list[int], proprio: np.ndarray | None = None) -> ActOutput:
             prompts = self.observation_prompts(frames, [items[k]["prompt"] for k in slots])
             with torch.no_grad():
                 feats = encode_images(lm, prompts, self.device)
@@ -494,7 +514,7 @@ class VLAPolicy(VLMPolicy):
         """The ``[B, T]`` tensors, samples, payload and metrics of the recorded episodes."""
         eps = run.records
         n = len(plan)
-        tpc = self.tokens_per_call
+        tpc = self.logp_columns_per_call
         T_tok = max([e.policy_calls for e in eps] + [1]) * tpc
         old = torch.zeros(n, T_tok)
         mask = torch.zeros(n, T_tok)
@@ -525,15 +545,16 @@ class VLAPolicy(VLMPolicy):
     def _episode_samples(
         self, items: list[dict], eps: list[EpisodeRecord], image_shape: tuple[int, ...] | None
     ) -> tuple[list[dict], dict[str, list]]:
-        """Per episode: the sample dict (success, length, failure, ...; frames when recorded) and the payload."""
-        tpc = self.tokens_per_call
+        """Per episode: the sample dict (success, length, failure, ...; frames when recorded) and the payload
+        (frames, instruction, vision features and :meth:`_call_payload` of its policy calls)."""
         samples = []
-        payload: dict[str, list] = {"frames": [], "bins": [], "instruction": [], "features": []}
+        payload: dict[str, list] = {"frames": [], "instruction": [], "features": []}
         for k, ep in enumerate(eps):
             steps = ep.policy_calls
             frames = np.stack(ep.frames) if steps else np.zeros((0, *image_shape), dtype=np.uint8)
             payload["frames"].append(torch.from_numpy(frames))
-            payload["bins"].append(torch.stack(ep.bins) if steps else torch.zeros(0, tpc, dtype=torch.long))
+            for key, value in self._call_payload(ep.bins).items():
+                payload.setdefault(key, []).append(value)
             payload["instruction"].append(items[k]["prompt"])
             payload["features"].append(ep.features if ep.features else None)
             sample = {
@@ -550,6 +571,12 @@ class VLAPolicy(VLMPolicy):
             samples.append(sample)
         return samples, payload
 
+    def _call_payload(self, records: list) -> dict[str, Tensor]:
+        """The payload entries of one episode from what ``act`` recorded per call: the sampled bins ``[calls, tpc]``."""
+        if not records:
+            return {"bins": torch.zeros(0, self.tokens_per_call, dtype=torch.long)}
+        return {"bins": torch.stack(records)}
+
     def _rollout_metrics(self, samples: list[dict], valid: Tensor, mask: Tensor, timing: dict) -> dict[str, float]:
         n = len(samples)
         ok = valid.float()
@@ -559,7 +586,7 @@ class VLAPolicy(VLMPolicy):
         return {
             "rollout/success_rate": float((succ * ok).sum() / n_ok),
             "rollout/episode_length": float((lengths * ok).sum() / n_ok),
-            "rollout/policy_calls": float(mask.shape[1] * self._group / self.tokens_per_call),
+            "rollout/policy_calls": float(mask.shape[1] * self._group / self.logp_columns_per_call),
             "rollout/invalid_frac": 1.0 - float(ok.mean()),
             "count/failed_episodes": float(n - int(ok.sum())),
             "env/steps_per_s": timing["env_steps"] / timing["env"] if timing["env"] > 0 else 0.0,
@@ -690,7 +717,8 @@ class VLAPolicy(VLMPolicy):
 
 
 def build_vla_policy(run_cfg, spec: PolicySpec) -> VLAPolicy:
-    """Policy builder registered for ``model.type=vla``; the task's spec gives the env and the action statistics."""
+    """Policy builder registered for ``model.type=vla``; the task's spec gives the env and the action statistics.
+    ``model.action_head=flow|gaussian`` builds a :class:`~mmrl.adapters.vla.continuous_policy.ContinuousVLAPolicy`."""
     from mmrl.models.presets import resolve_vlm
     from mmrl.models.tiny_vlm import load_vlm
     from mmrl.policies.vlm import _target_device
@@ -709,7 +737,12 @@ def build_vla_policy(run_cfg, spec: PolicySpec) -> VLAPolicy:
     )
     world = int(__import__("os").environ.get("WORLD_SIZE", "1"))
     slots = max(1, run_cfg.trainer.batch_size // world) * run_cfg.algo.group_size
-    return VLAPolicy(
+    policy_cls = VLAPolicy
+    if cfg.action_head != "tokens":  # flow / gaussian: continuous chunks (mmrl.adapters.vla.continuous_policy)
+        from mmrl.adapters.vla.continuous_policy import ContinuousVLAPolicy
+
+        policy_cls = ContinuousVLAPolicy
+    return policy_cls(
         lm,
         processor,
         cfg,
