@@ -1,0 +1,474 @@
+"""Read and write SmolVLA checkpoints in LeRobot's ``save_pretrained`` layout.
+
+A LeRobot policy folder holds ``config.json`` (``"type": "smolvla"``, input/output features, sizes),
+``model.safetensors`` (names under ``model.``: the VLM under ``model.vlm_with_expert.vlm.``, the expert under
+``model.vlm_with_expert.lm_expert.``, the projections directly under ``model.``) and the processor pipelines
+``policy_preprocessor.json`` / ``policy_postprocessor.json`` with their ``*.safetensors`` state files (the
+normalisation statistics). The VLM's own config and tokenizer are read from ``vlm_model_name`` (a hub id or a
+folder, also looked up next to the checkpoint).
+
+Sizes come from the tensors (widths, layer counts, vocabulary, patch size, padded state/action dims); head counts
+and the other conventions from the configs. Anything that does not fit is one ``LeRobotCheckpointError`` line
+naming the file, feature or tensor.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mmrl.adapters.vla.lerobot import LeRobotCheckpointError
+
+__all__ = ["LEROBOT_PREFIXES", "UNUSED_TENSORS", "load_smolvla", "save_smolvla", "to_lerobot_names", "to_mmrl_names"]
+
+LEROBOT_PREFIXES: tuple[tuple[str, str], ...] = (
+    ("model.vlm_with_expert.vlm.model.vision_model.", "vision_model."),
+    ("model.vlm_with_expert.vlm.model.connector.", "connector."),
+    ("model.vlm_with_expert.vlm.model.text_model.embed_tokens.", "embed_tokens."),
+    ("model.vlm_with_expert.vlm.model.text_model.layers.", "vlm_layers."),
+    ("model.vlm_with_expert.lm_expert.layers.", "expert_layers."),
+    ("model.vlm_with_expert.lm_expert.norm.", "expert_norm."),
+    ("model.state_proj.", "state_proj."),
+    ("model.action_in_proj.", "action_in_proj."),
+    ("model.action_out_proj.", "action_out_proj."),
+    ("model.action_time_mlp_in.", "action_time_mlp_in."),
+    ("model.action_time_mlp_out.", "action_time_mlp_out."),
+)
+"""LeRobot tensor-name prefix -> ``SmolVLAModel`` parameter-name prefix (the rest of the name is unchanged)."""
+
+UNUSED_TENSORS = ("model.vlm_with_expert.vlm.lm_head.weight", "model.vlm_with_expert.vlm.model.text_model.norm.weight")
+"""Tensors LeRobot saves that no output depends on (the VLM's LM head and final norm): kept and written back."""
+
+PREPROCESSOR_FILE = "policy_preprocessor.json"
+POSTPROCESSOR_FILE = "policy_postprocessor.json"
+_IGNORED_STEPS = ("to_batch_processor", "device_processor")
+
+
+def to_mmrl_names(tensors: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """Split LeRobot's tensors into (mmrl-named model tensors, unused tensors); error on an unknown name."""
+    mapped, unused = {}, {}
+    for name, tensor in tensors.items():
+        if name in UNUSED_TENSORS:
+            unused[name] = tensor
+            continue
+        for src, dst in LEROBOT_PREFIXES:
+            if name.startswith(src):
+                mapped[dst + name[len(src) :]] = tensor
+                break
+        else:
+            raise LeRobotCheckpointError(f"model.safetensors: tensor '{name}' is not part of a SmolVLA policy")
+    return mapped, unused
+
+
+def to_lerobot_names(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """mmrl parameter names -> LeRobot's (the inverse of ``to_mmrl_names``'s renaming)."""
+    out = {}
+    for name, tensor in state.items():
+        for src, dst in LEROBOT_PREFIXES:
+            if name.startswith(dst):
+                out[src + name[len(dst) :]] = tensor
+                break
+        else:
+            raise LeRobotCheckpointError(f"parameter '{name}' has no LeRobot name")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- reading
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise LeRobotCheckpointError(
+            f"{path.parent}: no {path.name} (not a LeRobot policy folder saved by save_pretrained)"
+        )
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise LeRobotCheckpointError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+
+
+def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    if not path.is_file():
+        raise LeRobotCheckpointError(f"{path.parent}: no {path.name}")
+    try:
+        return load_file(str(path))
+    except Exception as exc:  # noqa: BLE001 - safetensors raises several types for a damaged file
+        raise LeRobotCheckpointError(f"{path}: cannot be read as safetensors ({type(exc).__name__})") from None
+
+
+def _count_layers(names, prefix: str) -> int:
+    """How many numbered layers ``<prefix><i>.`` the names hold (they must be 0..n-1)."""
+    pattern = re.compile(re.escape(prefix) + r"(\d+)\.")
+    found = {int(m.group(1)) for name in names if (m := pattern.match(name))}
+    if found != set(range(len(found))):
+        raise LeRobotCheckpointError(
+            f"model.safetensors: layers under '{prefix}' are not numbered 0..n-1: {sorted(found)}"
+        )
+    return len(found)
+
+
+def _resolve_vlm(folder: Path, name: str, vlm_path: str | Path | None) -> str:
+    """The VLM config/tokenizer location: ``vlm_path``, a folder ``name`` (as given or next to the checkpoint), else
+    ``name`` as a hub id (from the local cache when offline)."""
+    if vlm_path is not None:
+        if not Path(vlm_path).is_dir():
+            raise LeRobotCheckpointError(f"vlm_path {vlm_path} is not a folder")
+        return str(vlm_path)
+    for candidate in (Path(name), folder / name, folder / Path(name).name):
+        if (candidate / "config.json").is_file():
+            return str(candidate)
+    return name
+
+
+def _load_vlm_config(location: str) -> dict[str, Any]:
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(location).to_dict()
+    except OSError:
+        raise LeRobotCheckpointError(
+            f"the checkpoint's VLM '{location}' is not on this machine: fetch it with "
+            f"`huggingface-cli download {location}` (config and tokenizer suffice) or pass vlm_path=<folder>"
+        ) from None
+
+
+def _load_tokenizer(location: str):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(location)
+    except OSError:
+        raise LeRobotCheckpointError(f"no tokenizer for the checkpoint's VLM at '{location}'") from None
+
+
+def _model_config(cfg: dict[str, Any], vlm: dict[str, Any], tensors: dict[str, torch.Tensor]):
+    """An mmrl ``SmolVLAConfig`` from LeRobot's config, the VLM config and the tensor shapes."""
+    from mmrl.adapters.vla.lerobot.smolvla import SmolVLAConfig
+
+    def shape(name: str) -> tuple[int, ...]:
+        if name not in tensors:
+            raise LeRobotCheckpointError(f"model.safetensors: tensor '{name}' is missing")
+        return tuple(tensors[name].shape)
+
+    num_vlm_layers = _count_layers(tensors, "vlm_layers.")
+    num_expert_layers = _count_layers(tensors, "expert_layers.")
+    if cfg.get("num_vlm_layers", -1) > 0 and cfg["num_vlm_layers"] != num_vlm_layers:
+        raise LeRobotCheckpointError(
+            f"config.json says num_vlm_layers={cfg['num_vlm_layers']} but model.safetensors holds {num_vlm_layers}"
+        )
+    if num_expert_layers < 1 or num_vlm_layers % num_expert_layers:
+        raise LeRobotCheckpointError(
+            f"model.safetensors: {num_expert_layers} expert layers for {num_vlm_layers} VLM layers (need a divisor)"
+        )
+    vocab, width = shape("embed_tokens.weight")
+    text = dict(vlm["text_config"])
+    text.update(
+        vocab_size=vocab,
+        hidden_size=width,
+        intermediate_size=shape("vlm_layers.0.mlp.gate_proj.weight")[0],
+        num_hidden_layers=num_vlm_layers,
+    )
+    heads = int(text["num_attention_heads"])
+    head_dim = int(text.get("head_dim") or width // heads)
+    if shape("vlm_layers.0.self_attn.q_proj.weight")[0] != heads * head_dim:
+        raise LeRobotCheckpointError(
+            f"model.safetensors: the VLM's q_proj has {shape('vlm_layers.0.self_attn.q_proj.weight')[0]} outputs, "
+            f"the VLM config says {heads} heads x {head_dim}"
+        )
+    vision = dict(vlm["vision_config"])
+    v_width, _, patch, _ = shape("vision_model.embeddings.patch_embedding.weight")
+    side = math.isqrt(shape("vision_model.embeddings.position_embedding.weight")[0])
+    vision.update(
+        hidden_size=v_width,
+        patch_size=patch,
+        image_size=side * patch,
+        intermediate_size=shape("vision_model.encoder.layers.0.mlp.fc1.weight")[0],
+        num_hidden_layers=_count_layers(tensors, "vision_model.encoder.layers."),
+    )
+    vlm = {**vlm, "text_config": text, "vision_config": vision}
+    expert_width, max_action_dim = shape("action_in_proj.weight")
+    used = {
+        "chunk_size",
+        "max_state_dim",
+        "max_action_dim",
+        "num_steps",
+        "min_period",
+        "max_period",
+        "prefix_length",
+        "self_attn_every_n_layers",
+        "attention_mode",
+        "num_vlm_layers",
+        "num_expert_layers",
+    }
+    return SmolVLAConfig(
+        vlm_config=vlm,
+        num_vlm_layers=num_vlm_layers,
+        expert_width=expert_width,
+        expert_intermediate=shape("expert_layers.0.mlp.gate_proj.weight")[0],
+        num_expert_layers=num_expert_layers,
+        self_attn_every_n_layers=int(cfg.get("self_attn_every_n_layers", 2)),
+        attention_mode=str(cfg.get("attention_mode", "cross_attn")),
+        chunk_size=int(cfg.get("chunk_size", 50)),
+        max_state_dim=shape("state_proj.weight")[1],
+        max_action_dim=max_action_dim,
+        num_steps=int(cfg.get("num_steps", 10)),
+        min_period=float(cfg.get("min_period", 4e-3)),
+        max_period=float(cfg.get("max_period", 4.0)),
+        prefix_length=int(cfg.get("prefix_length", -1)),
+        attention_bias="vlm_layers.0.self_attn.q_proj.bias" in tensors,
+        mlp_bias="vlm_layers.0.mlp.gate_proj.bias" in tensors,
+        extra={k: v for k, v in cfg.items() if k not in used},
+    )
+
+
+def _lerobot_name(name: str) -> str:
+    """LeRobot's name of one mmrl parameter name."""
+    return next(iter(to_lerobot_names({name: None})))
+
+
+def _load_weights(model: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> None:
+    """``load_state_dict`` with one-line errors for a missing, extra or mis-shaped tensor."""
+    expected = model.state_dict()
+    missing = [name for name in expected if name not in tensors]
+    extra = [name for name in tensors if name not in expected]
+    if missing:
+        raise LeRobotCheckpointError(
+            f"model.safetensors: tensor '{_lerobot_name(missing[0])}' is missing ({len(missing)} missing in all)"
+        )
+    if extra:
+        raise LeRobotCheckpointError(
+            f"model.safetensors: tensor '{_lerobot_name(extra[0])}' is not used by this SmolVLA configuration "
+            f"({len(extra)} extra in all)"
+        )
+    for name, tensor in tensors.items():
+        if tuple(tensor.shape) != tuple(expected[name].shape):
+            raise LeRobotCheckpointError(
+                f"model.safetensors: tensor '{_lerobot_name(name)}' has shape {tuple(tensor.shape)}, the configs "
+                f"imply {tuple(expected[name].shape)}"
+            )
+    model.load_state_dict({k: v.to(torch.float32) for k, v in tensors.items()}, strict=True)
+
+
+def _processor_steps(folder: Path, filename: str) -> list[dict[str, Any]]:
+    data = _read_json(folder / filename)
+    steps = data.get("steps")
+    if not isinstance(steps, list):
+        raise LeRobotCheckpointError(f"{folder / filename}: no 'steps' list")
+    return steps
+
+
+def _normalizer(folder: Path, step: dict[str, Any], filename: str):
+    """A ``Normalizer`` from a (un)normalizer step and its state file."""
+    from mmrl.adapters.vla.lerobot.processing import Normalizer
+
+    config = step.get("config", {})
+    flat = _read_tensors(folder / step["state_file"]) if step.get("state_file") else {}
+    features = {key: ft["type"] for key, ft in config.get("features", {}).items()}
+    stats: dict[str, dict[str, torch.Tensor]] = {}
+    for name, tensor in flat.items():
+        key, _, stat = name.rpartition(".")
+        stats.setdefault(key, {})[stat] = tensor.to(torch.float32)
+    try:
+        return Normalizer(features, dict(config.get("norm_map", {})), stats, float(config.get("eps", 1e-8)))
+    except LeRobotCheckpointError as exc:
+        raise LeRobotCheckpointError(f"{filename}: {exc}") from None
+
+
+def _read_processors(folder: Path, cfg: dict[str, Any]):
+    """(normalizer, unnormalizer, tokenizer settings, rename map, raw json of both files) from the processor files."""
+    from mmrl.adapters.vla.lerobot.processing import Normalizer, TokenizerSettings
+
+    pre = _processor_steps(folder, PREPROCESSOR_FILE)
+    post = _processor_steps(folder, POSTPROCESSOR_FILE)
+    normalizer = unnormalizer = None
+    tokenizer = None
+    rename: dict[str, str] = {}
+    newline = False
+    for step in pre:
+        kind = step.get("registry_name", "")
+        conf = step.get("config", {})
+        if kind == "normalizer_processor":
+            normalizer = _normalizer(folder, step, PREPROCESSOR_FILE)
+        elif kind == "tokenizer_processor":
+            tokenizer = TokenizerSettings(
+                tokenizer_name=str(conf.get("tokenizer_name") or cfg.get("vlm_model_name")),
+                max_length=int(conf.get("max_length", cfg.get("tokenizer_max_length", 48))),
+                padding=str(conf.get("padding", "longest")),
+                padding_side=str(conf.get("padding_side", "right")),
+                truncation=bool(conf.get("truncation", True)),
+            )
+        elif kind == "rename_observations_processor":
+            rename = dict(conf.get("rename_map", {}))
+        elif "new_line" in kind or "newline" in kind:
+            newline = True
+        elif kind not in _IGNORED_STEPS:
+            raise LeRobotCheckpointError(f"{PREPROCESSOR_FILE}: processor step '{kind}' is not supported by mmrl")
+    for step in post:
+        kind = step.get("registry_name", "")
+        if kind == "unnormalizer_processor":
+            unnormalizer = _normalizer(folder, step, POSTPROCESSOR_FILE)
+        elif kind not in _IGNORED_STEPS:
+            raise LeRobotCheckpointError(f"{POSTPROCESSOR_FILE}: processor step '{kind}' is not supported by mmrl")
+    if tokenizer is None:
+        raise LeRobotCheckpointError(f"{PREPROCESSOR_FILE}: no tokenizer_processor step")
+    tokenizer.add_newline = newline
+    normalizer = normalizer or Normalizer({}, {})
+    unnormalizer = unnormalizer or Normalizer({}, {})
+    raw = {name: json.loads((folder / name).read_text()) for name in (PREPROCESSOR_FILE, POSTPROCESSOR_FILE)}
+    return normalizer, unnormalizer, tokenizer, rename, raw
+
+
+def _spec(cfg: dict[str, Any]):
+    """Camera keys, state/action dims and image size from config.json's features."""
+    from mmrl.adapters.vla.lerobot.pipeline import ACTION_KEY, STATE_KEY, PipelineSpec
+
+    inputs = cfg.get("input_features") or {}
+    outputs = cfg.get("output_features") or {}
+    image_keys = [key for key, ft in inputs.items() if ft.get("type") == "VISUAL"]
+    empty = int(cfg.get("empty_cameras", 0))
+    empty_keys = [f"observation.images.empty_camera_{i}" for i in range(empty)]
+    image_keys += [key for key in empty_keys if key not in inputs]
+    if not image_keys:
+        raise LeRobotCheckpointError("config.json: no VISUAL input feature (SmolVLA needs at least one camera)")
+    if STATE_KEY not in inputs:
+        raise LeRobotCheckpointError(f"config.json: input feature '{STATE_KEY}' is missing")
+    unknown = [key for key, ft in inputs.items() if ft.get("type") not in ("VISUAL", "STATE")]
+    if unknown:
+        kind = inputs[unknown[0]].get("type")
+        raise LeRobotCheckpointError(
+            f"config.json: input feature '{unknown[0]}' ({kind}) cannot be mapped (SmolVLA takes cameras and the state)"
+        )
+    if ACTION_KEY not in outputs:
+        raise LeRobotCheckpointError(f"config.json: output feature '{ACTION_KEY}' is missing")
+    size = cfg.get("resize_imgs_with_padding")
+    return PipelineSpec(
+        image_keys=image_keys,
+        state_dim=int(inputs[STATE_KEY]["shape"][-1]),
+        action_dim=int(outputs[ACTION_KEY]["shape"][-1]),
+        image_size=(int(size[0]), int(size[1])) if size else None,
+        empty_cameras=empty,
+    )
+
+
+def load_smolvla(folder: str | Path, *, vlm_path: str | Path | None = None, device: str | torch.device = "cpu"):
+    """Load a LeRobot SmolVLA folder into a float32 ``SmolVLAPipeline`` on ``device``.
+
+    ``vlm_path``: a folder with the VLM's config and tokenizer, when ``vlm_model_name`` in config.json is a hub id
+    that is not cached on this machine (or a folder path that does not exist here).
+    """
+    from mmrl.adapters.vla.lerobot.pipeline import SmolVLAPipeline
+    from mmrl.adapters.vla.lerobot.smolvla import SmolVLAModel
+
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise LeRobotCheckpointError(f"LeRobot policy folder {folder} does not exist")
+    cfg = _read_json(folder / "config.json")
+    if cfg.get("type") != "smolvla":
+        raise LeRobotCheckpointError(f"{folder / 'config.json'}: policy type is {cfg.get('type')!r}, not 'smolvla'")
+    if cfg.get("add_image_special_tokens"):
+        raise LeRobotCheckpointError("config.json: add_image_special_tokens=true is not supported by mmrl yet")
+    if cfg.get("adapt_to_pi_aloha"):
+        raise LeRobotCheckpointError("config.json: adapt_to_pi_aloha=true is not supported by mmrl yet")
+    spec = _spec(cfg)
+    tensors, unused = to_mmrl_names(_read_tensors(folder / "model.safetensors"))
+    normalizer, unnormalizer, tok_settings, rename, raw = _read_processors(folder, cfg)
+    spec.rename_map = rename
+    location = _resolve_vlm(folder, str(cfg.get("vlm_model_name", "")), vlm_path)
+    vlm = _load_vlm_config(location)
+    tokenizer = _load_tokenizer(_resolve_vlm(folder, tok_settings.tokenizer_name, vlm_path))
+    model_config = _model_config(cfg, vlm, tensors)
+    model = SmolVLAModel(model_config)
+    _load_weights(model, tensors)
+    for key in ("observation.state", "action"):
+        source = normalizer if key != "action" else unnormalizer
+        if source.mode(key) != "IDENTITY" and key not in source.stats:
+            raise LeRobotCheckpointError(f"processor files: no normalisation statistics for feature '{key}'")
+    pipeline = SmolVLAPipeline(
+        model,
+        spec,
+        normalizer,
+        unnormalizer,
+        tokenizer,
+        tok_settings,
+        lerobot_config=cfg,
+        unused_tensors=unused,
+        processor_files=raw,
+    )
+    pipeline.source_folder = folder
+    return pipeline.to(device).eval()
+
+
+# ---------------------------------------------------------------------------------------------- writing
+
+
+def save_smolvla(pipeline, folder: str | Path) -> Path:
+    """Write ``pipeline`` as a LeRobot policy folder (same file and tensor names LeRobot's ``save_pretrained`` uses).
+
+    config.json is the loaded one; model.safetensors holds the current weights (float32) plus the unused VLM
+    tensors; the processor files are re-written with the current normalisation statistics.
+    """
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(pipeline.lerobot_config, indent=4))
+    state = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in pipeline.model.state_dict().items()}
+    tensors = {**to_lerobot_names(state), **{k: v.contiguous() for k, v in pipeline.unused_tensors.items()}}
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    for filename, norm, kind in (
+        (PREPROCESSOR_FILE, pipeline.normalizer, "normalizer_processor"),
+        (POSTPROCESSOR_FILE, pipeline.unnormalizer, "unnormalizer_processor"),
+    ):
+        data = json.loads(json.dumps(pipeline.processor_files[filename]))
+        for step in data["steps"]:
+            if step.get("registry_name") == kind and step.get("state_file"):
+                save_file({k: v.contiguous() for k, v in norm.state_dict().items()}, str(folder / step["state_file"]))
+        (folder / filename).write_text(json.dumps(data, indent=2))
+    bundled = getattr(pipeline, "bundled_vlm", None)
+    if bundled is not None:
+        _write_vlm_folder(
+            folder / str(pipeline.lerobot_config.get("vlm_model_name", "vlm")), bundled, pipeline.tokenizer
+        )
+    source = getattr(pipeline, "source_folder", None)
+    if source is not None and Path(source).resolve() != folder.resolve():
+        for extra in ("README.md",):
+            if (Path(source) / extra).is_file():
+                shutil.copy2(Path(source) / extra, folder / extra)
+    return folder
+
+
+def _write_vlm_folder(folder: Path, vlm_config: dict[str, Any], tokenizer) -> None:
+    """Write a VLM config, the tokenizer and a SmolVLM processor (what LeRobot's SmolVLA reads) into ``folder``.
+
+    Without the processor's optional dependencies (torchvision for the video processor) only the config and the
+    tokenizer are written: enough for mmrl, not for LeRobot.
+    """
+    from transformers import SmolVLMConfig
+
+    config = SmolVLMConfig(**{k: v for k, v in vlm_config.items() if k != "architectures"})
+    folder.mkdir(parents=True, exist_ok=True)
+    config.save_pretrained(folder)
+    try:
+        from transformers import SmolVLMImageProcessor, SmolVLMProcessor, SmolVLMVideoProcessor
+
+        side = int(config.vision_config.image_size)
+        patch, scale = int(config.vision_config.patch_size), int(config.scale_factor)
+        size = {"longest_edge": side}
+        processor = SmolVLMProcessor(
+            image_processor=SmolVLMImageProcessor(size=size, max_image_size=size, do_image_splitting=False),
+            tokenizer=tokenizer,
+            video_processor=SmolVLMVideoProcessor(size=size, max_image_size=size),
+            image_seq_len=(side // patch) ** 2 // (scale * scale),
+        )
+    except (ImportError, ValueError):
+        tokenizer.save_pretrained(folder)
+        return
+    processor.save_pretrained(folder)

@@ -1,0 +1,79 @@
+"""Round trip mmrl -> LeRobot: load a LeRobot SmolVLA fixture, take one training step, save it in LeRobot's layout.
+
+    python -m mmrl.adapters.vla.lerobot.roundtrip OUT [--fixture tests/fixtures/lerobot/smolvla_tiny]
+
+writes OUT (a LeRobot policy folder) and ``OUT/mmrl_outputs.safetensors``: mmrl's action chunk of the saved policy
+on the fixture's fixed inputs and noise. Then, in the LeRobot reference environment,
+
+    /work/lerobot-venv/bin/python scripts/lerobot_fixtures.py --roundtrip OUT
+
+loads OUT with LeRobot's ``from_pretrained`` and compares its actions with mmrl's. The step is one Adam step on
+the flow-matching loss of the fixture's fixed (actions, noise, time) over all weights (the RL objective's
+gradient flows through the same modules; this checks that every trained weight is saved where LeRobot reads it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+__all__ = ["main", "train_step_and_save"]
+
+DEFAULT_FIXTURE = Path(__file__).resolve().parents[4] / "tests" / "fixtures" / "lerobot" / "smolvla_tiny"
+
+
+def _fixture_inputs(fixture: Path) -> dict:
+    from safetensors.torch import load_file
+
+    ref = load_file(str(fixture / "reference.safetensors"))
+    meta = json.loads((fixture / "reference.json").read_text())
+    ref["tasks"], ref["cameras"] = meta["tasks"], meta["cameras"]
+    return ref
+
+
+def train_step_and_save(fixture: Path, out: Path, lr: float = 1e-3) -> dict[str, float]:
+    """Load ``fixture``, take one Adam step on its fixed flow loss, save to ``out``; return summary numbers."""
+    from safetensors.torch import save_file
+
+    from mmrl.adapters.vla.lerobot.checkpoint import load_smolvla, save_smolvla
+
+    ref = _fixture_inputs(fixture)
+    images = {key: ref[key] for key in ref["cameras"]}
+    state, tasks = ref["observation.state"], ref["tasks"]
+    pipe = load_smolvla(fixture)
+    before = pipe.predict_action_chunk(images, state, tasks, ref["noise"])
+    pipe.train()
+    optim = torch.optim.Adam(pipe.model.parameters(), lr=lr)
+    loss = pipe.flow_loss(images, state, tasks, ref["train_actions"], ref["train_noise"], ref["train_time"])
+    loss.backward()
+    optim.step()
+    pipe.eval()
+    save_smolvla(pipe, out)
+    after = pipe.predict_action_chunk(images, state, tasks, ref["noise"])
+    after_model = pipe.predict_action_chunk(images, state, tasks, ref["noise"], unnormalize=False)
+    save_file(
+        {"action_chunk": after.contiguous(), "action_chunk_normalized": after_model.contiguous()},
+        str(out / "mmrl_outputs.safetensors"),
+    )
+    return {"loss_before_step": loss.item(), "action_change": (after - before).abs().max().item()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="mmrl -> LeRobot round trip of a SmolVLA fixture")
+    parser.add_argument("out", type=Path, help="folder to write the trained policy to (LeRobot layout)")
+    parser.add_argument("--fixture", type=Path, default=DEFAULT_FIXTURE)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    args = parser.parse_args(argv)
+    torch.manual_seed(0)
+    summary = train_step_and_save(args.fixture, args.out, args.lr)
+    loss, moved = summary["loss_before_step"], summary["action_change"]
+    print(f"saved {args.out}: loss before the step {loss:.6f}, actions moved by up to {moved:.4f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,259 @@
+"""A tiny random SmolVLA built from config, offline (for ``model=tiny_smolvla``-style CPU runs and tests).
+
+The architecture, preprocessing and checkpoint layout are those of a real SmolVLA (``SmolVLAPipeline``), at widths
+of tens: a SigLIP-style encoder on 64 x 64 frames (4 tokens per camera), 4 VLM text layers of width 64 alternating
+self-/cross-attention for the expert (width 48), a byte-level tokenizer (256 byte tokens + SmolVLM's special
+tokens). ``save_smolvla`` writes it as a LeRobot folder with the VLM config, tokenizer and processor bundled in
+``vlm/`` (config.json's ``vlm_model_name`` is ``"vlm"``: LeRobot resolves it relative to the working directory,
+mmrl also next to the checkpoint).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+__all__ = ["TinySmolVLASpec", "build_tiny_smolvla", "byte_level_tokenizer"]
+
+SMOLVLM_SPECIAL_TOKENS = {
+    "fake_image_token": "<fake_token_around_image>",
+    "image_token": "<image>",
+    "global_image_token": "<global-img>",
+    "end_of_utterance_token": "<end_of_utterance>",
+}
+
+
+@dataclass
+class TinySmolVLASpec:
+    """Inputs, outputs and sizes of a tiny SmolVLA."""
+
+    cameras: Sequence[str] = ("observation.images.image", "observation.images.image2")
+    """Camera feature keys (LeRobot's LIBERO names by default: agentview, wrist)."""
+    image_shape: tuple[int, int, int] = (3, 128, 128)
+    """Raw frame shape (C, H, W) recorded in the config's input features."""
+    state_dim: int = 8
+    action_dim: int = 7
+    chunk_size: int = 8
+    num_steps: int = 10
+    max_state_dim: int = 32
+    max_action_dim: int = 32
+    image_size: int = 64
+    """Frames are resized with padding to this square size; the encoder's patches are 16 px, 2x2 pixel-shuffled."""
+    text_width: int = 64
+    num_vlm_layers: int = 4
+    expert_width_multiplier: float = 0.75
+    tokenizer_max_length: int = 48
+    stats: Mapping[str, Mapping[str, Sequence[float]]] = field(default_factory=dict)
+    """Normalisation statistics (``{"observation.state": {"mean": [...], "std": [...]}, "action": {...}}``);
+    default mean 0 and std 1 (no change but LeRobot's eps)."""
+    seed: int = 0
+
+
+def byte_level_tokenizer():
+    """A byte-level BPE tokenizer without merges (256 byte tokens) plus SmolVLM's special tokens."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers.pre_tokenizers import ByteLevel
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {ch: i for i, ch in enumerate(sorted(ByteLevel.alphabet()))}
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        bos_token="<|im_start|>",
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        unk_token="<|endoftext|>",
+        extra_special_tokens=dict(SMOLVLM_SPECIAL_TOKENS),
+    )
+
+
+def _vlm_config(spec: TinySmolVLASpec, tokenizer) -> dict[str, Any]:
+    from transformers import SmolVLMConfig
+
+    heads = max(1, spec.text_width // 16)
+    config = SmolVLMConfig(
+        vision_config={
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 2,
+            "image_size": spec.image_size,
+            "patch_size": 16,
+        },
+        text_config={
+            "model_type": "llama",
+            "vocab_size": len(tokenizer),
+            "hidden_size": spec.text_width,
+            "intermediate_size": 2 * spec.text_width,
+            "num_hidden_layers": spec.num_vlm_layers,
+            "num_attention_heads": heads,
+            "num_key_value_heads": max(1, heads // 2),
+            "head_dim": 16,
+            "rms_norm_eps": 1e-5,
+            "pad_token_id": tokenizer.pad_token_id,
+        },
+        scale_factor=2,
+        image_token_id=tokenizer.convert_tokens_to_ids(SMOLVLM_SPECIAL_TOKENS["image_token"]),
+        tie_word_embeddings=False,
+    )
+    return config.to_dict()
+
+
+def _expert_intermediate(width: int) -> int:
+    """SmolVLA's expert MLP width: 4 · (2/3 · width), rounded up to a multiple of 256."""
+    hidden = int(4 * int(2 * width / 3))
+    return 256 * ((hidden + 255) // 256)
+
+
+def _lerobot_config(spec: TinySmolVLASpec) -> dict[str, Any]:
+    """config.json as LeRobot writes it for these sizes (the fields SmolVLA reads)."""
+    features = {cam: {"type": "VISUAL", "shape": list(spec.image_shape)} for cam in spec.cameras}
+    features["observation.state"] = {"type": "STATE", "shape": [spec.state_dim]}
+    return {
+        "type": "smolvla",
+        "n_obs_steps": 1,
+        "input_features": features,
+        "output_features": {"action": {"type": "ACTION", "shape": [spec.action_dim]}},
+        "device": "cpu",
+        "chunk_size": spec.chunk_size,
+        "n_action_steps": spec.chunk_size,
+        "normalization_mapping": {"VISUAL": "IDENTITY", "STATE": "MEAN_STD", "ACTION": "MEAN_STD"},
+        "max_state_dim": spec.max_state_dim,
+        "max_action_dim": spec.max_action_dim,
+        "resize_imgs_with_padding": [spec.image_size, spec.image_size],
+        "empty_cameras": 0,
+        "tokenizer_max_length": spec.tokenizer_max_length,
+        "num_steps": spec.num_steps,
+        "use_cache": True,
+        "vlm_model_name": "vlm",
+        "load_vlm_weights": False,
+        "add_image_special_tokens": False,
+        "attention_mode": "cross_attn",
+        "prefix_length": -1,
+        "pad_language_to": "longest",
+        "num_expert_layers": -1,
+        "num_vlm_layers": spec.num_vlm_layers,
+        "self_attn_every_n_layers": 2,
+        "expert_width_multiplier": spec.expert_width_multiplier,
+        "min_period": 4e-3,
+        "max_period": 4.0,
+    }
+
+
+def _processor_files(spec: TinySmolVLASpec) -> dict[str, Any]:
+    """policy_preprocessor.json / policy_postprocessor.json as LeRobot writes them for SmolVLA."""
+    cfg = _lerobot_config(spec)
+    norm_map = cfg["normalization_mapping"]
+    all_features = {**cfg["input_features"], **cfg["output_features"]}
+    pre = {
+        "name": "policy_preprocessor",
+        "steps": [
+            {"registry_name": "rename_observations_processor", "config": {"rename_map": {}}},
+            {"registry_name": "to_batch_processor", "config": {}},
+            {"registry_name": "smolvla_new_line_processor", "config": {}},
+            {
+                "registry_name": "tokenizer_processor",
+                "config": {
+                    "max_length": spec.tokenizer_max_length,
+                    "task_key": "task",
+                    "padding_side": "right",
+                    "padding": "longest",
+                    "truncation": True,
+                    "tokenizer_name": "vlm",
+                },
+            },
+            {"registry_name": "device_processor", "config": {"device": "cpu", "float_dtype": None}},
+            {
+                "registry_name": "normalizer_processor",
+                "config": {"eps": 1e-8, "features": all_features, "norm_map": norm_map},
+                "state_file": "policy_preprocessor_step_5_normalizer_processor.safetensors",
+            },
+        ],
+    }
+    post = {
+        "name": "policy_postprocessor",
+        "steps": [
+            {
+                "registry_name": "unnormalizer_processor",
+                "config": {"eps": 1e-8, "features": cfg["output_features"], "norm_map": norm_map},
+                "state_file": "policy_postprocessor_step_0_unnormalizer_processor.safetensors",
+            },
+            {"registry_name": "device_processor", "config": {"device": "cpu", "float_dtype": None}},
+        ],
+    }
+    return {"policy_preprocessor.json": pre, "policy_postprocessor.json": post}
+
+
+def _init_weights(model: torch.nn.Module, std: float = 0.02) -> None:
+    """Llama-style init of the text layers, expert and projections: N(0, std) weights, zero biases, unit norms."""
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.startswith(("vision_model.", "connector.")):
+                continue  # transformers' own init (post_init)
+            if param.ndim >= 2:
+                param.normal_(0.0, std)
+            elif "norm" in name:
+                param.fill_(1.0)
+            else:
+                param.zero_()
+
+
+def build_tiny_smolvla(spec: TinySmolVLASpec | None = None, **overrides: Any):
+    """A random tiny ``SmolVLAPipeline`` (float32, CPU) for ``spec`` (fields can also be given as keywords)."""
+    from mmrl.adapters.vla.lerobot.checkpoint import _spec
+    from mmrl.adapters.vla.lerobot.pipeline import SmolVLAPipeline
+    from mmrl.adapters.vla.lerobot.processing import Normalizer, TokenizerSettings
+    from mmrl.adapters.vla.lerobot.smolvla import SmolVLAConfig, SmolVLAModel
+
+    spec = spec or TinySmolVLASpec()
+    for key, value in overrides.items():
+        setattr(spec, key, value)
+    torch.manual_seed(spec.seed)
+    tokenizer = byte_level_tokenizer()
+    vlm = _vlm_config(spec, tokenizer)
+    cfg = _lerobot_config(spec)
+    expert_width = int(spec.text_width * spec.expert_width_multiplier)
+    model_config = SmolVLAConfig(
+        vlm_config=vlm,
+        num_vlm_layers=spec.num_vlm_layers,
+        expert_width=expert_width,
+        expert_intermediate=_expert_intermediate(expert_width),
+        num_expert_layers=spec.num_vlm_layers,
+        chunk_size=spec.chunk_size,
+        max_state_dim=spec.max_state_dim,
+        max_action_dim=spec.max_action_dim,
+        num_steps=spec.num_steps,
+    )
+    model = SmolVLAModel(model_config)
+    _init_weights(model)
+    features = {key: ft["type"] for key, ft in {**cfg["input_features"], **cfg["output_features"]}.items()}
+    stats = {
+        "observation.state": {"mean": [0.0] * spec.state_dim, "std": [1.0] * spec.state_dim},
+        "action": {"mean": [0.0] * spec.action_dim, "std": [1.0] * spec.action_dim},
+    }
+    stats.update({key: dict(sub) for key, sub in spec.stats.items()})
+    tensors = {key: {n: torch.as_tensor(v, dtype=torch.float32) for n, v in sub.items()} for key, sub in stats.items()}
+    norm_map = cfg["normalization_mapping"]
+    normalizer = Normalizer(features, norm_map, tensors, eps=1e-8)
+    unnormalizer = Normalizer({"action": "ACTION"}, norm_map, {"action": tensors["action"]}, eps=1e-8)
+    pipeline = SmolVLAPipeline(
+        model,
+        _spec(cfg),
+        normalizer,
+        unnormalizer,
+        tokenizer,
+        TokenizerSettings("vlm", max_length=spec.tokenizer_max_length),
+        lerobot_config=cfg,
+        unused_tensors={  # LeRobot's checkpoints carry the VLM's LM head and final norm (no output reads them)
+            "model.vlm_with_expert.vlm.lm_head.weight": 0.02 * torch.randn(len(tokenizer), spec.text_width),
+            "model.vlm_with_expert.vlm.model.text_model.norm.weight": torch.ones(spec.text_width),
+        },
+        processor_files=_processor_files(spec),
+    )
+    pipeline.bundled_vlm = vlm
+    return pipeline.eval()
