@@ -17,7 +17,7 @@ Time: everything runs under one budget (``--budget-s``, default 450 s, so the ch
 sub-run has its own timeout, a sub-run is stopped as soon as its last step is logged (the final checkpoint of a 3B
 model is not what is measured), and what cannot run (no GPU, no vLLM, no time left, a failure) is one row of the
 table saying why. ``--cpu-smoke`` runs the same path with the tiny offline VLM, 1 step, on CPU (the test of this
-script, tests/test_gpu_check.py).
+script, tests/trainer/test_gpu_check.py).
 
 Measuring memory: every worker process of a sub-run imports a generated ``sitecustomize.py`` (on PYTHONPATH) that,
 when ``MMRL_GPU_CHECK_MEMORY_DIR`` is set, writes ``torch.cuda.max_memory_allocated`` / ``max_memory_reserved`` and

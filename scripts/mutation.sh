@@ -26,22 +26,22 @@ targets=("$@")
 spec() {
   case "$1" in
     algos) ONLY='"mmrl/algos/*"'
-           TESTS='"tests/test_algos_advantages.py", "tests/test_algos_aggregation.py", "tests/test_algos_constant_groups.py",
-                  "tests/test_algos_kl_is_filter.py", "tests/test_algos_losses.py", "tests/test_algos_objective.py",
-                  "tests/test_tgrpo.py", "tests/test_algos_edges.py", "tests/test_knobs_reach_math.py",
-                  "tests/test_masking_end_to_end.py"' ;;
+           TESTS='"tests/algos/test_algos_advantages.py", "tests/algos/test_algos_aggregation.py", "tests/algos/test_algos_constant_groups.py",
+                  "tests/algos/test_algos_kl_is_filter.py", "tests/algos/test_algos_losses.py", "tests/algos/test_algos_objective.py",
+                  "tests/algos/test_tgrpo.py", "tests/algos/test_algos_edges.py", "tests/wiring/test_knobs_reach_math.py",
+                  "tests/wiring/test_masking_end_to_end.py"' ;;
     wiring) ONLY='"mmrl/algos/objective.py", "mmrl/algos/estimators.py"'  # config -> math: a subset of algos
-            TESTS='"tests/test_algos_edges.py", "tests/test_algos_objective.py", "tests/test_algos_advantages.py",
-                   "tests/test_tgrpo.py", "tests/test_knobs_reach_math.py", "tests/test_masking_end_to_end.py"' ;;
+            TESTS='"tests/algos/test_algos_edges.py", "tests/algos/test_algos_objective.py", "tests/algos/test_algos_advantages.py",
+                   "tests/algos/test_tgrpo.py", "tests/wiring/test_knobs_reach_math.py", "tests/wiring/test_masking_end_to_end.py"' ;;
     trainer) ONLY='"mmrl/trainer.py", "mmrl/rollouts.py"'
-             TESTS='"tests/test_knobs_reach_math.py", "tests/test_masking_end_to_end.py", "tests/test_trainer.py"' ;;
+             TESTS='"tests/wiring/test_knobs_reach_math.py", "tests/wiring/test_masking_end_to_end.py", "tests/trainer/test_trainer.py"' ;;
     rewards) ONLY='"mmrl/rewards/manager.py", "mmrl/rewards/user.py"'
-             TESTS='"tests/test_reward_manager.py", "tests/test_user_rewards.py", "tests/test_masking_end_to_end.py",
-                    "tests/test_knobs_reach_math.py"' ;;
+             TESTS='"tests/rewards/test_reward_manager.py", "tests/rewards/test_user_rewards.py", "tests/wiring/test_masking_end_to_end.py",
+                    "tests/wiring/test_knobs_reach_math.py"' ;;
     sde) ONLY='"mmrl/rollout/sde_math.py"'
-         TESTS='"tests/test_sde_sampler.py"' ;;
+         TESTS='"tests/algos/test_sde_sampler.py"' ;;
     shared_prefix) ONLY='"mmrl/policies/shared_prefix.py"'
-                   TESTS='"tests/test_shared_prefix.py"' ;;
+                   TESTS='"tests/policies/test_shared_prefix.py"' ;;
     *) echo "unknown target '$1'; choose from algos wiring trainer rewards sde shared_prefix all" >&2; exit 2 ;;
   esac
 }

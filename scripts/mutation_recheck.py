@@ -1,6 +1,6 @@
 """Re-run the surviving mutants of a scripts/mutation.sh run against the current tests (docs/testing.md).
 
-    python scripts/mutation_recheck.py /tmp/mmrl-mutation-algos tests/test_algos_edges.py tests/test_knobs_reach_math.py
+    python scripts/mutation_recheck.py /tmp/mmrl-mutation-algos tests/algos/test_algos_edges.py tests/wiring/test_knobs_reach_math.py
 
 Copies the given test files (from this checkout) into the run's ``mutants/`` copy, then runs them once per surviving
 mutant (``MUTANT_UNDER_TEST`` selects the mutant inside mutmut's trampolines, read at every call), all in this one

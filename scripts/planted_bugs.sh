@@ -12,8 +12,8 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PY="${PYTHON:-$ROOT/.venv/bin/python}"
 [ -x "$PY" ] || PY="$(command -v python)"
 TESTS=("$@")
-[ ${#TESTS[@]} -gt 0 ] || TESTS=(tests/test_knobs_reach_math.py tests/test_masking_end_to_end.py tests/test_trainer.py
-                                 tests/test_algos_objective.py)
+[ ${#TESTS[@]} -gt 0 ] || TESTS=(tests/wiring/test_knobs_reach_math.py tests/wiring/test_masking_end_to_end.py tests/trainer/test_trainer.py
+                                 tests/algos/test_algos_objective.py)
 WORK="$(mktemp -d /tmp/mmrl-plant.XXXXXX)"
 trap 'rm -rf "$WORK"' EXIT
 

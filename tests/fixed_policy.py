@@ -11,7 +11,7 @@ it returns the fixed reference log-probs ``ref``.
 ``"raise"`` makes the reward function raise for that sample. ``sample["text"]`` is ``"b=<value>"``, read by the
 user reward files the tests write.
 
-Used by tests/test_knobs_reach_math.py and tests/test_masking_end_to_end.py.
+Used by tests/wiring/test_knobs_reach_math.py and tests/wiring/test_masking_end_to_end.py.
 """
 
 from __future__ import annotations

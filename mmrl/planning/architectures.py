@@ -4,7 +4,7 @@ The real presets are encoded as the subset of their published ``config.json`` th
 heads, vocabulary, vision tower). This machine has no network: the values below are the published numbers as known
 to the author, written out from the model cards / ``config.json`` files of the Hugging Face repositories named in
 each entry. The parameter counts they give are checked against the published totals (``published_params``) in
-``tests/test_planner.py``: a wrong width or depth would not land on the published total.
+``tests/trainer/test_planner.py``: a wrong width or depth would not land on the published total.
 
 Tiny presets are computed from the configs the repo builds (:mod:`mmrl.models.tiny_vlm`, :mod:`mmrl.models.tiny_lm`):
 the cached build's ``config.json`` when the model was built already, else the same values from the builder's constants

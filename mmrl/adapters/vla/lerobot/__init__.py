@@ -2,7 +2,7 @@
 
 mmrl's own implementation (LeRobot is not a dependency: it needs Python >= 3.12 and torch < 2.12), written from
 the SmolVLA paper (arXiv 2506.01844) and the published checkpoint layout on transformers' SmolVLM and Llama
-building blocks. Parity with LeRobot 0.6.1 on the same weights is checked by ``tests/test_lerobot_smolvla.py``
+building blocks. Parity with LeRobot 0.6.1 on the same weights is checked by ``tests/adapters/vla/test_lerobot_smolvla.py``
 against fixtures written by ``scripts/lerobot_fixtures.py`` in a separate reference environment.
 
 Modules (imported lazily; this file imports nothing heavy):

@@ -12,7 +12,7 @@ import pytest
 from mmrl.config import compose_dict, configs_dir, group_options, load_config
 from mmrl.tasks import task_names
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("config_defaults", ROOT / "scripts" / "config_defaults.py")
 config_defaults = importlib.util.module_from_spec(_spec)
 sys.modules[_spec.name] = config_defaults  # its dataclasses look their module up

@@ -80,7 +80,7 @@ def test_head_is_restored_after_an_error_and_other_heads_are_left_alone(lm):
 
 
 def test_vla_log_probs_equal_the_full_vocabulary_path(monkeypatch):
-    from tests.test_vla_policy import batch, make_policy
+    from tests.adapters.vla.test_vla_policy import batch, make_policy
 
     policy = make_policy(env_kwargs={"success_step": 3})
     try:

@@ -6,7 +6,7 @@
   parameter, gradient, optimizer-state (and reference) bytes exactly, the total within 25% of the measured peak;
 * the CLI: offline, no weights, a table, suggestions when it does not fit, exit 0.
 
-Run as a script (``python tests/test_planner.py '<json overrides>'``) it is the measuring child process.
+Run as a script (``python tests/trainer/test_planner.py '<json overrides>'``) it is the measuring child process.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from mmrl.planning.memory import (
     plan_memory,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 # ----------------------------------------------------------------------------------------------------------------
 # The toy architecture, by hand: 2 layers, hidden 8, MLP 16, 2 heads of 4, 1 kv head, vocabulary 10, tied embeddings.

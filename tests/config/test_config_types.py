@@ -31,7 +31,7 @@ from mmrl.config import (
 from mmrl.models.registry import model_config_class, model_types
 from mmrl.tasks import get_task_class, task_names
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 # ---------------------------------------------------------------- the sweep over every field

@@ -120,7 +120,7 @@ def training_positions(
 @pytest.fixture(scope="module", params=FAMILIES)
 def sampled(request, videos):
     """(policy, batch, rollout, generate positions) with G=2 plus one shuffled sample per prompt. The training forward
-    is the plain one (a row per sample, whose positions these tests read); tests/test_shared_prefix.py checks the
+    is the plain one (a row per sample, whose positions these tests read); tests/policies/test_shared_prefix.py checks the
     shared-prefix forward against it on video prompts."""
     policy = make_policy(request.param, shuffled=1, shared_prefix=False)
     batch = video_batch(videos)

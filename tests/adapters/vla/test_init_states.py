@@ -57,7 +57,7 @@ def test_vla_checkpoint_refuses_changed_layouts(tmp_path):
     torch = pytest.importorskip("torch")
     from mmrl.config import load_config
     from mmrl.trainer import Trainer
-    from tests.test_vla_tasks import reach_overrides
+    from tests.adapters.vla.test_vla_tasks import reach_overrides
 
     tr = Trainer(load_config(reach_overrides(tmp_path, "trainer.max_steps=1")))
     try:

@@ -1,5 +1,5 @@
 """`metaworld` embedded default: the shipped experts' demos -> SFT -> GRPO must raise sampled success on HELD-OUT
-initial states above the SFT level: `python -m pytest -m slow tests/test_metaworld_learning_slow.py`.
+initial states above the SFT level: `python -m pytest -m slow tests/learning/test_metaworld_learning_slow.py`.
 
 Measured on the 2-core machine (3 seeds, docs/tasks/metaworld.md, docs/curves/metaworld.json): held-out sampled
 success 0.06-0.08 at random init -> 0.34-0.42 after SFT -> 0.474 / 0.469 / 0.521 after 20 GRPO steps (seeds 0 / 1 / 2);

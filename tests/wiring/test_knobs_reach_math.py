@@ -22,7 +22,7 @@ reference at both values *and* that the two gradients differ, so a key that is r
 - rewards: ``reward.fns``, ``reward.weights``, ``reward.mode`` (:data:`REWARD_KNOBS`)
 - ``trainer.grad_accum``: micro-batches give the one-batch gradient (:func:`test_gradient_accumulation_gives_the_one_batch_gradient`)
 
-Masking of invalid samples is in tests/test_masking_end_to_end.py.
+Masking of invalid samples is in tests/wiring/test_masking_end_to_end.py.
 """
 
 from __future__ import annotations

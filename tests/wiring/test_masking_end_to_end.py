@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from tests.fixed_policy import FixedData, Round, build, ratios, train_step
-from tests.test_knobs_reach_math import ALGO_DEFAULTS, overrides_of, reference
+from tests.wiring.test_knobs_reach_math import ALGO_DEFAULTS, overrides_of, reference
 
 # group 0: sample 1 has no reward at all (both functions return None), sample 3's fmt is NaN; group 1: accuracy raises on sample 5, and the policy
 # marks sample 6 invalid (a failed episode). Valid rewards r = a + 0.5 f: group 0: 1.0, 0.5 (mean 0.75);

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "minimal_adapter"
 
 # The example as shipped (100 steps, train.py's DEFAULTS), evaluated only before and after, without progress bars,

@@ -15,7 +15,7 @@ from mmrl.policies.base import LogProbOutput, Policy, PolicyCapabilityError, Pol
 from mmrl.rewards.manager import RewardSpec
 from mmrl.tasks.base import Task
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class MinimalPolicy(Policy):

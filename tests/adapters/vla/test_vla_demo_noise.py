@@ -119,7 +119,7 @@ def test_demo_subprocess_that_dies_is_an_error_not_a_hang(tmp_path):
         capture_output=True,
         text=True,
         timeout=120,
-        cwd=str(Path(__file__).resolve().parent.parent),
+        cwd=str(Path(__file__).resolve().parents[3]),
     )
     assert p.returncode != 0
     assert "DemoError: the demo-collection subprocess died before it returned" in p.stderr

@@ -21,7 +21,7 @@ from PIL import Image  # noqa: E402
 
 from mmrl.cli import main  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 INSTR = "Please provide the bounding box coordinate of the region this sentence describes: "
 TINY = [
     "trainer.max_steps=1",

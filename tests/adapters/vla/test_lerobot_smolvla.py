@@ -22,7 +22,7 @@ from safetensors.torch import load_file, save_file  # noqa: E402
 from mmrl.adapters.vla.lerobot import LeRobotCheckpointError  # noqa: E402
 from mmrl.adapters.vla.lerobot.checkpoint import load_smolvla, save_smolvla  # noqa: E402
 
-FIXTURES = Path(__file__).parent / "fixtures" / "lerobot"
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "lerobot"
 FIXTURE = FIXTURES / "smolvla_tiny"
 VARIANTS = ("smolvla_tiny", "smolvla_tiny_skip")  # see VARIANTS in scripts/lerobot_fixtures.py
 CAMERAS = ("observation.images.image", "observation.images.image2")

@@ -26,7 +26,7 @@ def run_one_and_two(tmp_path: Path, *extra: str) -> tuple[Path, Path]:
 
 def assert_same_tensors(one: Path, two: Path, name: str) -> dict:
     """File ``name`` holds the same keys in both folders and values equal within fp noise (the two runs train alike,
-    tests/test_fsdp.py); returns the 2-process tensors."""
+    tests/trainer/test_fsdp.py); returns the 2-process tensors."""
     a, b = load_file(str(one / name)), load_file(str(two / name))
     assert sorted(a) == sorted(b), sorted(set(a) ^ set(b))
     worst = max(float((a[k] - b[k]).abs().max()) for k in a)

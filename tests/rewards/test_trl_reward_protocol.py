@@ -28,8 +28,8 @@ from mmrl.rewards.manager import RewardError, RewardManager, RewardSpec
 from mmrl.rewards.user import compose_reward_specs
 
 trl_rewards_module = pytest.importorskip("trl.rewards")
-ME = "tests.test_trl_reward_protocol"
-ROOT = Path(__file__).resolve().parent.parent
+ME = "tests.rewards.test_trl_reward_protocol"
+ROOT = Path(__file__).resolve().parents[2]
 
 # ---------------------------------------------------------------- reward functions of the signature matrix
 

@@ -1,6 +1,6 @@
 """The video tasks' embedded defaults perceive time: a short warm start beats every constant answer.
 
-The full SFT -> GRPO runs (minutes) are in tests/test_learning_slow.py (`python -m pytest -m slow`).
+The full SFT -> GRPO runs (minutes) are in tests/learning/test_learning_slow.py (`python -m pytest -m slow`).
 """
 
 from __future__ import annotations
