@@ -242,6 +242,20 @@ class VLAConfig(VLMConfig):
     max_policy_calls: int | None = None
     """Upper bound on policy calls per episode; None: ceil(env max steps / n_action_steps)."""
 
+    # ---------------------------------------------------------------- the architecture (docs/tasks/vla.md)
+    architecture: str = "vlm"
+    """vlm: a transformers VLM (``path``: a Qwen-VL / SmolVLM preset, id or folder) with the head of ``action_head``;
+    smolvla: LeRobot's SmolVLA (mmrl.adapters.vla.lerobot), ``path`` a folder written by LeRobot's save_pretrained,
+    a hub id, or ``tiny_smolvla`` (a random tiny one built offline for the task's cameras, state and actions). A
+    SmolVLA is a flow policy (``action_head=flow``) whose own expert, state and action statistics and padded dims
+    come from the checkpoint: expert_*, head_action_dim and state_mean / state_std are not used, and ``chunk`` must
+    be the checkpoint's chunk_size."""
+    camera_map: dict[str, str] = field(default_factory=dict)
+    """architecture=smolvla: the task's camera (LIBERO: agentview, wrist; the tabletop tasks: image) -> the
+    checkpoint's image feature (e.g. ``observation.images.camera1``). Cameras not listed map to LeRobot's LIBERO
+    names (agentview and image -> observation.images.image, wrist -> observation.images.image2), else to
+    ``observation.images.<camera>``."""
+
     # ---------------------------------------------------------------- continuous action heads (docs/tasks/vla.md)
     action_head: str = "tokens"
     """What turns the backbone's output into actions: tokens (discretised action tokens, OpenVLA), flow (a
@@ -302,6 +316,19 @@ class VLAConfig(VLMConfig):
 
         check_choice(self.logp_granularity, ("token", "action", "chunk"), "model.logp_granularity")
         check_choice(self.action_head, ("tokens", "flow", "gaussian"), "model.action_head")
+        check_choice(self.architecture, ("vlm", "smolvla"), "model.architecture")
+        if self.architecture != "vlm":
+            if self.action_head != "flow":
+                raise ConfigError(
+                    f"model.architecture={self.architecture} is a flow-matching policy: set model.action_head=flow"
+                )
+            if self.lora.enabled or not self.use_state:
+                raise ConfigError(
+                    f"model.architecture={self.architecture} trains the full model on the robot state: set "
+                    "model.lora.enabled=false and model.use_state=true"
+                )
+        elif self.camera_map:
+            raise ConfigError("model.camera_map is for model.architecture=smolvla (a vlm reads the task's one image)")
         if self.chunk < 1 or not 2 <= self.n_bins <= 256:
             raise ConfigError(f"model.chunk must be >= 1 and model.n_bins in [2, 256], got {self.chunk}, {self.n_bins}")
         if self.num_workers < 1 or self.step_timeout_s <= 0:

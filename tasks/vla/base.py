@@ -240,10 +240,15 @@ class VLATask(Task):
             and getattr(model, "state_mean", None) is None
         )
 
+    cameras: tuple[str, ...] = ("image",)
+    """The camera views tiled side by side (left to right) in the policy's frame, given to the policy as
+    ``action_stats["cameras"]`` (a multi-camera checkpoint maps each to one of its image features)."""
+
     def policy_spec(self) -> PolicySpec:
-        """The env pool's spec and the action statistics (from the expert demos); for a continuous head that reads
-        the robot state, the state statistics too (``action_stats["state"]``, :meth:`state_stats`)."""
-        stats = self.action_stats()
+        """The env pool's spec and the action statistics (from the expert demos) with the frame's camera views
+        (``action_stats["cameras"]``, :attr:`cameras`); for a continuous head that reads the robot state, the state
+        statistics too (``action_stats["state"]``, :meth:`state_stats`)."""
+        stats = {**self.action_stats(), "cameras": list(self.cameras)}
         if self._reads_state():
             stats = {**stats, "state": self.state_stats()}
         return PolicySpec(task_name=self.name, env_spec=self.env_spec(), action_stats=stats)

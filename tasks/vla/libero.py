@@ -198,6 +198,11 @@ class LiberoTask(VLATask):
         s = int(self.cfg.image_size)
         return s, (2 * s if self.cfg.view == "tile" else s)
 
+    @property
+    def cameras(self) -> tuple[str, ...]:
+        """agentview | wrist with view=tile, agentview alone with view=agentview."""
+        return ("agentview", "wrist") if self.cfg.view == "tile" else ("agentview",)
+
     def suite_of_item(self, item: dict) -> str:
         """The item's LIBERO suite (a column of the success table)."""
         return item.get("suite") or suite_of(item["task"])

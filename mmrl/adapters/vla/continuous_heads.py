@@ -32,7 +32,10 @@ from mmrl.rollout import sde_math
 __all__ = ["ContinuousVLAModule", "FlowRule", "GaussianRule", "HeadRule", "head_rule", "row_generators"]
 
 PrefixRun = Callable[["ContinuousVLAModule", Tensor, Tensor], Any]
-"""``run(module, prefix_hidden [U, P, D], prefix_mask [U, P])``: what a forward computes from the prefix."""
+"""``run(module, prefix_hidden [U, P, D], prefix_mask [U, P])``: what a forward computes from the prefix. Another
+module may pass its own prefix in place of ``prefix_hidden`` (SmolVLA: the per-layer key/value cache, which its
+``head.prefix_kv`` returns as is); the rules read only ``module.head``, ``module.noise_head`` and ``prefix_mask``'s
+device, and :class:`FlowRule` never looks inside the prefix."""
 
 
 class ContinuousVLAModule(nn.Module):
@@ -81,6 +84,10 @@ class ContinuousVLAModule(nn.Module):
         """``run(self, *self.prefix(inputs, state))``: the prefix, then the head computation, in one forward."""
         hidden, mask = self.prefix(inputs, state)
         return run(self, hidden, mask)
+
+    def value(self, hidden: Tensor, mask: Tensor) -> Tensor:
+        """The critic's V(prefix) ``[U]`` of the prefix ``(hidden, mask)`` a ``run`` function receives."""
+        return self.value_head(hidden, mask)
 
 
 def row_generators(seeds: Sequence[int]) -> list[torch.Generator]:
@@ -179,14 +186,15 @@ class FlowRule(HeadRule):
         kv = module.head.prefix_kv(hidden, mask).index_select(index)
         gens = row_generators(seeds)
         shape = (cfg.chunk, int(dim_mask.numel()))
-        noise = _row_normal(gens, shape, hidden.device)
+        dev = mask.device
+        noise = _row_normal(gens, shape, dev)
         mode = "ode" if greedy else cfg.likelihood
         step_noise = sde_index = None
         if not greedy:
-            step_noise = _row_normal(gens, (cfg.num_steps, *shape), hidden.device).transpose(0, 1)
+            step_noise = _row_normal(gens, (cfg.num_steps, *shape), dev).transpose(0, 1)
             if mode == "flow_sde_one":
                 sde_index = torch.cat([torch.randint(0, cfg.num_steps - 1, (1,), generator=g) for g in gens])
-                sde_index = sde_index.to(hidden.device)
+                sde_index = sde_index.to(dev)
         out = flow_chain.sample_chunk(
             module.head,
             kv,
@@ -205,7 +213,7 @@ class FlowRule(HeadRule):
 
     def log_prob(self, module, hidden, mask, index, record, *, exec_mask, dim_mask, entropy):
         kv = module.head.prefix_kv(hidden, mask).index_select(index)
-        dev = hidden.device
+        dev = mask.device
         logp = flow_chain.chunk_log_prob(
             module.head,
             kv,

@@ -89,14 +89,7 @@ class ContinuousVLAPolicy(VLAPolicy):
         super().__init__(
             lm, processor, cfg, action_stats, env_spec, min_envs=min_envs, check_init_states=check_init_states
         )
-        self.rule = head_rule(cfg)
-        """What the head does with a prefix (:class:`~mmrl.adapters.vla.continuous_heads.HeadRule`)."""
-        env_dim = int(env_spec.action_dim)
-        self.head_action_dim = int(cfg.head_action_dim or env_dim)
-        if self.head_action_dim < env_dim:
-            raise VLAInputError(f"model.head_action_dim={self.head_action_dim} < the env's {env_dim} action dims")
-        self.dim_mask = torch.arange(self.head_action_dim) < env_dim
-        """``[A]`` True for the env's real action dims (the rest are padding)."""
+        self._init_head(int(cfg.head_action_dim or env_spec.action_dim))
         self.state_stats = self._state_stats(action_stats.get("state")) if cfg.use_state else None
         """``{"mean": [S], "std": [S]}`` of the state normalisation, or None when the state is not read."""
         lm = self.module.lm
@@ -115,6 +108,20 @@ class ContinuousVLAPolicy(VLAPolicy):
             module.value_head.to(self.device)
         self.model = module
         self._frozen_ref = FrozenCopyReference(self) if reference else None
+
+    def _init_head(self, head_action_dim: int) -> None:
+        """The head rule and the action-dim mask (what every continuous policy sets up, whatever its backbone)."""
+        self.rule = head_rule(self.cfg)
+        """What the head does with a prefix (:class:`~mmrl.adapters.vla.continuous_heads.HeadRule`)."""
+        env_dim = int(self.env_spec.action_dim)
+        self.head_action_dim = int(head_action_dim)
+        if self.head_action_dim < env_dim:
+            raise VLAInputError(
+                f"the head predicts {self.head_action_dim} action dims (model.head_action_dim, or a checkpoint's "
+                f"max_action_dim), fewer than the env's {env_dim}"
+            )
+        self.dim_mask = torch.arange(self.head_action_dim) < env_dim
+        """``[A]`` True for the env's real action dims (the rest are padding)."""
 
     def _state_stats(self, from_task: dict | None) -> dict[str, list[float]]:
         """The state normalisation: ``model.state_mean`` / ``state_std`` when set, else the task's demo statistics."""
@@ -137,6 +144,33 @@ class ContinuousVLAPolicy(VLAPolicy):
         """One log-prob per policy call (the chunk's)."""
         return 1
 
+    @property
+    def _group(self) -> int:
+        """The chunk's log-prob is one column already: nothing to group."""
+        return 1
+
+    @property
+    def _reads_state(self) -> bool:
+        """The policy conditions on the robot state (its payload then keeps each call's ``state``)."""
+        return self.state_stats is not None
+
+    # ------------------------------------------------------------------ backbone hooks (a SmolVLA policy overrides)
+    def _state_input(self, proprio: np.ndarray | None, rows: int) -> Tensor | None:
+        """What the prefix gets of the env's ``proprio [rows, S]``: the normalised state (:meth:`normalised_state`)."""
+        return self.normalised_state(proprio, rows)
+
+    def _rollout_features(self, prompts: list[PromptInputs]) -> list | None:
+        """Vision features of the distinct observations at rollout (kept in the payload with a frozen tower)."""
+        return encode_images(self.module.lm, prompts, self.device)
+
+    def _to_env(self, chunk: np.ndarray) -> np.ndarray:
+        """What the env executes for the head's ``[N, n, env_dim]`` actions (clipped, unnormalised, binarised)."""
+        return self.action_tokenizer.to_env(chunk)
+
+    def _normalise_actions(self, chunk: np.ndarray) -> Tensor:
+        """Env actions ``[H, env_dim]`` in the head's normalised space (float32)."""
+        return torch.from_numpy(self.action_tokenizer.normalise(chunk)).to(torch.float32)
+
     def _exec_mask(self, rows: int) -> Tensor:
         """``[rows, H]`` True for the executed actions of each chunk (the first ``actions_per_call``)."""
         return executed_steps_mask(self.actions_per_call, rows, self.cfg.chunk).to(self.device)
@@ -157,20 +191,27 @@ class ContinuousVLAPolicy(VLAPolicy):
         return torch.from_numpy((p - mean) / std).to(torch.float32)
 
     # ------------------------------------------------------------------ the prefix
-    def _distinct_observations(
-        self, frames: np.ndarray, instructions: Sequence[str], features: Sequence[Any] | None, states: Tensor | None
-    ) -> tuple[list[PromptInputs], Tensor, Tensor | None]:
-        """The prompts of the distinct observations, the observation of each row ``[N]`` and the distinct states."""
+    @staticmethod
+    def _distinct_rows(
+        frames: np.ndarray, instructions: Sequence[str], features: Sequence[Any] | None, states: Tensor | None
+    ) -> tuple[np.ndarray, list[int], Tensor]:
+        """The frames as numpy, the first row of each distinct observation and the observation of each row ``[N]``."""
         frames = frames.numpy() if isinstance(frames, Tensor) else np.asarray(frames)
         same = first_identical_rows(frames, instructions, features, None if states is None else states.numpy())
         reps = sorted(set(same))
         where = {r: u for u, r in enumerate(reps)}
+        return frames, reps, torch.tensor([where[r] for r in same], dtype=torch.long)
+
+    def _distinct_observations(
+        self, frames: np.ndarray, instructions: Sequence[str], features: Sequence[Any] | None, states: Tensor | None
+    ) -> tuple[list[PromptInputs], Tensor, Tensor | None]:
+        """The prompts of the distinct observations, the observation of each row ``[N]`` and the distinct states."""
+        frames, reps, index = self._distinct_rows(frames, instructions, features, states)
         prompts = self.observation_prompts(
             frames[reps],
             [instructions[r] for r in reps],
             features=[features[r] for r in reps] if features is not None else None,
         )
-        index = torch.tensor([where[r] for r in same], dtype=torch.long)
         return prompts, index, (states[reps] if states is not None else None)
 
     def _prefix_forward(self, prompts: list[PromptInputs], feats, states: Tensor | None, run) -> Any:
@@ -193,7 +234,7 @@ class ContinuousVLAPolicy(VLAPolicy):
 
         def act(slots: list[int], frames: np.ndarray, seeds: list[int], proprio: np.ndarray | None = None):
             instructions = [items[k]["prompt"] for k in slots]
-            states = self.normalised_state(proprio, len(slots))
+            states = self._state_input(proprio, len(slots))
             prompts, index, unique_states = self._distinct_observations(frames, instructions, None, states)
             exec_mask = self._exec_mask(len(slots))
             dim_mask = self.dim_mask.to(self.device)
@@ -204,17 +245,15 @@ class ContinuousVLAPolicy(VLAPolicy):
                 )
 
             with torch.no_grad():
-                feats = encode_images(self.module.lm, prompts, self.device)
+                feats = self._rollout_features(prompts)
                 actions, logp, record = self._prefix_forward(prompts, feats, unique_states, run)
             chunk = actions[:, : self.actions_per_call, :env_dim].cpu().numpy()
             rows = [{k: v[n] for k, v in record.items()} for n in range(len(slots))]
             if states is not None:
                 for n, row in enumerate(rows):
                     row["state"] = states[n]
-            features = [feats[int(u)] for u in index] if keep_features else None
-            return ActOutput(
-                actions=self.action_tokenizer.to_env(chunk), bins=rows, logp=list(logp.cpu()), features=features
-            )
+            features = [feats[int(u)] for u in index] if keep_features and feats is not None else None
+            return ActOutput(actions=self._to_env(chunk), bins=rows, logp=list(logp.cpu()), features=features)
 
         return act
 
@@ -226,7 +265,7 @@ class ContinuousVLAPolicy(VLAPolicy):
     def _call_payload(self, records: list) -> dict[str, Tensor | None]:
         """The records of one episode's calls stacked per key (:meth:`_record_keys`, plus the normalised
         ``state [calls, S]`` when read); None for an episode without calls."""
-        keys = self._record_keys() + (("state",) if self.state_stats is not None else ())
+        keys = self._record_keys() + (("state",) if self._reads_state else ())
         if not records:
             return {k: None for k in keys}
         return {k: torch.stack([r[k] for r in records]) for k in keys}
@@ -252,7 +291,7 @@ class ContinuousVLAPolicy(VLAPolicy):
         frames = torch.cat([pay["frames"][k] for k in live])
         use_feats = not self.vision_trainable and all(pay["features"][k] is not None for k in live)
         feats = [f for k in live for f in pay["features"][k]] if use_feats else None
-        states = torch.cat([pay["state"][k] for k in live]) if self.state_stats is not None else None
+        states = torch.cat([pay["state"][k] for k in live]) if self._reads_state else None
         record = {key: torch.cat([pay[key][k] for k in live]) for key in self._record_keys()}
         prompts, index, unique_states = self._distinct_observations(
             frames, [pay["instruction"][k] for k in rows], feats, states
@@ -263,7 +302,7 @@ class ContinuousVLAPolicy(VLAPolicy):
             logp, ent = self.rule.log_prob(
                 module, hidden, mask, index, record, exec_mask=exec_mask, dim_mask=dim_mask, entropy=entropy
             )
-            v = module.value_head(hidden, mask).index_select(0, index.to(hidden.device)) if values else None
+            v = module.value(hidden, mask).index_select(0, index.to(mask.device)) if values else None
             return logp, ent, v
 
         logp, ent, v = self._prefix_forward(prompts, None, unique_states, run)
@@ -293,7 +332,7 @@ class ContinuousVLAPolicy(VLAPolicy):
                 f"SFT target chunk has shape {chunk.shape}, expected (model.chunk={self.cfg.chunk}, {env_dim})"
             )
         out = torch.zeros(self.cfg.chunk, self.head_action_dim)
-        out[:, :env_dim] = torch.from_numpy(self.action_tokenizer.normalise(chunk)).to(torch.float32)
+        out[:, :env_dim] = self._normalise_actions(chunk)
         return out
 
     def sft_loss(self, batch: PromptBatch, targets: Sequence[str]) -> Tensor:
@@ -304,12 +343,12 @@ class ContinuousVLAPolicy(VLAPolicy):
         for k, it in enumerate(batch.items):
             if it.get("frame") is None or not isinstance(it.get("prompt"), str):
                 raise VLAInputError(f"SFT item {k} needs 'frame' (uint8 [H, W, 3]) and 'prompt' (keys: {sorted(it)})")
-            if self.state_stats is not None and it.get("proprio") is None:
+            if self._reads_state and it.get("proprio") is None:
                 raise VLAInputError(f"SFT item {k} has no 'proprio' (the policy reads the robot state)")
         frames = np.stack([np.asarray(it["frame"], dtype=np.uint8) for it in batch.items])
         states = None
-        if self.state_stats is not None:
-            states = self.normalised_state(np.stack([it["proprio"] for it in batch.items]), len(batch))
+        if self._reads_state:
+            states = self._state_input(np.stack([it["proprio"] for it in batch.items]), len(batch))
         actions = torch.stack([self.target_chunk(t) for t in targets]).to(self.device)
         prompts, index, unique_states = self._distinct_observations(
             frames, [it["prompt"] for it in batch.items], None, states
