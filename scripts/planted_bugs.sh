@@ -4,7 +4,7 @@
 #
 #   bash scripts/planted_bugs.sh [pytest args...]      (default: the wiring tests below)
 #
-# Bugs: (1) Trainer._score stops AND-ing the reward validity into the rollout's (failed rewards count as 0);
+# Bugs: (1) score_rollout (mmrl/rollouts.py) stops AND-ing the reward validity into the rollout's (failed rewards count as 0);
 #       (2) the objective passes clip_high=cfg.clip_low; (3) the objective passes dual_clip=None.
 # Exit status 0 when every bug failed at least one test.
 set -euo pipefail

@@ -37,14 +37,19 @@ from dataclasses import dataclass, field, replace
 from mmrl.planning.architectures import Architecture, TextArch, lora_params
 
 __all__ = [
+    "EXPERT_LAYER_ELEMENTS",
     "GIB",
+    "ContinuousHead",
     "LOGIT_BYTES_PER_ELEMENT",
     "MemoryBreakdown",
     "ParamCounts",
     "PlanInputs",
     "StateBytes",
     "activation_bytes",
+    "continuous_head_params",
     "dtype_bytes",
+    "head_rollout_bytes",
+    "head_training_bytes",
     "kv_cache_bytes",
     "layer_activation_bytes",
     "logits_bytes",
@@ -239,6 +244,145 @@ def prefill_bytes(*, prompt_tokens: int, samples: int, hidden: int, intermediate
     return samples * prompt_tokens * (3 * intermediate + 4 * hidden) * dtype_bytes
 
 
+# ============================================================================ continuous VLA action heads
+
+EXPERT_LAYER_ELEMENTS = 22
+"""Elements (x width W, fp32) one chunk token keeps for the backward in one layer of the flow expert or of the Gaussian
+head's query stack: 3 LayerNorms (input + output each: 6), self-attention (the fused q/k/v projection 3, the sdpa
+output 1, the merged copy the out-projection keeps 1: 5), cross-attention (q 1, sdpa output 1, merged copy 1: 3),
+the MLP (4W before and after the GELU: 8). The prefix keys/values the cross-attention reads are counted apart."""
+EXPERT_IO_ELEMENTS = 6
+"""Flow expert, per chunk token and denoising step outside the layers: the action-time MLP (its concatenated input 2W,
+the SiLU's input and output 2W) and the final LayerNorm (input and output 2W)."""
+GAUSSIAN_IO_ELEMENTS = 2
+"""Gaussian head, per query token outside the layers: the final LayerNorm (input and output)."""
+STEP_WORKING_ELEMENTS = 12
+"""No-grad working set of one expert step, per chunk token (x W, fp32): the residual stream, a LayerNorm output, the
+q/k/v projection (3) or the MLP's hidden before and after its activation (2 x 4W), whichever is alive at once."""
+NOISE_HEAD_HIDDEN = 64
+"""Hidden width of Flow-Noise's noise head (``FlowNoiseHead(hidden=64)``)."""
+CRITIC_HIDDEN = 256
+"""Hidden width of the continuous VLA's critic (``ValueHead(prefix_dim, hidden=256)``)."""
+
+
+@dataclass(frozen=True)
+class ContinuousHead:
+    """A VLA's continuous action head (``model.action_head=flow|gaussian``) as the planner sees it.
+
+    The head, its noise head, the state projection and the critic are fp32 whatever the backbone's dtype (they are
+    built in fp32 next to the backbone; the prefix is cast to fp32 before the head reads it), so their parameters,
+    gradients and AdamW state are 4 + 4 + 8 B each and their activations 4 B per element.
+    """
+
+    kind: str  # flow | gaussian
+    width: int  # W: model.expert_width
+    depth: int  # model.expert_depth (gaussian: query layers)
+    chunk: int  # H: model.chunk
+    action_dim: int  # A: model.head_action_dim or the env's action dims
+    num_steps: int = 10  # K: model.num_steps (flow)
+    likelihood: str = "flow_sde"  # flow: flow_sde | flow_sde_one | flow_noise
+    state_dim: int = 0  # S: dims of the robot state (0: model.use_state=false, no state token)
+    log_std: str = "learned"  # gaussian: learned | state
+
+    @property
+    def grad_steps(self) -> int:
+        """Expert passes recomputed WITH gradients per training row: the stochastic denoising steps of the chunk's
+        log-prob (flow_sde: every step but the deterministic last one, K - 1; flow_sde_one: 1; flow_noise: K). The
+        Gaussian head: its one pass."""
+        if self.kind != "flow":
+            return 1
+        return {"flow_sde": self.num_steps - 1, "flow_sde_one": 1, "flow_noise": self.num_steps}[self.likelihood]
+
+    @property
+    def state_tokens(self) -> int:
+        """Tokens the head's prefix has beyond the backbone's sequence: one projected state token (use_state)."""
+        return 1 if self.state_dim else 0
+
+
+def continuous_head_params(head: ContinuousHead, prefix_dim: int, *, value_head: bool = False) -> dict[str, int]:
+    """Parameters of the trainable modules outside the backbone, by module (D = ``prefix_dim``, the backbone width).
+
+    * flow expert (``FlowActionExpert``): prefix LayerNorm 2D, action_in A W + W, positions H W, action-time MLP
+      3 W^2 + 2 W, final LayerNorm 2 W, action_out W A + A, and per layer 14 W^2 + 2 D W + 19 W (self q/k/v 3 W^2 +
+      3 W and out W^2 + W, cross q W^2 + W, cross k/v from the prefix 2 D W + 2 W, cross out W^2 + W, MLP 8 W^2 +
+      5 W, 3 LayerNorms 6 W): ``2D + 2AW + A + HW + 3W^2 + 5W + depth (14W^2 + 2DW + 19W)``;
+    * Flow-Noise's noise head (flow_noise): ``64 (W + 1 + A) + A``;
+    * Gaussian head (``GaussianChunkHead``): queries H W, per layer 14 W^2 + 2 D W + 2 D + 19 W (as the expert's, plus
+      its own prefix LayerNorm 2 D), final LayerNorm 2 W, mean W A + A, log-std A (learned) or W A + A (state);
+    * state projection (use_state): ``S D + D``;
+    * critic (PPO, ``ValueHead``): LayerNorm 2 D, D x 256 + 256, 256 + 1: ``258 D + 513``.
+    """
+    D, W, H, A, L = prefix_dim, head.width, head.chunk, head.action_dim, head.depth
+    out: dict[str, int] = {}
+    if head.kind == "flow":
+        out["expert"] = 2 * D + 2 * A * W + A + H * W + 3 * W * W + 5 * W + L * (14 * W * W + 2 * D * W + 19 * W)
+        if head.likelihood == "flow_noise":
+            out["noise_head"] = NOISE_HEAD_HIDDEN * (W + 1 + A) + A
+    elif head.kind == "gaussian":
+        log_std = A if head.log_std == "learned" else W * A + A
+        out["gaussian_head"] = H * W + L * (14 * W * W + 2 * D * W + 2 * D + 19 * W) + 2 * W + W * A + A + log_std
+    else:
+        raise ValueError(f"unknown continuous head {head.kind!r} (flow, gaussian)")
+    if head.state_dim:
+        out["state_proj"] = head.state_dim * D + D
+    if value_head:
+        out["critic"] = (2 + CRITIC_HIDDEN) * D + 2 * CRITIC_HIDDEN + 1
+    return out
+
+
+def head_training_bytes(
+    head: ContinuousHead, *, prefix_tokens: int, prefix_dim: int, rows: int, dtype_bytes: int
+) -> int:
+    """fp32 activations the head keeps for the backward over ``rows`` training rows (each its own observation: the
+    upper bound; rows sharing an observation share its prefix terms). P = ``prefix_tokens`` (backbone sequence + the
+    state token), D = ``prefix_dim``, W, H, L = depth, b = the backbone's ``dtype_bytes``.
+
+    Per row, 4 B per element:
+
+    * the prefix as the head reads it: the fp32 cast of the backbone's last hidden states (only when b < 4) and the
+      prefix LayerNorm's output: ``P D (1 [b < 4] + 1)`` (gaussian: one LayerNorm output per layer);
+    * flow: the cross-attention keys/values, computed once per observation and gathered per row
+      (``PrefixKV.index_select``): ``L 2 P W``, twice for flow_sde_one (the per-step gather of the rows drawn at each
+      step is a second copy alive until the log-prob returns); gaussian: ``L 2 P W``;
+    * flow: every expert pass recomputed with gradients (``grad_steps``: K - 1 / 1 / K) keeps
+      ``H W (22 L + 6)`` (+ ``H 2 x 64`` for the noise head); gaussian: one pass ``H W (22 L + 2)``.
+    """
+    P, D, W, H, L = prefix_tokens, prefix_dim, head.width, head.chunk, head.depth
+    cast = P * D if dtype_bytes < 4 else 0
+    if head.kind == "flow":
+        kv_copies = 2 if head.likelihood == "flow_sde_one" else 1
+        per_step = H * W * (EXPERT_LAYER_ELEMENTS * L + EXPERT_IO_ELEMENTS)
+        if head.likelihood == "flow_noise":
+            per_step += H * 2 * NOISE_HEAD_HIDDEN
+        per_row = cast + P * D + kv_copies * L * 2 * P * W + head.grad_steps * per_step
+    else:
+        per_row = cast + L * (P * D + 2 * P * W) + H * W * (EXPERT_LAYER_ELEMENTS * L + GAUSSIAN_IO_ELEMENTS)
+    return rows * per_row * 4
+
+
+def head_rollout_bytes(head: ContinuousHead, *, prefix_tokens: int, prefix_dim: int, samples: int) -> int:
+    """fp32 bytes of one no-grad head call for ``samples`` rows (each its own observation: the upper bound).
+
+    Per row: the prefix cast and its LayerNorm output ``2 P D``; flow: the keys/values of the observation and their
+    per-row gather ``2 x L 2 P W``, one step's working set ``12 H W`` and the recorded chain, step noise and initial
+    noise ``(2K + 2) H A``; gaussian: one layer's keys/values ``2 P W`` and its working set ``12 H W``."""
+    P, D, W, H, L, A, K = (
+        prefix_tokens,
+        prefix_dim,
+        head.width,
+        head.chunk,
+        head.depth,
+        head.action_dim,
+        head.num_steps,
+    )
+    per_row = 2 * P * D + STEP_WORKING_ELEMENTS * H * W
+    if head.kind == "flow":
+        per_row += 2 * L * 2 * P * W + (2 * K + 2) * H * A
+    else:
+        per_row += 2 * P * W
+    return samples * per_row * 4
+
+
 # ============================================================================ the whole plan
 
 
@@ -280,6 +424,8 @@ class PlanInputs:
     latent_elements: int = 0  # elements of one latent (for the stored chain)
     num_steps: int = 0  # sampler steps (latents stored per sample: num_steps + 1)
     cfg_branches: int = 1
+    # VLA continuous action head (model.action_head=flow|gaussian); None: the tokens head
+    head: ContinuousHead | None = None
 
     def with_(self, **kw) -> PlanInputs:
         return replace(self, **kw)
@@ -312,6 +458,10 @@ class MemoryBreakdown:
     per_layer: int = 0  # activation bytes of one layer for one sample
     kv_cache: int = 0
     prefill: int = 0
+    head_params: int = 0  # continuous VLA head: fp32 trainable parameters outside the backbone (expert, critic, ...)
+    head_activations: int = 0  # part of ``activations``: the head's fp32 activations of one micro-batch
+    head_rollout: int = 0  # part of ``rollout``: one no-grad head call over the rollout's rows
+    hidden_states: int = 0  # part of ``rollout``: the backbone's hidden states of every layer (output_hidden_states)
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -367,6 +517,7 @@ def _vision_root(arch: Architecture) -> int:
 def plan_memory(inp: PlanInputs) -> MemoryBreakdown:
     """The per-device memory of one training run (bytes per term; see the module docstring for the conventions)."""
     arch = inp.arch
+    head = inp.head
     counts = param_counts(
         arch,
         dtype_bytes=inp.dtype_bytes,
@@ -374,11 +525,22 @@ def plan_memory(inp: PlanInputs) -> MemoryBreakdown:
         lora_r=inp.lora_r,
         lora_targets=inp.lora_targets,
         freeze_vision=inp.freeze_vision,
-        value_head=inp.value_head,
+        value_head=inp.value_head and head is None,  # a continuous head's critic is counted with the head
     )
     state = model_state_bytes(
         counts, strategy=inp.strategy, world_size=inp.world_size, offload=inp.offload, optim_dtype=inp.optim_dtype
     )
+    head_params = 0
+    if head is not None:  # fp32 modules next to the backbone: 4 B parameters and gradients, 8 B AdamW moments
+        head_params = sum(continuous_head_params(head, arch.text.hidden, value_head=inp.value_head).values())
+        hs = model_state_bytes(
+            ParamCounts(head_params, 0, 4, 4),
+            strategy=inp.strategy,
+            world_size=inp.world_size,
+            offload=inp.offload,
+            optim_dtype=inp.optim_dtype,
+        )
+        state = StateBytes(state.params + hs.params, state.grads + hs.grads, state.optimizer + hs.optimizer)
     b = inp.dtype_bytes
     notes: list[str] = []
     reference = 0
@@ -386,7 +548,11 @@ def plan_memory(inp: PlanInputs) -> MemoryBreakdown:
         if arch.diffusion is not None:
             reference = arch.diffusion.denoiser_params * b
         else:
-            reference = counts.trainable * counts.trainable_bytes + counts.frozen * counts.frozen_bytes
+            reference = (
+                counts.trainable * counts.trainable_bytes + counts.frozen * counts.frozen_bytes + head_params * 4
+            )
+    if head is not None and inp.kl_reference and inp.lora:
+        notes.append("a continuous head with LoRA has no KL reference (the policy refuses it): set algo.kl_coef=0")
     if arch.diffusion is not None:
         return _plan_diffusion(inp, counts, state, reference, notes)
 
@@ -464,6 +630,21 @@ def plan_memory(inp: PlanInputs) -> MemoryBreakdown:
             dtype_bytes=b,
         )
         rollout = kv + prefill
+    head_acts = head_roll = hidden_states = 0
+    fsdp = _fsdp_buffers(arch, inp)
+    if head is not None:
+        # the backbone runs the prefix only (no action tokens, no KV cache: use_cache=False), keeps the logits of its
+        # last position (logits_to_keep=1) and hands every layer's hidden states back (output_hidden_states)
+        prefix = inp.seq + head.state_tokens
+        logits = rows * t.vocab * b
+        head_acts = head_training_bytes(head, prefix_tokens=prefix, prefix_dim=t.hidden, rows=rows, dtype_bytes=b)
+        acts += head_acts
+        hidden_states = inp.rollout_samples * (t.layers + 1) * inp.seq * t.hidden * b
+        head_roll = head_rollout_bytes(head, prefix_tokens=prefix, prefix_dim=t.hidden, samples=inp.rollout_samples)
+        kv = vllm_persistent = 0  # the continuous policy samples with its own forwards, never through vLLM
+        rollout = prefill + hidden_states + head_roll
+        if fsdp:
+            fsdp += head_params * 4  # the heads live in the root unit, gathered for the whole pass
     return MemoryBreakdown(
         params=state.params,
         grads=state.grads,
@@ -472,13 +653,17 @@ def plan_memory(inp: PlanInputs) -> MemoryBreakdown:
         logits=logits,
         rollout=rollout,
         reference=reference,
-        fsdp_buffers=_fsdp_buffers(arch, inp),
+        fsdp_buffers=fsdp,
         overhead=inp.overhead_bytes,
         vllm_persistent=vllm_persistent,
         counts=counts,
         per_layer=per_layer,
         kv_cache=kv,
         prefill=prefill,
+        head_params=head_params,
+        head_activations=head_acts,
+        head_rollout=head_roll,
+        hidden_states=hidden_states,
         notes=notes,
     )
 

@@ -13,13 +13,24 @@ from typing import Any
 
 from mmrl.planning.advice import Suggestion, suggest
 from mmrl.planning.architectures import Architecture, image_tokens_for, resolve_architecture
-from mmrl.planning.memory import GIB, LOGIT_BYTES_PER_ELEMENT, MemoryBreakdown, PlanInputs, dtype_bytes, plan_memory
+from mmrl.planning.memory import (
+    GIB,
+    LOGIT_BYTES_PER_ELEMENT,
+    ContinuousHead,
+    MemoryBreakdown,
+    PlanInputs,
+    dtype_bytes,
+    plan_memory,
+)
 
 __all__ = ["PlanSettings", "build_plan", "format_report", "plan_inputs", "report_json", "split_plan_overrides"]
 
 # Processor defaults when model.max_pixels is null: Qwen2/2.5-VL's image processor max_pixels 12845056 and Qwen3-VL's
 # longest_edge 16777216 (16384 vision tokens either way); the tiny builds' own budget is 256 tokens.
 _DEFAULT_MAX_TOKENS_REAL = 16384
+DEFAULT_STATE_DIM = 8
+"""Robot-state dims assumed for a continuous head's state projection when ``model.state_mean`` is not set (LIBERO's
+8: end-effector position 3 + axis-angle 3 + gripper 2; the projection's S x D + D parameters are negligible)."""
 
 
 @dataclass
@@ -186,6 +197,7 @@ def plan_inputs(cfg, settings: PlanSettings, arch: Architecture | None = None) -
             per_image = image_tokens_for(
                 arch.vision, getattr(m, "max_pixels", None), default_tokens * arch.vision.pixels_per_token
             )
+    head = _continuous_head(cfg) if m.type == "vla" else None
     vla = _vla_episode(cfg, arch) if m.type == "vla" else {}
     if vla:  # every policy call is a training row; its image is the task's camera frame, not the processor's budget
         info.update(vla)
@@ -203,7 +215,8 @@ def plan_inputs(cfg, settings: PlanSettings, arch: Architecture | None = None) -
         image_tokens=images * per_image,
         new_tokens=vla["tokens_per_call"] if vla else int(m.max_new_tokens),
         rows_per_sample=vla.get("policy_calls", 1),
-        logit_vocab=int(m.n_bins) if vla else 0,
+        logit_vocab=int(m.n_bins) if vla and head is None else 0,
+        head=head,
         engine=getattr(m, "rollout_engine", "hf"),
         vllm_fraction=float(getattr(m, "vllm_gpu_memory_utilization", 0.3)),
         vllm_sleep=bool(getattr(m, "vllm_sleep", True)),
@@ -220,16 +233,59 @@ def _vla_episode(cfg, arch: Architecture) -> dict[str, Any]:
 
     task = get_task_class(cfg.task.name)(cfg.task, cfg)
     spec = task.env_spec()
-    chunk = int(cfg.model.chunk)
+    m = cfg.model
+    chunk = int(m.chunk)
+    continuous = getattr(m, "action_head", "tokens") != "tokens"
+    executed = int(getattr(m, "n_action_steps", None) or chunk)  # env steps per policy call
     height, width = task.frame_size()
     side = arch.vision.patch * arch.vision.merge if arch.vision is not None else 1
     tokens = max(1, round(height / side)) * max(1, round(width / side))
-    return {
-        "policy_calls": math.ceil(spec.max_steps / chunk),
-        "tokens_per_call": chunk * spec.action_dim,
+    calls = math.ceil(spec.max_steps / executed)
+    if getattr(m, "max_policy_calls", None) is not None:
+        calls = min(calls, int(m.max_policy_calls))
+    out = {
+        "policy_calls": calls,
+        "tokens_per_call": 0 if continuous else chunk * spec.action_dim,
         "image_tokens": tokens,
         "frame": f"{height}x{width}",
+        "action_dim": int(spec.action_dim),
     }
+    if continuous:
+        out["action_head"] = m.action_head
+    return out
+
+
+def _continuous_head(cfg) -> ContinuousHead | None:
+    """The planner's view of ``model.action_head=flow|gaussian`` (None for the tokens head). The head's action dims
+    are ``model.head_action_dim`` or the env's (read from the task's env spec, no env built); the state dims
+    ``len(model.state_mean)`` or :data:`DEFAULT_STATE_DIM`."""
+    from mmrl.errors import ConfigError
+
+    m = cfg.model
+    kind = getattr(m, "action_head", "tokens")
+    if kind == "tokens":
+        return None
+    if getattr(m, "architecture", "vlm") != "vlm":
+        raise ConfigError(
+            f"mmrl plan does not model model.architecture={m.architecture} (its expert comes from the checkpoint)"
+        )
+    action_dim = m.head_action_dim
+    if action_dim is None:
+        from mmrl.tasks import get_task_class
+
+        action_dim = get_task_class(cfg.task.name)(cfg.task, cfg).env_spec().action_dim
+    state_dim = (len(m.state_mean) if m.state_mean else DEFAULT_STATE_DIM) if m.use_state else 0
+    return ContinuousHead(
+        kind=kind,
+        width=int(m.expert_width),
+        depth=int(m.expert_depth),
+        chunk=int(m.chunk),
+        action_dim=int(action_dim),
+        num_steps=int(m.num_steps),
+        likelihood=str(m.likelihood),
+        state_dim=int(state_dim),
+        log_std=str(m.log_std),
+    )
 
 
 def build_plan(overrides: list[str]) -> tuple[Any, PlanSettings, PlanInputs, dict, MemoryBreakdown, list[Suggestion]]:
@@ -326,11 +382,25 @@ def format_report(
             f"{inp.seq} tokens"
             + (f" ({inp.images} image(s) x {info.get('per_image_tokens', 0)} tokens)" if inp.images else "")
         )
-    if "policy_calls" in info:
+    head = inp.head
+    if "policy_calls" in info and head is None:
         lines.append(
             f"  VLA: {info['frame']} frames; every episode is {info['policy_calls']} training rows (one per "
             f"policy call, the longest episode) of {info['tokens_per_call']} action tokens; the loss head "
             f"is over the {inp.logit_vocab} action bins"
+        )
+    elif head is not None:
+        what = (
+            f"flow expert {head.width} wide x {head.depth} layers, K = {head.num_steps} steps, {head.likelihood}: "
+            f"{head.grad_steps} expert pass(es) with gradients per row"
+            if head.kind == "flow"
+            else f"Gaussian head {head.width} wide x {head.depth} query layer(s), one pass per row"
+        )
+        lines.append(
+            f"  VLA, action_head={head.kind}: {info['frame']} frames; every episode is {info['policy_calls']} training "
+            f"rows (one per policy call, the longest episode), each a prefix of {inp.seq + head.state_tokens} tokens "
+            f"(+ {head.state_tokens} state token) -> a chunk of {head.chunk} x {head.action_dim}; {what}; "
+            f"{_n(bd.head_params)} fp32 parameters outside the backbone"
         )
     lines.append(
         f"  micro-batch {inp.micro_batch} samples = {cfg.trainer.batch_size} prompts x {cfg.algo.group_size} "
@@ -349,6 +419,11 @@ def format_report(
         )
     )
     rows.append(("optimizer state", bd.optimizer, "on CPU" if inp.offload != "none" else _optim_formula(inp, bd) + sh))
+    if head is not None:
+        rows[0] = (rows[0][0], rows[0][1], rows[0][2] + f" + head {_n(bd.head_params)} x 4 B{sh}")
+        rows[1] = (rows[1][0], rows[1][1], rows[1][2] + f" + head {_n(bd.head_params)} x 4 B{sh}")
+        if inp.offload == "none":
+            rows[2] = (rows[2][0], rows[2][1], rows[2][2] + f" + head {_n(bd.head_params)} x 8 B{sh}")
     if arch.diffusion is not None:
         d = arch.diffusion
         seq = inp.image_latent_tokens + inp.text_tokens
@@ -382,15 +457,51 @@ def format_report(
         else:
             how = f"{n} x {t.layers} layers x {bd.per_layer:,} B (+ final norm)"
         how += f"; one layer = {inp.seq} tokens x {bd.per_layer // max(inp.seq, 1):,} B"
-        rows.append(("activations", bd.activations, how))
-        rows.append(
-            (
-                "logits (loss head)",
-                bd.logits,
-                f"{n} x {inp.new_tokens} x {inp.logit_vocab or t.vocab} x {LOGIT_BYTES_PER_ELEMENT} B",
+        if head is not None:
+            rows.append(("activations: backbone", bd.activations - bd.head_activations, how))
+            steps = f"{head.grad_steps} pass(es)" if head.kind == "flow" else "1 pass"
+            rows.append(
+                (
+                    "activations: action head",
+                    bd.head_activations,
+                    f"{n} x (prefix cast/norm + k/v of {inp.seq + head.state_tokens} tokens + {steps} over "
+                    f"{head.chunk} tokens x {head.width}), fp32",
+                )
             )
-        )
-        if inp.engine == "vllm":
+            rows.append(("logits (last position)", bd.logits, f"{n} x {t.vocab} x {b} B (logits_to_keep=1)"))
+            rows.append(
+                (
+                    "rollout: prefix hidden states",
+                    bd.hidden_states,
+                    f"{inp.rollout_samples} x {t.layers + 1} layers x {inp.seq} x {t.hidden} x {b} B",
+                )
+            )
+            rows.append(
+                (
+                    "rollout: prefill",
+                    bd.prefill,
+                    f"{inp.rollout_samples} x {inp.prompt_tokens} x (3 x {t.intermediate} + 4 x {t.hidden}) x {b} B",
+                )
+            )
+            rows.append(
+                (
+                    "rollout: action head",
+                    bd.head_rollout,
+                    f"{inp.rollout_samples} rows: prefix k/v (+ per-row copy), one step's working set"
+                    + (f", the {head.num_steps}-step chain" if head.kind == "flow" else "")
+                    + ", fp32, no grad",
+                )
+            )
+        else:
+            rows.append(("activations", bd.activations, how))
+            rows.append(
+                (
+                    "logits (loss head)",
+                    bd.logits,
+                    f"{n} x {inp.new_tokens} x {inp.logit_vocab or t.vocab} x {LOGIT_BYTES_PER_ELEMENT} B",
+                )
+            )
+        if head is None and inp.engine == "vllm":
             rows.append(
                 (
                     "rollout: vLLM reservation",
@@ -399,7 +510,7 @@ def format_report(
                     + (" (sleep: released outside generation)" if inp.vllm_sleep else " (held: no sleep mode)"),
                 )
             )
-        else:
+        elif head is None:
             rows.append(
                 (
                     "rollout: KV cache",
@@ -436,6 +547,8 @@ def format_report(
     rollout_name = (
         "latents + no-grad block"
         if arch.diffusion is not None
+        else "prefix hidden states + prefill + action head (no KV cache)"
+        if head is not None
         else "vLLM"
         if inp.engine == "vllm"
         else "KV cache + prefill"

@@ -89,7 +89,7 @@ def test_resume_auto_says_whether_it_found_a_run(tmp_path, caplog):
 
 
 def test_real_vlm_preset_offline_is_one_line(tmp_path):
-    p = _cli(tmp_path, *toy_overrides(tmp_path, steps=1), "model=qwen2_5_vl_3b")
+    p = _cli(tmp_path, *toy_overrides(tmp_path, steps=1), "task=vqa_grounding", "model=qwen2_5_vl_3b")
     assert p.returncode == 2
     line = _one_line(p.stderr)
     assert "Qwen/Qwen2.5-VL-3B-Instruct" in line and "not on this machine" in line

@@ -330,7 +330,7 @@ def test_cli_plan_7b_offline_fast_no_weights(capsys, monkeypatch):
 
     monkeypatch.setattr(tv, "load_vlm", refuse)
     monkeypatch.setattr(tv, "build_tiny_vlm", refuse)
-    argv = ["plan", "model=qwen2_5_vl_7b", "plan.world_size=8", "plan.device_gb=80"]
+    argv = ["plan", "task=vqa_grounding", "model=qwen2_5_vl_7b", "plan.world_size=8", "plan.device_gb=80"]
     assert main(argv) == 0  # warm: Hydra and the task modules imported once
     capsys.readouterr()
     t0 = time.perf_counter()
@@ -365,7 +365,16 @@ def test_cli_plan_subprocess_and_bad_plan_key():
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     t0 = time.perf_counter()
     p = subprocess.run(
-        [sys.executable, "-m", "mmrl.cli", "plan", "model=qwen2_5_vl_7b", "plan.world_size=8", "plan.device_gb=80"],
+        [
+            sys.executable,
+            "-m",
+            "mmrl.cli",
+            "plan",
+            "task=vqa_grounding",
+            "model=qwen2_5_vl_7b",
+            "plan.world_size=8",
+            "plan.device_gb=80",
+        ],
         capture_output=True,
         text=True,
         env=env,
