@@ -176,6 +176,9 @@ class TrainerConfig:
     """Evaluate every N steps (0: only at the end when eval_at_end)."""
     eval_at_end: bool = True
     """Run the evaluation once after the last step."""
+    eval_at_start: bool = False
+    """Evaluate the initial policy before the first RL step (logged at step 0), for a start -> end comparison without
+    a warm start (with ``sft_steps > 0`` the warm start already evaluates before and after itself)."""
     eval_size: int | None = None
     """Evaluate on at most this many eval items (None: all)."""
     eval_greedy: bool = True

@@ -157,6 +157,7 @@ HARMLESS_TRAINER_KEYS = frozenset(
         "max_steps",
         "eval_every",
         "eval_at_end",
+        "eval_at_start",
         "eval_size",
         "eval_greedy",
         "eval_samples",

@@ -662,6 +662,10 @@ class Trainer:
                 self._warm_start()
                 warm_started = True
                 self.save_checkpoint()  # step 0 = the warm-started weights: a resume never redoes or loses SFT
+            elif tr.eval_at_start and self.step == 0 and not self.resumed:
+                start = self.evaluate()
+                self.report.add_eval("start", start)
+                self.tracker.log(start, 0)
             # created after the warm start: its ETA is measured on RL steps only
             bar = PhaseProgress(
                 f"{self.cfg.task.name} RL", tr.max_steps, initial=self.step, enabled=tr.progress and self.is_main

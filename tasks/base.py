@@ -49,7 +49,8 @@ class Task(abc.ABC):
         return self._cached_split("train")
 
     def eval_items(self) -> Sequence[dict]:
-        """Evaluation records (same schema). Built once; empty when the config asks for no eval items."""
+        """Evaluation records (same schema). Built once. Empty when the task config has ``num_eval: 0`` and no
+        ``eval_data`` (the names the shipped tasks use; a task that names its eval size otherwise overrides this)."""
         cfg = self.cfg
         if getattr(cfg, "num_eval", 1) == 0 and not getattr(cfg, "eval_data", None):
             return []
@@ -87,7 +88,11 @@ class Task(abc.ABC):
         return item
 
     def reward_columns(self, items: Sequence[dict]) -> dict[str, list]:
-        """Per-item fields passed to reward functions (default: every key but the prompt)."""
+        """Per-item fields passed to reward functions as keyword columns (TRL's convention), one list per key.
+
+        Default: every key of the items but ``prompt``, media included (images, video paths, frames), and every
+        reward function gets them, remote reward endpoints too (``reward.fns`` with a URL: they are serialised into
+        the request). A task whose items carry large media overrides this to send only what its rewards read."""
         keys = [k for k in items[0] if k != "prompt"] if items else []
         return {k: [it.get(k) for it in items] for k in keys}
 

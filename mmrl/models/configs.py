@@ -26,7 +26,13 @@ class LoraConfig:
 @dataclass
 class BaseModelConfig:
     """Fields every model family has. Abstract: each ``model.type`` has its own subclass (see
-    :mod:`mmrl.models.registry`), which sets ``type``, ``name`` and ``path``."""
+    :mod:`mmrl.models.registry`), which sets ``type``, ``name`` and ``path``.
+
+    What the rest of mmrl reads from a model config, so a new model type's config must have it: ``type`` (the
+    registry key), ``name`` (``mmrl eval`` names its output folder after it), ``path`` (``mmrl plan`` and the
+    start-of-run memory check read it), ``lora`` (``lora.enabled``: the trainer's reference is the adapters-off
+    model) and, when present, ``temperature`` / ``top_p`` (validated) and ``ema`` (the trainer keeps an EMA copy).
+    Subclassing this class gives all of them."""
 
     type: str = ""
     """Model family selector."""

@@ -264,6 +264,10 @@ class PolicySpec:
     prepare_model: Callable[[str, Any], str] | None = None
     """Diffusion: ``(base model path, model config) -> path to load``, applied before loading (e.g. t2i_color
     pre-trains the tiny pipeline on its synthetic images and returns the cached result)."""
+    extras: dict[str, Any] = field(default_factory=dict)
+    """What a new modality's builder needs from its task that no field above holds (an audio sample rate, a clip
+    length, an answer vocabulary), by name; the builder documents the keys it reads and raises naming the task when
+    one is missing. Give a field of its own to what more than one adapter reads."""
 
 
 class Policy(abc.ABC):

@@ -285,3 +285,17 @@ def test_sft_max_items_limits_the_warm_start_to_the_first_items(tmp_path):
     assert len(tr.train_items) > 3  # RL still draws from the whole training set
     with pytest.raises(ConfigError, match="sft_max_items"):
         load_config(toy_overrides(tmp_path, "trainer.sft_max_items=0"))
+
+
+def test_eval_at_start_logs_the_initial_policy_at_step_zero(tmp_path):
+    import json
+
+    tr = toy_trainer(tmp_path, "trainer.eval_at_start=true", "trainer.eval_size=8", steps=1)
+    initial = tr.evaluate()  # the policy before any update, on the same items and seeds
+    tr.fit()
+    rows = [json.loads(line) for line in (tr.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert rows[0]["step"] == 0 and rows[0]["eval/score"] == initial["eval/score"]
+    assert rows[0]["eval/n"] == 8 and all(r["step"] >= 1 for r in rows[1:])
+    plain = toy_trainer(tmp_path / "off", "trainer.eval_size=8", steps=1)
+    plain.fit()
+    assert all(json.loads(r)["step"] >= 1 for r in (plain.run_dir / "metrics.jsonl").read_text().splitlines())
