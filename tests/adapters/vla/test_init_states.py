@@ -56,6 +56,7 @@ def test_vla_checkpoint_refuses_changed_layouts(tmp_path):
     pytest.importorskip("mujoco")
     torch = pytest.importorskip("torch")
     from mmrl.config import load_config
+    from mmrl.rollouts import prepare_batch
     from mmrl.trainer import Trainer
     from tests.adapters.vla.test_vla_tasks import reach_overrides
 
@@ -81,7 +82,7 @@ def test_vla_checkpoint_refuses_changed_layouts(tmp_path):
                 with pytest.raises(InitStateDriftError, match="reach_red/0"):
                     ev.evaluate()
             else:
-                out = ev.policy.rollout(ev._prepare([0], [0], ev.task.eval_items())[0], 2)
+                out = ev.policy.rollout(prepare_batch(ev.task, [0], [0], ev.task.eval_items())[0], 2)
                 assert out.metrics["env/init_state_drift"] == 1.0 and torch.is_tensor(out.mask)
         finally:
             ev.policy.close()
