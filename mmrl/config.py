@@ -179,6 +179,9 @@ class TrainerConfig:
     eval_at_start: bool = False
     """Evaluate the initial policy before the first RL step (logged at step 0), for a start -> end comparison without
     a warm start (with ``sft_steps > 0`` the warm start already evaluates before and after itself)."""
+    eval_before_warm_start: bool = True
+    """With ``sft_steps > 0``: also evaluate the untrained policy before the warm start (logged as
+    ``sft/eval_score_before``); false skips that evaluation (the one after the warm start always runs)."""
     eval_size: int | None = None
     """Evaluate on at most this many eval items (None: all)."""
     eval_greedy: bool = True

@@ -605,7 +605,8 @@ class Trainer:
         from mmrl.sft import run_sft
 
         tr = self.cfg.trainer
-        before = self.evaluate() if tr.eval_at_end or tr.eval_every else {}
+        evaluates = tr.eval_at_end or tr.eval_every
+        before = self.evaluate() if evaluates and tr.eval_before_warm_start else {}
         self.report.add_eval("start", before)
         t0 = time.perf_counter()
         with PhaseProgress(
@@ -620,7 +621,7 @@ class Trainer:
                 on_step=lambda m: bar.update(1, loss=m["sft/loss"]),
             )
         self.report.add_time("warm start", time.perf_counter() - t0)
-        after = self.evaluate() if tr.eval_at_end or tr.eval_every else {}
+        after = self.evaluate() if evaluates else {}
         self.report.add_eval("after warm start", after)
         row = {**sft, "time/sft": time.perf_counter() - t0, **after}
         if "eval/score" in before:

@@ -287,6 +287,30 @@ def test_sft_max_items_limits_the_warm_start_to_the_first_items(tmp_path):
         load_config(toy_overrides(tmp_path, "trainer.sft_max_items=0"))
 
 
+@pytest.mark.parametrize("before", [True, False])
+def test_eval_before_warm_start_is_optional(tmp_path, before):
+    """trainer.eval_before_warm_start=false skips the untrained policy's evaluation (one evaluation fewer, no
+    sft/eval_score_before); the evaluation after the warm start is logged at step 0 either way."""
+    import json
+
+    tr = toy_trainer(
+        tmp_path,
+        "trainer.sft_steps=2",
+        "trainer.eval_size=4",
+        "trainer.eval_at_end=true",
+        f"trainer.eval_before_warm_start={before}",
+        steps=1,
+    )
+    calls = []
+    evaluate = tr.evaluate
+    tr.evaluate = lambda *a, **k: calls.append(1) or evaluate(*a, **k)
+    tr.fit()
+    rows = [json.loads(line) for line in (tr.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert rows[0]["step"] == 0 and rows[0]["eval/n"] == 4
+    assert ("sft/eval_score_before" in rows[0]) == before
+    assert len(calls) == (3 if before else 2)  # before (optional), after the warm start, at the end
+
+
 def test_eval_at_start_logs_the_initial_policy_at_step_zero(tmp_path):
     import json
 

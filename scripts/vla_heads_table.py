@@ -1,0 +1,146 @@
+"""Meta-World: the tokens, flow and gaussian action heads on the same seeds and budget (the continuous-actions issue).
+
+    python scripts/vla_heads_table.py                       # 3 heads x seeds 0 1 2, then the table and the plot
+    python scripts/vla_heads_table.py --heads flow --seeds 0 trainer.sft_steps=300   # a subset, with overrides
+    python scripts/vla_heads_table.py --table-only          # rebuild the table / plot from the runs already there
+
+Each run is ``mmrl train task=metaworld model.action_head=<head> trainer.seed=<seed>`` (the CLI, in a subprocess, one
+at a time so that wall times compare) into runs/heads/<head>_s<seed>; the continuous heads add the chunking of
+HEAD_OVERRIDES. The table gives held-out success (192 sampled episodes per evaluation) at random init, after the warm
+start, after RL, and the wall and CPU time of the whole run (CPU time: user + system of the run and its env
+workers, a fair budget when something else ran beside it). It is written to docs/curves/metaworld_heads.json and the eval
+curves to docs/curves/metaworld_heads.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RUNS = ROOT / "runs" / "heads"
+HEADS = ("tokens", "flow", "gaussian")
+HEAD_OVERRIDES = {
+    "tokens": [],
+    # a chunk of 4 actions, 2 executed per call (pi0-style chunking at the task's scale): half the policy calls of
+    # the tokens head, whose chunk of 1 is the task's tuned default
+    "flow": ["model.chunk=4", "model.n_action_steps=2"],
+    "gaussian": ["model.chunk=4", "model.n_action_steps=2"],
+}
+
+
+def run_one(head: str, seed: int, extra: list[str]) -> None:
+    name = f"{head}_s{seed}"
+    cmd = [
+        sys.executable, "-m", "mmrl.cli", "train", "task=metaworld", f"model.action_head={head}",
+        f"trainer.seed={seed}", f"trainer.output_dir={RUNS}", f"trainer.run_name={name}", "trainer.overwrite=true",
+        *HEAD_OVERRIDES[head], *extra,
+    ]  # fmt: skip
+    print("$", " ".join(cmd[2:]), flush=True)
+    t0, cpu0 = time.perf_counter(), _children_cpu_s()
+    subprocess.run(cmd, check=True, cwd=ROOT)
+    timing = {"wall_s": time.perf_counter() - t0, "cpu_s": _children_cpu_s() - cpu0, "cmd": cmd[2:]}
+    (RUNS / name / "wall_s.json").write_text(json.dumps(timing))
+
+
+def _children_cpu_s() -> float:
+    """User + system CPU seconds of the finished child processes (the run and the env workers it reaped): the run's
+    cost on the machine whatever else was running beside it."""
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def summarise(run: Path) -> dict | None:
+    metrics = run / "metrics.jsonl"
+    if not metrics.exists() or not (run / "wall_s.json").exists():
+        return None
+    rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    evals = [(r["step"], r["eval/score"]) for r in rows if r.get("eval/score") is not None]
+    timing = json.loads((run / "wall_s.json").read_text())
+    before = next((r["sft/eval_score_before"] for r in rows if "sft/eval_score_before" in r), None)
+    return {
+        "random_init": before,
+        "warm_start": evals[0][1],
+        "after_rl": evals[-1][1],
+        "rl_steps": evals[-1][0],
+        "eval_curve": evals,
+        "wall_min": timing["wall_s"] / 60,
+        "cpu_min": timing.get("cpu_s", float("nan")) / 60,
+    }
+
+
+def table(heads, seeds) -> dict:
+    out = {}
+    for head in heads:
+        for seed in seeds:
+            s = summarise(RUNS / f"{head}_s{seed}")
+            if s is not None:
+                out.setdefault(head, {})[f"seed{seed}"] = s
+    lines = [
+        "| head | seed | random init | warm start | after RL | gain | wall (min) | CPU (min) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for head, by_seed in out.items():
+        for seed, s in by_seed.items():
+            gain = s["after_rl"] - s["warm_start"]
+            lines.append(
+                f"| {head} | {seed[4:]} | {s['random_init']:.3f} | {s['warm_start']:.3f} | {s['after_rl']:.3f} "
+                f"| {gain:+.3f} | {s['wall_min']:.1f} | {s['cpu_min']:.1f} |"
+            )
+        gains = [s["after_rl"] - s["warm_start"] for s in by_seed.values()]
+        lines.append(f"| {head} | median gain | | | | {statistics.median(gains):+.3f} | | |")
+    print("\n".join(lines))
+    return {"table_md": lines, "runs": out}
+
+
+def plot(summary: dict, png: Path) -> None:
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(5.5, 3.6))
+    ax = fig.subplots()
+    colours = {"tokens": "tab:blue", "flow": "tab:orange", "gaussian": "tab:green"}
+    for head, by_seed in summary["runs"].items():
+        for i, s in enumerate(by_seed.values()):
+            xs = [-1] + [step for step, _ in s["eval_curve"]]
+            ys = [s["random_init"]] + [score for _, score in s["eval_curve"]]
+            ax.plot(xs, ys, marker="o", color=colours.get(head), alpha=0.8, label=head if i == 0 else None)
+    ax.set_xlabel("RL step (-1: random init, 0: after warm start)")
+    ax.set_ylabel("held-out success (192 episodes)")
+    ax.set_title("Meta-World: action heads, same seeds and budget")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--heads", nargs="+", default=list(HEADS), choices=HEADS)
+    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    p.add_argument("--table-only", action="store_true")
+    args, extra = p.parse_known_args(argv)
+    if not args.table_only:
+        for seed in args.seeds:
+            for head in args.heads:
+                run_one(head, seed, extra)
+    summary = table(args.heads, args.seeds)
+    if not summary["runs"]:
+        print("no finished runs under", RUNS)
+        return 1
+    docs = ROOT / "docs" / "curves"
+    summary["stack"] = "mujoco 3.3.0, torch 2.14.1, 2-core CPU, one run at a time"
+    summary["overrides"] = {"all": extra, **HEAD_OVERRIDES}
+    (docs / "metaworld_heads.json").write_text(json.dumps(summary, indent=1))
+    plot(summary, docs / "metaworld_heads.png")
+    print("wrote docs/curves/metaworld_heads.{json,png}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
