@@ -1,7 +1,7 @@
 """Meta-World: the tokens, flow and gaussian action heads on the same seeds and budget (the continuous-actions issue).
 
     python scripts/vla_heads_table.py                       # 3 heads x seeds 0 1 2, then the table and the plot
-    python scripts/vla_heads_table.py --heads flow --seeds 0 trainer.sft_steps=300   # a subset, with overrides
+    python scripts/vla_heads_table.py trainer.sft_steps=300 --heads flow --seeds 0   # overrides first, then a subset
     python scripts/vla_heads_table.py --table-only          # rebuild the table / plot from the runs already there
 
 Each run is ``mmrl train task=metaworld model.action_head=<head> trainer.seed=<seed>`` (the CLI, in a subprocess, one

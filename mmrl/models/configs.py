@@ -261,6 +261,10 @@ class VLAConfig(VLMConfig):
     checkpoint's image feature (e.g. ``observation.images.camera1``). Cameras not listed map to LeRobot's LIBERO
     names (agentview and image -> observation.images.image, wrist -> observation.images.image2), else to
     ``observation.images.<camera>``."""
+    camera_views: str = "tiled"
+    """architecture=vlm: how the task's camera views reach the VLM: tiled (its frame, the views side by side, as one
+    image) or separate (each view its own image in the prompt, in the task's camera order, as multi-camera models
+    take them: more image tokens, no seam between the views). One-camera tasks are the same either way."""
 
     # ---------------------------------------------------------------- continuous action heads (docs/tasks/vla.md)
     action_head: str = "tokens"
@@ -323,6 +327,7 @@ class VLAConfig(VLMConfig):
         check_choice(self.logp_granularity, ("token", "action", "chunk"), "model.logp_granularity")
         check_choice(self.action_head, ("tokens", "flow", "gaussian"), "model.action_head")
         check_choice(self.architecture, ("vlm", "smolvla"), "model.architecture")
+        check_choice(self.camera_views, ("tiled", "separate"), "model.camera_views")
         if self.architecture != "vlm":
             if self.action_head != "flow":
                 raise ConfigError(
@@ -332,6 +337,11 @@ class VLAConfig(VLMConfig):
                 raise ConfigError(
                     f"model.architecture={self.architecture} trains the full model on the robot state: set "
                     "model.lora.enabled=false and model.use_state=true"
+                )
+            if self.camera_views != "tiled":
+                raise ConfigError(
+                    f"model.camera_views is for model.architecture=vlm ({self.architecture} maps each camera to "
+                    "its own image feature: model.camera_map)"
                 )
         elif self.camera_map:
             raise ConfigError("model.camera_map is for model.architecture=smolvla (a vlm reads the task's one image)")

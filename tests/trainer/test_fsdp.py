@@ -47,6 +47,10 @@ VLA = [
     "trainer.lr=0.01",
 ]
 """The VLA policy (tiny Qwen3-VL + action tokens) in the tabletop simulator: each rank runs its own env pool."""
+VLA_FLOW = [*VLA, "model.action_head=flow", "model.chunk=2", "model.num_steps=3", "algo=ppo"]
+"""The flow action expert (Flow-SDE) with PPO's critic on the prefix: the value loss gives every step a gradient."""
+VLA_GAUSSIAN = [*VLA, "model.action_head=gaussian", "model.chunk=2"]
+"""The Gaussian chunk head with its learned log-std (the entropy bonus has a closed form there)."""
 
 
 def _assert_equal_runs(one, two, *, tol=2e-5):
@@ -72,6 +76,8 @@ def _sharded_files(run_dir):
         ("vlm_full", [*VLM, "model.lora.enabled=false", "model.freeze_vision_tower=false"]),
         ("diffusion_dit", [*DIFFUSION]),
         ("vla", [*VLA]),
+        ("vla_flow_ppo", VLA_FLOW),
+        ("vla_gaussian", VLA_GAUSSIAN),
     ],
 )
 def test_fsdp2_two_processes_match_one(tmp_path, name, extra):

@@ -78,6 +78,15 @@ class VLAInputError(ValueError):
     """A task item, SFT target or environment the VLA policy cannot use."""
 
 
+def split_views(frames: np.ndarray, n_views: int) -> list[np.ndarray]:
+    """The ``n_views`` equal-width views tiled side by side in ``frames [N, H, n * W, 3]``: ``n`` x ``[N, H, W, 3]``."""
+    width = frames.shape[2]
+    if width % n_views:
+        raise VLAInputError(f"frames of width {width} do not split into {n_views} equal camera views")
+    w = width // n_views
+    return [frames[:, :, i * w : (i + 1) * w] for i in range(n_views)]
+
+
 @dataclass
 class VLAEnvSpec:
     """How the policy builds its env pool (given by the task)."""
@@ -269,6 +278,10 @@ class VLAPolicy(VLMPolicy):
         self._slot_tasks: list[str | None] = []
         self._assigned_at_restarts = 0
         self._templates: dict[tuple[str, tuple[int, ...]], PromptInputs] = {}
+        cameras = list(action_stats.get("cameras") or ["image"])
+        self.n_views = len(cameras) if cfg.camera_views == "separate" else 1
+        """Images per observation given to the VLM: the task's camera views split out of its tiled frame
+        (``model.camera_views=separate``), else the tiled frame as one image."""
 
     @contextlib.contextmanager
     def evaluation_outputs(self) -> Iterator[None]:
@@ -326,18 +339,23 @@ class VLAPolicy(VLMPolicy):
         return math.ceil(self.env_spec.max_steps / self.actions_per_call)
 
     # ------------------------------------------------------------------ observations -> prompts
+    def _views(self, frames: np.ndarray) -> list[np.ndarray]:
+        """The images of each frame of ``frames [N, H, W, 3]``, observation-major: ``N * n_views`` arrays."""
+        views = split_views(frames, self.n_views)
+        return [views[v][k] for k in range(len(frames)) for v in range(self.n_views)]
+
     def _template(self, instruction: str, frame: np.ndarray) -> PromptInputs:
-        """Chat-templated ids of (image, instruction) for this frame size, computed once and cached."""
+        """Chat-templated ids of (images, instruction) for this frame size, computed once and cached."""
         key = (instruction, tuple(frame.shape))
         tpl = self._templates.get(key)
         if tpl is None:
             from PIL import Image
 
-            image = Image.fromarray(frame)
+            images = [Image.fromarray(view) for view in self._views(frame[None])]
             text = self.processor.apply_chat_template(
-                build_messages({"prompt": instruction}, 1), add_generation_prompt=True, tokenize=False
+                build_messages({"prompt": instruction}, len(images)), add_generation_prompt=True, tokenize=False
             )
-            enc = self.processor(text=[text], images=[image], return_tensors="pt")
+            enc = self.processor(text=[text], images=images, return_tensors="pt")
             grid = enc["image_grid_thw"]
             mm = enc.get("mm_token_type_ids")
             ids = enc["input_ids"][0].long()
@@ -345,13 +363,13 @@ class VLAPolicy(VLMPolicy):
                 raise VLAInputError(f"prompt '{instruction}' has {ids.numel()} tokens > model.max_prompt_tokens")
             tpl = PromptInputs(
                 text=text,
-                images=[image],
+                images=images,
                 input_ids=ids,
                 mm_token_type_ids=mm[0].long() if mm is not None else torch.zeros_like(ids),
                 pixel_values=None,
                 image_grid_thw=grid,
-                orig_sizes=[image.size],
-                input_sizes=[input_size_from_grid(grid[0], self.patch_size)],
+                orig_sizes=[image.size for image in images],
+                input_sizes=[input_size_from_grid(g, self.patch_size) for g in grid],
             )
             self._templates[key] = tpl
         return tpl
@@ -368,9 +386,9 @@ class VLAPolicy(VLMPolicy):
             raise VLAInputError(f"{len(instructions)} instructions for {len(frames)} frames")
         pixels = None
         if features is None and len(frames):
-            enc = self.processor.image_processor(images=list(frames), return_tensors="pt")
-            per = enc["image_grid_thw"].prod(-1).tolist()
-            pixels = torch.split(enc["pixel_values"], per)
+            enc = self.processor.image_processor(images=self._views(frames), return_tensors="pt")
+            per = enc["image_grid_thw"].prod(-1).reshape(len(frames), self.n_views).sum(-1).tolist()
+            pixels = torch.split(enc["pixel_values"], per)  # one observation's views together, in camera order
         out = []
         for k, instruction in enumerate(instructions):
             tpl = self._template(instruction, frames[k])

@@ -35,7 +35,9 @@ SETTINGS = {
 }
 
 
-def make_policy(setting: str, *, value_head: bool = False, reference: bool = False, seed: int = 0, **cfg_kw):
+def make_policy(
+    setting: str, *, value_head: bool = False, reference: bool = False, seed: int = 0, stats=STATS, **cfg_kw
+):
     torch.manual_seed(seed)
     lm, proc = load_vlm(resolve_vlm("tiny_qwen2_5_vl"))
     spec = VLAEnvSpec(
@@ -60,7 +62,7 @@ def make_policy(setting: str, *, value_head: bool = False, reference: bool = Fal
     }
     cfg = VLAConfig(**kw)
     cfg.validate()
-    return ContinuousVLAPolicy(lm, proc, cfg, STATS, spec, value_head=value_head, reference=reference)
+    return ContinuousVLAPolicy(lm, proc, cfg, stats, spec, value_head=value_head, reference=reference)
 
 
 def batch(states=(0, 1), seeds=(11, 22)) -> PromptBatch:
@@ -96,6 +98,28 @@ def test_rollout_logp_equals_recomputed_and_chunks_are_executed(policy):
     assert torch.equal(again.rollout_logp, ro.rollout_logp)
     key = "chain" if policy.cfg.action_head == "flow" else "actions"
     assert not torch.equal(ro.payload[key][0], ro.payload[key][1])  # group members differ
+
+
+@pytest.mark.parametrize("frozen", [True, False], ids=["frozen_tower_cached_features", "trainable_tower"])
+def test_separate_camera_views_keep_the_log_prob_exact(frozen):
+    """model.camera_views=separate with a continuous head: both camera images of each observation go through the
+    backbone (two vision blocks; with a frozen tower their cached features are reused in training) and the recorded
+    log-prob equals the recomputed one."""
+    p = make_policy(
+        "flow_sde",
+        stats={**STATS, "cameras": ["agentview", "wrist"]},
+        camera_views="separate",
+        freeze_vision_tower=frozen,
+    )
+    try:
+        ro = p.rollout(batch(), 2)
+        assert (
+            p.n_views == 2 and p.observation_prompts(ro.payload["frames"][0][:1], ["x"])[0].image_grid_thw.shape[0] == 2
+        )
+        out = p.log_probs(ro)
+        assert max_gap(out.logp.detach(), ro.rollout_logp, ro.mask) < 1e-6
+    finally:
+        p.close()
 
 
 def test_greedy_rollout_is_deterministic_and_has_no_density(policy):
@@ -343,3 +367,40 @@ def test_resume_is_bit_exact_with_a_flow_head_and_critic(tmp_path):
     assert all(torch.equal(ps[n], pr[n]) for n in ps)
     os_, or_ = straight.optimizer.state_dict()["state"], resumed.optimizer.state_dict()["state"]
     assert all(torch.equal(os_[i][s], or_[i][s]) for i in os_ for s in os_[i])
+
+
+def test_mmrl_eval_of_a_continuous_checkpoint_reproduces_the_runs_final_eval(tmp_path, capsys):
+    """`mmrl eval checkpoint=<run>` rebuilds the Gaussian head and its action and state statistics from the checkpoint
+    (demos drawn with another seed at eval time change nothing): its sampled eval (seeds fixed per item) gives exactly
+    the run's final eval numbers, and the success table is printed."""
+    pytest.importorskip("mujoco")
+    from mmrl.cli import main
+    from mmrl.config import load_config
+    from mmrl.trainer import Trainer
+
+    cfg = reach_overrides(
+        tmp_path,
+        "model.action_head=gaussian",
+        "task.tasks=[reach_red,reach_blue]",
+        "task.eval_init_states=2",
+        "trainer.max_steps=1",
+        "trainer.eval_at_end=true",
+        "trainer.eval_greedy=false",
+        "trainer.eval_samples=2",
+        "algo.filter_groups=false",
+    )
+    tr = Trainer(load_config(cfg))
+    try:
+        last = tr.fit()
+    finally:
+        tr.policy.close()
+    assert last["eval/n"] == 8  # 2 tasks x 2 initial states x 2 samples
+    capsys.readouterr()
+    assert main(["eval", f"checkpoint={tmp_path / 'run'}", "task.demo_seed=7"]) == 0
+    out, err = capsys.readouterr()
+    metrics = json.loads(out)
+    assert metrics["eval/n"] == 8 and metrics["eval/score"] == round(last["eval/score"], 4)
+    results = json.loads((tmp_path / "run" / "eval" / "step_000001" / "results.json").read_text())
+    for key in ("eval/score", "eval/success_rate", "eval/episode_length"):
+        assert results["metrics"][key] == last[key], key
+    assert "| reach_red: " in err and "| reach_blue: " in err  # the per-task success table

@@ -208,3 +208,36 @@ def test_task_switches_are_redone_after_a_worker_restart(policy):
             policy._assign_tasks(pool, ["a", None, "b"])
     finally:
         policy.env_spec, policy._slot_tasks, policy._assigned_at_restarts = saved
+
+
+def test_separate_camera_views_are_images_of_their_own():
+    """model.camera_views=separate: each camera view tiled in the task's frame is its own image in the prompt (two
+    vision blocks, each view's pixels exactly what the processor makes of that view alone); the rollout's log-probs
+    equal the recomputed ones through the same split; a frame that does not split is a VLAInputError."""
+    lm, proc = load_vlm(resolve_vlm("tiny_qwen2_5_vl"))
+    spec = VLAEnvSpec(
+        env_name="testing/counter", env_kwargs={"image_size": 32, "max_steps": 4}, max_steps=4, action_dim=2
+    )
+    stats = {**STATS, "cameras": ["agentview", "wrist"]}
+    cfg = dict(num_workers=1, step_timeout_s=20.0)
+    sep = VLAPolicy(lm, proc, VLAConfig(camera_views="separate", **cfg), stats, spec)
+    tiled = VLAPolicy(lm, proc, VLAConfig(**cfg), stats, spec)
+    try:
+        frames = np.random.default_rng(0).integers(0, 256, (3, 28, 56, 3), dtype=np.uint8)
+        a, b = sep.observation_prompts(frames, ["go"] * 3), tiled.observation_prompts(frames, ["go"] * 3)
+        assert sep.n_views == 2 and tiled.n_views == 1
+        assert a[0].image_grid_thw.shape[0] == 2 and b[0].image_grid_thw.shape[0] == 1
+        assert a[0].text.count("<|vision_start|>") == 2 and b[0].text.count("<|vision_start|>") == 1
+        ref = proc.image_processor(images=[frames[1][:, :28], frames[1][:, 28:]], return_tensors="pt")
+        assert torch.equal(a[1].pixel_values, ref["pixel_values"])
+        assert torch.equal(a[1].image_grid_thw, ref["image_grid_thw"])
+        n_pad = int((a[1].input_ids == proc.tokenizer.convert_tokens_to_ids("<|image_pad|>")).sum())
+        assert n_pad == int(ref["image_grid_thw"].prod(-1).sum()) // 4  # 2x2 merged patches of both views
+        with pytest.raises(VLAInputError, match="do not split into 2 equal camera views"):
+            sep.observation_prompts(frames[:, :, :55], ["go"] * 3)
+        ro = sep.rollout(batch(), 2)
+        gap = float(((sep.log_probs(ro).logp.detach() - ro.rollout_logp).abs() * ro.mask).max())
+        assert gap < TOL, gap
+    finally:
+        sep.close()
+        tiled.close()

@@ -42,7 +42,7 @@ from mmrl.adapters.vla.init_states import INIT_STATES_FILE, InitStateRecord
 from mmrl.adapters.vla.lerobot import LeRobotCheckpointError
 from mmrl.adapters.vla.lerobot.pipeline import ACTION_KEY
 from mmrl.adapters.vla.lerobot.smolvla import FlowExpertView, PrefixCache
-from mmrl.adapters.vla.policy import ACTION_STATS_FILE, VLAEnvSpec, VLAInputError
+from mmrl.adapters.vla.policy import ACTION_STATS_FILE, VLAEnvSpec, VLAInputError, split_views
 from mmrl.adapters.vla.value_head import ValueHead
 from mmrl.policies.base import FrozenCopyReference, PolicySpec
 
@@ -76,15 +76,6 @@ def camera_features(cameras: Sequence[str], camera_map: Mapping[str, str]) -> di
     if unknown:
         raise VLAInputError(f"model.camera_map names camera '{unknown[0]}'; the task's cameras are {list(cameras)}")
     return {c: camera_map.get(c) or DEFAULT_CAMERA_FEATURES.get(c) or f"observation.images.{c}" for c in cameras}
-
-
-def split_views(frames: np.ndarray, n_views: int) -> list[np.ndarray]:
-    """The ``n_views`` equal-width views tiled side by side in ``frames [N, H, n * W, 3]``: ``n`` x ``[N, H, W, 3]``."""
-    width = frames.shape[2]
-    if width % n_views:
-        raise VLAInputError(f"frames of width {width} do not split into {n_views} equal camera views")
-    w = width // n_views
-    return [frames[:, :, i * w : (i + 1) * w] for i in range(n_views)]
 
 
 class _ExpertHead(FlowExpertView):
