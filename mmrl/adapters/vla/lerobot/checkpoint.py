@@ -1,4 +1,4 @@
-"""Read and write SmolVLA checkpoints in LeRobot's ``save_pretrained`` layout.
+"""Read and write SmolVLA checkpoints (and read π0 ones) in LeRobot's ``save_pretrained`` layout.
 
 A LeRobot policy folder holds ``config.json`` (``"type": "smolvla"``, input/output features, sizes),
 ``model.safetensors`` (names under ``model.``: the VLM under ``model.vlm_with_expert.vlm.``, the expert under
@@ -10,6 +10,12 @@ folder, also looked up next to the checkpoint).
 Sizes come from the tensors (widths, layer counts, vocabulary, patch size, padded state/action dims); head counts
 and the other conventions from the configs. Anything that does not fit is one ``LeRobotCheckpointError`` line
 naming the file, feature or tensor.
+
+π0 and π0.5 (``"type": "pi0"`` / ``"pi05"``, ``load_pi0``): PaliGemma under
+``model.paligemma_with_expert.paligemma.``, the expert under ``model.paligemma_with_expert.gemma_expert.``; the
+tokenizer is the pre-processor's ``tokenizer_name`` (a hub id or a folder). LeRobot's config only names Gemma
+variants, so every size is read from the tensors (see ``pi0.py``). ``load_policy`` loads any supported type by what
+config.json says.
 """
 
 from __future__ import annotations
@@ -25,7 +31,21 @@ import torch
 
 from mmrl.adapters.vla.lerobot import LeRobotCheckpointError
 
-__all__ = ["LEROBOT_PREFIXES", "UNUSED_TENSORS", "load_smolvla", "save_smolvla", "to_lerobot_names", "to_mmrl_names"]
+__all__ = [
+    "LEROBOT_PREFIXES",
+    "PI0_PREFIXES",
+    "PI05_PREFIXES",
+    "PI0_UNUSED_TENSORS",
+    "SUPPORTED_TYPES",
+    "UNUSED_TENSORS",
+    "load_pi0",
+    "load_policy",
+    "load_smolvla",
+    "save_policy",
+    "save_smolvla",
+    "to_lerobot_names",
+    "to_mmrl_names",
+]
 
 LEROBOT_PREFIXES: tuple[tuple[str, str], ...] = (
     ("model.vlm_with_expert.vlm.model.vision_model.", "vision_model."),
@@ -45,32 +65,74 @@ LEROBOT_PREFIXES: tuple[tuple[str, str], ...] = (
 UNUSED_TENSORS = ("model.vlm_with_expert.vlm.lm_head.weight", "model.vlm_with_expert.vlm.model.text_model.norm.weight")
 """Tensors LeRobot saves that no output depends on (the VLM's LM head and final norm): kept and written back."""
 
+_PI0 = "model.paligemma_with_expert."
+PI0_PREFIXES: tuple[tuple[str, str], ...] = (
+    (_PI0 + "paligemma.model.vision_tower.vision_model.", "vision_tower."),
+    (_PI0 + "paligemma.model.multi_modal_projector.linear.", "multi_modal_projector."),
+    (_PI0 + "paligemma.model.language_model.embed_tokens.", "embed_tokens."),
+    (_PI0 + "paligemma.model.language_model.layers.", "vlm_layers."),
+    (_PI0 + "gemma_expert.model.layers.", "expert_layers."),
+    (_PI0 + "gemma_expert.model.norm.", "expert_norm."),
+    ("model.state_proj.", "state_proj."),
+    ("model.action_in_proj.", "action_in_proj."),
+    ("model.action_out_proj.", "action_out_proj."),
+    ("model.action_time_mlp_in.", "action_time_mlp_in."),
+    ("model.action_time_mlp_out.", "action_time_mlp_out."),
+)
+"""LeRobot π0 tensor-name prefix -> ``PI0Model`` parameter-name prefix."""
+
+PI0_LM_HEAD = _PI0 + "paligemma.lm_head.weight"
+PI0_UNUSED_TENSORS = (
+    PI0_LM_HEAD,
+    _PI0 + "paligemma.model.language_model.norm.weight",
+    _PI0 + "gemma_expert.lm_head.weight",
+)
+"""π0 tensors no output depends on (PaliGemma's LM head and final norm, the expert's LM head): kept, written back."""
+
+PI05_PREFIXES: tuple[tuple[str, str], ...] = tuple(
+    pair for pair in PI0_PREFIXES if not pair[0].startswith(("model.state_proj.", "model.action_time_mlp_"))
+) + (("model.time_mlp_in.", "time_mlp_in."), ("model.time_mlp_out.", "time_mlp_out."))
+"""LeRobot π0.5 tensor-name prefix -> ``PI05Model`` parameter-name prefix (no state projection, a time MLP)."""
+
+SUPPORTED_TYPES = ("smolvla", "pi0", "pi05")
+"""LeRobot policy types mmrl loads (config.json's ``type``)."""
+
 PREPROCESSOR_FILE = "policy_preprocessor.json"
 POSTPROCESSOR_FILE = "policy_postprocessor.json"
 _IGNORED_STEPS = ("to_batch_processor", "device_processor")
+_DISABLED_STEPS = ("relative_actions_processor", "absolute_actions_processor")
+"""Steps mmrl accepts only while their config says ``enabled: false`` (π0's relative-action conversion)."""
 
 
-def to_mmrl_names(tensors: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+def to_mmrl_names(
+    tensors: dict[str, torch.Tensor],
+    *,
+    prefixes: tuple[tuple[str, str], ...] = LEROBOT_PREFIXES,
+    unused_names: tuple[str, ...] = UNUSED_TENSORS,
+    policy: str = "SmolVLA",
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """Split LeRobot's tensors into (mmrl-named model tensors, unused tensors); error on an unknown name."""
     mapped, unused = {}, {}
     for name, tensor in tensors.items():
-        if name in UNUSED_TENSORS:
+        if name in unused_names:
             unused[name] = tensor
             continue
-        for src, dst in LEROBOT_PREFIXES:
+        for src, dst in prefixes:
             if name.startswith(src):
                 mapped[dst + name[len(src) :]] = tensor
                 break
         else:
-            raise LeRobotCheckpointError(f"model.safetensors: tensor '{name}' is not part of a SmolVLA policy")
+            raise LeRobotCheckpointError(f"model.safetensors: tensor '{name}' is not part of a {policy} policy")
     return mapped, unused
 
 
-def to_lerobot_names(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def to_lerobot_names(
+    state: dict[str, torch.Tensor], *, prefixes: tuple[tuple[str, str], ...] = LEROBOT_PREFIXES
+) -> dict[str, torch.Tensor]:
     """mmrl parameter names -> LeRobot's (the inverse of ``to_mmrl_names``'s renaming)."""
     out = {}
     for name, tensor in state.items():
-        for src, dst in LEROBOT_PREFIXES:
+        for src, dst in prefixes:
             if name.startswith(dst):
                 out[src + name[len(dst) :]] = tensor
                 break
@@ -125,6 +187,23 @@ def _resolve_vlm(folder: Path, name: str, vlm_path: str | Path | None) -> str:
     for candidate in (Path(name), folder / name, folder / Path(name).name):
         if (candidate / "config.json").is_file():
             return str(candidate)
+    return name
+
+
+def _resolve_tokenizer(folder: Path, name: str, tokenizer_path: str | Path | None) -> str:
+    """The tokenizer location: ``tokenizer_path``, a folder ``name`` (as given or next to the checkpoint), else
+    ``name`` as a hub id (from the local cache when offline)."""
+    if tokenizer_path is not None:
+        if not Path(tokenizer_path).is_dir():
+            raise LeRobotCheckpointError(f"tokenizer_path {tokenizer_path} is not a folder")
+        return str(tokenizer_path)
+    for candidate in (Path(name), folder / name, folder / Path(name).name):
+        if (candidate / "tokenizer_config.json").is_file() or (candidate / "tokenizer.json").is_file():
+            return str(candidate)
+    if Path(name).is_absolute() or name.startswith(".") or name.count("/") > 1:  # a folder path, not a hub id
+        raise LeRobotCheckpointError(
+            f"the pre-processor's tokenizer folder '{name}' is not on this machine (pass tokenizer_path=<folder>)"
+        )
     return name
 
 
@@ -229,30 +308,37 @@ def _model_config(cfg: dict[str, Any], vlm: dict[str, Any], tensors: dict[str, t
     )
 
 
-def _lerobot_name(name: str) -> str:
+def _lerobot_name(name: str, prefixes: tuple[tuple[str, str], ...] = LEROBOT_PREFIXES) -> str:
     """LeRobot's name of one mmrl parameter name."""
-    return next(iter(to_lerobot_names({name: None})))
+    return next(iter(to_lerobot_names({name: None}, prefixes=prefixes)))
 
 
-def _load_weights(model: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> None:
+def _load_weights(
+    model: torch.nn.Module,
+    tensors: dict[str, torch.Tensor],
+    *,
+    prefixes: tuple[tuple[str, str], ...] = LEROBOT_PREFIXES,
+    policy: str = "SmolVLA",
+) -> None:
     """``load_state_dict`` with one-line errors for a missing, extra or mis-shaped tensor."""
     expected = model.state_dict()
     missing = [name for name in expected if name not in tensors]
     extra = [name for name in tensors if name not in expected]
     if missing:
         raise LeRobotCheckpointError(
-            f"model.safetensors: tensor '{_lerobot_name(missing[0])}' is missing ({len(missing)} missing in all)"
+            f"model.safetensors: tensor '{_lerobot_name(missing[0], prefixes)}' is missing "
+            f"({len(missing)} missing in all)"
         )
     if extra:
         raise LeRobotCheckpointError(
-            f"model.safetensors: tensor '{_lerobot_name(extra[0])}' is not used by this SmolVLA configuration "
-            f"({len(extra)} extra in all)"
+            f"model.safetensors: tensor '{_lerobot_name(extra[0], prefixes)}' is not used by this {policy} "
+            f"configuration ({len(extra)} extra in all)"
         )
     for name, tensor in tensors.items():
         if tuple(tensor.shape) != tuple(expected[name].shape):
             raise LeRobotCheckpointError(
-                f"model.safetensors: tensor '{_lerobot_name(name)}' has shape {tuple(tensor.shape)}, the configs "
-                f"imply {tuple(expected[name].shape)}"
+                f"model.safetensors: tensor '{_lerobot_name(name, prefixes)}' has shape {tuple(tensor.shape)}, the "
+                f"configs imply {tuple(expected[name].shape)}"
             )
     model.load_state_dict({k: v.to(torch.float32) for k, v in tensors.items()}, strict=True)
 
@@ -282,6 +368,14 @@ def _normalizer(folder: Path, step: dict[str, Any], filename: str):
         raise LeRobotCheckpointError(f"{filename}: {exc}") from None
 
 
+def _check_disabled(step: dict[str, Any], filename: str) -> None:
+    if step.get("config", {}).get("enabled", False):
+        raise LeRobotCheckpointError(
+            f"{filename}: processor step '{step.get('registry_name')}' is enabled (relative actions are not supported "
+            f"by mmrl yet)"
+        )
+
+
 def _read_processors(folder: Path, cfg: dict[str, Any]):
     """(normalizer, unnormalizer, tokenizer settings, rename map, raw json of both files) from the processor files."""
     from mmrl.adapters.vla.lerobot.processing import Normalizer, TokenizerSettings
@@ -291,7 +385,7 @@ def _read_processors(folder: Path, cfg: dict[str, Any]):
     normalizer = unnormalizer = None
     tokenizer = None
     rename: dict[str, str] = {}
-    newline = False
+    newline = state_prompt = False
     for step in pre:
         kind = step.get("registry_name", "")
         conf = step.get("config", {})
@@ -309,17 +403,24 @@ def _read_processors(folder: Path, cfg: dict[str, Any]):
             rename = dict(conf.get("rename_map", {}))
         elif "new_line" in kind or "newline" in kind:
             newline = True
+        elif kind == "pi05_prepare_state_tokenizer_processor_step":
+            state_prompt = True
+        elif kind in _DISABLED_STEPS:
+            _check_disabled(step, PREPROCESSOR_FILE)
         elif kind not in _IGNORED_STEPS:
             raise LeRobotCheckpointError(f"{PREPROCESSOR_FILE}: processor step '{kind}' is not supported by mmrl")
     for step in post:
         kind = step.get("registry_name", "")
         if kind == "unnormalizer_processor":
             unnormalizer = _normalizer(folder, step, POSTPROCESSOR_FILE)
+        elif kind in _DISABLED_STEPS:
+            _check_disabled(step, POSTPROCESSOR_FILE)
         elif kind not in _IGNORED_STEPS:
             raise LeRobotCheckpointError(f"{POSTPROCESSOR_FILE}: processor step '{kind}' is not supported by mmrl")
     if tokenizer is None:
         raise LeRobotCheckpointError(f"{PREPROCESSOR_FILE}: no tokenizer_processor step")
     tokenizer.add_newline = newline
+    tokenizer.state_in_prompt = state_prompt
     normalizer = normalizer or Normalizer({}, {})
     unnormalizer = unnormalizer or Normalizer({}, {})
     raw = {name: json.loads((folder / name).read_text()) for name in (PREPROCESSOR_FILE, POSTPROCESSOR_FILE)}
@@ -406,6 +507,191 @@ def load_smolvla(folder: str | Path, *, vlm_path: str | Path | None = None, devi
     return pipeline.to(device).eval()
 
 
+def load_policy(folder: str | Path, **kwargs):
+    """Load a LeRobot policy folder by config.json's ``type``: ``load_smolvla`` or ``load_pi0`` (their keywords)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise LeRobotCheckpointError(f"LeRobot policy folder {folder} does not exist")
+    kind = _read_json(folder / "config.json").get("type")
+    if kind == "smolvla":
+        return load_smolvla(folder, **kwargs)
+    if kind in ("pi0", "pi05"):
+        return load_pi0(folder, **kwargs)
+    raise LeRobotCheckpointError(
+        f"{folder / 'config.json'}: policy type {kind!r} is not supported by mmrl (supported: "
+        f"{', '.join(SUPPORTED_TYPES)})"
+    )
+
+
+def _pi0_tensors(tensors: dict[str, torch.Tensor], pi05: bool = False) -> dict[str, torch.Tensor]:
+    """Hub π0 names -> LeRobot's saved names, as LeRobot's loader fixes them: a ``model.`` prefix, ``time_mlp_*`` ->
+    ``action_time_mlp_*`` (π0.5: the reverse, and no ``state_proj``), and the LM head copied into the token embedding
+    when the checkpoint has no embedding."""
+    fixed = {}
+    for name, tensor in tensors.items():
+        name = name if name.startswith("model.") else f"model.{name}"
+        for short in ("time_mlp_in.", "time_mlp_out."):
+            old, new = (
+                (f"model.action_{short}", f"model.{short}") if pi05 else (f"model.{short}", f"model.action_{short}")
+            )
+            if name.startswith(old):
+                name = new + name[len(old) :]
+        if pi05 and name.startswith("model.state_proj."):
+            continue
+        fixed[name] = tensor
+    embed = PI0_PREFIXES[2][0] + "weight"
+    if embed not in fixed and PI0_LM_HEAD in fixed:
+        fixed[embed] = fixed[PI0_LM_HEAD].clone()
+    return fixed
+
+
+def _pi0_config(cfg: dict[str, Any], tensors: dict[str, torch.Tensor]):
+    """An mmrl ``PI0Config`` from LeRobot's config.json and the tensor shapes (LeRobot hard-codes the sizes)."""
+    from mmrl.adapters.vla.lerobot.pi0 import SIGLIP_HEADS, PI0Config
+
+    pi05 = cfg.get("type") == "pi05"
+    prefixes = PI05_PREFIXES if pi05 else PI0_PREFIXES
+
+    def shape(name: str) -> tuple[int, ...]:
+        if name not in tensors:
+            raise LeRobotCheckpointError(f"model.safetensors: tensor '{_lerobot_name(name, prefixes)}' is missing")
+        return tuple(tensors[name].shape)
+
+    depth = _count_layers(tensors, "vlm_layers.")
+    expert_depth = _count_layers(tensors, "expert_layers.")
+    if depth < 1 or depth != expert_depth:
+        raise LeRobotCheckpointError(
+            f"model.safetensors: {depth} PaliGemma layers and {expert_depth} action-expert layers (π0 needs as many)"
+        )
+    vocab, width = shape("embed_tokens.weight")
+    head_dim = shape("vlm_layers.0.self_attn.k_proj.weight")[0]  # every π0 Gemma has a single key/value head
+    q_dim = shape("vlm_layers.0.self_attn.q_proj.weight")[0]
+    if q_dim % head_dim:
+        raise LeRobotCheckpointError(
+            f"model.safetensors: PaliGemma's q_proj has {q_dim} outputs, not a multiple of the head size {head_dim}"
+        )
+    expert_q, expert_k = (
+        shape("expert_layers.0.self_attn.q_proj.weight")[0],
+        shape("expert_layers.0.self_attn.k_proj.weight")[0],
+    )
+    if (expert_q, expert_k) != (q_dim, head_dim):
+        raise LeRobotCheckpointError(
+            f"model.safetensors: the action expert's attention ({expert_q} query / {expert_k} key outputs) does not "
+            f"match PaliGemma's ({q_dim} / {head_dim}); joint attention needs the same heads"
+        )
+    v_width, channels, patch, _ = shape("vision_tower.embeddings.patch_embedding.weight")
+    positions = shape("vision_tower.embeddings.position_embedding.weight")[0]
+    side = math.isqrt(positions)
+    resolution = [int(x) for x in cfg.get("image_resolution", (side * patch, side * patch))]
+    if side * side != positions or resolution != [side * patch, side * patch]:
+        raise LeRobotCheckpointError(
+            f"config.json: image_resolution {resolution} does not match the vision tower ({positions} patches of "
+            f"{patch} px)"
+        )
+    if v_width % SIGLIP_HEADS:
+        raise LeRobotCheckpointError(
+            f"model.safetensors: the vision tower's width {v_width} is not a multiple of SigLIP's {SIGLIP_HEADS} heads"
+        )
+    vision = {
+        "hidden_size": v_width,
+        "intermediate_size": shape("vision_tower.encoder.layers.0.mlp.fc1.weight")[0],
+        "num_hidden_layers": _count_layers(tensors, "vision_tower.encoder.layers."),
+        "num_attention_heads": SIGLIP_HEADS,
+        "num_channels": channels,
+        "patch_size": patch,
+        "image_size": side * patch,
+        "layer_norm_eps": 1e-6,
+        "hidden_act": "gelu_pytorch_tanh",
+        "vision_use_head": False,
+    }
+    expert_width, max_action_dim = shape("action_in_proj.weight")
+    max_state_dim = int(cfg.get("max_state_dim", 32)) if pi05 else shape("state_proj.weight")[1]
+    for key, found in (("max_state_dim", max_state_dim), ("max_action_dim", max_action_dim)):
+        if key in cfg and int(cfg[key]) != found:
+            raise LeRobotCheckpointError(f"config.json says {key}={cfg[key]} but model.safetensors implies {found}")
+    used = {"chunk_size", "max_state_dim", "max_action_dim", "num_inference_steps", "min_period", "max_period"}
+    return PI0Config(
+        vision_config=vision,
+        vocab_size=vocab,
+        width=width,
+        depth=depth,
+        intermediate=shape("vlm_layers.0.mlp.gate_proj.weight")[0],
+        num_heads=q_dim // head_dim,
+        num_kv_heads=1,
+        head_dim=head_dim,
+        expert_width=expert_width,
+        expert_intermediate=shape("expert_layers.0.mlp.gate_proj.weight")[0],
+        chunk_size=int(cfg.get("chunk_size", 50)),
+        max_state_dim=max_state_dim,
+        max_action_dim=max_action_dim,
+        num_steps=int(cfg.get("num_inference_steps", 10)),
+        min_period=float(cfg.get("min_period", 4e-3)),
+        max_period=float(cfg.get("max_period", 4.0)),
+        image_size=side * patch,
+        extra={k: v for k, v in cfg.items() if k not in used},
+    )
+
+
+def load_pi0(folder: str | Path, *, tokenizer_path: str | Path | None = None, device: str | torch.device = "cpu"):
+    """Load a LeRobot π0 (or π0.5: ``"type": "pi05"``) folder into a float32 ``PI0Pipeline`` on ``device``.
+
+    ``tokenizer_path``: a folder with the PaliGemma tokenizer, when the pre-processor's ``tokenizer_name`` (LeRobot
+    writes ``google/paligemma-3b-pt-224``) is neither a folder nor cached on this machine.
+    """
+    from mmrl.adapters.vla.lerobot.pi0 import PI0Model
+    from mmrl.adapters.vla.lerobot.pi05 import PI05Model
+    from mmrl.adapters.vla.lerobot.pipeline import PI0Pipeline
+
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise LeRobotCheckpointError(f"LeRobot policy folder {folder} does not exist")
+    cfg = _read_json(folder / "config.json")
+    if cfg.get("type") not in ("pi0", "pi05"):
+        raise LeRobotCheckpointError(
+            f"{folder / 'config.json'}: policy type is {cfg.get('type')!r}, not 'pi0' or 'pi05'"
+        )
+    pi05 = cfg["type"] == "pi05"
+    prefixes = PI05_PREFIXES if pi05 else PI0_PREFIXES
+    if cfg.get("use_relative_actions"):
+        raise LeRobotCheckpointError("config.json: use_relative_actions=true is not supported by mmrl yet")
+    spec = _spec(cfg)
+    spec.centre_pad = True
+    raw_tensors = _pi0_tensors(_read_tensors(folder / "model.safetensors"), pi05=pi05)
+    label = "π0.5" if pi05 else "π0"
+    tensors, unused = to_mmrl_names(raw_tensors, prefixes=prefixes, unused_names=PI0_UNUSED_TENSORS, policy=label)
+    normalizer, unnormalizer, tok_settings, rename, raw = _read_processors(folder, cfg)
+    spec.rename_map = rename
+    model_config = _pi0_config(cfg, tensors)
+    spec.image_size = (model_config.image_size, model_config.image_size)
+    if tok_settings.tokenizer_name in ("None", ""):
+        tok_settings.tokenizer_name = "google/paligemma-3b-pt-224"
+    tokenizer = _load_tokenizer(_resolve_tokenizer(folder, tok_settings.tokenizer_name, tokenizer_path))
+    if pi05 != tok_settings.state_in_prompt:
+        need = "needs" if pi05 else "cannot have"
+        raise LeRobotCheckpointError(
+            f"{PREPROCESSOR_FILE}: a {label} checkpoint {need} the pi05_prepare_state_tokenizer_processor_step step"
+        )
+    model = (PI05Model if pi05 else PI0Model)(model_config)
+    _load_weights(model, tensors, prefixes=prefixes, policy=label)
+    for key in ("observation.state", "action"):
+        source = normalizer if key != "action" else unnormalizer
+        if source.mode(key) != "IDENTITY" and key not in source.stats:
+            raise LeRobotCheckpointError(f"processor files: no normalisation statistics for feature '{key}'")
+    pipeline = PI0Pipeline(
+        model,
+        spec,
+        normalizer,
+        unnormalizer,
+        tokenizer,
+        tok_settings,
+        lerobot_config=cfg,
+        unused_tensors=unused,
+        processor_files=raw,
+    )
+    pipeline.source_folder = folder
+    return pipeline.to(device).eval()
+
+
 # ---------------------------------------------------------------------------------------------- writing
 
 
@@ -413,15 +699,22 @@ def save_smolvla(pipeline, folder: str | Path) -> Path:
     """Write ``pipeline`` as a LeRobot policy folder (same file and tensor names LeRobot's ``save_pretrained`` uses).
 
     config.json is the loaded one; model.safetensors holds the current weights (float32) plus the unused VLM
-    tensors; the processor files are re-written with the current normalisation statistics.
+    tensors; the processor files are re-written with the current normalisation statistics. A π0 / π0.5 pipeline
+    (``load_pi0``) is written in its own layout, with a copy of a local tokenizer folder next to it (``save_policy``
+    is the same function under a type-neutral name).
     """
     from safetensors.torch import save_file
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
+    policy_type = pipeline.lerobot_config.get("type", "smolvla")
+    prefixes = {"pi0": PI0_PREFIXES, "pi05": PI05_PREFIXES}.get(policy_type, LEROBOT_PREFIXES)
     (folder / "config.json").write_text(json.dumps(pipeline.lerobot_config, indent=4))
     state = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in pipeline.model.state_dict().items()}
-    tensors = {**to_lerobot_names(state), **{k: v.contiguous() for k, v in pipeline.unused_tensors.items()}}
+    tensors = {
+        **to_lerobot_names(state, prefixes=prefixes),
+        **{k: v.contiguous() for k, v in pipeline.unused_tensors.items()},
+    }
     save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
     for filename, norm, kind in (
         (PREPROCESSOR_FILE, pipeline.normalizer, "normalizer_processor"),
@@ -437,12 +730,18 @@ def save_smolvla(pipeline, folder: str | Path) -> Path:
         _write_vlm_folder(
             folder / str(pipeline.lerobot_config.get("vlm_model_name", "vlm")), bundled, pipeline.tokenizer
         )
+    name = pipeline.tokenizer_settings.tokenizer_name
+    if policy_type in ("pi0", "pi05") and (Path(name).is_absolute() or name.startswith(".") or name.count("/") > 1):
+        pipeline.tokenizer.save_pretrained(str(folder / Path(name).name))  # a local tokenizer travels with it
     source = getattr(pipeline, "source_folder", None)
     if source is not None and Path(source).resolve() != folder.resolve():
         for extra in ("README.md",):
             if (Path(source) / extra).is_file():
                 shutil.copy2(Path(source) / extra, folder / extra)
     return folder
+
+
+save_policy = save_smolvla
 
 
 def _write_vlm_folder(folder: Path, vlm_config: dict[str, Any], tokenizer) -> None:

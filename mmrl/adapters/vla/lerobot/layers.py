@@ -1,4 +1,4 @@
-"""Building blocks of SmolVLA's two-stream transformer: RoPE, masks, masked attention, the decoder block.
+"""Building blocks of SmolVLA's and π0's two-stream transformers: RoPE, masks, masked attention, decoder blocks.
 
 Every function computes in float32 where LeRobot does (RoPE angles, attention scores and softmax) so that
 mmrl reproduces LeRobot's outputs to ~1e-6 on the same weights; the masks use a large finite negative value
@@ -15,7 +15,9 @@ import torch
 from torch import nn
 
 __all__ = [
+    "AdaRMSNorm",
     "DecoderBlock",
+    "GemmaDecoderBlock",
     "apply_rope",
     "block_causal_mask",
     "masked_attention",
@@ -23,20 +25,28 @@ __all__ = [
 ]
 
 
-def apply_rope(x: torch.Tensor, positions: torch.Tensor, base: float = 10_000.0) -> torch.Tensor:
+def apply_rope(
+    x: torch.Tensor, positions: torch.Tensor, base: float = 10_000.0, *, inverse_frequencies: bool = False
+) -> torch.Tensor:
     """Rotary position embedding of ``x [B, L, H, D]`` at integer ``positions [B, L]`` (half-split convention).
 
     The angle of pair i (i < D/2) is ``position / base ** (2i / D)``; the first half of the last dim is
     rotated with the second (``x1 cos - x2 sin``, ``x2 cos + x1 sin``), as transformers' ``rotate_half`` does.
     SmolVLA uses base 10000 whatever the VLM config's ``rope_theta`` says. Computed in float32, returned in the
-    dtype of ``x``.
+    dtype of ``x``. ``inverse_frequencies``: round the angle as transformers' default rotary embedding does
+    (``position * (1 / base ** (2i / D))``, what π0's Gemma uses) instead of SmolVLA's division; the two differ by
+    float32 rounding only.
     """
     dtype = x.dtype
     half = x.shape[-1] // 2
     x32 = x.to(torch.float32)
-    exponents = (2.0 / x.shape[-1]) * torch.arange(half, dtype=torch.float32, device=x.device)
-    timescale = base**exponents
-    angles = positions[..., None].to(torch.float32) / timescale[None, None, :]
+    if inverse_frequencies:
+        exponents = torch.arange(0, x.shape[-1], 2, dtype=torch.int64, device=x.device).float() / x.shape[-1]
+        angles = positions[..., None].to(torch.float32) * (1.0 / (base**exponents))[None, None, :]
+    else:
+        exponents = (2.0 / x.shape[-1]) * torch.arange(half, dtype=torch.float32, device=x.device)
+        timescale = base**exponents
+        angles = positions[..., None].to(torch.float32) / timescale[None, None, :]
     angles = angles[..., None, :]  # broadcast over heads
     sin, cos = torch.sin(angles), torch.cos(angles)
     x1, x2 = x32[..., :half], x32[..., half:]
@@ -150,3 +160,59 @@ class DecoderBlock(nn.Module):
         """The rest of the block after attention: ``h + o_proj(attn)``, then ``+ mlp(norm(.))``."""
         hidden = self.self_attn.o_proj(attn.to(self.self_attn.o_proj.weight.dtype)) + hidden
         return self.mlp(self.post_attention_layernorm(hidden)) + hidden
+
+
+class GemmaDecoderBlock(nn.Module):
+    """A Gemma pre-norm block's weights: RMSNorm (scale ``1 + w``), attention projections, RMSNorm, gated GELU MLP.
+
+    π0's PaliGemma language model and its action expert are stacks of these (no biases; grouped key/value heads).
+    As for ``DecoderBlock``, the forward passes live in the model (both experts share each attention layer).
+    Parameter names match transformers' ``GemmaDecoderLayer`` (and so LeRobot's π0 checkpoints).
+    """
+
+    def __init__(
+        self,
+        width: int,
+        q_dim: int,
+        kv_dim: int,
+        intermediate: int,
+        *,
+        rms_norm_eps: float = 1e-6,
+        hidden_act: str = "gelu_pytorch_tanh",
+    ) -> None:
+        super().__init__()
+        from transformers.models.gemma.modeling_gemma import GemmaMLP, GemmaRMSNorm
+
+        self.input_layernorm = GemmaRMSNorm(width, eps=rms_norm_eps)
+        self.self_attn = _Projections(width, q_dim, width, kv_dim, False, False)
+        self.post_attention_layernorm = GemmaRMSNorm(width, eps=rms_norm_eps)
+        mlp_config = SimpleNamespace(hidden_size=width, intermediate_size=intermediate, hidden_act=hidden_act)
+        self.mlp = GemmaMLP(mlp_config)
+
+    def attn_out_mlp(self, hidden: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        """The rest of the block after attention: ``h + o_proj(attn)``, then ``+ mlp(norm(.))``."""
+        hidden = hidden + self.self_attn.o_proj(attn.to(self.self_attn.o_proj.weight.dtype))
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+
+class AdaRMSNorm(nn.Module):
+    """π0.5's adaptive RMSNorm: a condition (the flow-time embedding) sets a per-channel scale, shift and gate.
+
+    ``forward(x, cond)`` returns ``(rms(x) * (1 + scale) + shift, gate)`` with ``[scale, shift, gate] =
+    dense(cond)`` (``cond [B, cond_dim]``, broadcast over the tokens of ``x [B, L, dim]``); the block then adds its
+    branch as ``x + gate * branch``. The parameter is ``dense`` (LeRobot's / openpi's name).
+    """
+
+    def __init__(self, dim: int, cond_dim: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.eps = eps
+        self.dense = nn.Linear(cond_dim, 3 * dim)
+
+    def forward(self, x: torch.Tensor, cond: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        variance = torch.mean(torch.square(x.float()), dim=-1, keepdim=True)
+        normed = x * torch.rsqrt(variance + self.eps)
+        modulation = self.dense(cond)
+        if x.ndim == 3:
+            modulation = modulation[:, None, :]
+        scale, shift, gate = modulation.chunk(3, dim=-1)
+        return (normed * (1 + scale.float()) + shift.float()).to(x.dtype), gate.to(x.dtype)

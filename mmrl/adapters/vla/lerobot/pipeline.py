@@ -5,6 +5,10 @@ observation keys, check the cameras against the checkpoint's image features (one
 missing one), resize-pad the frames to [-1, 1], normalise and zero-pad the state, tokenise the task with a
 trailing newline, encode the prefix once, integrate the flow from the given noise, drop the padded action dims
 and unnormalise. ``flow_loss`` is LeRobot's training loss on the same inputs (mean over the real action dims).
+
+``PI0Pipeline`` is the same for π0 and π0.5 (``checkpoint.load_pi0``): openpi's centred resize-with-padding, and the
+padded state goes into the prefix cache for π0's expert state token instead of into the prefix (π0.5 reads the
+state from its prompt, which the tokenizer settings build).
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from mmrl.adapters.vla.lerobot.processing import (
 )
 from mmrl.adapters.vla.lerobot.smolvla import PrefixCache, SmolVLAModel
 
-__all__ = ["ACTION_KEY", "STATE_KEY", "PipelineSpec", "PreparedObservation", "SmolVLAPipeline"]
+__all__ = ["ACTION_KEY", "STATE_KEY", "PI0Pipeline", "PipelineSpec", "PreparedObservation", "SmolVLAPipeline"]
 
 STATE_KEY = "observation.state"
 ACTION_KEY = "action"
@@ -53,6 +57,8 @@ class PipelineSpec:
     image_size: tuple[int, int] | None
     empty_cameras: int = 0
     rename_map: dict[str, str] = field(default_factory=dict)
+    centre_pad: bool = False
+    """π0's resize (``processing.resize_with_center_pad``) instead of SmolVLA's left/top padding."""
 
 
 class SmolVLAPipeline(nn.Module):
@@ -117,7 +123,7 @@ class SmolVLAPipeline(nn.Module):
         for key in present:
             frames = renamed[key]
             frames = frames[:, -1] if frames.ndim == 5 else frames
-            image = prepare_image(frames.to(device), spec.image_size)
+            image = prepare_image(frames.to(device), spec.image_size, centre_pad=spec.centre_pad)
             if image.shape[0] != batch or image.shape[1] != 3:
                 raise LeRobotCheckpointError(
                     f"image feature '{key}' must be [B={batch}, 3, H, W] frames, got shape {tuple(frames.shape)}"
@@ -131,8 +137,8 @@ class SmolVLAPipeline(nn.Module):
             tasks = [tasks] * batch
         if len(tasks) != batch:
             raise LeRobotCheckpointError(f"got {len(tasks)} task strings for a batch of {batch} observations")
-        tokens, lang_mask = self.tokenizer_settings(self.tokenizer, list(tasks))
         norm_state = self.normalizer.normalize(STATE_KEY, state.to(device=device, dtype=torch.float32))
+        tokens, lang_mask = self.tokenizer_settings(self.tokenizer, list(tasks), state=norm_state)
         return PreparedObservation(
             images=pixels,
             image_masks=masks,
@@ -230,3 +236,20 @@ class SmolVLAPipeline(nn.Module):
         if reduction == "mean":
             return losses.sum() / (keep.sum() * losses.shape[-1]).clamp_min(1)
         return losses.sum(dim=(1, 2)) / (keep.sum(dim=(1, 2)) * losses.shape[-1]).clamp_min(1)
+
+
+class PI0Pipeline(SmolVLAPipeline):
+    """A loaded π0 / π0.5 checkpoint: ``PI0Model`` / ``PI05Model`` plus preprocessing (``checkpoint.load_pi0``).
+
+    Everything but the prefix is SmolVLA's: π0's padded state is not a prefix token, it rides in the prefix cache
+    (``PI0PrefixCache.state``) to the expert's suffix.
+    """
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    def encode(self, obs: PreparedObservation) -> PrefixCache:
+        """The PaliGemma prefix cache of prepared observations, carrying their padded state."""
+        emb, pad, ar = self.model.embed_prefix(obs.images, obs.image_masks, obs.lang_tokens, obs.lang_mask)
+        return self.model.encode_prefix(emb, pad, ar, obs.state)

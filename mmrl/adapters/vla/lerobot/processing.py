@@ -2,11 +2,13 @@
 
 - Images: float ``[B, C, H, W]`` in [0, 1] (uint8 is divided by 255; channels-last is transposed) are resized
   without distortion to the configured size and padded on the left and top with black, then mapped to [-1, 1]
-  (what SmolVLM's SigLIP encoder expects).
+  (what SmolVLM's SigLIP encoder expects). π0 (openpi's convention) pads centred instead and clips the resized
+  frame to [0, 1] (``resize_with_center_pad``).
 - State and actions: (un)normalised per feature with the saved statistics and the config's mode per feature type
   (MEAN_STD, MIN_MAX, QUANTILES, QUANTILE10 or IDENTITY), then zero-padded to ``max_state_dim``/``max_action_dim``.
 - Prompt: the task text with a trailing newline, tokenised by the VLM's tokenizer with the saved padding and
-  truncation settings.
+  truncation settings (π0: PaliGemma's tokenizer, ``<bos>`` first, padded on the right to ``max_length``). π0.5
+  writes the normalised state into the prompt instead of a newline (``state_prompts``).
 """
 
 from __future__ import annotations
@@ -19,7 +21,16 @@ import torch.nn.functional as F
 
 from mmrl.adapters.vla.lerobot import LeRobotCheckpointError
 
-__all__ = ["Normalizer", "TokenizerSettings", "check_image_keys", "pad_last_dim", "prepare_image", "resize_with_pad"]
+__all__ = [
+    "Normalizer",
+    "TokenizerSettings",
+    "check_image_keys",
+    "pad_last_dim",
+    "prepare_image",
+    "resize_with_center_pad",
+    "resize_with_pad",
+    "state_prompts",
+]
 
 NORM_MODES = ("IDENTITY", "MEAN_STD", "MIN_MAX", "QUANTILES", "QUANTILE10")
 _MODE_STATS = {
@@ -48,18 +59,40 @@ def resize_with_pad(images: torch.Tensor, height: int, width: int, pad_value: fl
     return F.pad(resized, (max(0, width - new_w), 0, max(0, height - new_h), 0), value=pad_value)
 
 
-def prepare_image(images: torch.Tensor, size: tuple[int, int] | None) -> torch.Tensor:
+def resize_with_center_pad(images: torch.Tensor, height: int, width: int) -> torch.Tensor:
+    """openpi's (and LeRobot π0's) resize-with-padding of float ``[B, C, H, W]`` frames in [0, 1].
+
+    Same scale and bilinear resize as ``resize_with_pad``, then the resized frame is clipped to [0, 1] and padded
+    with black on all sides, the odd pixel of the padding going to the bottom / right. A frame already of the
+    target size is returned unchanged.
+    """
+    if images.ndim != 4:
+        raise ValueError(f"resize_with_center_pad: need [B, C, H, W], got shape {tuple(images.shape)}")
+    cur_h, cur_w = images.shape[2:]
+    if (cur_h, cur_w) == (height, width):
+        return images
+    ratio = max(cur_w / width, cur_h / height)
+    new_h, new_w = int(cur_h / ratio), int(cur_w / ratio)
+    resized = F.interpolate(images, size=(new_h, new_w), mode="bilinear", align_corners=False).clamp(0.0, 1.0)
+    top, left = (height - new_h) // 2, (width - new_w) // 2
+    return F.pad(resized, (left, width - new_w - left, top, height - new_h - top), value=0.0)
+
+
+def prepare_image(images: torch.Tensor, size: tuple[int, int] | None, *, centre_pad: bool = False) -> torch.Tensor:
     """Camera frames -> the encoder's input: float32 ``[B, 3, h, w]`` in [-1, 1].
 
     Accepts ``[B, C, H, W]`` or ``[B, H, W, C]`` (C <= 4 last), float in [0, 1] or uint8. ``size`` is LeRobot's
-    ``resize_imgs_with_padding`` (width, height); None keeps the frame size.
+    ``resize_imgs_with_padding`` (width, height); None keeps the frame size. ``centre_pad``: π0's resize
+    (``resize_with_center_pad``) instead of SmolVLA's left/top padding.
     """
     if images.ndim != 4:
         raise LeRobotCheckpointError(f"camera frames must be [B, C, H, W], got shape {tuple(images.shape)}")
     if images.shape[1] > 4 and images.shape[-1] <= 4:
         images = images.permute(0, 3, 1, 2)
     images = images.to(torch.float32) / 255.0 if images.dtype == torch.uint8 else images.to(torch.float32)
-    if size is not None:
+    if size is not None and centre_pad:
+        images = resize_with_center_pad(images, int(size[1]), int(size[0]))
+    elif size is not None:
         images = resize_with_pad(images, int(size[1]), int(size[0]), pad_value=0.0)
     return images * 2.0 - 1.0
 
@@ -127,9 +160,26 @@ class Normalizer:
         return {f"{key}.{name}": t.detach().cpu() for key, sub in self.stats.items() for name, t in sub.items()}
 
 
+def state_prompts(tasks: Sequence[str], state: torch.Tensor) -> list[str]:
+    """π0.5's prompts: ``"Task: <task>, State: <bins>;\nAction: "`` per row of the normalised ``state [B, S]``.
+
+    Each state dim is discretised into 256 bins over [-1, 1] (``np.digitize`` on the bins' lower edges, minus one:
+    values below -1 give -1, values of 1 and above give 255); the task is stripped, with ``_`` and newlines turned
+    into spaces (LeRobot's ``pi05_prepare_state_tokenizer_processor_step``).
+    """
+    import numpy as np
+
+    bins = np.digitize(state.detach().cpu().numpy(), bins=np.linspace(-1, 1, 256 + 1)[:-1]) - 1
+    prompts = []
+    for task, row in zip(tasks, bins, strict=True):
+        text = task.strip().replace("_", " ").replace("\n", " ")
+        prompts.append(f"Task: {text}, State: {' '.join(map(str, row))};\nAction: ")
+    return prompts
+
+
 @dataclass
 class TokenizerSettings:
-    """How the task text becomes token ids (LeRobot's ``tokenizer_processor`` step and its newline step)."""
+    """How the task text becomes token ids (LeRobot's ``tokenizer_processor`` step and its newline / state steps)."""
 
     tokenizer_name: str
     max_length: int = 48
@@ -137,11 +187,20 @@ class TokenizerSettings:
     padding_side: str = "right"
     truncation: bool = True
     add_newline: bool = True
+    state_in_prompt: bool = False
+    """π0.5: the prompt is ``state_prompts(tasks, normalised state)`` (no newline step)."""
 
-    def __call__(self, tokenizer, tasks: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Token ids ``[B, L]`` (int64) and attention mask ``[B, L]`` (bool) of ``tasks``."""
+    def __call__(
+        self, tokenizer, tasks: Sequence[str], state: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Token ids ``[B, L]`` (int64) and attention mask ``[B, L]`` (bool) of ``tasks`` (and, for π0.5, the
+        normalised unpadded ``state [B, S]``)."""
         if isinstance(tasks, str):
             tasks = [tasks]
+        if self.state_in_prompt:
+            if state is None:
+                raise LeRobotCheckpointError("this checkpoint's prompt holds the robot state: pass the state")
+            tasks = state_prompts(tasks, state)
         texts = [t if (not self.add_newline or t.endswith("\n")) else f"{t}\n" for t in tasks]
         out = tokenizer(
             texts,
