@@ -17,7 +17,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOK = ROOT / "notebooks" / "diffusion_rl.ipynb"
@@ -72,12 +71,14 @@ def test_parameter_defaults_are_the_task_config(monkeypatch):
         monkeypatch.delenv(var, raising=False)
     ns: dict = {}
     exec(compile(_source(_cells("code")[0]), "parameters", "exec"), ns)
-    task_yaml = yaml.safe_load((ROOT / "configs" / "task" / "t2i_color.yaml").read_text())
-    assert ns["STEPS"] == task_yaml["trainer"]["max_steps"]
-    assert ns["BATCH"] == task_yaml["trainer"]["batch_size"]
-    assert ns["GROUP"] == task_yaml["algo"]["group_size"]
-    assert ns["EVAL_PROMPTS"] == task_yaml["trainer"]["eval_size"]
-    assert ns["PRETRAIN_STEPS"] == task_yaml["task"]["pretrain_steps"]
+    from mmrl.config import load_config
+
+    cfg = load_config(["task=t2i_color"])  # the composed config: the YAML states only what differs from a default
+    assert ns["STEPS"] == cfg.trainer.max_steps
+    assert ns["BATCH"] == cfg.trainer.batch_size
+    assert ns["GROUP"] == cfg.algo.group_size
+    assert ns["EVAL_PROMPTS"] == cfg.trainer.eval_size
+    assert ns["PRETRAIN_STEPS"] == cfg.task.pretrain_steps
     assert ns["OUTPUT_DIR"] == "runs" and ns["RUN_GPU_EXAMPLE"] is True
 
 
