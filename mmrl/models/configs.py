@@ -251,16 +251,21 @@ class VLAConfig(VLMConfig):
     # ---------------------------------------------------------------- the architecture (docs/tasks/vla.md)
     architecture: str = "vlm"
     """vlm: a transformers VLM (``path``: a Qwen-VL / SmolVLM preset, id or folder) with the head of ``action_head``;
-    smolvla: LeRobot's SmolVLA (mmrl.adapters.vla.lerobot), ``path`` a folder written by LeRobot's save_pretrained,
-    a hub id, or ``tiny_smolvla`` (a random tiny one built offline for the task's cameras, state and actions). A
-    SmolVLA is a flow policy (``action_head=flow``) whose own expert, state and action statistics and padded dims
-    come from the checkpoint: expert_*, head_action_dim and state_mean / state_std are not used, and ``chunk`` must
-    be the checkpoint's chunk_size."""
+    smolvla / pi0 / pi05: LeRobot's SmolVLA, π0 or π0.5 (mmrl.adapters.vla.lerobot; config.json's ``type`` must be
+    this), ``path`` a folder written by LeRobot's save_pretrained, a hub id, or ``tiny_smolvla`` / ``tiny_pi0`` /
+    ``tiny_pi05`` (a random tiny one built offline for the task's cameras, state and actions). These are flow
+    policies (``action_head=flow``) whose own expert, state and action statistics and padded dims come from the
+    checkpoint: expert_*, head_action_dim and state_mean / state_std are not used (but by the tiny builds), and
+    ``chunk`` must be the checkpoint's chunk_size."""
     camera_map: dict[str, str] = field(default_factory=dict)
-    """architecture=smolvla: the task's camera (LIBERO: agentview, wrist; the tabletop tasks: image) -> the
+    """architecture=smolvla|pi0|pi05: the task's camera (LIBERO: agentview, wrist; the tabletop tasks: image) -> the
     checkpoint's image feature (e.g. ``observation.images.camera1``). Cameras not listed map to LeRobot's LIBERO
     names (agentview and image -> observation.images.image, wrist -> observation.images.image2), else to
     ``observation.images.<camera>``."""
+    tokenizer_path: str | None = None
+    """architecture=pi0|pi05: a local folder with the checkpoint's tokenizer (π0's PaliGemma tokenizer is a gated hub
+    repo, google/paligemma-3b-pt-224). None: the checkpoint folder's own ``tokenizer/`` when it has one, else what its
+    pre-processor names (a folder, or a hub id read from the local cache)."""
     camera_views: str = "tiled"
     """architecture=vlm: how the task's camera views reach the VLM: tiled (its frame, the views side by side, as one
     image) or separate (each view its own image in the prompt, in the task's camera order, as multi-camera models
@@ -326,7 +331,7 @@ class VLAConfig(VLMConfig):
 
         check_choice(self.logp_granularity, ("token", "action", "chunk"), "model.logp_granularity")
         check_choice(self.action_head, ("tokens", "flow", "gaussian"), "model.action_head")
-        check_choice(self.architecture, ("vlm", "smolvla"), "model.architecture")
+        check_choice(self.architecture, ("vlm", "smolvla", "pi0", "pi05"), "model.architecture")
         check_choice(self.camera_views, ("tiled", "separate"), "model.camera_views")
         if self.architecture != "vlm":
             if self.action_head != "flow":
@@ -343,8 +348,16 @@ class VLAConfig(VLMConfig):
                     f"model.camera_views is for model.architecture=vlm ({self.architecture} maps each camera to "
                     "its own image feature: model.camera_map)"
                 )
-        elif self.camera_map:
-            raise ConfigError("model.camera_map is for model.architecture=smolvla (a vlm reads the task's one image)")
+        elif self.camera_map or self.tokenizer_path is not None:
+            raise ConfigError(
+                "model.camera_map and model.tokenizer_path are for model.architecture=smolvla|pi0|pi05 (a vlm reads "
+                "the task's one image with its own processor)"
+            )
+        if self.tokenizer_path is not None and self.architecture == "smolvla":
+            raise ConfigError(
+                "model.tokenizer_path is for model.architecture=pi0|pi05 (SmolVLA reads its VLM's tokenizer from the "
+                "checkpoint's vlm_model_name)"
+            )
         if self.chunk < 1 or not 2 <= self.n_bins <= 256:
             raise ConfigError(f"model.chunk must be >= 1 and model.n_bins in [2, 256], got {self.chunk}, {self.n_bins}")
         if self.num_workers < 1 or self.step_timeout_s <= 0:

@@ -737,7 +737,7 @@ class VLAPolicy(VLMPolicy):
 def build_vla_policy(run_cfg, spec: PolicySpec) -> VLAPolicy:
     """Policy builder registered for ``model.type=vla``; the task's spec gives the env and the action statistics.
     ``model.action_head=flow|gaussian`` builds a :class:`~mmrl.adapters.vla.continuous_policy.ContinuousVLAPolicy`,
-    ``model.architecture=smolvla`` a :class:`~mmrl.adapters.vla.lerobot.policy.SmolVLAPolicy`."""
+    ``model.architecture=smolvla|pi0|pi05`` a :class:`~mmrl.adapters.vla.lerobot.policy.LeRobotFlowPolicy`."""
     from mmrl.models.presets import resolve_vlm
     from mmrl.models.tiny_vlm import load_vlm
     from mmrl.policies.vlm import _target_device
@@ -748,10 +748,10 @@ def build_vla_policy(run_cfg, spec: PolicySpec) -> VLAPolicy:
                 f"model.type=vla needs a VLA task (its policy spec gives {name}); task {spec.task_name} gives none"
             )
     cfg = run_cfg.model
-    if cfg.architecture == "smolvla":  # LeRobot's SmolVLA (mmrl.adapters.vla.lerobot.policy)
-        from mmrl.adapters.vla.lerobot.policy import build_smolvla_policy
+    if cfg.architecture != "vlm":  # LeRobot's SmolVLA / π0 / π0.5 (mmrl.adapters.vla.lerobot.policy)
+        from mmrl.adapters.vla.lerobot.policy import build_lerobot_policy
 
-        return build_smolvla_policy(run_cfg, spec)
+        return build_lerobot_policy(run_cfg, spec)
     lm, processor = load_vlm(
         resolve_vlm(cfg.path),
         dtype=cfg.dtype,

@@ -1,14 +1,19 @@
-"""SmolVLA as an mmrl VLA policy (``model.architecture=smolvla``): LeRobot's checkpoint, mmrl's env pool and RL.
+"""LeRobot's flow VLAs as mmrl VLA policies (``model.architecture=smolvla|pi0|pi05``): LeRobot's checkpoint, mmrl's
+env pool and RL.
 
-:class:`SmolVLAPolicy` is a :class:`~mmrl.adapters.vla.continuous_policy.ContinuousVLAPolicy` whose backbone and
-flow expert are a :class:`~mmrl.adapters.vla.lerobot.pipeline.SmolVLAPipeline`: everything about episodes (env pool,
+:class:`LeRobotFlowPolicy` is a
+:class:`~mmrl.adapters.vla.continuous_policy.ContinuousVLAPolicy` whose backbone and flow expert are a loaded
+LeRobot pipeline (:class:`~mmrl.adapters.vla.lerobot.pipeline.SmolVLAPipeline` for SmolVLA,
+:class:`~mmrl.adapters.vla.lerobot.pipeline.PI0Pipeline` for π0 / π0.5): everything about episodes (env pool,
 task switching, initial states, the Rollout, payload, metrics), the distinct-observation batching, the flow head's
 sampling / log-prob / warm-start rules (:class:`~mmrl.adapters.vla.continuous_heads.FlowRule`, Flow-SDE /
 Flow-SDE-one / Flow-Noise) and the PPO critic come from there. What differs:
 
 * **Prefix.** One ``pipeline.encode(pipeline.prepare(images, state, tasks))`` per policy call over the distinct
-  observations: the per-layer keys/values of the VLM (:class:`~mmrl.adapters.vla.lerobot.smolvla.PrefixCache`), which
-  the rule hands to SmolVLA's own expert through :class:`~mmrl.adapters.vla.lerobot.smolvla.FlowExpertView`.
+  observations: the per-layer keys/values of the VLM (:class:`~mmrl.adapters.vla.lerobot.smolvla.PrefixCache`; π0's
+  :class:`~mmrl.adapters.vla.lerobot.pi0.PI0PrefixCache` also carries the padded state its expert embeds; π0.5 reads
+  the state from its prompt), which the rule hands to the checkpoint's own expert through
+  :class:`~mmrl.adapters.vla.lerobot.smolvla.FlowExpertView`.
 * **Cameras.** The task names the views tiled side by side in its frame (``PolicySpec.action_stats["cameras"]``:
   LIBERO's ``agentview`` | ``wrist``, the tabletop tasks' ``image``); each view is cut out and fed as the
   checkpoint's image feature it maps to (``model.camera_map``, else :data:`DEFAULT_CAMERA_FEATURES`). A checkpoint
@@ -17,13 +22,14 @@ Flow-SDE-one / Flow-Noise) and the PPO critic come from there. What differs:
   predicts ``max_action_dim`` normalised dims; the first ``action_dim`` (the env's) count in every log-prob and loss
   (``dim_mask``); the env gets them unnormalised with the checkpoint's statistics, then clipped to the task's action
   range and gripper dims binarised (:meth:`ActionTokenizer.to_env`). SFT targets are normalised the same way.
-* **Persistence.** :meth:`SmolVLAPolicy.save_pretrained` writes LeRobot's layout (``save_smolvla``: config.json,
-  model.safetensors, processor files), which LeRobot's ``from_pretrained`` and :func:`load_smolvla` read, plus mmrl's
-  files (action range, initial-state fingerprints, critic / noise head in ``mmrl_heads.safetensors``).
+* **Persistence.** :meth:`LeRobotFlowPolicy.save_pretrained` writes LeRobot's layout (``save_policy``: config.json,
+  model.safetensors, processor files, a local tokenizer), which LeRobot's ``from_pretrained`` and ``load_policy``
+  read, plus mmrl's files (action range, initial-state fingerprints, critic / noise head in
+  ``mmrl_heads.safetensors``).
 
-:func:`build_smolvla_policy` loads ``model.path`` (a LeRobot folder, a hub id, or ``tiny_smolvla``: built offline by
-:func:`~mmrl.adapters.vla.lerobot.tiny.build_tiny_smolvla` for the task's cameras, state and action dims, with the
-task's demo statistics as its normalisation).
+:func:`build_lerobot_policy` loads ``model.path`` (a LeRobot folder, a hub id, or ``tiny_smolvla`` / ``tiny_pi0`` /
+``tiny_pi05``: built offline by :mod:`~mmrl.adapters.vla.lerobot.tiny` for the task's cameras, state and action dims,
+with the task's demo statistics as its normalisation); config.json's ``type`` must be ``model.architecture``.
 """
 
 from __future__ import annotations
@@ -49,16 +55,21 @@ from mmrl.policies.base import FrozenCopyReference, PolicySpec
 __all__ = [
     "DEFAULT_CAMERA_FEATURES",
     "EXTRA_HEADS_FILE",
-    "TINY_PRESET",
-    "SmolVLAModule",
-    "SmolVLAPolicy",
-    "build_smolvla_policy",
+    "LEROBOT_ARCHITECTURES",
+    "TINY_PRESETS",
+    "LeRobotFlowModule",
+    "LeRobotFlowPolicy",
+    "build_lerobot_policy",
     "camera_features",
     "split_views",
 ]
 
-TINY_PRESET = "tiny_smolvla"
-"""``model.path`` that builds a random tiny SmolVLA for the task, offline."""
+LEROBOT_ARCHITECTURES = ("smolvla", "pi0", "pi05")
+"""``model.architecture`` values served by :class:`LeRobotFlowPolicy` (= config.json's ``type``)."""
+TINY_PRESETS = {arch: f"tiny_{arch}" for arch in LEROBOT_ARCHITECTURES}
+"""``model.path`` that builds a random tiny model of each architecture for the task, offline."""
+VISION_MODULES = {"smolvla": ("vision_model", "connector"), "pi0": ("vision_tower", "multi_modal_projector")}
+"""The vision encoder and its projection per model family (frozen by ``model.freeze_vision_tower``)."""
 EXTRA_HEADS_FILE = "mmrl_heads.safetensors"
 """mmrl's modules outside LeRobot's layout (the PPO critic, Flow-Noise's noise head), saved next to it."""
 DEFAULT_CAMERA_FEATURES = {
@@ -79,14 +90,15 @@ def camera_features(cameras: Sequence[str], camera_map: Mapping[str, str]) -> di
 
 
 class _ExpertHead(FlowExpertView):
-    """SmolVLA's expert as the flow rule's ``module.head``: its prefix "projection" is the key/value cache itself."""
+    """The checkpoint's expert (SmolVLA's, π0's or π0.5's) as the flow rule's ``module.head``: its prefix
+    "projection" is the key/value cache itself."""
 
     @staticmethod
     def prefix_kv(cache: PrefixCache, _mask: Tensor) -> PrefixCache:
         return cache
 
 
-class SmolVLAModule(nn.Module):
+class LeRobotFlowModule(nn.Module):
     """The trainable module: the pipeline (VLM + expert + preprocessing), Flow-Noise's noise head and the critic.
 
     ``forward(run=..., images=..., state=..., tasks=...)`` prepares and encodes the observations once and calls
@@ -116,17 +128,19 @@ class SmolVLAModule(nn.Module):
         return run(self, cache, cache.pad_mask)
 
     def value(self, cache: PrefixCache, mask: Tensor) -> Tensor:
-        """V(prefix) ``[U]`` from the last VLM layer's values (``[U, P, kv_heads * head_dim]``) over the real tokens."""
+        """V(prefix) ``[U]`` from the last VLM layer's values (``[U, P, kv_heads * head_dim]``) over the real tokens
+        (π0's cached state is not read: the critic sees the prefix, the same for every architecture)."""
         values = cache.values[-1]
         return self.value_head(values.reshape(*values.shape[:2], -1), mask)
 
 
-class SmolVLAPolicy(ContinuousVLAPolicy):
-    """A VLA policy driving mmrl's SmolVLA; see the module docstring.
+class LeRobotFlowPolicy(ContinuousVLAPolicy):
+    """A VLA policy driving mmrl's SmolVLA, π0 or π0.5; see the module docstring.
 
     Args:
-        pipeline: a loaded :class:`~mmrl.adapters.vla.lerobot.pipeline.SmolVLAPipeline`.
-        cfg: the :class:`~mmrl.models.configs.VLAConfig` (``architecture=smolvla``, ``action_head=flow``).
+        pipeline: a loaded pipeline (``checkpoint.load_policy`` or a ``tiny`` builder) whose config.json ``type``
+            is ``cfg.architecture``.
+        cfg: the :class:`~mmrl.models.configs.VLAConfig` (``architecture=smolvla|pi0|pi05``, ``action_head=flow``).
         action_stats: the task's ``{"low", "high", "gripper_dims"}`` (the env's action range) and ``"cameras"``.
         env_spec, value_head, reference, min_envs, check_init_states: as for
             :class:`~mmrl.adapters.vla.policy.VLAPolicy`.
@@ -154,10 +168,20 @@ class SmolVLAPolicy(ContinuousVLAPolicy):
         self._slot_tasks: list[str | None] = []
         self._assigned_at_restarts = 0
         self.engine = None
+        arch = cfg.architecture
+        if arch not in LEROBOT_ARCHITECTURES:
+            raise VLAInputError(
+                f"model.architecture={arch} is not a LeRobot policy ({', '.join(LEROBOT_ARCHITECTURES)})"
+            )
+        kind = pipeline.lerobot_config.get("type", "smolvla")
+        if kind != arch:
+            raise VLAInputError(
+                f"model.architecture={arch} but the checkpoint is a LeRobot '{kind}': set model.architecture={kind}"
+            )
         if cfg.action_head != "flow":
-            raise VLAInputError(f"model.architecture=smolvla needs model.action_head=flow, got {cfg.action_head}")
+            raise VLAInputError(f"model.architecture={arch} needs model.action_head=flow, got {cfg.action_head}")
         if cfg.lora.enabled:
-            raise VLAInputError("model.architecture=smolvla trains the full model: set model.lora.enabled=false")
+            raise VLAInputError(f"model.architecture={arch} trains the full model: set model.lora.enabled=false")
         spec, model_cfg = pipeline.spec, pipeline.config
         env_dim = int(env_spec.action_dim)
         if spec.action_dim != env_dim:
@@ -183,15 +207,15 @@ class SmolVLAPolicy(ContinuousVLAPolicy):
         self._init_head(int(model_cfg.max_action_dim))
         self.state_stats = None
         if cfg.freeze_vision_tower:
-            for m in (pipeline.model.vision_model, pipeline.model.connector):
-                m.requires_grad_(False)
+            for name in VISION_MODULES["smolvla" if arch == "smolvla" else "pi0"]:
+                getattr(pipeline.model, name).requires_grad_(False)
         noise_head = None
         if cfg.likelihood == "flow_noise":
             noise_head = FlowNoiseHead(
                 model_cfg.expert_width, model_cfg.max_action_dim, min_std=cfg.noise_min_std, max_std=cfg.noise_max_std
             )
         critic = ValueHead(model_cfg.num_kv_heads * model_cfg.head_dim) if value_head else None
-        module = SmolVLAModule(pipeline, noise_head=noise_head, value_head=critic)
+        module = LeRobotFlowModule(pipeline, noise_head=noise_head, value_head=critic)
         module.extra_heads().to(pipeline.device)
         module.eval()
         self.model = module
@@ -200,12 +224,12 @@ class SmolVLAPolicy(ContinuousVLAPolicy):
     # ------------------------------------------------------------------ what differs from the VLM backbone
     @property
     def pipeline(self):
-        """The live :class:`~mmrl.adapters.vla.lerobot.pipeline.SmolVLAPipeline`."""
+        """The live pipeline (:class:`~mmrl.adapters.vla.lerobot.pipeline.SmolVLAPipeline` / ``PI0Pipeline``)."""
         return self.module.pipeline
 
     @property
     def vision_trainable(self) -> bool:
-        """Features are never cached: SmolVLA encodes its frames inside the prefix forward."""
+        """Features are never cached: the checkpoint encodes its frames inside the prefix forward."""
         return True
 
     @property
@@ -219,7 +243,9 @@ class SmolVLAPolicy(ContinuousVLAPolicy):
     def _state_input(self, proprio: np.ndarray | None, rows: int) -> Tensor:
         """The raw ``proprio [rows, S]`` as float32 (the checkpoint normalises it in ``prepare``)."""
         if proprio is None:
-            raise VLAInputError(f"env {self.env_spec.env_name} gives no 'proprio' observation; SmolVLA reads the state")
+            raise VLAInputError(
+                f"env {self.env_spec.env_name} gives no 'proprio' observation; {self.cfg.architecture} reads the state"
+            )
         p = np.asarray(proprio, dtype=np.float32).reshape(rows, -1)
         if p.shape[1] != self.pipeline.spec.state_dim:
             raise VLAInputError(
@@ -254,7 +280,7 @@ class SmolVLAPolicy(ContinuousVLAPolicy):
         return {"images": images, "tasks": [instructions[r] for r in reps]}, index, states[reps]
 
     def _prefix_forward(self, inputs: dict[str, Any], feats, states: Tensor | None, run) -> Any:
-        """One SmolVLA prefix forward over the distinct observations and ``run`` on its cache (with gradients
+        """One prefix forward over the distinct observations and ``run`` on its cache (with gradients
         through the possibly wrapped model, without through the bare module)."""
         grad = torch.is_grad_enabled()
         self._set_train_mode(grad)
@@ -269,17 +295,22 @@ class SmolVLAPolicy(ContinuousVLAPolicy):
 
     # ------------------------------------------------------------------ persistence
     def _head_meta(self) -> dict:
-        return {"architecture": "smolvla", "action_head": "flow", "chunk": self.cfg.chunk, "cameras": self.cameras}
+        return {
+            "architecture": self.cfg.architecture,
+            "action_head": "flow",
+            "chunk": self.cfg.chunk,
+            "cameras": self.cameras,
+        }
 
     def save_pretrained(self, path: str | Path) -> None:
-        """LeRobot's layout (:func:`~mmrl.adapters.vla.lerobot.checkpoint.save_smolvla`) plus mmrl's files: the
+        """LeRobot's layout (:func:`~mmrl.adapters.vla.lerobot.checkpoint.save_policy`) plus mmrl's files: the
         action range, the initial-state fingerprints, the critic / noise head and what the policy mapped."""
         from safetensors.torch import save_file
 
-        from mmrl.adapters.vla.lerobot.checkpoint import save_smolvla
+        from mmrl.adapters.vla.lerobot.checkpoint import save_policy
 
         path = Path(path)
-        save_smolvla(self.pipeline, path)
+        save_policy(self.pipeline, path)
         self.action_tokenizer.save(path / ACTION_STATS_FILE)
         self.init_states.save(path / INIT_STATES_FILE)
         extra = self.module.extra_heads()
@@ -290,15 +321,14 @@ class SmolVLAPolicy(ContinuousVLAPolicy):
         (path / HEAD_META_FILE).write_text(json.dumps(self._head_meta(), indent=1))
 
     def load_pretrained(self, path: str | Path) -> None:
-        """Load what :meth:`save_pretrained` wrote (or any LeRobot SmolVLA folder of the same shapes) into the live
+        """Load what :meth:`save_pretrained` wrote (or any LeRobot folder of the same type and shapes) into the live
         model; a folder of other shapes is a :class:`~mmrl.checkpoint.CheckpointMismatchError` naming the tensor."""
         from mmrl.adapters.vla.action_tokenizer import ActionTokenizer
-        from mmrl.adapters.vla.lerobot.checkpoint import to_mmrl_names
         from mmrl.checkpoint import load_state_checked, read_safetensors
 
         path = Path(path)
         weights = path / "model.safetensors"
-        mapped, _unused = to_mmrl_names(read_safetensors(weights))
+        mapped = _mmrl_named(read_safetensors(weights), self.pipeline.lerobot_config.get("type", "smolvla"))
         load_state_checked(self.pipeline.model, {k: v.to(torch.float32) for k, v in mapped.items()}, weights)
         extra = path / EXTRA_HEADS_FILE
         if extra.exists():
@@ -307,6 +337,21 @@ class SmolVLAPolicy(ContinuousVLAPolicy):
             self.action_tokenizer = ActionTokenizer.load(path / ACTION_STATS_FILE, token_ids=self.action_ids.tolist())
         if (path / INIT_STATES_FILE).exists():
             self.init_states.load(path / INIT_STATES_FILE)
+
+
+def _mmrl_named(tensors: dict[str, Tensor], kind: str) -> dict[str, Tensor]:
+    """LeRobot's tensors of a ``kind`` policy under mmrl's parameter names (the unused ones dropped)."""
+    from mmrl.adapters.vla.lerobot import checkpoint as ck
+
+    if kind == "smolvla":
+        return ck.to_mmrl_names(tensors)[0]
+    pi05 = kind == "pi05"
+    return ck.to_mmrl_names(
+        ck._pi0_tensors(tensors, pi05=pi05),
+        prefixes=ck.PI05_PREFIXES if pi05 else ck.PI0_PREFIXES,
+        unused_names=ck.PI0_UNUSED_TENSORS,
+        policy=kind,
+    )[0]
 
 
 def _checked_cameras(cameras: list[str], camera_map: Mapping[str, str], pipeline) -> dict[str, str]:
@@ -332,18 +377,20 @@ def _floored(values: Sequence[float]) -> list[float]:
 
 
 def tiny_for_task(cfg, action_stats: dict, env_spec: VLAEnvSpec):
-    """A random tiny SmolVLA whose inputs and outputs are the task's: one image feature per camera, the task's state
+    """A random tiny model of ``cfg.architecture`` (SmolVLA, π0 or π0.5) whose inputs and outputs are the task's: one
+    image feature per camera, the task's state
     and action dims, ``model.chunk`` / ``num_steps``, and normalisation statistics from the task (state: the demos'
     mean / std or ``model.state_mean`` / ``state_std``; actions: the centre and half-width of the task's action range,
     so that -1 / +1 are its ends, as for mmrl's own continuous heads)."""
-    from mmrl.adapters.vla.lerobot.tiny import build_tiny_smolvla
+    from mmrl.adapters.vla.lerobot.tiny import build_tiny_pi0, build_tiny_smolvla
 
     cameras = list(action_stats.get("cameras") or ["image"])
     features = camera_features(cameras, cfg.camera_map)
     state = {"mean": cfg.state_mean, "std": cfg.state_std} if cfg.state_mean is not None else action_stats.get("state")
     if not state or not state.get("mean"):
         raise VLAInputError(
-            "model.path=tiny_smolvla needs the robot state's size and statistics: the task's demos record no state; "
+            f"model.path={TINY_PRESETS[cfg.architecture]} needs the robot state's size and statistics: the task's "
+            "demos record no state; "
             "set model.state_mean and model.state_std"
         )
     low, high = np.asarray(action_stats["low"], dtype=np.float64), np.asarray(action_stats["high"], dtype=np.float64)
@@ -352,63 +399,83 @@ def tiny_for_task(cfg, action_stats: dict, env_spec: VLAEnvSpec):
         "observation.state": {"mean": [float(x) for x in state["mean"]], "std": _floored(state["std"])},
         "action": {"mean": ((low + high) / 2).tolist(), "std": _floored(((high - low) / 2).tolist())},
     }
+    sizes = dict(
+        cameras=tuple(dict.fromkeys(features.values())),
+        image_shape=(3, side, side),
+        state_dim=len(stats["observation.state"]["mean"]),
+        action_dim=int(env_spec.action_dim),
+        chunk_size=int(cfg.chunk),
+        num_steps=int(cfg.num_steps),
+        stats=stats,
+    )
     with torch.random.fork_rng(devices=[]):  # the builder seeds torch: leave the run's generator as it was
-        return build_tiny_smolvla(
-            cameras=tuple(dict.fromkeys(features.values())),
-            image_shape=(3, side, side),
-            state_dim=len(stats["observation.state"]["mean"]),
-            action_dim=int(env_spec.action_dim),
-            chunk_size=int(cfg.chunk),
-            num_steps=int(cfg.num_steps),
-            stats=stats,
-        )
+        if cfg.architecture == "smolvla":
+            return build_tiny_smolvla(**sizes)
+        return build_tiny_pi0(pi05=cfg.architecture == "pi05", **sizes)
 
 
-def load_lerobot_folder(path: str):
-    """A LeRobot SmolVLA from a folder, or from a hub id (downloaded; offline and not cached: one line saying how to
-    fetch it or set model.path)."""
-    from mmrl.adapters.vla.lerobot.checkpoint import load_smolvla
+def load_lerobot_folder(path: str, tokenizer_path: str | None = None):
+    """A LeRobot policy (SmolVLA, π0, π0.5: config.json's ``type``) from a folder, or from a hub id (downloaded;
+    offline and not cached: one line saying how to fetch it or set model.path).
 
-    if Path(path).expanduser().is_dir():
-        return load_smolvla(Path(path).expanduser())
-    from mmrl.models.availability import model_load_errors
+    ``tokenizer_path`` (π0 / π0.5): the PaliGemma tokenizer's folder; None: the folder's own ``tokenizer/`` when it
+    has one, else what its pre-processor names (LeRobot: the gated ``google/paligemma-3b-pt-224``, from the cache).
+    """
+    from mmrl.adapters.vla.lerobot.checkpoint import _read_json, load_policy
 
-    with model_load_errors(path, what="LeRobot policy"):
-        from huggingface_hub import snapshot_download
+    folder = Path(path).expanduser()
+    if not folder.is_dir():
+        from mmrl.models.availability import model_load_errors
 
-        folder = snapshot_download(path)
-    return load_smolvla(folder)
+        with model_load_errors(path, what="LeRobot policy"):
+            from huggingface_hub import snapshot_download
+
+            folder = Path(snapshot_download(path))
+    if _read_json(folder / "config.json").get("type") not in ("pi0", "pi05"):
+        return load_policy(folder)
+    if tokenizer_path is None and (folder / "tokenizer" / "tokenizer_config.json").is_file():
+        tokenizer_path = str(folder / "tokenizer")
+    return load_policy(folder, tokenizer_path=tokenizer_path)
 
 
 def _wants_tiny(cfg) -> bool:
-    """``model.path=tiny_smolvla``; or the ``tiny_smolvla`` preset whose path a task file replaced by its default VLM
-    backbone (a task's ``model.path`` merges after the model preset; an mmrl VLM preset is never a SmolVLA)."""
+    """``model.path=tiny_<architecture>``; or that preset whose path a task file replaced by its default VLM
+    backbone (a task's ``model.path`` merges after the model preset; an mmrl VLM preset is never a LeRobot policy)."""
     from mmrl.models.presets import VLM_PRESETS
 
-    if cfg.path == TINY_PRESET:
+    tiny = TINY_PRESETS[cfg.architecture]
+    if cfg.path == tiny:
         return True
+    if cfg.path in TINY_PRESETS.values():
+        raise VLAInputError(
+            f"model.path={cfg.path} is for another architecture: model.architecture={cfg.architecture} builds {tiny}"
+        )
     if cfg.path in VLM_PRESETS:
-        if cfg.name == TINY_PRESET:
+        if cfg.name == tiny:
             return True
         raise VLAInputError(
-            f"model.path={cfg.path} is an mmrl VLM preset (the task's default backbone), not a SmolVLA: set "
-            f"model.path to a LeRobot policy folder or hub id, or {TINY_PRESET}"
+            f"model.path={cfg.path} is an mmrl VLM preset (the task's default backbone), not a LeRobot "
+            f"{cfg.architecture}: set model.path to a LeRobot policy folder or hub id, or {tiny}"
         )
     return False
 
 
-def build_smolvla_policy(run_cfg, spec: PolicySpec) -> SmolVLAPolicy:
-    """The policy of ``model.architecture=smolvla`` (called by :func:`~mmrl.adapters.vla.policy.build_vla_policy`)."""
+def build_lerobot_policy(run_cfg, spec: PolicySpec) -> LeRobotFlowPolicy:
+    """The policy of ``model.architecture=smolvla|pi0|pi05`` (called by
+    :func:`~mmrl.adapters.vla.policy.build_vla_policy`)."""
     import os
 
     from mmrl.policies.vlm import _target_device
 
     cfg = run_cfg.model
     stats = dict(spec.action_stats)
-    pipeline = tiny_for_task(cfg, stats, spec.env_spec) if _wants_tiny(cfg) else load_lerobot_folder(cfg.path)
+    if _wants_tiny(cfg):
+        pipeline = tiny_for_task(cfg, stats, spec.env_spec)
+    else:
+        pipeline = load_lerobot_folder(cfg.path, cfg.tokenizer_path)
     pipeline.to(_target_device(run_cfg))
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    return SmolVLAPolicy(
+    return LeRobotFlowPolicy(
         pipeline,
         cfg,
         stats,

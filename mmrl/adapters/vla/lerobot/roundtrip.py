@@ -1,11 +1,14 @@
-"""Round trip mmrl -> LeRobot: load a LeRobot SmolVLA fixture, take one training step, save it in LeRobot's layout.
+"""Round trip mmrl -> LeRobot: load a LeRobot fixture (SmolVLA, π0 or π0.5), take one training step, save it in
+LeRobot's layout.
 
-    python -m mmrl.adapters.vla.lerobot.roundtrip OUT [--fixture tests/fixtures/lerobot/smolvla_tiny]
+    python -m mmrl.adapters.vla.lerobot.roundtrip OUT [--variant smolvla_tiny|smolvla_tiny_skip|pi0_tiny|pi05_tiny]
+    python -m mmrl.adapters.vla.lerobot.roundtrip OUT --fixture path/to/fixture
 
-writes OUT (a LeRobot policy folder) and ``OUT/mmrl_outputs.safetensors``: mmrl's action chunk of the saved policy
-on the fixture's fixed inputs and noise. Then, in the LeRobot reference environment,
+writes OUT (a LeRobot policy folder, ``load_policy`` / ``save_policy`` by config.json's type) and
+``OUT/mmrl_outputs.safetensors``: mmrl's action chunk of the saved policy on the fixture's fixed inputs and noise.
+Then, in the LeRobot reference environment,
 
-    /work/lerobot-venv/bin/python scripts/lerobot_fixtures.py --roundtrip OUT
+    /work/lerobot-venv/bin/python scripts/lerobot_fixtures.py --roundtrip OUT [--variant <the same variant>]
 
 loads OUT with LeRobot's ``from_pretrained`` and compares its actions with mmrl's. The step is one Adam step on
 the flow-matching loss of the fixture's fixed (actions, noise, time) over all weights (the RL objective's
@@ -23,7 +26,10 @@ import torch
 
 __all__ = ["main", "train_step_and_save"]
 
-DEFAULT_FIXTURE = Path(__file__).resolve().parents[4] / "tests" / "fixtures" / "lerobot" / "smolvla_tiny"
+FIXTURES = Path(__file__).resolve().parents[4] / "tests" / "fixtures" / "lerobot"
+VARIANTS = ("smolvla_tiny", "smolvla_tiny_skip", "pi0_tiny", "pi05_tiny")
+"""The committed fixtures (``scripts/lerobot_fixtures.py``'s variants)."""
+DEFAULT_FIXTURE = FIXTURES / VARIANTS[0]
 
 
 def _fixture_inputs(fixture: Path) -> dict:
@@ -39,12 +45,12 @@ def train_step_and_save(fixture: Path, out: Path, lr: float = 1e-3) -> dict[str,
     """Load ``fixture``, take one Adam step on its fixed flow loss, save to ``out``; return summary numbers."""
     from safetensors.torch import save_file
 
-    from mmrl.adapters.vla.lerobot.checkpoint import load_smolvla, save_smolvla
+    from mmrl.adapters.vla.lerobot.checkpoint import load_policy, save_policy
 
     ref = _fixture_inputs(fixture)
     images = {key: ref[key] for key in ref["cameras"]}
     state, tasks = ref["observation.state"], ref["tasks"]
-    pipe = load_smolvla(fixture)
+    pipe = load_policy(fixture)
     before = pipe.predict_action_chunk(images, state, tasks, ref["noise"])
     pipe.train()
     optim = torch.optim.Adam(pipe.model.parameters(), lr=lr)
@@ -52,7 +58,7 @@ def train_step_and_save(fixture: Path, out: Path, lr: float = 1e-3) -> dict[str,
     loss.backward()
     optim.step()
     pipe.eval()
-    save_smolvla(pipe, out)
+    save_policy(pipe, out)
     after = pipe.predict_action_chunk(images, state, tasks, ref["noise"])
     after_model = pipe.predict_action_chunk(images, state, tasks, ref["noise"], unnormalize=False)
     save_file(
@@ -63,13 +69,18 @@ def train_step_and_save(fixture: Path, out: Path, lr: float = 1e-3) -> dict[str,
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="mmrl -> LeRobot round trip of a SmolVLA fixture")
+    parser = argparse.ArgumentParser(description="mmrl -> LeRobot round trip of a LeRobot fixture")
     parser.add_argument("out", type=Path, help="folder to write the trained policy to (LeRobot layout)")
-    parser.add_argument("--fixture", type=Path, default=DEFAULT_FIXTURE)
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument(
+        "--variant", choices=VARIANTS, help=f"a committed fixture under {FIXTURES} (default smolvla_tiny)"
+    )
+    source.add_argument("--fixture", type=Path, help="a fixture folder (config.json, ..., reference.safetensors)")
     parser.add_argument("--lr", type=float, default=1e-3)
     args = parser.parse_args(argv)
+    fixture = args.fixture or (FIXTURES / args.variant if args.variant else DEFAULT_FIXTURE)
     torch.manual_seed(0)
-    summary = train_step_and_save(args.fixture, args.out, args.lr)
+    summary = train_step_and_save(fixture, args.out, args.lr)
     loss, moved = summary["loss_before_step"], summary["action_change"]
     print(f"saved {args.out}: loss before the step {loss:.6f}, actions moved by up to {moved:.4f}")
     return 0
