@@ -76,6 +76,11 @@ def summarise(run: Path) -> dict | None:
     }
 
 
+def _fmt(value: float | None) -> str:
+    """Three decimals, or n/a (the random-init evaluation is skipped with trainer.eval_before_warm_start=false)."""
+    return "n/a" if value is None else f"{value:.3f}"
+
+
 def table(heads, seeds) -> dict:
     out = {}
     for head in heads:
@@ -91,7 +96,7 @@ def table(heads, seeds) -> dict:
         for seed, s in by_seed.items():
             gain = s["after_rl"] - s["warm_start"]
             lines.append(
-                f"| {head} | {seed[4:]} | {s['random_init']:.3f} | {s['warm_start']:.3f} | {s['after_rl']:.3f} "
+                f"| {head} | {seed[4:]} | {_fmt(s['random_init'])} | {s['warm_start']:.3f} | {s['after_rl']:.3f} "
                 f"| {gain:+.3f} | {s['wall_min']:.1f} | {s['cpu_min']:.1f} |"
             )
         gains = [s["after_rl"] - s["warm_start"] for s in by_seed.values()]
@@ -108,8 +113,8 @@ def plot(summary: dict, png: Path) -> None:
     colours = {"tokens": "tab:blue", "flow": "tab:orange", "gaussian": "tab:green"}
     for head, by_seed in summary["runs"].items():
         for i, s in enumerate(by_seed.values()):
-            xs = [-1] + [step for step, _ in s["eval_curve"]]
-            ys = [s["random_init"]] + [score for _, score in s["eval_curve"]]
+            start = [] if s["random_init"] is None else [(-1, s["random_init"])]
+            xs, ys = zip(*(start + [tuple(point) for point in s["eval_curve"]]))
             ax.plot(xs, ys, marker="o", color=colours.get(head), alpha=0.8, label=head if i == 0 else None)
     ax.set_xlabel("RL step (-1: random init, 0: after warm start)")
     ax.set_ylabel("held-out success (192 episodes)")
