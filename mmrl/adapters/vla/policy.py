@@ -50,6 +50,7 @@ from mmrl.adapters.vla.action_tokenizer import ActionTokenizer, group_logp, grou
 from mmrl.adapters.vla.episodes import Act, ActOutput, EpisodeRecord, EpisodeRun, EpisodeSpec, run_episodes
 from mmrl.adapters.vla.init_states import INIT_STATES_FILE, InitStateRecord, init_state_key
 from mmrl.adapters.vla.output_vocab import restricted_output_vocab
+from mmrl.errors import ConfigError
 from mmrl.models.families import input_size_from_grid
 from mmrl.policies.base import LogProbOutput, PolicySpec, PromptBatch, Rollout
 from mmrl.policies.token_policy import token_logp_and_entropy
@@ -64,6 +65,7 @@ __all__ = [
     "VLAEnvSpec",
     "VLAInputError",
     "VLAPolicy",
+    "VLASetupError",
     "action_vocab_ids",
     "build_vla_policy",
     "first_identical_rows",
@@ -76,6 +78,11 @@ ACTION_STATS_FILE = "action_stats.json"
 
 class VLAInputError(ValueError):
     """A task item, SFT target or environment the VLA policy cannot use."""
+
+
+class VLASetupError(VLAInputError, ConfigError):
+    """A model setting that does not fit the task or the checkpoint, found when the policy is built: one line from
+    the CLI (exit 2), like any :class:`~mmrl.errors.ConfigError`."""
 
 
 def split_views(frames: np.ndarray, n_views: int) -> list[np.ndarray]:

@@ -229,3 +229,48 @@ def test_trainer_warm_starts_trains_and_saves_a_lerobot_folder(tmp_path, arch, a
         assert torch.equal(ours, loaded.predict_action_chunk(images, state, ["reach"], noise))
     finally:
         tr.policy.close()
+
+
+# ---------------------------------------------------------------------------- mmrl eval of a LeRobot folder on LIBERO
+
+SMOLVLA_EVAL = [
+    "task=libero_spatial",
+    "model=smolvla",
+    f"model.path={FIXTURES / 'smolvla_tiny'}",
+    "task.task_ids=[0]",
+    "task.eval_init_states=1",
+    "task.max_steps=10",
+    "model.step_timeout_s=300",
+]
+"""``mmrl eval task=libero_spatial model=smolvla model.path=<a folder LeRobot 0.6.1 wrote>`` (the smolvla_tiny
+fixture: LIBERO's two cameras, 8 state dims, 7 action dims, chunk_size 5) on one task and initial state."""
+
+
+def test_eval_of_a_lerobot_folder_whose_chunk_differs_is_one_line(capsys, tmp_path, monkeypatch):
+    pytest.importorskip("libero.libero")
+    from mmrl.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["eval", *SMOLVLA_EVAL]) == 2  # model=smolvla says chunk 50 (smolvla_base); the fixture's is 5
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == ("mmrl eval: error: model.chunk=50 but the checkpoint's chunk_size is 5: set model.chunk=5"), err
+    assert "Traceback" not in "\n".join(err)
+    assert not (tmp_path / "runs" / "eval" / "libero_spatial_smolvla" / "success_table.md").exists()
+
+
+@pytest.mark.slow
+def test_eval_of_a_lerobot_folder_writes_the_libero_success_table(tmp_path, monkeypatch):
+    pytest.importorskip("libero.libero")
+    import json
+
+    from mmrl.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["eval", *SMOLVLA_EVAL, "model.chunk=5", "model.n_action_steps=5", "task.eval_videos=0"]) == 0
+    out = tmp_path / "runs" / "eval" / "libero_spatial_smolvla"
+    table = (out / "success_table.md").read_text()
+    assert "| Spatial |" in table and "| episodes | 1 (1 tasks) |" in table, table
+    results = json.loads((out / "results.json").read_text())
+    assert results["model_path"] == str(FIXTURES / "smolvla_tiny")
+    assert results["metrics"]["eval/n"] == 1 and results["metrics"]["eval/episode_length"] == 10  # runs out its steps
+    assert results["success_table"]["suites"][0]["episodes"] == 1

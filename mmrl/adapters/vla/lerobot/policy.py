@@ -48,7 +48,7 @@ from mmrl.adapters.vla.init_states import INIT_STATES_FILE, InitStateRecord
 from mmrl.adapters.vla.lerobot import LeRobotCheckpointError
 from mmrl.adapters.vla.lerobot.pipeline import ACTION_KEY
 from mmrl.adapters.vla.lerobot.smolvla import FlowExpertView, PrefixCache
-from mmrl.adapters.vla.policy import ACTION_STATS_FILE, VLAEnvSpec, VLAInputError, split_views
+from mmrl.adapters.vla.policy import ACTION_STATS_FILE, VLAEnvSpec, VLAInputError, VLASetupError, split_views
 from mmrl.adapters.vla.value_head import ValueHead
 from mmrl.policies.base import FrozenCopyReference, PolicySpec
 
@@ -85,7 +85,7 @@ def camera_features(cameras: Sequence[str], camera_map: Mapping[str, str]) -> di
     ``observation.images.<camera>``."""
     unknown = [k for k in camera_map if k not in cameras]
     if unknown:
-        raise VLAInputError(f"model.camera_map names camera '{unknown[0]}'; the task's cameras are {list(cameras)}")
+        raise VLASetupError(f"model.camera_map names camera '{unknown[0]}'; the task's cameras are {list(cameras)}")
     return {c: camera_map.get(c) or DEFAULT_CAMERA_FEATURES.get(c) or f"observation.images.{c}" for c in cameras}
 
 
@@ -170,33 +170,33 @@ class LeRobotFlowPolicy(ContinuousVLAPolicy):
         self.engine = None
         arch = cfg.architecture
         if arch not in LEROBOT_ARCHITECTURES:
-            raise VLAInputError(
+            raise VLASetupError(
                 f"model.architecture={arch} is not a LeRobot policy ({', '.join(LEROBOT_ARCHITECTURES)})"
             )
         kind = pipeline.lerobot_config.get("type", "smolvla")
         if kind != arch:
-            raise VLAInputError(
+            raise VLASetupError(
                 f"model.architecture={arch} but the checkpoint is a LeRobot '{kind}': set model.architecture={kind}"
             )
         if cfg.action_head != "flow":
-            raise VLAInputError(f"model.architecture={arch} needs model.action_head=flow, got {cfg.action_head}")
+            raise VLASetupError(f"model.architecture={arch} needs model.action_head=flow, got {cfg.action_head}")
         if cfg.lora.enabled:
-            raise VLAInputError(f"model.architecture={arch} trains the full model: set model.lora.enabled=false")
+            raise VLASetupError(f"model.architecture={arch} trains the full model: set model.lora.enabled=false")
         spec, model_cfg = pipeline.spec, pipeline.config
         env_dim = int(env_spec.action_dim)
         if spec.action_dim != env_dim:
-            raise VLAInputError(
+            raise VLASetupError(
                 f"the checkpoint outputs {spec.action_dim} action dims ('{ACTION_KEY}'), env {env_spec.env_name} "
                 f"takes {env_dim}"
             )
         if model_cfg.chunk_size != cfg.chunk:
-            raise VLAInputError(
+            raise VLASetupError(
                 f"model.chunk={cfg.chunk} but the checkpoint's chunk_size is {model_cfg.chunk_size}: set "
                 f"model.chunk={model_cfg.chunk_size}"
             )
         state = action_stats.get("state") or {}
         if state.get("mean") and len(state["mean"]) != spec.state_dim:
-            raise VLAInputError(
+            raise VLASetupError(
                 f"the task's robot state has {len(state['mean'])} dims, the checkpoint's 'observation.state' "
                 f"{spec.state_dim}"
             )
