@@ -240,7 +240,6 @@ SMOLVLA_EVAL = [
     "task.task_ids=[0]",
     "task.eval_init_states=1",
     "task.max_steps=10",
-    "model.step_timeout_s=300",
 ]
 """``mmrl eval task=libero_spatial model=smolvla model.path=<a folder LeRobot 0.6.1 wrote>`` (the smolvla_tiny
 fixture: LIBERO's two cameras, 8 state dims, 7 action dims, chunk_size 5) on one task and initial state."""
