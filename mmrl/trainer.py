@@ -85,6 +85,47 @@ def _lr_lambda(schedule: str, warmup: int, total: int) -> Callable[[int], float]
     return f
 
 
+def local_rows(global_rows: Tensor, offset: int, size: int) -> Tensor:
+    """This rank's rows (local indices, in the given order) among ``global_rows`` of the global batch, in which the
+    rank holds rows ``offset .. offset + size - 1``."""
+    keep = (global_rows >= offset) & (global_rows < offset + size)
+    return global_rows[keep] - offset
+
+
+def gae_of_rank(parts: list[dict], rank: int, algo) -> tuple[Tensor, Tensor]:
+    """GAE advantages and returns ``[B_rank, T_rank]`` of rank ``rank``'s rows, computed over the global batch.
+
+    ``parts``: every rank's ``{"rewards", "group_id", "valid", "mask", "values", "token_rewards", "kl_tok"}`` (the
+    last two may be None), in rank order. :func:`mmrl.algos.token_advantages` runs once over their concatenation, so
+    the advantages are whitened over all ranks' actions, as one process whitens its batch (whitening each rank's
+    shard alone trains something else). Ranks may have different ``T``: every ``[B, T]`` tensor is padded to the
+    longest with masked zeros, and the rank's slice is cut back to its own ``T``."""
+    width = max(p["mask"].shape[1] for p in parts)
+
+    def cat(key: str) -> Tensor | None:
+        if any(p[key] is None for p in parts):
+            return None
+        xs = [p[key] for p in parts]
+        if xs[0].dim() == 2:
+            xs = [torch.nn.functional.pad(x, (0, width - x.shape[1])) for x in xs]
+        return torch.cat(xs)
+
+    adv, returns = algos.token_advantages(
+        cat("rewards"),
+        cat("group_id"),
+        cat("valid"),
+        cat("mask"),
+        algo,
+        kl_tok=cat("kl_tok"),
+        values=cat("values"),
+        token_rewards=cat("token_rewards"),
+    )
+    offset = sum(p["rewards"].shape[0] for p in parts[:rank])
+    mine = parts[rank]
+    rows, T = slice(offset, offset + mine["rewards"].shape[0]), mine["mask"].shape[1]
+    return adv[rows, :T], returns[rows, :T]
+
+
 def check_algo_against_task(algo, reward_names: list[str], task_name: str) -> None:
     """ConfigError for algorithm settings that name something the task does not have (T-GRPO's correctness reward)."""
     if algo.tgrpo_enabled and algo.tgrpo.correct_reward not in reward_names:
@@ -359,12 +400,15 @@ class Trainer:
     def _advantages(self, ro: Rollout, kl_tok: Tensor | None) -> tuple[Tensor, Tensor | None]:
         """Token-level advantages [B, T] (and returns for the critic): :func:`mmrl.algos.token_advantages`.
 
-        With several processes, outcome estimators see the whole global batch: every rank gathers the (small) per-sample
-        rewards, group ids, validity and bonus, computes the advantages of all samples and keeps its own. Batch-level
-        statistics (``grpo`` with ``adv_scale=batch``, ``reinforce_pp``'s whitening) are then those of one process."""
+        With several processes, every estimator sees the whole global batch: every rank gathers the (small) per-sample
+        rewards, group ids, validity and bonus (GAE: also the per-action values, mask, rewards and KL), computes the
+        advantages of all samples and keeps its own. Batch-level statistics (``grpo`` with ``adv_scale=batch``,
+        ``reinforce_pp``'s whitening, GAE's advantage whitening) are then those of one process."""
         algo = self.cfg.algo
         mask = ro.mask * ro.valid[:, None].float()
-        if self.world == 1 or algo.advantage == algos.CRITIC_ESTIMATOR:
+        if self.world > 1 and algo.advantage == algos.CRITIC_ESTIMATOR:
+            return self._global_gae(ro, mask, kl_tok)
+        if self.world == 1:
             return algos.token_advantages(
                 ro.rewards,
                 ro.group_id,
@@ -385,6 +429,22 @@ class Trainer:
         r, g, v, b = (torch.cat([p[k] for p in parts]) for k in range(4))
         adv = algos.outcome_advantages(r, g, v, algo, bonus=b)[offset : offset + ro.batch_size]
         return algos.broadcast_to_tokens(adv.to(mask.device), mask), None
+
+    def _global_gae(self, ro: Rollout, mask: Tensor, kl_tok: Tensor | None) -> tuple[Tensor, Tensor]:
+        """GAE advantages and returns of this rank's rows over the whole global batch (:func:`gae_of_rank`)."""
+        local = {
+            "rewards": ro.rewards.float().cpu(),
+            "group_id": ro.group_id.cpu(),
+            "valid": ro.valid.cpu(),
+            "mask": mask.float().cpu(),
+            "values": ro.values.float().cpu(),
+            "token_rewards": None if ro.token_rewards is None else ro.token_rewards.float().cpu(),
+            "kl_tok": None if kl_tok is None else kl_tok.float().cpu(),
+        }
+        parts: list = [None] * self.world
+        torch.distributed.all_gather_object(parts, local)
+        adv, returns = gae_of_rank(parts, self.rank, self.cfg.algo)
+        return adv.to(mask.device), returns.to(mask.device)
 
     # ------------------------------------------------------------------ one RL step
     def train_step(self) -> dict[str, float]:
@@ -463,13 +523,20 @@ class Trainer:
         n_opt_steps = 0
         skipped_steps = 0
         B = ro.batch_size
+        # minibatches are drawn from the GLOBAL batch (every rank's rows, in rank order), so that N processes train on
+        # the same minibatches as one process; each rank keeps its own rows of each (possibly none: a dummy forward)
+        offset, total = 0, B  # one minibatch: all of this rank's rows
+        if algo.num_minibatches > 1:
+            sizes = self.dp.all_gather_ints(B)
+            offset, total = sum(sizes[: self.rank]), sum(sizes)
         for epoch in range(algo.ppo_epochs):
             if algo.num_minibatches > 1:
                 g = torch.Generator().manual_seed(mix_seed(tr.seed, self.step, epoch, 0xE90C))
-                order = torch.randperm(B, generator=g)
+                order = torch.randperm(total, generator=g)
             else:
-                order = torch.arange(B)
-            for mb in torch.tensor_split(order, algo.num_minibatches):
+                order = torch.arange(total)
+            for gmb in torch.tensor_split(order, algo.num_minibatches):
+                mb = local_rows(gmb, offset, B)
                 num_tokens = self._all_reduce_sum(float(mask[mb].sum()))
                 num_seqs = self._all_reduce_sum(float((mask[mb].sum(1) > 0).sum()))
                 self.optimizer.zero_grad(set_to_none=True)

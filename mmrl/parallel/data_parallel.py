@@ -85,5 +85,13 @@ class DataParallel:
         t = torch.tensor([x], dtype=torch.float64, device=self.accelerator.device)
         return float(self.accelerator.reduce(t, reduction="sum").item())
 
+    def all_gather_ints(self, x: int) -> list[int]:
+        """``x`` of every process, in rank order (``[x]`` with one process)."""
+        if self.world == 1:
+            return [int(x)]
+        parts: list = [None] * self.world
+        torch.distributed.all_gather_object(parts, int(x))
+        return [int(v) for v in parts]
+
     def barrier(self) -> None:
         self.accelerator.wait_for_everyone()
