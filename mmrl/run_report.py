@@ -92,9 +92,9 @@ def end_summary(
         lines.append("  eval score: " + " -> ".join(f"{fmt(v)} ({when})" for when, v in report.eval_scores))
     if report.first_reward is not None:
         lines.append(f"  reward/mean: {fmt(report.first_reward)} (first step) -> {fmt(report.last_reward)} (last step)")
-    phases = [(k, v) for k, v in report.phase_s.items() if v >= 0.05]
+    phases = [(k, v) for k, v in report.phase_s.items() if v > 0]  # every phase that ran, however short
     if phases:
-        lines.append("  time: " + ", ".join(f"{k} {fmt_duration(v)}" for k, v in phases))
+        lines.append("  time: " + ", ".join(f"{k} {fmt_duration(v) if v >= 0.5 else '<1s'}" for k, v in phases))
     if checkpoint is not None:
         lines.append(f"  checkpoint: {checkpoint}")
     if plot and (run_dir / "curves.png").exists():

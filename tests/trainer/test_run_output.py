@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from mmrl.progress import PhaseProgress, fmt, fmt_duration
+from mmrl.run_report import RunReport, end_summary
 from tests.helpers import toy_overrides
 
 ENV = {
@@ -46,6 +47,20 @@ def _metrics(run_dir: Path) -> list[dict]:
 
 
 # ---------------------------------------------------------------- the pieces
+
+
+def test_end_summary_names_every_phase_that_ran_however_short(tmp_path):
+    """A 6-step warm start of a tiny model can take 30 ms: it is still a phase that ran (CI saw it vanish when the
+    summary dropped phases under 50 ms); a phase that recorded nothing is left out."""
+    report = RunReport()
+    report.add_time("evaluation", 2.4)
+    report.add_time("warm start", 0.03)
+    report.add_time("rollouts", 0.0)
+    text = end_summary(
+        report, run_dir=tmp_path, step=3, checkpoint=None, plot=False, tensorboard=False, resume_cmd=None
+    )
+    assert "  time: evaluation 2s, warm start <1s\n" in text + "\n"
+    assert "rollouts" not in text
 
 
 def test_fmt_rounds_for_people():
