@@ -56,7 +56,7 @@ class Suggestion:
 
 
 def _ckpt(inp: PlanInputs):
-    if inp.gradient_checkpointing:
+    if inp.gradient_checkpointing or inp.arch.flow_vla is not None:  # LeRobot's flow VLAs do not apply it
         return None
     return (lambda i: i.with_(gradient_checkpointing=True)), "model.gradient_checkpointing=true"
 
@@ -80,6 +80,8 @@ def _offload(level: str):
 
 
 def _lora(inp: PlanInputs):
+    if inp.arch.flow_vla is not None:  # LeRobot's flow VLAs train the full model (the policy refuses LoRA)
+        return None
     if inp.lora or (inp.arch.diffusion is None and not inp.freeze_vision):
         return None  # LoRA needs a frozen vision tower (mmrl refuses adapters with a trainable tower)
     return (lambda i: i.with_(lora=True)), "model.lora.enabled=true"
@@ -209,6 +211,10 @@ def _prune(inp: PlanInputs, applied: list, device: int) -> list:
         for j, (_, fixed, _) in enumerate(keep):
             if j != i:
                 state = fixed(state)
-        if plan_memory(state).fits(device):
+        try:
+            fits = plan_memory(state).fits(device)
+        except ValueError:  # an invalid combination without it (offload=params needs the fsdp2 kept before it)
+            fits = False
+        if fits:
             keep.pop(i)
     return keep

@@ -20,7 +20,10 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from mmrl.planning.lerobot import FlowVLAArch
 
 __all__ = [
     "Architecture",
@@ -137,15 +140,18 @@ class Architecture:
     """What the planner knows of one model."""
 
     name: str
-    kind: str  # "token" (causal LM / VLM) or "diffusion"
+    kind: str  # "token" (causal LM / VLM), "diffusion" or "flow_vla" (LeRobot's SmolVLA / π0 / π0.5)
     text: TextArch | None = None
     vision: VisionArch | None = None
     diffusion: DiffusionArch | None = None
+    flow_vla: FlowVLAArch | None = None  # model.architecture=smolvla|pi0|pi05 (mmrl/planning/lerobot.py)
     source: str = ""  # where the numbers come from (a config.json, a published table, a cached tiny build)
     published_params: int | None = None  # the total the model card / hub page states, when known
     notes: tuple[str, ...] = field(default_factory=tuple)
 
     def total_params(self) -> int:
+        if self.flow_vla is not None:
+            return self.flow_vla.model_params()
         if self.diffusion is not None:
             return self.diffusion.denoiser_params + self.diffusion.frozen_params
         return (self.text.params() if self.text else 0) + (self.vision.params() if self.vision else 0)
@@ -154,6 +160,8 @@ class Architecture:
         """Parameters of the largest unit FSDP2 gathers at once (one decoder layer / one diffusion block)."""
         if self.text is not None:
             return self.text.layer_params()
+        if self.flow_vla is not None:
+            return self.flow_vla.vlm_layer_params()
         d = self.diffusion
         return d.denoiser_params // max(d.layers, 1)
 
@@ -574,6 +582,8 @@ def resolve_architecture(model_cfg: Any, *, vocab_hint: int | None = None) -> Ar
     mtype = model_cfg.type
     path = str(model_cfg.path)
     name = str(getattr(model_cfg, "name", "") or path)
+    if mtype == "vla" and getattr(model_cfg, "architecture", "vlm") != "vlm":
+        return flow_vla_architecture(model_cfg)
     if mtype in ("vlm", "vla"):
         from mmrl.models.presets import VLM_PRESETS
 
@@ -620,6 +630,36 @@ def resolve_architecture(model_cfg: Any, *, vocab_hint: int | None = None) -> Ar
         d = REAL_DIFFUSION[key]
         return Architecture(name=key, kind="diffusion", diffusion=d, source=d.source)
     raise UnknownArchitectureError(f"model.type={mtype} is not modelled by the planner")
+
+
+def flow_vla_architecture(model_cfg: Any) -> Architecture:
+    """The :class:`Architecture` of ``model.architecture=smolvla|pi0|pi05`` (:func:`mmrl.planning.lerobot.resolve_flow_vla`:
+    a local LeRobot folder's header, the tiny builder's constants, else the published sizes). With the task's VLM
+    preset still in ``model.path`` (a task file's path merges after the model preset) the published sizes are planned
+    and a note says that a run needs model.path."""
+    from mmrl.models.presets import VLM_PRESETS
+    from mmrl.planning.lerobot import FAMILIES, resolve_flow_vla
+
+    family = str(model_cfg.architecture)
+    if family not in FAMILIES:
+        raise UnknownArchitectureError(f"model.architecture={family} is not modelled by the planner")
+    path, name = str(model_cfg.path), str(getattr(model_cfg, "name", "") or "")
+    state_dim = len(model_cfg.state_mean) if getattr(model_cfg, "state_mean", None) else 8
+    try:
+        fv, notes = resolve_flow_vla(
+            family, path, name=name, chunk=int(model_cfg.chunk), num_steps=int(model_cfg.num_steps), state_dim=state_dim
+        )
+    except (OSError, ValueError, KeyError) as e:
+        raise UnknownArchitectureError(f"model.path={path}: its sizes cannot be read ({e})") from None
+    if path in VLM_PRESETS and name != f"tiny_{family}":
+        notes = (
+            f"model.path={path} is the task's VLM preset, not a LeRobot {family} (a run refuses it: set model.path "
+            f"to a LeRobot folder); planned with the published {family} sizes",
+        )
+    label = name or family
+    return Architecture(
+        name=label, kind="flow_vla", flow_vla=fv, source=fv.source, published_params=fv.published_params, notes=notes
+    )
 
 
 def image_tokens_for(vision: VisionArch | None, max_pixels: int | None, default_max_pixels: int) -> int:

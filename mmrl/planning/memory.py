@@ -35,6 +35,7 @@ import math
 from dataclasses import dataclass, field, replace
 
 from mmrl.planning.architectures import Architecture, TextArch, lora_params
+from mmrl.planning.lerobot import FlowVLAArch
 
 __all__ = [
     "EXPERT_LAYER_ELEMENTS",
@@ -48,6 +49,15 @@ __all__ = [
     "activation_bytes",
     "continuous_head_params",
     "dtype_bytes",
+    "flow_vla_cache_bytes",
+    "flow_vla_chain_bytes",
+    "flow_vla_expert_pass_bytes",
+    "flow_vla_expert_step_bytes",
+    "flow_vla_head_params",
+    "flow_vla_prefix_bytes",
+    "flow_vla_prefix_working_bytes",
+    "flow_vla_vision_bytes",
+    "flow_vla_vlm_layer_bytes",
     "head_rollout_bytes",
     "head_training_bytes",
     "kv_cache_bytes",
@@ -383,6 +393,148 @@ def head_rollout_bytes(head: ContinuousHead, *, prefix_tokens: int, prefix_dim: 
     return samples * per_row * 4
 
 
+# ============================================================================ LeRobot flow VLAs (smolvla / pi0 / pi05)
+# mmrl's SmolVLA / π0 / π0.5 (mmrl/adapters/vla/lerobot/): the VLM encodes the prefix (cameras, prompt; SmolVLA's state
+# token) once per observation into per-layer keys/values (``PrefixCache``); the checkpoint's own expert denoises the
+# chunk against them in K steps. Every attention is ``layers.masked_attention``: an explicit fp32 score matrix and
+# softmax (no fused kernel) over key/value heads repeated to the query heads. Notation: b the model's bytes per
+# element; VLM width h, MLP f, L layers, a query heads, kv key/value heads, d head dim; expert width W, MLP f_e, L_e
+# layers; P prefix tokens, S suffix tokens (the chunk H, + π0's state token), A = max_action_dim.
+
+PREFIX_WORKING_SCORE_COPIES = 2
+"""fp32 score matrices of ``masked_attention`` alive at once in a no-grad forward (the scores, then the masked copy
+or the softmax of it)."""
+
+
+def flow_vla_vlm_layer_bytes(arch: FlowVLAArch, prefix_tokens: int, dtype_bytes: int) -> int:
+    """Bytes one language-model block keeps for the backward, for one observation of P prefix tokens.
+
+    Per token: the 2 RMSNorms ``2 h (4 + 2 b)`` (as :func:`layer_activation_bytes`); the fp32 query the score matmul
+    keeps ``4 a d``; the keys repeated to the a query heads in fp32 ``4 a d`` and the values repeated ``b a d``; the
+    attention output the o_proj keeps ``b a d``; the softmax output (fp32) and its cast to b when b < 4,
+    ``a P (4 + b [b < 4])``; the gated MLP ``4 b f``. The layer's own keys/values are the prefix cache (counted apart,
+    :func:`flow_vla_cache_bytes`); RoPE's cos/sin (``P d`` per call) are left out."""
+    b, a, d = dtype_bytes, arch.heads, arch.head_dim
+    per_token = 2 * arch.width * (4 + 2 * b) + (8 + 2 * b) * a * d + 4 * b * arch.intermediate
+    per_token += a * prefix_tokens * (4 + (b if b < 4 else 0))
+    return prefix_tokens * per_token
+
+
+def flow_vla_prefix_bytes(arch: FlowVLAArch, prefix_tokens: int, dtype_bytes: int) -> int:
+    """The VLM's activations of one observation: L - 1 full blocks (:func:`flow_vla_vlm_layer_bytes`) and the last
+    block's input norm ``P h (4 + 2 b)`` (``encode_prefix`` stops after the last keys/values)."""
+    last_norm = prefix_tokens * arch.width * (4 + 2 * dtype_bytes)
+    return (arch.layers - 1) * flow_vla_vlm_layer_bytes(arch, prefix_tokens, dtype_bytes) + last_norm
+
+
+def flow_vla_cache_bytes(arch: FlowVLAArch, prefix_tokens: int, dtype_bytes: int) -> int:
+    """The prefix cache of one observation: keys and values of every VLM layer, ``2 L P kv d b``."""
+    return 2 * arch.layers * prefix_tokens * arch.kv_dim * dtype_bytes
+
+
+def flow_vla_vision_bytes(arch: FlowVLAArch, images: int, dtype_bytes: int) -> int:
+    """Activations of a trainable vision encoder for one observation of ``images`` cameras: per image the encoder's
+    layers over its patches (:func:`activation_bytes` with :func:`layer_activation_bytes`' GELU-MLP rule: sdpa, no
+    score matrix) and the projector's input ``tokens x connector_in x b``."""
+    v, b = arch.vision, dtype_bytes
+    per_layer = layer_activation_bytes(
+        v.patches,
+        hidden=v.width,
+        heads=1,
+        kv_heads=1,
+        head_dim=v.width,
+        intermediate=v.intermediate,
+        dtype_bytes=b,
+        gated_mlp=False,
+    )
+    tower = activation_bytes(
+        layers=v.depth,
+        per_layer=per_layer,
+        seq=v.patches,
+        hidden=v.width,
+        samples=1,
+        dtype_bytes=b,
+        checkpointing=False,
+    )
+    return images * (tower + arch.tokens_per_image * arch.connector_in * b)
+
+
+def flow_vla_expert_pass_bytes(
+    arch: FlowVLAArch, prefix_tokens: int, dtype_bytes: int, *, chunk: int | None = None, noise_head: bool = False
+) -> int:
+    """Bytes one expert pass WITH gradients keeps per row (one chunk), summed over the L_e expert layers.
+
+    Per layer, S suffix tokens: the 2 norms ``2 S W (4 + 2 b)`` (π0.5's adaRMS: ``(4 + 3 b)``, its gated residual
+    keeps the branch); the fp32 query ``4 S a d``; the keys and values the queries read, repeated to a heads (keys in
+    fp32): ``(P + S) a d (4 + b)`` for a joint layer (the prefix cache concatenated with the chunk's own), ``P a d
+    (4 + b)`` for SmolVLA's cross layers (the expert's k/v projections of the cached prefix); the softmax
+    ``S a (P + S) (4 + b [b < 4])`` (cross: ``S a P``); the o_proj input ``b S a d``; the gated MLP ``4 b S f_e``.
+    Outside the layers: the action-time MLP of π0 / SmolVLA ``4 b H W`` (its input 2W, hidden, SiLU), the final norm
+    ``S W (4 + 2 b)``, the fp32 copy of the chunk's features ``4 H W`` when b < 4, Flow-Noise's noise head
+    ``H 2 x 64 x 4`` (``noise_head``)."""
+    b, a, d, w = dtype_bytes, arch.heads, arch.head_dim, arch.expert_width
+    h = chunk if chunk is not None else arch.chunk
+    s = h + (1 if arch.family == "pi0" else 0)
+    p = prefix_tokens
+    cast = b if b < 4 else 0
+    norm = (4 + 3 * b) if arch.family == "pi05" else (4 + 2 * b)
+    common = 2 * s * w * norm + 4 * s * a * d + b * s * a * d + 4 * b * s * arch.expert_intermediate
+    joint = common + (p + s) * a * d * (4 + b) + s * a * (p + s) * (4 + cast)
+    cross = common + p * a * d * (4 + b) + s * a * p * (4 + cast)
+    n_cross = arch.expert_cross
+    layers = (arch.expert_layers - n_cross) * joint + n_cross * cross
+    io = s * w * (4 + 2 * b) + (4 * h * w if b < 4 else 0)
+    if arch.family != "pi05":
+        io += 4 * b * h * w
+    if noise_head:
+        io += h * 2 * NOISE_HEAD_HIDDEN * 4
+    return layers + io
+
+
+def flow_vla_expert_step_bytes(
+    arch: FlowVLAArch, prefix_tokens: int, dtype_bytes: int, chunk: int | None = None
+) -> int:
+    """No-grad working set of one denoising step per row (the rollout): the keys and values over P + S tokens at
+    their kv heads (the concatenation, ``2 (P + S) kv d b``) and repeated to the a query heads (``2 (P + S) a d b``,
+    + the keys' fp32 copy ``4 (P + S) a d`` when b < 4), two fp32 score matrices ``2 x 4 S a (P + S)``, and the
+    hidden states and MLP of the suffix ``S (4 W + 3 f_e) b``."""
+    b, a, d = dtype_bytes, arch.heads, arch.head_dim
+    h = chunk if chunk is not None else arch.chunk
+    s = h + (1 if arch.family == "pi0" else 0)
+    t = prefix_tokens + s
+    kv = 2 * t * arch.kv_dim * b + t * a * d * (2 * b + (4 if b < 4 else 0))
+    scores = PREFIX_WORKING_SCORE_COPIES * 4 * s * a * t
+    return kv + scores + s * (4 * arch.expert_width + 3 * arch.expert_intermediate) * b
+
+
+def flow_vla_prefix_working_bytes(arch: FlowVLAArch, prefix_tokens: int, images: int, dtype_bytes: int) -> int:
+    """No-grad working set of the prefix forward per observation (the rollout), the larger of: the vision encoder over
+    one camera's patches ``N (4 w_v + 2 f_v) b`` (the cameras run one after another) and one VLM block, its hidden
+    states and MLP ``P (4 h + 3 f) b`` (as :func:`prefill_bytes`) plus two fp32 score matrices ``2 x 4 a P^2``."""
+    b, v, p = dtype_bytes, arch.vision, prefix_tokens
+    vision = v.patches * (4 * v.width + 2 * v.intermediate) * b if images else 0
+    vlm = p * (4 * arch.width + 3 * arch.intermediate) * b + PREFIX_WORKING_SCORE_COPIES * 4 * arch.heads * p * p
+    return max(vision, vlm)
+
+
+def flow_vla_chain_bytes(chunk: int, action_dim: int, num_steps: int) -> int:
+    """The denoising record of one row (fp32): the chain ``(K + 1) H A``, the per-step noise ``K H A`` and the
+    initial noise ``H A``: ``(2 K + 2) H A x 4``."""
+    return (2 * num_steps + 2) * chunk * action_dim * 4
+
+
+def flow_vla_head_params(arch: FlowVLAArch, *, likelihood: str, value_head: bool) -> dict[str, int]:
+    """mmrl's fp32 modules next to the checkpoint: Flow-Noise's noise head on the expert's features
+    ``64 (W + 1 + A) + A`` (flow_noise) and PPO's critic on the last layer's cached values (``ValueHead(kv d)``:
+    ``258 kv d + 513``)."""
+    out: dict[str, int] = {}
+    if likelihood == "flow_noise":
+        out["noise_head"] = NOISE_HEAD_HIDDEN * (arch.expert_width + 1 + arch.max_action_dim) + arch.max_action_dim
+    if value_head:
+        out["critic"] = (2 + CRITIC_HIDDEN) * arch.kv_dim + 2 * CRITIC_HIDDEN + 1
+    return out
+
+
 # ============================================================================ the whole plan
 
 
@@ -463,6 +615,7 @@ class MemoryBreakdown:
     head_rollout: int = 0  # part of ``rollout``: one no-grad head call over the rollout's rows
     hidden_states: int = 0  # part of ``rollout``: the backbone's hidden states of every layer (output_hidden_states)
     notes: list[str] = field(default_factory=list)
+    detail: dict[str, int] = field(default_factory=dict)  # LeRobot flow VLAs: the named terms (``_plan_flow_vla``)
 
     @property
     def persistent(self) -> int:
@@ -518,6 +671,8 @@ def plan_memory(inp: PlanInputs) -> MemoryBreakdown:
     """The per-device memory of one training run (bytes per term; see the module docstring for the conventions)."""
     arch = inp.arch
     head = inp.head
+    if arch.flow_vla is not None:
+        return _plan_flow_vla(inp)
     counts = param_counts(
         arch,
         dtype_bytes=inp.dtype_bytes,
@@ -720,4 +875,86 @@ def _plan_diffusion(
         kv_cache=0,
         prefill=chain + working,
         notes=notes,
+    )
+
+
+def _plan_flow_vla(inp: PlanInputs) -> MemoryBreakdown:
+    """LeRobot's SmolVLA / π0 / π0.5 (``inp.arch.flow_vla``; ``inp.head`` carries the chunk H, A = max_action_dim, K
+    and the likelihood). Full fine-tuning of the model (the vision encoder and its projector frozen with
+    ``freeze_vision``), mmrl's fp32 critic / noise head next to it. Training rows = episodes x policy calls, each its own
+    observation (the upper bound): per row the vision encoder (when it trains), the VLM over the prefix, the prefix
+    cache plus its per-row gather (two with flow_sde_one), and ``grad_steps`` expert passes. The rollout runs one policy
+    call for every env slot at once, without gradients: the larger of the prefix phase (cache + the prefix forward's
+    working set) and the expert phase (cache + its per-row gather + one step's working set + the K-step record)."""
+    fv, head, b = inp.arch.flow_vla, inp.head, inp.dtype_bytes
+    model = fv.model_params()
+    frozen = fv.vision_params() if inp.freeze_vision else 0
+    counts = ParamCounts(model - frozen, frozen, b, b)
+    kw = dict(strategy=inp.strategy, world_size=inp.world_size, offload=inp.offload, optim_dtype=inp.optim_dtype)
+    state = model_state_bytes(counts, **kw)
+    heads = flow_vla_head_params(fv, likelihood=head.likelihood, value_head=inp.value_head)
+    head_params = sum(heads.values())
+    if head_params:
+        hs = model_state_bytes(ParamCounts(head_params, 0, 4, 4), **kw)
+        state = StateBytes(state.params + hs.params, state.grads + hs.grads, state.optimizer + hs.optimizer)
+    reference = model * b + head_params * 4 if inp.kl_reference else 0
+
+    prefix_tokens = fv.prefix_tokens(1, inp.image_tokens, inp.text_tokens)
+    rows = inp.micro_batch * inp.rows_per_sample
+    cache = flow_vla_cache_bytes(fv, prefix_tokens, b)
+    gathers = 2 if head.likelihood == "flow_sde_one" else 1
+    vision = 0 if inp.freeze_vision else flow_vla_vision_bytes(fv, inp.images, b)
+    prefix = flow_vla_prefix_bytes(fv, prefix_tokens, b)
+    per_pass = flow_vla_expert_pass_bytes(
+        fv, prefix_tokens, b, chunk=head.chunk, noise_head=head.likelihood == "flow_noise"
+    )
+    expert = head.grad_steps * per_pass
+    acts = rows * (vision + prefix + (1 + gathers) * cache + expert)
+
+    n = inp.rollout_samples
+    working = flow_vla_prefix_working_bytes(fv, prefix_tokens, inp.images, b)
+    step = flow_vla_expert_step_bytes(fv, prefix_tokens, b, chunk=head.chunk)
+    chain = flow_vla_chain_bytes(head.chunk, head.action_dim, head.num_steps)
+    prefix_phase, expert_phase = n * (cache + working), n * (2 * cache + step + chain)
+    fsdp = 0
+    if inp.strategy == "fsdp2" and inp.world_size > 1:
+        # only the vision encoder's blocks are FSDP units (``_no_split_modules``); the VLM and expert layers sit in the
+        # root unit, gathered for the whole pass
+        fsdp = (model - fv.vision.params() + 2 * fv.vision.layer_params()) * b + head_params * 4
+    detail = {
+        "prefix_tokens": prefix_tokens,
+        "rows": rows,
+        "vision_activations": rows * vision,
+        "prefix_activations": rows * prefix,
+        "prefix_cache": rows * (1 + gathers) * cache,
+        "expert_activations": rows * expert,
+        "expert_pass_per_row": per_pass,
+        "cache_per_observation": cache,
+        "rollout_prefix_phase": prefix_phase,
+        "rollout_expert_phase": expert_phase,
+        "rollout_cache": n * 2 * cache,
+        "rollout_prefix_working": n * working,
+        "rollout_expert_step": n * step,
+        "rollout_chain": n * chain,
+        **{f"head_params_{k}": v for k, v in heads.items()},
+    }
+    return MemoryBreakdown(
+        params=state.params,
+        grads=state.grads,
+        optimizer=state.optimizer,
+        activations=acts,
+        logits=0,
+        rollout=max(prefix_phase, expert_phase),
+        reference=reference,
+        fsdp_buffers=fsdp,
+        overhead=inp.overhead_bytes,
+        vllm_persistent=0,
+        counts=counts,
+        per_layer=flow_vla_vlm_layer_bytes(fv, prefix_tokens, b),
+        kv_cache=n * 2 * cache,
+        prefill=n * working,
+        head_params=head_params,
+        head_activations=rows * expert,
+        head_rollout=n * (step + chain),
+        detail=detail,
     )

@@ -28,6 +28,8 @@ __all__ = ["PlanSettings", "build_plan", "format_report", "plan_inputs", "report
 # Processor defaults when model.max_pixels is null: Qwen2/2.5-VL's image processor max_pixels 12845056 and Qwen3-VL's
 # longest_edge 16777216 (16384 vision tokens either way); the tiny builds' own budget is 256 tokens.
 _DEFAULT_MAX_TOKENS_REAL = 16384
+DEFAULT_TEXT_TOKENS = 128
+"""Text tokens of a prompt when ``plan.text_tokens`` is not given (chat template + question)."""
 DEFAULT_STATE_DIM = 8
 """Robot-state dims assumed for a continuous head's state projection when ``model.state_mean`` is not set (LIBERO's
 8: end-effector position 3 + axis-angle 3 + gripper 2; the projection's S x D + D parameters are negligible)."""
@@ -48,8 +50,9 @@ class PlanSettings:
     optim: str = "fp32"
     """AdamW state: fp32 (fp32 moments, + an fp32 master copy for 16-bit full fine-tuning; 12 B / parameter) or model
     (moments in the parameter dtype, no master copy: torch AdamW on a bf16 model, as the trainer builds it today)."""
-    text_tokens: int = 128
-    """Text tokens of a prompt (chat template + question)."""
+    text_tokens: int | None = None
+    """Text tokens of a prompt (chat template + question); default 128 (model.architecture=smolvla|pi0|pi05: the
+    checkpoint's tokenizer_max_length, the prompt's padded length)."""
     images: int | None = None
     """Images per prompt; default 1 for vlm / vla models, 0 otherwise."""
     image_tokens: int | None = None
@@ -69,7 +72,7 @@ class PlanSettings:
         check_choice(self.optim, ("fp32", "model"), "plan.optim")
         if self.offload == "params" and self.strategy != "fsdp2":
             raise ConfigError("plan.offload=params needs plan.strategy=fsdp2 (FSDP2's CPUOffloadPolicy)")
-        if not self.device_gb > 0 or self.world_size < 1 or self.text_tokens < 0 or (self.overhead_gb or 0) < 0:
+        if not self.device_gb > 0 or self.world_size < 1 or (self.text_tokens or 0) < 0 or (self.overhead_gb or 0) < 0:
             raise ConfigError(
                 "plan.device_gb must be > 0, plan.world_size >= 1, plan.text_tokens and plan.overhead_gb >= 0"
             )
@@ -122,6 +125,9 @@ def _trained_steps(m) -> int:
 def _overhead_gb(cfg, settings: PlanSettings) -> float:
     if settings.overhead_gb is not None:
         return settings.overhead_gb
+    if getattr(cfg.model, "architecture", "vlm") != "vlm":  # LeRobot's flow VLAs run in float32 on GPUs too
+        tiny = f"tiny_{cfg.model.architecture}" in (str(cfg.model.path), str(cfg.model.name))
+        return 0.0 if cfg.trainer.device == "cpu" or tiny else 1.0
     return 0.0 if cfg.trainer.device == "cpu" or cfg.model.dtype == "float32" else 1.0
 
 
@@ -166,6 +172,8 @@ def plan_inputs(cfg, settings: PlanSettings, arch: Architecture | None = None) -
         overhead_bytes=int(_overhead_gb(cfg, settings) * GIB),
         value_head=algo.advantage == "gae",
     )
+    if arch.flow_vla is not None:
+        return _flow_vla_inputs(cfg, settings, arch, common, samples, info)
     if arch.diffusion is not None:
         d = arch.diffusion
         res = m.resolution or (512 if d.unet else 1024)
@@ -210,7 +218,7 @@ def plan_inputs(cfg, settings: PlanSettings, arch: Architecture | None = None) -
         **common,
         freeze_vision=bool(getattr(m, "freeze_vision_tower", True)),
         rollout_samples=samples + probes,
-        text_tokens=settings.text_tokens,
+        text_tokens=settings.text_tokens if settings.text_tokens is not None else DEFAULT_TEXT_TOKENS,
         images=images,
         image_tokens=images * per_image,
         new_tokens=vla["tokens_per_call"] if vla else int(m.max_new_tokens),
@@ -244,6 +252,7 @@ def _vla_episode(cfg, arch: Architecture) -> dict[str, Any]:
     if getattr(m, "max_policy_calls", None) is not None:
         calls = min(calls, int(m.max_policy_calls))
     out = {
+        "cameras": len(getattr(task, "cameras", ("image",))),
         "policy_calls": calls,
         "tokens_per_call": 0 if continuous else chunk * spec.action_dim,
         "image_tokens": tokens,
@@ -253,6 +262,62 @@ def _vla_episode(cfg, arch: Architecture) -> dict[str, Any]:
     if continuous:
         out["action_head"] = m.action_head
     return out
+
+
+def _flow_vla_inputs(cfg, settings: PlanSettings, arch: Architecture, common: dict, samples: int, info: dict):
+    """:class:`PlanInputs` of ``model.architecture=smolvla|pi0|pi05``: the prefix is the checkpoint's cameras (a
+    folder's image features, else the task's cameras) x its tokens per image + the prompt padded to the tokenizer's
+    max length; the expert's chunk, K and likelihood are the run's; ``inp.head`` carries them (its action dims are the
+    checkpoint's padded max_action_dim, what the chain records). Full fine-tuning always (the policy refuses LoRA);
+    ``model.gradient_checkpointing`` is not applied by these policies, so it is planned off."""
+    m = cfg.model
+    fv = arch.flow_vla
+    vla = _vla_episode(cfg, arch)
+    info.update(vla)
+    images = settings.images if settings.images is not None else (fv.cameras or vla["cameras"])
+    per_image = settings.image_tokens if settings.image_tokens is not None else fv.tokens_per_image
+    text = settings.text_tokens if settings.text_tokens is not None else fv.tokenizer_max_length
+    head = ContinuousHead(
+        kind="flow",
+        width=fv.expert_width,
+        depth=fv.expert_layers,
+        chunk=int(m.chunk),
+        action_dim=fv.max_action_dim,
+        num_steps=int(m.num_steps),
+        likelihood=str(m.likelihood),
+    )
+    notes = []
+    if int(m.chunk) != fv.chunk:
+        notes.append(
+            f"model.chunk={m.chunk} but the checkpoint's chunk_size is {fv.chunk} (a run refuses it); planned with "
+            f"model.chunk={m.chunk}"
+        )
+    if m.gradient_checkpointing:
+        notes.append(f"model.gradient_checkpointing is not applied by the {m.architecture} policy: planned without it")
+    if m.dtype != "float32":
+        notes.append(
+            f"planned in model.dtype={m.dtype}; the {m.architecture} policy loads the checkpoint in float32 and does not "
+            "cast it (plan model.dtype=float32 for what it holds today)"
+        )
+    info.update(
+        image_tokens=images * per_image,
+        per_image_tokens=per_image,
+        prefix_tokens=fv.prefix_tokens(images, per_image, text),
+        flow_vla_notes=notes,
+    )
+    common = {**common, "gradient_checkpointing": False, "lora": False}
+    inp = PlanInputs(
+        **common,
+        freeze_vision=bool(getattr(m, "freeze_vision_tower", True)),
+        rollout_samples=samples,
+        text_tokens=text,
+        images=images,
+        image_tokens=images * per_image,
+        new_tokens=0,
+        rows_per_sample=vla["policy_calls"],
+        head=head,
+    )
+    return inp, info
 
 
 def _continuous_head(cfg) -> ContinuousHead | None:
@@ -265,10 +330,8 @@ def _continuous_head(cfg) -> ContinuousHead | None:
     kind = getattr(m, "action_head", "tokens")
     if kind == "tokens":
         return None
-    if getattr(m, "architecture", "vlm") != "vlm":
-        raise ConfigError(
-            f"mmrl plan does not model model.architecture={m.architecture} (its expert comes from the checkpoint)"
-        )
+    if getattr(m, "architecture", "vlm") != "vlm":  # LeRobot's flow VLAs: _flow_vla_inputs
+        raise ConfigError(f"model.architecture={m.architecture}: the head comes from the checkpoint")
     action_dim = m.head_action_dim
     if action_dim is None:
         from mmrl.tasks import get_task_class
@@ -341,191 +404,199 @@ def format_report(
     _UNIT[:] = [GIB, "GiB"] if bd.total >= GIB else [1024**2, "MiB"]
     unit = _UNIT[1]
     lines = [f"mmrl plan: task={cfg.task.name} model={arch.name} -- sizes from {arch.source}"]
-    if arch.diffusion is not None:
-        d = arch.diffusion
-        lines.append(
-            f"  {_n(arch.total_params())} parameters (denoiser {_n(d.denoiser_params)}, text encoders + VAE "
-            f"{_n(d.frozen_params)}); {m.dtype}"
-        )
-    else:
-        vis = arch.vision.params() if arch.vision else 0
-        lines.append(
-            f"  {_n(arch.total_params())} parameters (LM {_n(arch.text.params())}"
-            + (f", vision tower {_n(vis)}" if vis else "")
-            + f"); {m.dtype}"
-        )
-    if inp.lora:
-        mode = f"LoRA r={inp.lora_r} on {','.join(inp.lora_targets)} (adapters fp32, base frozen)"
-    elif arch.diffusion is not None:
-        mode = "full fine-tuning of the denoiser"
-    else:
-        mode = "full fine-tuning" + (", vision tower frozen" if inp.freeze_vision and arch.vision else "")
-    lines.append(f"  {mode}; trainable {_n(c.trainable)}, frozen {_n(c.frozen)}")
-    optim = (
-        "AdamW fp32 moments" + (" + fp32 master weights" if inp.optim_dtype == "fp32" and c.trainable_bytes < 4 else "")
-        if inp.optim_dtype == "fp32"
-        else "AdamW moments in the parameter dtype"
-    )
-    lines.append(
-        f"  {inp.world_size} x {settings.device_gb:g} GiB, {inp.strategy}, offload {inp.offload}; {optim}; "
-        f"gradient checkpointing {'on' if inp.gradient_checkpointing else 'off'}"
-    )
-    if arch.diffusion is not None:
-        lines.append(
-            f"  {info['resolution']} px: {inp.image_latent_tokens} latent tokens + {inp.text_tokens} "
-            f"text tokens per row; {info['trained_steps']} trained steps x {info['cfg_branches']} CFG "
-            f"branch(es) = {inp.rows_per_sample} rows per sample"
-        )
-    else:
-        lines.append(
-            f"  sequence: {inp.image_tokens} image + {inp.text_tokens} text + {inp.new_tokens} new = "
-            f"{inp.seq} tokens"
-            + (f" ({inp.images} image(s) x {info.get('per_image_tokens', 0)} tokens)" if inp.images else "")
-        )
-    head = inp.head
-    if "policy_calls" in info and head is None:
-        lines.append(
-            f"  VLA: {info['frame']} frames; every episode is {info['policy_calls']} training rows (one per "
-            f"policy call, the longest episode) of {info['tokens_per_call']} action tokens; the loss head "
-            f"is over the {inp.logit_vocab} action bins"
-        )
-    elif head is not None:
-        what = (
-            f"flow expert {head.width} wide x {head.depth} layers, K = {head.num_steps} steps, {head.likelihood}: "
-            f"{head.grad_steps} expert pass(es) with gradients per row"
-            if head.kind == "flow"
-            else f"Gaussian head {head.width} wide x {head.depth} query layer(s), one pass per row"
-        )
-        lines.append(
-            f"  VLA, action_head={head.kind}: {info['frame']} frames; every episode is {info['policy_calls']} training "
-            f"rows (one per policy call, the longest episode), each a prefix of {inp.seq + head.state_tokens} tokens "
-            f"(+ {head.state_tokens} state token) -> a chunk of {head.chunk} x {head.action_dim}; {what}; "
-            f"{_n(bd.head_params)} fp32 parameters outside the backbone"
-        )
-    lines.append(
-        f"  micro-batch {inp.micro_batch} samples = {cfg.trainer.batch_size} prompts x {cfg.algo.group_size} "
-        f"/ {inp.world_size} devices / {cfg.algo.num_minibatches} minibatch(es) / {cfg.trainer.grad_accum} "
-        f"grad_accum; rollout {inp.rollout_samples} samples at once"
-    )
-    lines.append("")
     rows: list[tuple[str, int, str]] = []
-    ptxt = f"{_n(c.trainable)} x {c.trainable_bytes} B + {_n(c.frozen)} x {c.frozen_bytes} B{sh}"
-    rows.append(("parameters", bd.params, "on CPU (offload=params)" if inp.offload == "params" else ptxt))
-    rows.append(
-        (
-            "gradients",
-            bd.grads,
-            "on CPU (offload=params)" if inp.offload == "params" else f"{_n(c.trainable)} x {c.trainable_bytes} B{sh}",
-        )
-    )
-    rows.append(("optimizer state", bd.optimizer, "on CPU" if inp.offload != "none" else _optim_formula(inp, bd) + sh))
-    if head is not None:
-        rows[0] = (rows[0][0], rows[0][1], rows[0][2] + f" + head {_n(bd.head_params)} x 4 B{sh}")
-        rows[1] = (rows[1][0], rows[1][1], rows[1][2] + f" + head {_n(bd.head_params)} x 4 B{sh}")
-        if inp.offload == "none":
-            rows[2] = (rows[2][0], rows[2][1], rows[2][2] + f" + head {_n(bd.head_params)} x 8 B{sh}")
-    if arch.diffusion is not None:
-        d = arch.diffusion
-        seq = inp.image_latent_tokens + inp.text_tokens
-        how = (
-            f"{inp.micro_batch * inp.rows_per_sample} rows x "
-            + (
-                f"({d.layers} x {seq} x {d.hidden} x {b} B + one block {bd.per_layer:,} B)"
-                if inp.gradient_checkpointing
-                else f"{d.layers} blocks x {bd.per_layer:,} B"
+    if arch.flow_vla is not None:
+        lines += _flow_vla_lines(cfg, settings, inp, info, bd, rows, sh)
+    else:
+        if arch.diffusion is not None:
+            d = arch.diffusion
+            lines.append(
+                f"  {_n(arch.total_params())} parameters (denoiser {_n(d.denoiser_params)}, text encoders + VAE "
+                f"{_n(d.frozen_params)}); {m.dtype}"
             )
-            + " (+ final norm)"
+        else:
+            vis = arch.vision.params() if arch.vision else 0
+            lines.append(
+                f"  {_n(arch.total_params())} parameters (LM {_n(arch.text.params())}"
+                + (f", vision tower {_n(vis)}" if vis else "")
+                + f"); {m.dtype}"
+            )
+        if inp.lora:
+            mode = f"LoRA r={inp.lora_r} on {','.join(inp.lora_targets)} (adapters fp32, base frozen)"
+        elif arch.diffusion is not None:
+            mode = "full fine-tuning of the denoiser"
+        else:
+            mode = "full fine-tuning" + (", vision tower frozen" if inp.freeze_vision and arch.vision else "")
+        lines.append(f"  {mode}; trainable {_n(c.trainable)}, frozen {_n(c.frozen)}")
+        optim = (
+            "AdamW fp32 moments"
+            + (" + fp32 master weights" if inp.optim_dtype == "fp32" and c.trainable_bytes < 4 else "")
+            if inp.optim_dtype == "fp32"
+            else "AdamW moments in the parameter dtype"
         )
-        rows.append(("activations", bd.activations, how))
+        lines.append(
+            f"  {inp.world_size} x {settings.device_gb:g} GiB, {inp.strategy}, offload {inp.offload}; {optim}; "
+            f"gradient checkpointing {'on' if inp.gradient_checkpointing else 'off'}"
+        )
+        if arch.diffusion is not None:
+            lines.append(
+                f"  {info['resolution']} px: {inp.image_latent_tokens} latent tokens + {inp.text_tokens} "
+                f"text tokens per row; {info['trained_steps']} trained steps x {info['cfg_branches']} CFG "
+                f"branch(es) = {inp.rows_per_sample} rows per sample"
+            )
+        else:
+            lines.append(
+                f"  sequence: {inp.image_tokens} image + {inp.text_tokens} text + {inp.new_tokens} new = "
+                f"{inp.seq} tokens"
+                + (f" ({inp.images} image(s) x {info.get('per_image_tokens', 0)} tokens)" if inp.images else "")
+            )
+        head = inp.head
+        if "policy_calls" in info and head is None:
+            lines.append(
+                f"  VLA: {info['frame']} frames; every episode is {info['policy_calls']} training rows (one per "
+                f"policy call, the longest episode) of {info['tokens_per_call']} action tokens; the loss head "
+                f"is over the {inp.logit_vocab} action bins"
+            )
+        elif head is not None:
+            what = (
+                f"flow expert {head.width} wide x {head.depth} layers, K = {head.num_steps} steps, {head.likelihood}: "
+                f"{head.grad_steps} expert pass(es) with gradients per row"
+                if head.kind == "flow"
+                else f"Gaussian head {head.width} wide x {head.depth} query layer(s), one pass per row"
+            )
+            lines.append(
+                f"  VLA, action_head={head.kind}: {info['frame']} frames; every episode is {info['policy_calls']} training "
+                f"rows (one per policy call, the longest episode), each a prefix of {inp.seq + head.state_tokens} tokens "
+                f"(+ {head.state_tokens} state token) -> a chunk of {head.chunk} x {head.action_dim}; {what}; "
+                f"{_n(bd.head_params)} fp32 parameters outside the backbone"
+            )
+        lines.append(
+            f"  micro-batch {inp.micro_batch} samples = {cfg.trainer.batch_size} prompts x {cfg.algo.group_size} "
+            f"/ {inp.world_size} devices / {cfg.algo.num_minibatches} minibatch(es) / {cfg.trainer.grad_accum} "
+            f"grad_accum; rollout {inp.rollout_samples} samples at once"
+        )
+        lines.append("")
+        ptxt = f"{_n(c.trainable)} x {c.trainable_bytes} B + {_n(c.frozen)} x {c.frozen_bytes} B{sh}"
+        rows.append(("parameters", bd.params, "on CPU (offload=params)" if inp.offload == "params" else ptxt))
         rows.append(
             (
-                "rollout (latents + no-grad block)",
-                bd.rollout,
-                f"{inp.rollout_samples} x {inp.num_steps + 1} "
-                f"latents x {inp.latent_elements} x 4 B + {inp.cfg_branches} x {inp.rollout_forward_batch} rows "
-                "x one block",
+                "gradients",
+                bd.grads,
+                "on CPU (offload=params)"
+                if inp.offload == "params"
+                else f"{_n(c.trainable)} x {c.trainable_bytes} B{sh}",
             )
         )
-    else:
-        t = arch.text
-        n = f"{inp.micro_batch * inp.rows_per_sample:,} rows" if inp.rows_per_sample > 1 else f"{inp.micro_batch}"
-        if inp.gradient_checkpointing:
-            how = (
-                f"{n} x ({t.layers} layers x {inp.seq} x {t.hidden} x {b} B + one layer "
-                f"{bd.per_layer:,} B) (+ final norm)"
-            )
-        else:
-            how = f"{n} x {t.layers} layers x {bd.per_layer:,} B (+ final norm)"
-        how += f"; one layer = {inp.seq} tokens x {bd.per_layer // max(inp.seq, 1):,} B"
+        rows.append(
+            ("optimizer state", bd.optimizer, "on CPU" if inp.offload != "none" else _optim_formula(inp, bd) + sh)
+        )
         if head is not None:
-            rows.append(("activations: backbone", bd.activations - bd.head_activations, how))
-            steps = f"{head.grad_steps} pass(es)" if head.kind == "flow" else "1 pass"
-            rows.append(
-                (
-                    "activations: action head",
-                    bd.head_activations,
-                    f"{n} x (prefix cast/norm + k/v of {inp.seq + head.state_tokens} tokens + {steps} over "
-                    f"{head.chunk} tokens x {head.width}), fp32",
+            rows[0] = (rows[0][0], rows[0][1], rows[0][2] + f" + head {_n(bd.head_params)} x 4 B{sh}")
+            rows[1] = (rows[1][0], rows[1][1], rows[1][2] + f" + head {_n(bd.head_params)} x 4 B{sh}")
+            if inp.offload == "none":
+                rows[2] = (rows[2][0], rows[2][1], rows[2][2] + f" + head {_n(bd.head_params)} x 8 B{sh}")
+        if arch.diffusion is not None:
+            d = arch.diffusion
+            seq = inp.image_latent_tokens + inp.text_tokens
+            how = (
+                f"{inp.micro_batch * inp.rows_per_sample} rows x "
+                + (
+                    f"({d.layers} x {seq} x {d.hidden} x {b} B + one block {bd.per_layer:,} B)"
+                    if inp.gradient_checkpointing
+                    else f"{d.layers} blocks x {bd.per_layer:,} B"
                 )
+                + " (+ final norm)"
             )
-            rows.append(("logits (last position)", bd.logits, f"{n} x {t.vocab} x {b} B (logits_to_keep=1)"))
-            rows.append(
-                (
-                    "rollout: prefix hidden states",
-                    bd.hidden_states,
-                    f"{inp.rollout_samples} x {t.layers + 1} layers x {inp.seq} x {t.hidden} x {b} B",
-                )
-            )
-            rows.append(
-                (
-                    "rollout: prefill",
-                    bd.prefill,
-                    f"{inp.rollout_samples} x {inp.prompt_tokens} x (3 x {t.intermediate} + 4 x {t.hidden}) x {b} B",
-                )
-            )
-            rows.append(
-                (
-                    "rollout: action head",
-                    bd.head_rollout,
-                    f"{inp.rollout_samples} rows: prefix k/v (+ per-row copy), one step's working set"
-                    + (f", the {head.num_steps}-step chain" if head.kind == "flow" else "")
-                    + ", fp32, no grad",
-                )
-            )
-        else:
             rows.append(("activations", bd.activations, how))
             rows.append(
                 (
-                    "logits (loss head)",
-                    bd.logits,
-                    f"{n} x {inp.new_tokens} x {inp.logit_vocab or t.vocab} x {LOGIT_BYTES_PER_ELEMENT} B",
+                    "rollout (latents + no-grad block)",
+                    bd.rollout,
+                    f"{inp.rollout_samples} x {inp.num_steps + 1} "
+                    f"latents x {inp.latent_elements} x 4 B + {inp.cfg_branches} x {inp.rollout_forward_batch} rows "
+                    "x one block",
                 )
             )
-        if head is None and inp.engine == "vllm":
-            rows.append(
-                (
-                    "rollout: vLLM reservation",
-                    bd.rollout + bd.vllm_persistent,
-                    f"{inp.vllm_fraction} x {settings.device_gb:g} GiB"
-                    + (" (sleep: released outside generation)" if inp.vllm_sleep else " (held: no sleep mode)"),
+        else:
+            t = arch.text
+            n = f"{inp.micro_batch * inp.rows_per_sample:,} rows" if inp.rows_per_sample > 1 else f"{inp.micro_batch}"
+            if inp.gradient_checkpointing:
+                how = (
+                    f"{n} x ({t.layers} layers x {inp.seq} x {t.hidden} x {b} B + one layer "
+                    f"{bd.per_layer:,} B) (+ final norm)"
                 )
-            )
-        elif head is None:
-            rows.append(
-                (
-                    "rollout: KV cache",
-                    bd.kv_cache,
-                    f"2 x {t.layers} x {t.kv_heads} kv heads x {t.head_dim} x "
-                    f"{inp.seq} tokens x {inp.rollout_samples} samples x {b} B",
+            else:
+                how = f"{n} x {t.layers} layers x {bd.per_layer:,} B (+ final norm)"
+            how += f"; one layer = {inp.seq} tokens x {bd.per_layer // max(inp.seq, 1):,} B"
+            if head is not None:
+                rows.append(("activations: backbone", bd.activations - bd.head_activations, how))
+                steps = f"{head.grad_steps} pass(es)" if head.kind == "flow" else "1 pass"
+                rows.append(
+                    (
+                        "activations: action head",
+                        bd.head_activations,
+                        f"{n} x (prefix cast/norm + k/v of {inp.seq + head.state_tokens} tokens + {steps} over "
+                        f"{head.chunk} tokens x {head.width}), fp32",
+                    )
                 )
-            )
-            rows.append(
-                (
-                    "rollout: prefill",
-                    bd.prefill,
-                    f"{inp.rollout_samples} x {inp.prompt_tokens} x (3 x {t.intermediate} + 4 x {t.hidden}) x {b} B",
+                rows.append(("logits (last position)", bd.logits, f"{n} x {t.vocab} x {b} B (logits_to_keep=1)"))
+                rows.append(
+                    (
+                        "rollout: prefix hidden states",
+                        bd.hidden_states,
+                        f"{inp.rollout_samples} x {t.layers + 1} layers x {inp.seq} x {t.hidden} x {b} B",
+                    )
                 )
-            )
+                rows.append(
+                    (
+                        "rollout: prefill",
+                        bd.prefill,
+                        f"{inp.rollout_samples} x {inp.prompt_tokens} x (3 x {t.intermediate} + 4 x {t.hidden}) x {b} B",
+                    )
+                )
+                rows.append(
+                    (
+                        "rollout: action head",
+                        bd.head_rollout,
+                        f"{inp.rollout_samples} rows: prefix k/v (+ per-row copy), one step's working set"
+                        + (f", the {head.num_steps}-step chain" if head.kind == "flow" else "")
+                        + ", fp32, no grad",
+                    )
+                )
+            else:
+                rows.append(("activations", bd.activations, how))
+                rows.append(
+                    (
+                        "logits (loss head)",
+                        bd.logits,
+                        f"{n} x {inp.new_tokens} x {inp.logit_vocab or t.vocab} x {LOGIT_BYTES_PER_ELEMENT} B",
+                    )
+                )
+            if head is None and inp.engine == "vllm":
+                rows.append(
+                    (
+                        "rollout: vLLM reservation",
+                        bd.rollout + bd.vllm_persistent,
+                        f"{inp.vllm_fraction} x {settings.device_gb:g} GiB"
+                        + (" (sleep: released outside generation)" if inp.vllm_sleep else " (held: no sleep mode)"),
+                    )
+                )
+            elif head is None:
+                rows.append(
+                    (
+                        "rollout: KV cache",
+                        bd.kv_cache,
+                        f"2 x {t.layers} x {t.kv_heads} kv heads x {t.head_dim} x "
+                        f"{inp.seq} tokens x {inp.rollout_samples} samples x {b} B",
+                    )
+                )
+                rows.append(
+                    (
+                        "rollout: prefill",
+                        bd.prefill,
+                        f"{inp.rollout_samples} x {inp.prompt_tokens} x (3 x {t.intermediate} + 4 x {t.hidden}) x {b} B",
+                    )
+                )
     ref_how = (
         "algo.kl_coef=0: none"
         if not inp.kl_reference
@@ -535,9 +606,12 @@ def format_report(
     )
     rows.append(("reference model (KL)", bd.reference, ref_how))
     if inp.strategy == "fsdp2" and inp.world_size > 1:
-        rows.append(
-            ("fsdp2 gathered units", bd.fsdp_buffers, "root unit (embeddings, lm_head, ...) + 2 layers, unsharded")
+        what = (
+            "root unit (the VLM and expert layers: only vision blocks are units) + 2 vision blocks, unsharded"
+            if arch.flow_vla is not None
+            else "root unit (embeddings, lm_head, ...) + 2 layers, unsharded"
         )
+        rows.append(("fsdp2 gathered units", bd.fsdp_buffers, what))
     rows.append(("runtime overhead", bd.overhead, "plan.overhead_gb"))
     w = max(len(r[0]) for r in rows) + 2
     lines.append(f"  {'term'.ljust(w)}{unit:>8}  how")
@@ -545,7 +619,9 @@ def format_report(
         lines.append(f"  {name.ljust(w)}{_g(val):>8}  {how}")
     lines.append("  " + "-" * (w + 8))
     rollout_name = (
-        "latents + no-grad block"
+        "max(prefix phase: k/v cache + prefix forward, expert phase: k/v cache + per-row gather + step + chain)"
+        if arch.flow_vla is not None
+        else "latents + no-grad block"
         if arch.diffusion is not None
         else "prefix hidden states + prefill + action head (no KV cache)"
         if head is not None
@@ -559,7 +635,10 @@ def format_report(
         + " + overhead"
         + (" + vLLM" if bd.vllm_persistent else "")
     )
-    lines.append(f"  {'training peak'.ljust(w)}{_g(bd.training):>8}  gradients + activations + logits")
+    lines.append(
+        f"  {'training peak'.ljust(w)}{_g(bd.training):>8}  gradients + activations"
+        + ("" if arch.flow_vla is not None else " + logits")
+    )
     lines.append(f"  {'rollout peak'.ljust(w)}{_g(bd.rollout):>8}  {rollout_name}")
     device = inp.device_bytes
     verdict = "fits" if bd.fits(device) else f"does NOT fit ({_g(bd.total - device)} {unit} over)"
@@ -567,7 +646,7 @@ def format_report(
         f"  {'total per device'.ljust(w)}{_g(bd.total):>8}  persistent + max(training, rollout): {verdict} "
         f"{settings.device_gb:g} GiB"
     )
-    for note in list(arch.notes) + bd.notes:
+    for note in list(arch.notes) + list(info.get("flow_vla_notes", ())) + bd.notes:
         lines.append(f"  note: {note}")
     if not bd.fits(device):
         lines.append("")
@@ -585,6 +664,115 @@ def format_report(
             if not suggestions[-1].fits:
                 lines.append("  even all of these do not fit: more devices (plan.world_size) or a smaller model")
     return "\n".join(lines)
+
+
+def _flow_vla_lines(
+    cfg, settings: PlanSettings, inp: PlanInputs, info: dict, bd: MemoryBreakdown, rows: list, sh: str
+) -> list[str]:
+    """The header lines of a LeRobot flow VLA's report; its rows (parameters to rollout) are appended to ``rows``."""
+    fv, head, m, c = inp.arch.flow_vla, inp.head, cfg.model, bd.counts
+    b, det = inp.dtype_bytes, bd.detail
+    g = fv.param_groups()
+    lm = g["embed_tokens"] + g["vlm_layers"]
+    expert = g["expert_layers"] + g["expert_norm"] + g["suffix"]
+    lines = [
+        f"  {_n(fv.model_params())} parameters (vision encoder + projector {_n(fv.vision_params())}, language model "
+        f"{_n(lm)}, action expert + projections {_n(expert)}); {m.dtype}; the checkpoint also holds "
+        f"{_n(fv.unused)} unused (LM heads, final norm: kept on the CPU)",
+        "  full fine-tuning (the policy refuses LoRA)"
+        + (", vision encoder + projector frozen (model.freeze_vision_tower)" if inp.freeze_vision else "")
+        + f"; trainable {_n(c.trainable)}, frozen {_n(c.frozen)}",
+    ]
+    optim = (
+        "AdamW fp32 moments" + (" + fp32 master weights" if c.trainable_bytes < 4 else "")
+        if inp.optim_dtype == "fp32"
+        else "AdamW moments in the parameter dtype"
+    )
+    lines.append(
+        f"  {inp.world_size} x {settings.device_gb:g} GiB, {inp.strategy}, offload {inp.offload}; {optim}; "
+        "no gradient checkpointing (not applied by these policies)"
+    )
+    P = det["prefix_tokens"]
+    state = " + 1 state token" if fv.state_tokens else ""
+    lines.append(
+        f"  prefix: {inp.images} camera(s) x {inp.image_tokens // max(inp.images, 1)} image tokens + "
+        f"{inp.text_tokens} prompt tokens{state} = {P} tokens through {fv.layers} VLM layers ({fv.heads} heads / "
+        f"{fv.kv_heads} kv x {fv.head_dim}); expert {fv.expert_layers} layers x {fv.expert_width} wide"
+        + (f" ({fv.expert_cross} cross-attending)" if fv.expert_cross else "")
+        + f" over {head.chunk}{' + 1 state' if fv.family == 'pi0' else ''} tokens"
+    )
+    lines.append(
+        f"  VLA, {fv.family}: {info['frame']} frames; every episode is {info['policy_calls']} training rows (one per "
+        f"policy call, the longest episode); K = {head.num_steps} steps, {head.likelihood}: {head.grad_steps} expert "
+        f"pass(es) with gradients per row; {_n(bd.head_params)} fp32 parameters in mmrl's heads"
+    )
+    lines.append(
+        f"  micro-batch {inp.micro_batch} episodes = {cfg.trainer.batch_size} prompts x {cfg.algo.group_size} "
+        f"/ {inp.world_size} devices / {cfg.algo.num_minibatches} minibatch(es) / {cfg.trainer.grad_accum} "
+        f"grad_accum = {det['rows']:,} rows; rollout {inp.rollout_samples} rows at once"
+    )
+    lines.append("")
+    n = f"{det['rows']:,} rows"
+    hp = f" + heads {_n(bd.head_params)} x 4 B" if bd.head_params else ""
+    rows.append(("parameters", bd.params, f"{_n(c.trainable)} x {b} B + {_n(c.frozen)} x {b} B{sh}{hp}"))
+    rows.append(("gradients", bd.grads, f"{_n(c.trainable)} x {b} B{sh}{hp}"))
+    rows.append(("optimizer state", bd.optimizer, "on CPU" if inp.offload != "none" else _optim_formula(inp, bd) + sh))
+    if det["vision_activations"]:
+        rows.append(
+            (
+                "activations: vision encoder",
+                det["vision_activations"],
+                f"{n} x {inp.images} x ({fv.vision.depth} layers over {fv.vision.patches} patches + projector input)",
+            )
+        )
+    rows.append(
+        (
+            "activations: VLM prefix",
+            det["prefix_activations"],
+            f"{n} x ({fv.layers - 1} layers x {bd.per_layer:,} B + last norm); one layer = {P} tokens x "
+            f"{bd.per_layer // max(P, 1):,} B (fp32 softmax {fv.heads} x {P} per token)",
+        )
+    )
+    gathers = 2 if head.likelihood == "flow_sde_one" else 1
+    rows.append(
+        (
+            "activations: prefix k/v",
+            det["prefix_cache"],
+            f"{n} x {1 + gathers} copies (cache + per-row gather) x 2 x {fv.layers} x {P} x {fv.kv_dim} x {b} B",
+        )
+    )
+    rows.append(
+        (
+            "activations: expert",
+            det["expert_activations"],
+            f"{n} x {head.grad_steps} pass(es) x {det['expert_pass_per_row']:,} B (k/v of {P} prefix tokens "
+            f"repeated to {fv.heads} heads per layer)",
+        )
+    )
+    k = inp.rollout_samples
+    rows.append(
+        (
+            "rollout: prefix k/v",
+            det["rollout_cache"],
+            f"{k} rows x 2 copies (cache + per-row gather) x {det['cache_per_observation']:,} B",
+        )
+    )
+    rows.append(
+        (
+            "rollout: prefix forward",
+            det["rollout_prefix_working"],
+            f"{k} x one VLM layer's working set (+ 2 fp32 {fv.heads} x {P} x {P} score matrices), no grad",
+        )
+    )
+    rows.append(
+        (
+            "rollout: expert step + chain",
+            bd.head_rollout,
+            f"{k} x (one step's working set + (2 x {head.num_steps} + 2) x {head.chunk} x {head.action_dim} x 4 B), "
+            "no grad",
+        )
+    )
+    return lines
 
 
 def report_json(inp: PlanInputs, info: dict, bd: MemoryBreakdown, suggestions: list[Suggestion]) -> str:
