@@ -3,6 +3,7 @@
     python scripts/vla_heads_table.py                       # 3 heads x seeds 0 1 2, then the table and the plot
     python scripts/vla_heads_table.py trainer.sft_steps=300 --heads flow --seeds 0   # overrides first, then a subset
     python scripts/vla_heads_table.py --table-only          # rebuild the table / plot from the runs already there
+                                                            # (and the recorded summaries of runs not here)
 
 Each run is ``mmrl train task=metaworld model.action_head=<head> trainer.seed=<seed>`` (the CLI, in a subprocess, one
 at a time so that wall times compare) into runs/heads/<head>_s<seed>; the continuous heads add the chunking of
@@ -81,11 +82,19 @@ def _fmt(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.3f}"
 
 
-def table(heads, seeds) -> dict:
+def table(heads, seeds, recorded: dict | None = None) -> dict:
+    """Summaries of the finished runs under runs/heads for ``heads`` x ``seeds``, merged with ``recorded`` (the last
+    written metaworld_heads.json's ``runs``): a (head, seed) with no run folder here keeps its recorded summary, and a
+    recorded one outside ``heads`` x ``seeds`` stays in the table, so that seeds run in different sessions, on a
+    fresh checkout or by a later subset call make one table and none is dropped."""
+    recorded = recorded or {}
     out = {}
-    for head in heads:
-        for seed in seeds:
+    for head in [h for h in HEADS if h in heads or h in recorded]:
+        done = {int(key[4:]) for key in recorded.get(head, {})}
+        for seed in sorted(done | (set(seeds) if head in heads else set())):
             s = summarise(RUNS / f"{head}_s{seed}")
+            if s is None:
+                s = recorded.get(head, {}).get(f"seed{seed}")
             if s is not None:
                 out.setdefault(head, {})[f"seed{seed}"] = s
     lines = [
@@ -134,11 +143,13 @@ def main(argv: list[str]) -> int:
         for seed in args.seeds:
             for head in args.heads:
                 run_one(head, seed, extra)
-    summary = table(args.heads, args.seeds)
+    docs = ROOT / "docs" / "curves"
+    written = docs / "metaworld_heads.json"
+    recorded = json.loads(written.read_text()) if written.exists() else {}
+    summary = table(args.heads, args.seeds, recorded.get("runs"))
     if not summary["runs"]:
         print("no finished runs under", RUNS)
         return 1
-    docs = ROOT / "docs" / "curves"
     summary["stack"] = "mujoco 3.3.0, torch 2.14.1, 2-core CPU, one run at a time"
     summary["overrides"] = {"all": extra, **HEAD_OVERRIDES}
     (docs / "metaworld_heads.json").write_text(json.dumps(summary, indent=1))
