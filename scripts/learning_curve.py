@@ -2,6 +2,12 @@
 
     python scripts/learning_curve.py toy_arithmetic [key=value ...]
     python scripts/learning_curve.py --from-run runs/<run> <task>     # the curve of a finished `mmrl train` run
+    python scripts/learning_curve.py --compare <task> [key=value ...]  # rerun, compare with the recorded curve
+
+`--compare` reruns the embedded default the same way but writes nothing under docs/: it prints the recorded and the
+new held-out scores side by side (the recorded curve's points against the last points of the new run, so a curve
+recorded from a run without the step-0 random-init evaluation still lines up) and exits 1 when they differ by more
+than 1e-4: "the same numbers on the same seed" after a refactor.
 
 Runs `mmrl train task=<task>` (the same code path as the CLI) into a scratch run directory, then
 plots the eval score and the training reward against the step and prints start/end numbers.
@@ -39,12 +45,27 @@ def from_run(run_dir: Path, task: str) -> int:
     return 0
 
 
+def compare_curves(task: str, recorded: list, new: list, wall: float, tol: float = 1e-4) -> int:
+    """Print the recorded eval curve against the tail of the new one; 0 when every point agrees within ``tol``."""
+    tail = new[-len(recorded) :] if len(new) >= len(recorded) else new
+    worst = max((abs(a[1] - b[1]) for a, b in zip(recorded, tail)), default=float("inf"))
+    same = len(tail) == len(recorded) and worst <= tol and all(a[0] == b[0] for a, b in zip(recorded, tail))
+    print(f"{task}: step  recorded  now   ({wall / 60:.1f} min)")
+    for a, b in zip(recorded, tail):
+        print(f"  {a[0]:>5}  {a[1]:.4f}  {b[1]:.4f}")
+    print(f"{task}: {'same curve' if same else 'DIFFERENT'} (max |diff| {worst:.2e}, {len(recorded)} points)")
+    return 0 if same else 1
+
+
 def main(argv: list[str]) -> int:
     if not argv:
         print(__doc__)
         return 2
     if argv[0] == "--from-run":
         return from_run(Path(argv[1]), argv[2])
+    compare = argv[0] == "--compare"
+    if compare:
+        argv = argv[1:]
     task, overrides = argv[0], argv[1:]
     torch.set_num_threads(1)
     from mmrl.config import load_config
@@ -61,7 +82,10 @@ def main(argv: list[str]) -> int:
     final = tr.fit()
     wall = time.perf_counter() - t0
     rows = read_metrics(tr.run_dir / "metrics.jsonl")
+    evals = [(r["step"], r["eval/score"]) for r in rows if r.get("eval/score") is not None]
     docs = Path(__file__).resolve().parent.parent / "docs" / "curves"
+    if compare:
+        return compare_curves(task, json.loads((docs / f"{task}.json").read_text())["eval_curve"], evals, wall)
     docs.mkdir(parents=True, exist_ok=True)
     png = plot_metrics(
         tr.run_dir / "metrics.jsonl",
@@ -69,7 +93,6 @@ def main(argv: list[str]) -> int:
         keys=("eval/score", "reward/mean", "policy/entropy", "loss/clipfrac"),
         title=f"{task}: embedded default, {cfg.trainer.max_steps} steps, {wall / 60:.1f} min on CPU",
     )
-    evals = [(r["step"], r["eval/score"]) for r in rows if r.get("eval/score") is not None]
     summary = {
         "task": task,
         "start_eval_score": start.get("eval/score"),
