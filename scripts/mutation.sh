@@ -40,7 +40,7 @@ spec() {
                     "tests/wiring/test_knobs_reach_math.py"' ;;
     sde) ONLY='"mmrl/rollout/sde_math.py"'
          # the flow VLA heads share this module (issue 23): their tests exercise its Gaussian step and log-density too
-         TESTS='"tests/algos/test_sde_sampler.py", "tests/adapters/vla/test_vla_action_heads.py", "tests/wiring/test_vla_head_knobs.py"' ;;
+         TESTS='"tests/algos/test_sde_sampler.py", "tests/algos/test_sde_math_contract.py", "tests/adapters/vla/test_vla_action_heads.py", "tests/wiring/test_vla_head_knobs.py"' ;;
     shared_prefix) ONLY='"mmrl/policies/shared_prefix.py"'
                    TESTS='"tests/policies/test_shared_prefix.py"' ;;
     *) echo "unknown target '$1'; choose from algos wiring trainer rewards sde shared_prefix all" >&2; exit 2 ;;

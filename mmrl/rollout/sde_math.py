@@ -103,11 +103,14 @@ def _check_sigmas(sigma: float | torch.Tensor, sigma_next: float | torch.Tensor,
     return s, s_next
 
 
-def _check_noise_level(noise_level: float, where: str, *, upper: float | None = None) -> float:
-    level = _scalar(noise_level, "noise_level", where)
+def _check_noise_level(
+    noise_level: float, where: str, *, name: str = "noise_level", upper: float | None = None
+) -> float:
+    """Validate a noise scale (``name`` in the message: noise_level, or DDIM's eta) as 0 <= value (<= upper)."""
+    level = _scalar(noise_level, name, where)
     if level < 0.0 or (upper is not None and level > upper):
         bound = f"[0, {upper}]" if upper is not None else ">= 0"
-        raise SDEInputError(f"{where}: noise_level must be {bound}, got {level}")
+        raise SDEInputError(f"{where}: {name} must be {bound}, got {level}")
     return level
 
 
@@ -242,7 +245,7 @@ def ddim_std(alpha_bar_t: float | torch.Tensor, alpha_bar_prev: float | torch.Te
     """
     where = "ddim_std"
     a_t, a_prev = _check_alphas(alpha_bar_t, alpha_bar_prev, where)
-    eta_f = _check_noise_level(eta, where)
+    eta_f = _check_noise_level(eta, where, name="eta")
     return _ddim_std(a_t, a_prev, eta_f, where)
 
 
@@ -323,10 +326,14 @@ def gaussian_step(
     mean32 = _as_f32(mean, "mean", where)
     if isinstance(std, torch.Tensor):
         std32 = std.to(device=mean32.device, dtype=torch.float32)
-    else:
-        std32 = torch.full((), _scalar(std, "std", where), dtype=torch.float32, device=mean32.device)
-    if not bool(torch.all(std32 > 0)):
-        raise SDEInputError(f"{where}: std must be > 0 everywhere (got min {std32.min().item()})")
+        if not bool(torch.all(std32 > 0)):
+            raise SDEInputError(f"{where}: std must be > 0 everywhere (got min {std32.min().item()})")
+        density_std: float | torch.Tensor = std32
+    else:  # a Python number: checked on the host, no device sync
+        density_std = _scalar(std, "std", where)
+        if not density_std > 0:
+            raise SDEInputError(f"{where}: std must be > 0, got {density_std}")
+        std32 = torch.full((), density_std, dtype=torch.float32, device=mean32.device)
     if prev_sample is not None:
         if noise is not None:
             raise SDEInputError(f"{where}: pass either noise (to sample) or prev_sample (to re-evaluate), not both")
@@ -335,7 +342,7 @@ def gaussian_step(
         if noise is None:
             noise = torch.randn_like(mean32)
         sample_next = mean32 + std32 * _as_f32(noise, "noise", where, like=mean32)
-    log_prob = gaussian_log_prob(sample_next.detach(), mean32, std32, reduction=reduction)
+    log_prob = gaussian_log_prob(sample_next.detach(), mean32, density_std, reduction=reduction)
     return StepOutput(sample_next, mean32, std32, log_prob, False)
 
 
@@ -481,7 +488,7 @@ def ddim_step(
     """
     where = "ddim_step"
     a_t, a_prev = _check_alphas(alpha_bar_t, alpha_bar_prev, where)
-    eta_f = _check_noise_level(eta, where)
+    eta_f = _check_noise_level(eta, where, name="eta")
     x32 = _as_f32(x, "x", where)
     eps32 = _as_f32(eps, "eps", where, like=x32)
     std = _ddim_std(a_t, a_prev, eta_f, where)
