@@ -133,13 +133,22 @@ def clear_run_dir(run_dir: Path) -> None:
 
 def record_start(run_dir: Path, config_yaml: str, step: int) -> Path:
     """Keep the config of this start: ``config_history/start-NNN-step_SSSSSS.yaml`` (never overwritten) and
-    ``config.yaml`` (the latest start's). Returns the history file."""
+    ``config.yaml`` (the latest start's), and what it ran on (:func:`mmrl.versions.environment`: library versions,
+    the mmrl commit) as ``start-NNN-step_SSSSSS.environment.json`` beside it and ``environment.json``. Returns the
+    history file."""
+    import json
+
+    from mmrl.versions import environment
+
     hist = run_dir / HISTORY_DIR
     hist.mkdir(exist_ok=True)
     n = 1 + sum(1 for p in hist.glob("start-*.yaml"))
     path = hist / f"start-{n:03d}-step_{step:06d}.yaml"
     path.write_text(config_yaml)
     (run_dir / "config.yaml").write_text(config_yaml)
+    env = json.dumps(environment(), indent=1) + "\n"
+    path.with_suffix(".environment.json").write_text(env)
+    (run_dir / "environment.json").write_text(env)
     return path
 
 

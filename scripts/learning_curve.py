@@ -23,6 +23,8 @@ from pathlib import Path
 
 import torch
 
+from mmrl.versions import environment, stack_differences
+
 
 def from_run(run_dir: Path, task: str) -> int:
     """Plot and summarise a finished run (its metrics.jsonl; the first evaluation is the post-warm-start one)."""
@@ -39,14 +41,25 @@ def from_run(run_dir: Path, task: str) -> int:
         keys=("eval/score", "reward/mean", "policy/entropy", "loss/clipfrac"),
         title=f"{task}: embedded default, {steps} steps ({run_dir.name})",
     )
-    summary = {"task": task, "run": run_dir.name, "eval_curve": evals, "steps": steps, "plot": str(png)}
+    env_file = run_dir / "environment.json"  # what the run ran on (runs before it was recorded: this machine now)
+    stack = json.loads(env_file.read_text()) if env_file.exists() else environment()
+    summary = {"task": task, "run": run_dir.name, "eval_curve": evals, "steps": steps, "plot": str(png), "stack": stack}
     (docs / f"{task}.json").write_text(json.dumps(summary, indent=1))
     print(json.dumps(summary, indent=1))
     return 0
 
 
-def compare_curves(task: str, recorded: list, new: list, wall: float, tol: float = 1e-4) -> int:
-    """Print the recorded eval curve against the tail of the new one; 0 when every point agrees within ``tol``."""
+def compare_curves(
+    task: str, recorded: list, new: list, wall: float, tol: float = 1e-4, recorded_stack: dict | None = None
+) -> int:
+    """Print the recorded eval curve against the tail of the new one; 0 when every point agrees within ``tol``.
+    With the recorded curve's ``stack``, the library versions that differ from this machine's are listed first (a
+    different curve on a different stack says nothing about the code)."""
+    if recorded_stack is None:
+        print(f"{task}: the recorded curve has no library stack (recorded before stacks were kept)")
+    else:
+        moved = stack_differences(recorded_stack, environment())
+        print(f"{task}: library stack {'differs: ' + ', '.join(moved) if moved else 'as recorded'}")
     tail = new[-len(recorded) :] if len(new) >= len(recorded) else new
     worst = max((abs(a[1] - b[1]) for a, b in zip(recorded, tail)), default=float("inf"))
     same = len(tail) == len(recorded) and worst <= tol and all(a[0] == b[0] for a, b in zip(recorded, tail))
@@ -85,7 +98,8 @@ def main(argv: list[str]) -> int:
     evals = [(r["step"], r["eval/score"]) for r in rows if r.get("eval/score") is not None]
     docs = Path(__file__).resolve().parent.parent / "docs" / "curves"
     if compare:
-        return compare_curves(task, json.loads((docs / f"{task}.json").read_text())["eval_curve"], evals, wall)
+        recorded = json.loads((docs / f"{task}.json").read_text())
+        return compare_curves(task, recorded["eval_curve"], evals, wall, recorded_stack=recorded.get("stack"))
     docs.mkdir(parents=True, exist_ok=True)
     png = plot_metrics(
         tr.run_dir / "metrics.jsonl",
@@ -101,6 +115,7 @@ def main(argv: list[str]) -> int:
         "wall_s": round(wall, 1),
         "steps": cfg.trainer.max_steps,
         "plot": str(png),
+        "stack": environment(),
     }
     (docs / f"{task}.json").write_text(json.dumps(summary, indent=1))
     print(json.dumps(summary, indent=1))

@@ -327,6 +327,13 @@ def test_resume_refuses_another_experiment_and_keeps_every_start(cli, tmp_path):
     assert history[0].read_text() == first
     assert yaml.safe_load(history[2].read_text())["algo"]["group_size"] == 2
     assert yaml.safe_load((tmp_path / "exp" / "config.yaml").read_text())["algo"]["group_size"] == 2
+    # each start also kept what it ran on, beside its config
+    import torch
+
+    envs = [h.with_suffix(".environment.json") for h in history]
+    for env_file in [*envs, tmp_path / "exp" / "environment.json"]:
+        env = json.loads(env_file.read_text())
+        assert torch.__version__.startswith(env["packages"]["torch"]) and "transformers" in env["packages"]
 
 
 # ---------------------------------------------------------------- an evaluation that scored nothing

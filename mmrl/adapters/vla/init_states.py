@@ -16,10 +16,10 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import dataclass, field
-from importlib import metadata
 from pathlib import Path
 
 from mmrl.errors import RunStopped
+from mmrl.versions import package_versions
 
 log = logging.getLogger(__name__)
 
@@ -38,13 +38,7 @@ class InitStateDriftError(RunStopped):
 
 def simulator_versions() -> dict[str, str]:
     """Installed versions of the simulator packages (without importing them); absent ones are left out."""
-    out = {}
-    for name in SIMULATOR_PACKAGES:
-        try:
-            out[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            pass
-    return out
+    return package_versions(SIMULATOR_PACKAGES)
 
 
 @dataclass
