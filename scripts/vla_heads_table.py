@@ -2,12 +2,12 @@
 
     python scripts/vla_heads_table.py                       # 3 heads x seeds 0 1 2, then the table and the plot
     python scripts/vla_heads_table.py trainer.sft_steps=300 --heads flow --seeds 0   # overrides first, then a subset
+    python scripts/vla_heads_table.py --heads tiny_smolvla  # mmrl's tiny SmolVLA (model=tiny_smolvla), same budget
     python scripts/vla_heads_table.py --table-only          # rebuild the table / plot from the runs already there
                                                             # (and the recorded summaries of runs not here)
 
-Each run is ``mmrl train task=metaworld model.action_head=<head> trainer.seed=<seed>`` (the CLI, in a subprocess, one
-at a time so that wall times compare) into runs/heads/<head>_s<seed>; the continuous heads add the chunking of
-HEAD_OVERRIDES. The table gives held-out success (192 sampled episodes per evaluation) at random init, after the warm
+Each run is ``mmrl train task=metaworld trainer.seed=<seed>`` plus the head's HEAD_OVERRIDES (the CLI, in a
+subprocess, one at a time so that wall times compare) into runs/heads/<head>_s<seed>. The table gives held-out success (192 sampled episodes per evaluation) at random init, after the warm
 start, after RL, and the wall and CPU time of the whole run (CPU time: user + system of the run and its env
 workers, a fair budget when something else ran beside it). It is written to docs/curves/metaworld_heads.json and the eval
 curves to docs/curves/metaworld_heads.png.
@@ -25,21 +25,24 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNS = ROOT / "runs" / "heads"
-HEADS = ("tokens", "flow", "gaussian")
+HEADS = ("tokens", "flow", "gaussian", "tiny_smolvla")
+DEFAULT_HEADS = ("tokens", "flow", "gaussian")
 HEAD_OVERRIDES = {
-    "tokens": [],
+    "tokens": ["model.action_head=tokens"],
     # a chunk of 4 actions, 2 executed per call (pi0-style chunking at the task's scale): half the policy calls of
     # the tokens head, whose chunk of 1 is the task's tuned default
-    "flow": ["model.chunk=4", "model.n_action_steps=2"],
-    "gaussian": ["model.chunk=4", "model.n_action_steps=2"],
+    "flow": ["model.action_head=flow", "model.chunk=4", "model.n_action_steps=2"],
+    "gaussian": ["model.action_head=gaussian", "model.chunk=4", "model.n_action_steps=2"],
+    # not a head of the tiny Qwen-VL but a whole policy: mmrl's SmolVLA (LeRobot's architecture, issue 24), random
+    # tiny weights, its flow expert with the preset's chunk 4 / 2 executed / K = 4 steps
+    "tiny_smolvla": ["model=tiny_smolvla"],
 }
 
 
 def run_one(head: str, seed: int, extra: list[str]) -> None:
     name = f"{head}_s{seed}"
     cmd = [
-        sys.executable, "-m", "mmrl.cli", "train", "task=metaworld", f"model.action_head={head}",
-        f"trainer.seed={seed}", f"trainer.output_dir={RUNS}", f"trainer.run_name={name}", "trainer.overwrite=true",
+        sys.executable, "-m", "mmrl.cli", "train", "task=metaworld", f"trainer.seed={seed}", f"trainer.output_dir={RUNS}", f"trainer.run_name={name}", "trainer.overwrite=true",
         *HEAD_OVERRIDES[head], *extra,
     ]  # fmt: skip
     print("$", " ".join(cmd[2:]), flush=True)
@@ -119,7 +122,7 @@ def plot(summary: dict, png: Path) -> None:
 
     fig = Figure(figsize=(5.5, 3.6))
     ax = fig.subplots()
-    colours = {"tokens": "tab:blue", "flow": "tab:orange", "gaussian": "tab:green"}
+    colours = {"tokens": "tab:blue", "flow": "tab:orange", "gaussian": "tab:green", "tiny_smolvla": "tab:red"}
     for head, by_seed in summary["runs"].items():
         for i, s in enumerate(by_seed.values()):
             start = [] if s["random_init"] is None else [(-1, s["random_init"])]
@@ -135,7 +138,7 @@ def plot(summary: dict, png: Path) -> None:
 
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--heads", nargs="+", default=list(HEADS), choices=HEADS)
+    p.add_argument("--heads", nargs="+", default=list(DEFAULT_HEADS), choices=HEADS)
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--table-only", action="store_true")
     args, extra = p.parse_known_args(argv)
@@ -150,7 +153,9 @@ def main(argv: list[str]) -> int:
     if not summary["runs"]:
         print("no finished runs under", RUNS)
         return 1
-    summary["stack"] = "mujoco 3.3.0, torch 2.14.1, 2-core CPU, one run at a time"
+    from mmrl.versions import environment
+
+    summary["stack"] = {**environment(), "machine": "2-core CPU; wall time depends on what ran beside a run"}
     summary["overrides"] = {"all": extra, **HEAD_OVERRIDES}
     (docs / "metaworld_heads.json").write_text(json.dumps(summary, indent=1))
     plot(summary, docs / "metaworld_heads.png")
