@@ -1,44 +1,60 @@
 #!/usr/bin/env python3
 """The prepared GPU check of issue 13, for the day a GPU is lent for a few minutes (run by scripts/gpu_check.sh).
 
-It builds a real-size Qwen2.5-VL-3B from its published architecture (:data:`mmrl.planning.architectures.REAL_VLM_CONFIGS`,
-3,754,622,976 parameters) with random bf16 weights and mmrl's offline tokenizer / processor (nothing is downloaded),
-then runs a few GRPO steps of ``task=vqa_grounding`` through the real launcher,
+It measures two real-size models with random weights, built offline (nothing is downloaded):
 
-    python -m torch.distributed.run --standalone --nproc_per_node N -m mmrl.cli train ... trainer.strategy=ddp|fsdp2
+* **VLM**: a Qwen2.5-VL-3B from its published architecture (:data:`mmrl.planning.architectures.REAL_VLM_CONFIGS`,
+  3,754,622,976 parameters, bf16) with mmrl's offline tokenizer / processor; a few GRPO steps of
+  ``task=vqa_grounding`` per (rollout engine, strategy) through the real launcher,
 
-for every (rollout engine, strategy) pair: HF ``generate`` and, where ``import vllm`` works, the colocated vLLM engine
-(its weight-sync canary and the importance ratios are read from the run's metrics), under DDP and FSDP2 on all
-visible GPUs. It prints ONE summary table: per configuration the median step time, completion tokens per second,
-peak GPU memory (torch's allocator peak, max over ranks, and the device's peak as nvidia-smi saw it) and ``mmrl
-plan``'s predicted per-device total for the same overrides (:func:`mmrl.planning.report.build_plan`).
+      python -m torch.distributed.run --standalone --nproc_per_node N -m mmrl.cli train ... trainer.strategy=ddp|fsdp2
+
+  with HF ``generate`` and, where ``import vllm`` works, the colocated vLLM engine (its weight-sync canary and the
+  importance ratios are read from the run's metrics), under DDP and FSDP2 on all visible GPUs;
+* **flow VLA**: a LeRobot-format π0 folder at π0's published size (:func:`mmrl.planning.lerobot.published_arch`:
+  SigLIP So400m + Gemma 2B + the 300M action expert, 3,238,046,480 parameters; weights stored in bf16, trained in
+  float32 as the LeRobot policies do) with the tiny builder's byte-level Gemma tokenizer and processor files, for
+  ``task=vla_reach``'s camera, state and actions; a few GRPO steps of ``mmrl train task=vla_reach model=pi0
+  model.path=<folder> model.chunk=50`` (2 episodes per item, one process; with several GPUs also FSDP2 over them).
+
+It prints ONE summary table: per configuration the median step time, completion tokens per second (VLM; the π0 rows
+say ``-`` there and give the env actions executed per second of step time in their notes), peak GPU memory (torch's
+allocator peak, max over ranks, and the device's peak as nvidia-smi saw it) and ``mmrl plan``'s predicted per-device
+total for the same overrides (:func:`mmrl.planning.report.build_plan`).
 
 Time: everything runs under one budget (``--budget-s``, default 450 s, so the check ends inside 8 minutes); each
-sub-run has its own timeout, a sub-run is stopped as soon as its last step is logged (the final checkpoint of a 3B
-model is not what is measured), and what cannot run (no GPU, no vLLM, no time left, a failure) is one row of the
-table saying why. ``--cpu-smoke`` runs the same path with the tiny offline VLM, 1 step, on CPU (the test of this
-script, tests/trainer/test_gpu_check.py).
+sub-run has its own timeout (``--sub-timeout-s``, π0's ``--vla-timeout-s``), a sub-run is stopped as soon as its last
+step is logged (the final checkpoint of a 3B model is not what is measured), and what cannot run (no GPU, no vLLM, no
+time left, a failure) is one row of the table saying why. Order, for when the time runs out first: the VLM's model
+and its hf/ddp row, then π0's model and its row, then the VLM's other (engine, strategy) rows, then π0's FSDP2 row
+(several GPUs only): one measurement of each model before the variants of either. ``--only vla`` (``--only vlm``)
+runs one part alone, e.g. in a short device session. ``--cpu-smoke`` runs the same path on CPU, 1 step each: the tiny
+offline VLM, and π0 at the tiny builder's sizes written by the same folder builder (``model=tiny_pi0
+model.path=<folder>``): the test of this script (tests/trainer/test_gpu_check.py).
 
 Measuring memory: every worker process of a sub-run imports a generated ``sitecustomize.py`` (on PYTHONPATH) that,
 when ``MMRL_GPU_CHECK_MEMORY_DIR`` is set, writes ``torch.cuda.max_memory_allocated`` / ``max_memory_reserved`` and
-the peak RSS of its rank twice a second and at exit; nothing in mmrl changes for it.
+the peak RSS of its rank twice a second and at exit (only the rank itself: the processes it starts, such as the VLA
+env workers, inherit a marker and record nothing); nothing in mmrl changes for it.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import signal
 import statistics
+import struct
 import subprocess
 import sys
 import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
 REPO = Path(__file__).resolve().parent.parent
 GIB = 1024**3
@@ -82,7 +98,12 @@ def _mmrl_gpu_check_loop():
         _mmrl_gpu_check_record()
 
 
-if os.environ.get("MMRL_GPU_CHECK_MEMORY_DIR") and "LOCAL_RANK" in os.environ:  # workers, not the launcher
+if (
+    os.environ.get("MMRL_GPU_CHECK_MEMORY_DIR")
+    and "LOCAL_RANK" in os.environ  # workers, not the launcher
+    and not os.environ.get("MMRL_GPU_CHECK_RECORDER")  # not a process a worker started (env workers, helpers)
+):
+    os.environ["MMRL_GPU_CHECK_RECORDER"] = str(os.getpid())  # inherited by this worker's children
     atexit.register(_mmrl_gpu_check_record)
     threading.Thread(target=_mmrl_gpu_check_loop, name="mmrl-gpu-check-memory", daemon=True).start()
 '''
@@ -93,17 +114,21 @@ if os.environ.get("MMRL_GPU_CHECK_MEMORY_DIR") and "LOCAL_RANK" in os.environ:  
 
 @dataclass(frozen=True)
 class SubRun:
-    """One row of the table: a rollout engine and a training strategy on ``world`` processes."""
+    """One row of the table: a model, its rollout engine and a training strategy on ``world`` processes."""
 
     engine: str
-    """hf (transformers generate) or vllm (the colocated engine)."""
+    """hf (transformers generate) or vllm (the colocated engine); flow for π0 (the policy's own flow sampler)."""
     strategy: str
     """ddp or fsdp2 (``trainer.strategy``)."""
     world: int
     """Processes (GPUs) of the run."""
+    kind: str = "vlm"
+    """vlm (Qwen2.5-VL, task=vqa_grounding) or vla (π0, task=vla_reach)."""
 
     @property
     def name(self) -> str:
+        if self.kind == "vla":
+            return f"pi0/{self.strategy} x{self.world}"
         return f"{self.engine}/{self.strategy} x{self.world}"
 
 
@@ -117,6 +142,8 @@ class Row:
     steps: int = 0
     step_s: float | None = None
     tokens_per_s: float | None = None
+    actions_per_s: float | None = None
+    """π0 rows: env actions executed per second of step time, all ranks (in the notes; tok/s is '-')."""
     peak_alloc_gib: float | None = None
     """torch.cuda.max_memory_allocated, max over ranks (on CPU: the peak RSS, marked in notes)."""
     peak_device_gib: float | None = None
@@ -131,10 +158,11 @@ class Settings:
     """What every sub-run shares."""
 
     model_overrides: list[str]
-    """model=... and model.path=..."""
+    """model=... and model.path=... (π0: and model.chunk=...)"""
     steps: int
     group_size: int
     max_new_tokens: int
+    """VLM only (π0 samples action chunks)."""
     device_gb: float
     """Memory of one device, for the planner's fit line."""
     cpu: bool = False
@@ -144,6 +172,8 @@ class Settings:
 
 def train_overrides(sub: SubRun, s: Settings, run_root: Path) -> list[str]:
     """The ``mmrl train`` overrides of one sub-run (also given to ``mmrl plan``)."""
+    if sub.kind == "vla":
+        return vla_train_overrides(sub, s, run_root)
     ov = [
         "task=vqa_grounding",
         *s.model_overrides,
@@ -174,14 +204,53 @@ def train_overrides(sub: SubRun, s: Settings, run_root: Path) -> list[str]:
     return ov + list(s.extra)
 
 
+def vla_train_overrides(sub: SubRun, s: Settings, run_root: Path) -> list[str]:
+    """The ``mmrl train`` overrides of a π0 sub-run: ``task=vla_reach`` on one tabletop task, no SFT, ``world`` items x
+    ``group_size`` episodes per GRPO step. A few demos are still collected (they give the task's action range and
+    state statistics); groups are not filtered (random weights never succeed: every group would be dropped and no
+    step would train)."""
+    ov = [
+        "task=vla_reach",
+        *s.model_overrides,
+        "task.tasks=[reach_red]",
+        "task.demo_episodes=4",
+        f"trainer.max_steps={s.steps}",
+        f"trainer.batch_size={sub.world}",
+        f"algo.group_size={s.group_size}",
+        "algo.filter_groups=false",
+        "trainer.sft_steps=0",
+        "trainer.eval_every=0",
+        "trainer.eval_at_end=false",
+        "trainer.save_every=0",
+        "trainer.plot=false",
+        "trainer.tensorboard=false",
+        "trainer.progress=false",
+        "trainer.seed=0",
+        f"trainer.strategy={sub.strategy}",
+        f"trainer.output_dir={run_root}",
+        f"trainer.run_name={run_name(sub)}",
+    ]
+    if s.cpu:
+        ov.append("trainer.device=cpu")
+    return ov + list(s.extra)
+
+
 def run_name(sub: SubRun) -> str:
     """The run directory name of a sub-run (letters, digits, '-')."""
+    if sub.kind == "vla":
+        return f"gpu-check-pi0-{sub.strategy}-x{sub.world}"
     return f"gpu-check-{sub.engine}-{sub.strategy}-x{sub.world}"
 
 
 def plan_overrides(sub: SubRun, s: Settings) -> list[str]:
     """The ``plan.*`` settings matching a sub-run: its world size and strategy, the device, one image of 448 x 448
-    (256 vision tokens) per prompt and the optimizer the trainer builds (torch AdamW, state in the model dtype)."""
+    (256 vision tokens) per prompt and the optimizer the trainer builds (torch AdamW, state in the model dtype).
+
+    π0: world size, strategy and device only; the planner reads the prefix from the built folder (its one camera
+    feature x 256 SigLIP tokens + the 48-token prompt) and plans what these policies hold (float32 weights, AdamW
+    with fp32 moments, the vision tower frozen as ``model.freeze_vision_tower`` says)."""
+    if sub.kind == "vla":
+        return [f"plan.world_size={sub.world}", f"plan.strategy={sub.strategy}", f"plan.device_gb={s.device_gb:g}"]
     return [
         f"plan.world_size={sub.world}",
         f"plan.strategy={sub.strategy}",
@@ -207,26 +276,32 @@ def predicted_gib(overrides: Sequence[str], plan: Sequence[str]) -> tuple[float 
 # ============================================================================ reading a run
 
 
-def summarise(rows: Sequence[dict], world: int) -> dict:
+def summarise(rows: Sequence[dict], world: int, kind: str = "vlm") -> dict:
     """Step time, throughput and rollout-engine notes from a run's ``metrics.jsonl`` rows.
 
     ``step_s``: the median ``time/step`` over the steps after the first (the first pays for compilation and
     caches) or the only step; ``tokens_per_s``: completion tokens of a step over all ranks (``world x update/samples x
-    response/length``, each rank's own numbers) divided by its step time, median over the same steps."""
+    response/length``, each rank's own numbers) divided by its step time, median over the same steps. ``kind="vla"``
+    (π0, whose ``response/length`` counts policy calls, not tokens): ``actions_per_s`` instead, the env actions
+    executed in a step over all ranks (``world x update/samples x rollout/episode_length``) over its step time, also
+    the first note."""
     steps = [r for r in rows if r.get("time/step") is not None]
     if not steps:
         return {"steps": 0}
     timed = steps[1:] if len(steps) > 1 else steps
     out: dict = {"steps": len(steps), "step_s": statistics.median(r["time/step"] for r in timed)}
+    per_sample, key = (
+        ("rollout/episode_length", "actions_per_s") if kind == "vla" else ("response/length", "tokens_per_s")
+    )
     rates = [
-        world * r["update/samples"] * r["response/length"] / r["time/step"]
+        world * r["update/samples"] * r[per_sample] / r["time/step"]
         for r in timed
-        if r.get("update/samples") is not None and r.get("response/length") is not None and r["time/step"] > 0
+        if r.get("update/samples") is not None and r.get(per_sample) is not None and r["time/step"] > 0
     ]
     if rates:
-        out["tokens_per_s"] = statistics.median(rates)
+        out[key] = statistics.median(rates)
     last = steps[-1]
-    notes = []
+    notes = [f"{out['actions_per_s']:.0f} env actions/s"] if "actions_per_s" in out else []
     if last.get("vllm/sync_checked") is not None:
         notes.append(
             f"sync canary {last.get('vllm/sync_max_abs_diff', float('nan')):g} over "
@@ -424,7 +499,7 @@ def run_sub(sub: SubRun, s: Settings, work: Path, timeout_s: float) -> Row:
         finally:
             if proc.poll() is None:
                 _kill(proc)  # past the last step only the final checkpoint is left: not part of the check
-    summary = summarise(_metrics(run_dir), sub.world)
+    summary = summarise(_metrics(run_dir), sub.world, sub.kind)
     alloc, rss = read_memory(memory_dir)
     notes = [n for n in (summary.get("notes", ""), detail, plan_note) if n]
     if s.cpu and rss is not None:
@@ -436,6 +511,7 @@ def run_sub(sub: SubRun, s: Settings, work: Path, timeout_s: float) -> Row:
         steps=summary.get("steps", 0),
         step_s=summary.get("step_s"),
         tokens_per_s=summary.get("tokens_per_s"),
+        actions_per_s=summary.get("actions_per_s"),
         peak_alloc_gib=alloc,
         peak_device_gib=poller.peak,
         plan_gib=plan,
@@ -547,7 +623,206 @@ def random_vlm_config(preset: str):
     return config, processor
 
 
+# ---------------------------------------------------------------------------------------------- π0
+
+VLA_TASK_IO = {"cameras": ["observation.images.image"], "image_shape": [3, 128, 128], "state_dim": 7, "action_dim": 4}
+"""What ``task=vla_reach`` gives a LeRobot policy, and so the features of a built π0 folder: its one camera ``image``
+(mapped to LeRobot's LIBERO name by default), 128 px frames (configs/task/vla_reach.yaml), the tabletop env's 7-dim
+proprio and its 4-dim action (dx, dy, dz, gripper)."""
+
+PI0_BUILDS = ("pi0", "tiny_pi0")
+"""π0 folders the check builds (also the model presets that load them): the published size (GPU), the tiny
+builder's (the CPU smoke)."""
+
+SAFETENSORS_DTYPES = {"float32": ("F32", 4), "bfloat16": ("BF16", 2), "float16": ("F16", 2)}
+"""torch dtype name -> (safetensors dtype code, bytes per element)."""
+
+
+def pi0_build_arch(preset: str):
+    """The sizes of a π0 build (:class:`mmrl.planning.lerobot.FlowVLAArch`): ``pi0`` the published ones (chunk 50,
+    K = 10, 48 prompt tokens), ``tiny_pi0`` the tiny builder's with the tiny_pi0 preset's chunk 4 and K = 4."""
+    from mmrl.planning.lerobot import published_arch, tiny_arch
+
+    if preset == "pi0":
+        return published_arch("pi0")
+    if preset == "tiny_pi0":
+        return tiny_arch("pi0", chunk=4, num_steps=4, state_dim=VLA_TASK_IO["state_dim"])
+    raise ValueError(f"no π0 build {preset!r} ({', '.join(PI0_BUILDS)})")
+
+
+def vla_model_overrides(preset: str, folder: Path) -> list[str]:
+    """``model=<preset> model.path=<folder> model.chunk=<the build's chunk_size>`` (a run refuses another chunk)."""
+    return [f"model={preset}", f"model.path={folder}", f"model.chunk={pi0_build_arch(preset).chunk}"]
+
+
+def pi0_config(arch):
+    """mmrl's ``PI0Config`` for ``arch``'s sizes: what ``checkpoint._pi0_config`` reads back from the tensors (SigLIP
+    with 16 heads and no pooling head, Gemma blocks with one key/value head)."""
+    from mmrl.adapters.vla.lerobot.pi0 import SIGLIP_HEADS, PI0Config
+
+    v = arch.vision
+    return PI0Config(
+        vision_config={
+            "hidden_size": v.width,
+            "intermediate_size": v.intermediate,
+            "num_hidden_layers": v.depth,
+            "num_attention_heads": SIGLIP_HEADS,
+            "num_channels": v.channels,
+            "patch_size": v.patch,
+            "image_size": v.image_size,
+            "layer_norm_eps": 1e-6,
+            "hidden_act": "gelu_pytorch_tanh",
+            "vision_use_head": False,
+        },
+        vocab_size=arch.vocab,
+        width=arch.width,
+        depth=arch.layers,
+        intermediate=arch.intermediate,
+        num_heads=arch.heads,
+        num_kv_heads=arch.kv_heads,
+        head_dim=arch.head_dim,
+        expert_width=arch.expert_width,
+        expert_intermediate=arch.expert_intermediate,
+        chunk_size=arch.chunk,
+        max_state_dim=arch.max_state_dim,
+        max_action_dim=arch.max_action_dim,
+        num_steps=arch.num_steps,
+        image_size=v.image_size,
+    )
+
+
+def random_pi0_tensors(arch, *, device: str = "cpu", seed: int = 0) -> dict:
+    """LeRobot-named random float32 tensors of a π0 of ``arch``'s sizes, made on ``device`` (``meta``: shapes only):
+    the model's (the tiny builder's init: N(0, 0.02) matrices, zero biases, Gemma norms 0; transformers' own SigLIP
+    init) and the three LeRobot saves that no output reads (PaliGemma's LM head and final norm, the expert's LM
+    head)."""
+    import torch
+
+    from mmrl.adapters.vla.lerobot.checkpoint import PI0_PREFIXES, PI0_UNUSED_TENSORS, to_lerobot_names
+    from mmrl.adapters.vla.lerobot.pi0 import PI0Model
+    from mmrl.adapters.vla.lerobot.tiny import _init_weights
+
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = PI0Model(pi0_config(arch))
+        _init_weights(model, skip=("vision_tower.",), norm_value=0.0)  # Gemma's RMSNorm scales by 1 + w
+        tensors = to_lerobot_names(dict(model.state_dict()), prefixes=PI0_PREFIXES)
+        lm_head, lm_norm, expert_head = PI0_UNUSED_TENSORS
+        tensors[lm_head] = 0.02 * torch.randn(arch.vocab, arch.width)
+        tensors[lm_norm] = torch.zeros(arch.width)
+        tensors[expert_head] = 0.02 * torch.randn(arch.vocab, arch.expert_width)
+    return tensors
+
+
+def write_pi0_io_files(folder: Path, arch) -> None:
+    """Every file of a π0 folder but its weights, for :data:`VLA_TASK_IO`: LeRobot's config.json, the processor files
+    with their normalisation statistics (mean 0, std 1) and the byte-level Gemma tokenizer in ``tokenizer/`` (its
+    ids are small, the embedding keeps the real vocabulary's rows). None of them depends on the model's sizes, so
+    they are what ``save_policy`` writes for the tiny builder's π0 with the same features, chunk, K, image resolution
+    and prompt length; its tiny model.safetensors is overwritten afterwards."""
+    from mmrl.adapters.vla.lerobot.checkpoint import save_policy
+    from mmrl.adapters.vla.lerobot.tiny import build_tiny_pi0
+
+    io = VLA_TASK_IO
+    pipeline = build_tiny_pi0(
+        cameras=tuple(io["cameras"]),
+        image_shape=tuple(io["image_shape"]),
+        state_dim=io["state_dim"],
+        action_dim=io["action_dim"],
+        chunk_size=arch.chunk,
+        num_steps=arch.num_steps,
+        max_state_dim=arch.max_state_dim,
+        max_action_dim=arch.max_action_dim,
+        image_size=arch.vision.image_size,
+        tokenizer_max_length=arch.tokenizer_max_length,
+    )
+    save_policy(pipeline, folder)
+
+
+def safetensors_header(
+    shapes: Mapping[str, Sequence[int]], dtype: str, metadata: Mapping[str, str] | None = None
+) -> bytes:
+    """The start of a safetensors file holding tensors of ``shapes`` back to back (in this order) in ``dtype``: the
+    header's length (8 bytes, little-endian) and its JSON, padded with spaces to a multiple of 8 bytes."""
+    code, size = SAFETENSORS_DTYPES[dtype]
+    header: dict[str, Any] = {"__metadata__": dict(metadata)} if metadata else {}
+    offset = 0
+    for name, shape in shapes.items():
+        end = offset + math.prod(shape) * size
+        header[name] = {"dtype": code, "shape": [int(x) for x in shape], "data_offsets": [offset, end]}
+        offset = end
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    return struct.pack("<Q", len(text)) + text
+
+
+def write_safetensors(path: Path, tensors: Mapping[str, Any], dtype: str = "bfloat16") -> None:
+    """Write ``tensors`` (on any device) as a safetensors file in ``dtype``, one at a time: each is cast on its device,
+    copied to the host and written, so the host holds one tensor, never the model (safetensors' ``save_file`` wants
+    them all on the host at once). Written to a temporary name, then renamed."""
+    import torch
+
+    target = getattr(torch, dtype)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(safetensors_header({k: tuple(v.shape) for k, v in tensors.items()}, dtype, {"format": "pt"}))
+        for t in tensors.values():
+            host = t.detach().to(target).contiguous().cpu()
+            f.write(host.reshape(-1).view(torch.uint8).numpy().data)
+    os.replace(tmp, path)
+
+
+def pi0_build_info(preset: str) -> dict[str, Any]:
+    """What a π0 folder's :data:`MODEL_MARKER` records about its build (a folder is reused only for the same)."""
+    return {"preset": preset, "dtype": "bfloat16", "io": VLA_TASK_IO}
+
+
+def reusable_build(folder: Path, build: Mapping[str, Any]) -> int | None:
+    """The parameter count recorded in ``folder``'s :data:`MODEL_MARKER` when it records ``build``, else None."""
+    try:
+        marker = json.loads((folder / MODEL_MARKER).read_text())
+    except (OSError, ValueError):
+        return None
+    same = all(marker.get(k) == json.loads(json.dumps(v)) for k, v in build.items())
+    return int(marker["num_parameters"]) if same and "num_parameters" in marker else None
+
+
+def build_random_pi0(folder: Path, preset: str = "pi0", *, device: str = "cuda") -> int:
+    """Save a LeRobot π0 folder of ``preset``'s sizes (:func:`pi0_build_arch`) with random weights into ``folder``,
+    which ``model=<preset> model.path=<folder>`` loads; returns the model's parameter count (without the LM heads
+    LeRobot also saves, as ``mmrl plan`` counts).
+
+    The tensors are made on ``device`` (a GPU: the host never holds the float32 model) and streamed into
+    model.safetensors in bf16 (:func:`write_safetensors`: the host holds one tensor at a time, at most the 1 GB
+    embedding; 8 GB on disk instead of 16 in float32); the loader casts them to float32. A folder whose
+    :data:`MODEL_MARKER` records the same build is reused."""
+    build = pi0_build_info(preset)
+    n = reusable_build(folder, build)
+    if n is not None:
+        return n
+    from mmrl.adapters.vla.lerobot.checkpoint import PI0_UNUSED_TENSORS
+
+    arch = pi0_build_arch(preset)
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    write_pi0_io_files(folder, arch)
+    tensors = random_pi0_tensors(arch, device=device)
+    n = sum(t.numel() for k, t in tensors.items() if k not in PI0_UNUSED_TENSORS)
+    write_safetensors(folder / "model.safetensors", tensors, dtype=build["dtype"])
+    (folder / MODEL_MARKER).write_text(json.dumps({**build, "num_parameters": n}))
+    return n
+
+
 # ============================================================================ main
+
+VLM_MODEL_ROW = "model: qwen2_5_vl_3b, random bf16 weights"
+VLA_MODEL_ROW = "model: pi0, random weights (bf16 on disk)"
+VLA_SMOKE_MODEL_ROW = "model: pi0 at tiny sizes, random weights (CPU)"
+NO_GPU = "no GPU visible (nvidia-smi lists none); use --cpu-smoke on CPU"
+MIN_SUB_S = {"vlm": 60.0, "vla": 90.0}
+"""Budget a sub-run needs left to start (π0 first loads a 16 GB float32 model on the host)."""
+VLA_BUILD_MIN_S = 120.0
+"""Budget π0's build needs left to start (the build, up to 150 s, and then its sub-run); a built folder is reused."""
 
 
 def _gpu_count() -> int:
@@ -560,22 +835,50 @@ def _vllm_importable() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
+def vla_sub_runs(world: int) -> list[SubRun]:
+    """π0's sub-runs: GRPO in one process (DDP), and FSDP2 over ``world`` processes when there are several."""
+    subs = [SubRun("flow", "ddp", 1, kind="vla")]
+    if world > 1:
+        subs.append(SubRun("flow", "fsdp2", world, kind="vla"))
+    return subs
+
+
+def run_order(vlm: Sequence[SubRun], vla: Sequence[SubRun]) -> list[str | SubRun]:
+    """The check's steps in order ('vlm' / 'vla': build that model, then its rows), what is worth most first should
+    the budget run out: each model with its first sub-run (the VLM's, then π0's) before the other sub-runs of either
+    (the VLM's other engines and strategies, then π0's FSDP2 run). A part without sub-runs is left out."""
+    order: list[str | SubRun] = []
+    for kind, subs in (("vlm", vlm), ("vla", vla)):
+        if subs:
+            order += [kind, subs[0]]
+    return order + list(vlm[1:]) + list(vla[1:])
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--cpu-smoke", action="store_true", help="tiny offline VLM, 1 step, on CPU: the table logic only")
-    ap.add_argument("--work", type=Path, default=Path("/tmp/mmrl_gpu_check"), help="model, runs, logs (large)")
+    ap.add_argument(
+        "--cpu-smoke", action="store_true", help="tiny offline VLM and tiny π0, 1 step each, on CPU: the table logic"
+    )
+    ap.add_argument("--work", type=Path, default=Path("/tmp/mmrl_gpu_check"), help="models, runs, logs (large)")
     ap.add_argument("--report", type=Path, default=None, help="also write the rows as JSON here")
-    ap.add_argument("--budget-s", type=float, default=450.0, help="whole check, model build included")
-    ap.add_argument("--sub-timeout-s", type=float, default=170.0, help="one sub-run at most")
+    ap.add_argument("--budget-s", type=float, default=450.0, help="whole check, model builds included")
+    ap.add_argument("--sub-timeout-s", type=float, default=170.0, help="one VLM sub-run at most")
+    ap.add_argument(
+        "--vla-timeout-s", type=float, default=150.0, help="one π0 sub-run at most (its model load included)"
+    )
+    ap.add_argument("--only", choices=("vlm", "vla"), default=None, help="one part only: vlm (Qwen2.5-VL) or vla (π0)")
     ap.add_argument("--steps", type=int, default=None, help="GRPO steps per sub-run (default 3; smoke 1)")
     ap.add_argument("--nproc", type=int, default=None, help="processes per sub-run (default: the visible GPUs)")
-    ap.add_argument("--engines", default="hf,vllm")
-    ap.add_argument("--strategies", default="ddp,fsdp2")
+    ap.add_argument("--engines", default="hf,vllm", help="VLM rollout engines")
+    ap.add_argument("--strategies", default="ddp,fsdp2", help="VLM training strategies")
     ap.add_argument("--build-model", type=Path, default=None, help=argparse.SUPPRESS)  # the build's own process
-    ap.add_argument("extra", nargs="*", help="more `mmrl train` overrides for every sub-run")
+    ap.add_argument("--build-preset", default="qwen2_5_vl_3b", help=argparse.SUPPRESS)
+    ap.add_argument("--build-device", default="cuda", help=argparse.SUPPRESS)
+    ap.add_argument("extra", nargs="*", help="more `mmrl train` overrides for the VLM sub-runs")
     args = ap.parse_args(argv)
     if args.build_model is not None:
-        print(json.dumps({"num_parameters": build_random_vlm(args.build_model)}))
+        build = build_random_pi0 if args.build_preset in PI0_BUILDS else build_random_vlm
+        print(json.dumps({"num_parameters": build(args.build_model, args.build_preset, device=args.build_device)}))
         return 0
     start = time.monotonic()
     deadline = start + args.budget_s
@@ -585,43 +888,45 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows: list[Row] = []
     gpus = 0 if args.cpu_smoke else _gpu_count()
     world = args.nproc or max(1, gpus)
-    if args.cpu_smoke:
-        settings = Settings(
-            ["model=tiny_qwen2_5_vl"],
-            steps=args.steps or 1,
-            group_size=2,
-            max_new_tokens=8,
-            device_gb=80.0,
-            cpu=True,
-            extra=args.extra,
-        )
-        model_row = Row("model: tiny_qwen2_5_vl (offline build)", "ok", notes="CPU smoke: not a measurement")
-    else:
-        mem = nvidia_smi("memory.total")
-        settings = Settings(
+    mem = [] if args.cpu_smoke else nvidia_smi("memory.total")
+    device_gb = (min(mem) / 1024) if mem else 80.0
+    steps = args.steps or (1 if args.cpu_smoke else 3)
+    smoke = args.cpu_smoke
+    settings = {
+        "vlm": Settings(
             [],
-            steps=args.steps or 3,
-            group_size=4,
-            max_new_tokens=32,
-            device_gb=(min(mem) / 1024) if mem else 80.0,
+            steps=steps,
+            group_size=2 if smoke else 4,
+            max_new_tokens=8 if smoke else 32,
+            device_gb=device_gb,
+            cpu=smoke,
             extra=args.extra,
-        )
-        model_row = _build_model_row(work / "qwen2_5_vl_3b-random", deadline, gpus)
-        if model_row.status == "ok":
-            settings.model_overrides = ["model=qwen2_5_vl_3b", f"model.path={work / 'qwen2_5_vl_3b-random'}"]
-    rows.append(model_row)
-    for engine in [e for e in args.engines.split(",") if e]:
-        for strategy in [x for x in args.strategies.split(",") if x]:
-            sub = SubRun(engine, strategy, world)
-            why = _skip_reason(sub, settings, model_row, gpus, deadline)
-            if why:
-                rows.append(Row(sub.name, "skipped", notes=why))
-                continue
-            left = deadline - time.monotonic()
-            rows.append(run_sub(sub, settings, work, timeout_s=min(args.sub_timeout_s, left - 10)))
+        ),
+        "vla": Settings([], steps=steps, group_size=2, max_new_tokens=0, device_gb=device_gb, cpu=smoke),
+    }
+    vlm_subs = (
+        []
+        if args.only == "vla"
+        else [SubRun(e, x, world) for e in _names(args.engines) for x in _names(args.strategies)]
+    )
+    vla_subs = [] if args.only == "vlm" else vla_sub_runs(world)
+    model_rows: dict[str, Row] = {}
+    for step in run_order(vlm_subs, vla_subs):
+        if isinstance(step, str):
+            row, settings[step].model_overrides = _model_row(step, smoke, work, deadline, gpus)
+            model_rows[step] = row
+            rows.append(row)
+            continue
+        s = settings[step.kind]
+        why = _skip_reason(step, s, model_rows[step.kind], gpus, deadline)
+        if why:
+            rows.append(Row(step.name, "skipped", notes=why))
+            continue
+        limit = args.vla_timeout_s if step.kind == "vla" else args.sub_timeout_s
+        rows.append(run_sub(step, s, work, timeout_s=min(limit, deadline - time.monotonic() - 10)))
     table = format_table(rows)
     print(
-        f"\nmmrl GPU check ({'CPU smoke' if args.cpu_smoke else f'{gpus} GPU(s)'}, "
+        f"\nmmrl GPU check ({'CPU smoke' if smoke else f'{gpus} GPU(s)'}, "
         f"{time.monotonic() - start:.0f}s; logs in {work / 'logs'})"
     )
     print(table)
@@ -631,19 +936,70 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0 if all(r.status in ("ok", "skipped") for r in rows) else 1
 
 
-def _build_model_row(folder: Path, deadline: float, gpus: int) -> Row:
-    """Build the random-weight model in its own process (its GPU memory is freed before the sub-runs)."""
-    name = "model: qwen2_5_vl_3b, random bf16 weights"
-    if gpus == 0:
-        return Row(name, "skipped", notes="no GPU visible (nvidia-smi lists none); use --cpu-smoke on CPU")
+def _names(csv: str) -> list[str]:
+    return [x for x in csv.split(",") if x]
+
+
+def _model_row(kind: str, smoke: bool, work: Path, deadline: float, gpus: int) -> tuple[Row, list[str]]:
+    """The model row of ``kind`` (vlm / vla) and the model overrides of its sub-runs ([] when there is no model).
+
+    CPU smoke: the VLM is the tiny preset the run builds itself; π0 is built at the tiny builder's sizes by the same
+    folder builder as on a GPU, on CPU. Otherwise the real sizes, built on the GPU (skipped without one, and π0 when
+    the budget left cannot hold its build and run)."""
+    if kind == "vlm":
+        if smoke:
+            return Row("model: tiny_qwen2_5_vl (offline build)", "ok", notes="CPU smoke: not a measurement"), [
+                "model=tiny_qwen2_5_vl"
+            ]
+        if gpus == 0:
+            return Row(VLM_MODEL_ROW, "skipped", notes=NO_GPU), []
+        folder = work / "qwen2_5_vl_3b-random"
+        row = _build_model_row(VLM_MODEL_ROW, folder, "qwen2_5_vl_3b", deadline)
+        return row, (["model=qwen2_5_vl_3b", f"model.path={folder}"] if row.status == "ok" else [])
+    preset, name = ("tiny_pi0", VLA_SMOKE_MODEL_ROW) if smoke else ("pi0", VLA_MODEL_ROW)
+    folder = work / f"{preset}-random"
+    if not smoke and gpus == 0:
+        return Row(name, "skipped", notes=NO_GPU), []
+    left = deadline - time.monotonic()
+    if left < VLA_BUILD_MIN_S and not _is_built(folder, preset):
+        return Row(
+            name, "skipped", notes=f"time budget: {left:.0f}s left, a π0 build and run need {VLA_BUILD_MIN_S:.0f}s"
+        ), []
+    row = _build_model_row(
+        name, folder, preset, deadline, device="cpu" if smoke else "cuda", max_s=150.0, reserve_s=90.0
+    )
+    return row, (vla_model_overrides(preset, folder) if row.status == "ok" else [])
+
+
+def _is_built(folder: Path, preset: str) -> bool:
+    """Whether ``folder`` holds a complete build of ``preset`` (its builder reuses it)."""
+    if preset in PI0_BUILDS:
+        return reusable_build(folder, pi0_build_info(preset)) is not None
+    return (folder / MODEL_MARKER).is_file()
+
+
+def _build_model_row(
+    name: str,
+    folder: Path,
+    preset: str,
+    deadline: float,
+    *,
+    device: str = "cuda",
+    max_s: float = 180.0,
+    reserve_s: float = 60.0,
+) -> Row:
+    """Build a random-weight model in its own process (its GPU memory is freed before the sub-runs), for at most
+    ``max_s`` and leaving ``reserve_s`` of the budget for a sub-run."""
     t0 = time.monotonic()
+    reused = _is_built(folder, preset)
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--build-model", str(folder), "--build-preset", preset]
     try:
         p = subprocess.run(
-            [sys.executable, str(Path(__file__).resolve()), "--build-model", str(folder)],
+            [*cmd, "--build-device", device],
             cwd=REPO,
             capture_output=True,
             text=True,
-            timeout=max(30.0, min(180.0, deadline - t0 - 60)),
+            timeout=max(30.0, min(max_s, deadline - t0 - reserve_s)),
             env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))},
         )
     except subprocess.TimeoutExpired:
@@ -652,7 +1008,8 @@ def _build_model_row(folder: Path, deadline: float, gpus: int) -> Row:
         err = [ln for ln in p.stderr.splitlines() if ln.strip()]
         return Row(name, "failed", notes=(err[-1] if err else f"exit code {p.returncode}")[:200])
     n = json.loads(p.stdout.strip().splitlines()[-1])["num_parameters"]
-    return Row(name, "ok", step_s=None, notes=f"{n:,} parameters, built in {time.monotonic() - t0:.0f}s")
+    how = "reused" if reused else "built"
+    return Row(name, "ok", notes=f"{n:,} parameters, {how} in {time.monotonic() - t0:.0f}s")
 
 
 def _skip_reason(sub: SubRun, s: Settings, model_row: Row, gpus: int, deadline: float) -> str:
@@ -668,7 +1025,7 @@ def _skip_reason(sub: SubRun, s: Settings, model_row: Row, gpus: int, deadline: 
     if not s.cpu and gpus < sub.world:
         return f"{sub.world} processes need {sub.world} GPUs, {gpus} visible"
     left = deadline - time.monotonic()
-    if left < 60:
+    if left < MIN_SUB_S[sub.kind]:
         return f"time budget: {left:.0f}s left of the check's budget"
     return ""
 
