@@ -21,10 +21,10 @@ def _run(tmp_path, task, *extra):
 
 def test_t2i_color_default_learns(tmp_path):
     # measured 2026-11-30: eval colour score 0.206 -> 0.391 (120 steps, ~70 s once the pre-trained model is cached).
-    # On the 2026-12-04 stack, seeds 0 / 1 / 2: 0.206 -> 0.299, 0.201 -> 0.357, 0.115 -> 0.369 (+0.093 / +0.156 /
+    # On the 2026-12-04 stack, seeds 0 / 1 / 2: 0.187 -> 0.299, 0.201 -> 0.357, 0.115 -> 0.369 (+0.112 / +0.156 /
     # +0.254); the bar is under all three
     start, final = _run(tmp_path, "t2i_color")
-    assert final["eval/score"] >= start["eval/score"] + 0.08
+    assert final["eval/score"] >= start["eval/score"] + 0.1
 
 
 def test_vqa_grounding_default_learns(tmp_path):
