@@ -238,3 +238,20 @@ def test_gaussian_density_with_a_tensor_std_by_hand():
     assert sde_math.gaussian_log_density(x, mean, 0.5)[0, 0].item() == pytest.approx(
         -0.5 + math.log(2) - 0.918939, abs=1e-5
     )
+
+
+def test_a_float64_std_tensor_gives_float32_results():
+    # a std computed in float64 (e.g. from a float64 noise head) is cast like every other input
+    x, mean = torch.tensor([[1.0, -1.0]]), torch.tensor([[0.5, 0.5]])
+    std = torch.tensor([1.0, 0.5], dtype=torch.float64)
+    assert sde_math.gaussian_log_density(x, mean, std).dtype == torch.float32
+    assert sde_math.gaussian_log_prob(x, mean, std).dtype == torch.float32
+    step = sde_math.gaussian_step(mean, std, noise=torch.ones(1, 2))
+    assert {t.dtype for t in step[:4]} == {torch.float32}
+
+
+def test_std_function_defaults_are_the_documented_noise_levels():
+    # DanceGRPO η = 0.3: 0.3 sqrt(0.25) = 0.15; CPS a = 0.7: s = σ' sin(0.35π) = 0.25 · 0.891007 = 0.222752
+    assert sde_math.dance_sde_std(0.5, 0.25) == pytest.approx(0.15, abs=1e-12)
+    assert sde_math.cps_std(0.5, 0.25) == pytest.approx(0.222752, abs=1e-6)
+    assert sde_math.flow_sde_std(0.5, 0.25) == sde_math.flow_sde_std(0.5, 0.25, 0.7)
