@@ -184,6 +184,20 @@ def train_overrides(sub: SubRun, s: Settings, run_root: Path) -> list[str]:
         f"trainer.batch_size={sub.world}",
         f"algo.group_size={s.group_size}",
         f"model.max_new_tokens={s.max_new_tokens}",
+        *_measured_run(sub, run_root),
+        f"model.rollout_engine={sub.engine}",
+    ]
+    if s.cpu:
+        ov.append("trainer.device=cpu")
+    if sub.engine == "vllm":
+        ov += ["model.vllm_gpu_memory_utilization=0.3", "model.vllm_sleep=true", "model.max_prompt_tokens=1024"]
+    return ov + list(s.extra)
+
+
+def _measured_run(sub: SubRun, run_root: Path) -> list[str]:
+    """The trainer overrides every sub-run shares: no warm start, evaluation, checkpoints or plots (only the RL steps
+    are measured), seed 0, the sub-run's strategy and run folder."""
+    return [
         "trainer.sft_steps=0",
         "trainer.eval_every=0",
         "trainer.eval_at_end=false",
@@ -195,13 +209,7 @@ def train_overrides(sub: SubRun, s: Settings, run_root: Path) -> list[str]:
         f"trainer.strategy={sub.strategy}",
         f"trainer.output_dir={run_root}",
         f"trainer.run_name={run_name(sub)}",
-        f"model.rollout_engine={sub.engine}",
     ]
-    if s.cpu:
-        ov.append("trainer.device=cpu")
-    if sub.engine == "vllm":
-        ov += ["model.vllm_gpu_memory_utilization=0.3", "model.vllm_sleep=true", "model.max_prompt_tokens=1024"]
-    return ov + list(s.extra)
 
 
 def vla_train_overrides(sub: SubRun, s: Settings, run_root: Path) -> list[str]:
@@ -218,17 +226,7 @@ def vla_train_overrides(sub: SubRun, s: Settings, run_root: Path) -> list[str]:
         f"trainer.batch_size={sub.world}",
         f"algo.group_size={s.group_size}",
         "algo.filter_groups=false",
-        "trainer.sft_steps=0",
-        "trainer.eval_every=0",
-        "trainer.eval_at_end=false",
-        "trainer.save_every=0",
-        "trainer.plot=false",
-        "trainer.tensorboard=false",
-        "trainer.progress=false",
-        "trainer.seed=0",
-        f"trainer.strategy={sub.strategy}",
-        f"trainer.output_dir={run_root}",
-        f"trainer.run_name={run_name(sub)}",
+        *_measured_run(sub, run_root),
     ]
     if s.cpu:
         ov.append("trainer.device=cpu")
