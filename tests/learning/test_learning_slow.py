@@ -40,11 +40,11 @@ def test_vqa_grounding_default_learns(tmp_path):
 
 
 def test_toy_arithmetic_default_curve(tmp_path):
-    # measured 2026-11-30: greedy accuracy 0.00 -> 0.64 (1000 steps, ~2 min). On the 2026-12-04 stack (transformers
-    # 5.24, which initialises the tiny LM differently) seeds 0 / 1 / 2 reach 0.36 / 0.20 / 0.20 by step 100-400 and
-    # stay there: the sampled reward stops moving (every completion of a group the same). The bar is under all three.
+    # measured 2026-11-30 (lr 1e-3): greedy accuracy 0.00 -> 0.64 (1000 steps, ~2 min). On the 2026-12-04 stack lr 1e-3
+    # reached only 0.36 / 0.20 / 0.20 (seeds 0 / 1 / 2: the policy's entropy collapses); the default is now lr 3e-4:
+    # 0.92 / 0.84 / 0.92. The bar is under all three.
     start, final = _run(tmp_path, "toy_arithmetic")
-    assert final["eval/accuracy"] >= start["eval/accuracy"] + 0.15
+    assert final["eval/accuracy"] >= start["eval/accuracy"] + 0.6
 
 
 def _after_sft(tmp_path, key):
