@@ -258,7 +258,10 @@ def _warnings(*overrides):
         (["algo.group_size=1", "algo.filter_groups=true", "algo.advantage=reinforce_pp"], "algo.filter_groups=true"),
         (["trainer.max_steps=0"], "nothing is trained"),
         (["trainer.lr=0"], "trainer.lr=0"),
-        (["trainer.lr=0", "trainer.max_steps=0", "trainer.sft_steps=3"], "warm start's 3 steps change nothing"),
+        (  # sft_lr=null: the warm start takes trainer.lr (the toy task sets its own sft_lr)
+            ["trainer.lr=0", "trainer.sft_lr=null", "trainer.max_steps=0", "trainer.sft_steps=3"],
+            "warm start's 3 steps change nothing",
+        ),
     ],
 )
 def test_learning_warnings(overrides, needle):
