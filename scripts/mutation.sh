@@ -36,13 +36,14 @@ spec() {
     trainer) ONLY='"mmrl/trainer.py", "mmrl/rollouts.py"'
              TESTS='"tests/wiring/test_knobs_reach_math.py", "tests/wiring/test_masking_end_to_end.py", "tests/trainer/test_trainer.py"' ;;
     rewards) ONLY='"mmrl/rewards/manager.py", "mmrl/rewards/user.py"'
-             TESTS='"tests/rewards/test_reward_manager.py", "tests/rewards/test_user_rewards.py", "tests/wiring/test_masking_end_to_end.py",
+             TESTS='"tests/rewards/test_reward_manager.py", "tests/rewards/test_user_rewards.py", "tests/rewards/test_trl_reward_protocol.py",
+                    "tests/rewards/test_reward_contract.py", "tests/wiring/test_masking_end_to_end.py",
                     "tests/wiring/test_knobs_reach_math.py"' ;;
     sde) ONLY='"mmrl/rollout/sde_math.py"'
          # the flow VLA heads share this module (issue 23): their tests exercise its Gaussian step and log-density too
          TESTS='"tests/algos/test_sde_sampler.py", "tests/algos/test_sde_math_contract.py", "tests/adapters/vla/test_vla_action_heads.py", "tests/wiring/test_vla_head_knobs.py"' ;;
     shared_prefix) ONLY='"mmrl/policies/shared_prefix.py"'
-                   TESTS='"tests/policies/test_shared_prefix.py"' ;;
+                   TESTS='"tests/policies/test_shared_prefix.py", "tests/policies/test_shared_prefix_contract.py"' ;;
     *) echo "unknown target '$1'; choose from algos wiring trainer rewards sde shared_prefix all" >&2; exit 2 ;;
   esac
 }

@@ -56,6 +56,7 @@ __all__ = [
     "SUPPORTED_ATTENTION",
     "PackedLayout",
     "SharedPrefixGuard",
+    "attention_implementation",
     "check_rows",
     "check_tolerance",
     "distribution_gap",
@@ -302,15 +303,21 @@ def shared_prefix_mask(segments: Tensor) -> Tensor:
     fn = shared_prefix_mask_function(segments)
     return fn(
         torch.arange(R, device=dev)[:, None, None, None],
-        torch.zeros(1, 1, 1, 1, dtype=torch.long, device=dev),
+        None,  # the mask reads no head index: one mask for every head
         torch.arange(W, device=dev)[None, None, :, None],
         torch.arange(W, device=dev)[None, None, None, :],
     )
 
 
+def attention_implementation(text_config) -> str:
+    """The attention implementation a (text) config runs: its ``_attn_implementation``, transformers' ``eager`` when
+    unset."""
+    return getattr(text_config, "_attn_implementation", None) or "eager"
+
+
 def unsupported_reason(text_config) -> str | None:
     """Why the shared-prefix forward would not be exact for a model with this (text) config, or None."""
-    impl = getattr(text_config, "_attn_implementation", None) or "eager"
+    impl = attention_implementation(text_config)
     if impl not in SUPPORTED_ATTENTION:
         return f"attention implementation {impl!r} takes no custom mask (supported: {', '.join(SUPPORTED_ATTENTION)})"
     if "sliding_attention" in (getattr(text_config, "layer_types", None) or []):
@@ -328,19 +335,15 @@ def model_attention_mask(text_config, segments: Tensor, dtype: torch.dtype):
     reason = unsupported_reason(text_config)
     if reason is not None:
         raise ValueError(f"shared-prefix forward: {reason}")
-    impl = getattr(text_config, "_attn_implementation", None) or "eager"
     R, W = segments.shape
-    return ALL_MASK_ATTENTION_FUNCTIONS[impl](
+    return ALL_MASK_ATTENTION_FUNCTIONS[attention_implementation(text_config)](
         batch_size=R,
         q_length=W,
         kv_length=W,
         mask_function=shared_prefix_mask_function(segments),
-        attention_mask=None,
-        allow_is_causal_skip=False,
-        allow_is_bidirectional_skip=False,
+        allow_is_causal_skip=False,  # sdpa's default would hand back None ("plain causal") for this non-causal mask
         dtype=dtype,
         config=text_config,
-        use_vmap=False,
         device=segments.device,
     )
 
