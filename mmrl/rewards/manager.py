@@ -124,7 +124,7 @@ def describe(value: Any, limit: int = 60) -> str:
     if len(text) > limit:
         text = text[: limit - 3] + "..."
     kind = type(value).__name__
-    return f"{'an' if kind[:1] in 'aeiou' else 'a'} {kind} ({text})"
+    return f"{'an' if kind[:1].lower() in 'aeiou' else 'a'} {kind} ({text})"
 
 
 def as_value_list(values: Any, n: int, label: str) -> list:

@@ -71,9 +71,7 @@ def as_trl_inputs(prompts: list, completions: list, completion_format: str = "au
     )
     if not conversational:
         return list(prompts), texts
-    prompts = [
-        p if is_conversational(p) or not isinstance(p, str) else [{"role": "user", "content": p}] for p in prompts
-    ]
+    prompts = [[{"role": "user", "content": p}] if isinstance(p, str) else p for p in prompts]  # messages stay
     return prompts, [[{"role": "assistant", "content": t}] if isinstance(t, str) else t for t in texts]
 
 
