@@ -11,6 +11,7 @@ the trainer; this file pins what one sample at a time would not notice. The ``re
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 
 import pytest
@@ -113,6 +114,28 @@ def test_error_rate_is_judged_from_32_samples_and_only_above_the_threshold():
     bad(["q"] * 31, ["a"] * 31, {})  # 31 samples: too few to judge
     with pytest.raises(RewardError, match="failed on 100% of the last 32 samples"):
         bad(["q"], ["a"], {})
+
+
+def test_default_threshold_and_window():
+    def failing(k):  # fails on its first k samples of each call
+        return lambda p, c, **kw: [math.nan if i < k else 1.0 for i in range(len(c))]
+
+    RewardManager([RewardSpec("f", failing(16))])(["q"] * 32, ["a"] * 32, {})  # 50%: at the default 0.5, kept
+    with pytest.raises(RewardError, match="failed on 53% of the last 32 samples .threshold 50%"):
+        RewardManager([RewardSpec("f", failing(17))])(["q"] * 32, ["a"] * 32, {})
+    mgr = RewardManager([RewardSpec("f", failing(0))])
+    mgr(["q"] * 100, ["a"] * 100, {})
+    mgr.specs[0].fn = failing(200)
+    # the rate is read over the last 256 samples: 56 good + 200 failed = 78% (over all 300 it would be 67%)
+    with pytest.raises(RewardError, match="failed on 78% of the last 256 samples"):
+        mgr(["q"] * 200, ["a"] * 200, {})
+
+
+def test_trainer_state_before_any_progress_is_step_0_of_0():
+    mgr = RewardManager([RewardSpec("f", _always(1.0))])
+    assert (mgr.trainer_state.global_step, mgr.trainer_state.max_steps) == (0, 0)
+    mgr.set_progress(4, 9)
+    assert (mgr.trainer_state.global_step, mgr.trainer_state.max_steps) == (4, 9)
 
 
 def test_the_manager_hands_user_rewards_its_context():
@@ -276,3 +299,39 @@ def test_is_factory_and_the_fn_kwargs_hint():
     assert not user._is_factory(user._params(lambda **kw: None))  # **kwargs: TRL can call it
     assert not user._is_factory(None)  # a signature Python cannot read: called as a reward
     assert user._fn_kwargs_hint(["a", "b"]) == "'reward.fn_kwargs=[{a:VALUE,b:VALUE}]'"
+
+
+# ---------------------------------------------------------------- the sample-by-sample retry
+
+
+def test_a_batch_that_raises_is_retried_sample_by_sample_with_context_offsets_and_one_warning(caplog):
+    def fn(completions, log_metric, **kw):
+        if len(completions) > 1:
+            raise RuntimeError("batch")
+        c = completions[0]
+        log_metric("seen", 1.0)  # the retry hands the function the same context
+        if c == "boom":
+            raise ValueError("x" * 250)
+        return {"bad": ["x"], "two": [1.0, 2.0]}.get(c, [0.5])
+
+    mgr = RewardManager([RewardSpec("f", user.TrlReward(fn, "f"))], error_threshold=1.0)
+    with caplog.at_level(logging.WARNING, logger="mmrl.rewards.manager"):
+        out = mgr(["q"] * 4, ["ok", "boom", "boom", "bad"], {})
+    assert out.metrics["seen"] == 1.0 and out.valid.tolist() == [True, False, False, False]
+    assert out.metrics["reward/f/errors"] == 3.0
+    # the first failing sample is warned about once; its message is cut at 200 characters
+    assert f"raised ValueError: {'x' * 200} on sample 1" in caplog.text
+    assert "on sample 2" not in caplog.text
+    # the last cause names the sample by its index in the batch, not in its single-sample call
+    assert "returned a str ('x') for sample 3, expected a finite number or None" in caplog.text
+    with pytest.raises(RewardError, match="reward function 'f' returned a list of 2 values for 1 samples"):
+        mgr(["q"] * 2, ["ok", "two"], {})
+
+
+def test_the_all_none_warning_is_given_once(caplog):
+    mgr = RewardManager([RewardSpec("f", _always(None))])
+    with caplog.at_level(logging.WARNING, logger="mmrl.rewards.manager"):
+        mgr(["q"] * 2, ["a", "b"], {})
+        out = mgr(["q"] * 2, ["a", "b"], {})
+    assert caplog.text.count("every reward function returned None for 2 of 2 samples (e.g. sample 0)") == 1
+    assert out.metrics["reward/all_none"] == 2.0 and out.metrics["reward/masked"] == 2.0
