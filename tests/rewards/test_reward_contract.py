@@ -335,3 +335,30 @@ def test_the_all_none_warning_is_given_once(caplog):
         out = mgr(["q"] * 2, ["a", "b"], {})
     assert caplog.text.count("every reward function returned None for 2 of 2 samples (e.g. sample 0)") == 1
     assert out.metrics["reward/all_none"] == 2.0 and out.metrics["reward/masked"] == 2.0
+
+
+def test_rewards_are_float32_under_any_default_dtype_and_an_empty_batch_scores_nothing():
+    mgr = RewardManager([RewardSpec("f", _always(0.5))])
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        out = mgr(["q"], ["a"], {})
+    finally:
+        torch.set_default_dtype(old)
+    assert out.per_fn["f"].dtype == out.total.dtype == torch.float32 and out.total.tolist() == [0.5]
+    empty = mgr([], [], {})
+    assert empty.total.shape == (0,) and empty.valid.dtype == torch.bool and empty.metrics["reward/masked"] == 0.0
+    assert math.isnan(empty.metrics["reward/f"]) and math.isnan(empty.metrics["reward/mean"])
+
+
+def test_a_failure_cause_is_warned_when_it_changes_only(caplog):
+    calls = iter([["x"], ["x"], [1.0], ["y"]])
+    mgr = RewardManager([RewardSpec("f", lambda p, c, **kw: next(calls))], error_threshold=1.0)
+    with caplog.at_level(logging.WARNING, logger="mmrl.rewards.manager"):
+        for _ in range(4):
+            mgr(["q"], ["a"], {})
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == [
+        "reward function 'f' returned a str ('x') for sample 0, expected a finite number or None",
+        "reward function 'f' returned a str ('y') for sample 0, expected a finite number or None",
+    ]
