@@ -362,3 +362,20 @@ def test_a_failure_cause_is_warned_when_it_changes_only(caplog):
         "reward function 'f' returned a str ('x') for sample 0, expected a finite number or None",
         "reward function 'f' returned a str ('y') for sample 0, expected a finite number or None",
     ]
+
+
+def test_reward_mean_std_and_logged_metrics_by_hand():
+    values = iter([[0.0, 1.0, None, 2.0], [4.0, None]])
+
+    def fn(completions, log_metric, **kw):
+        log_metric("judge/score", 1.0)
+        log_metric("judge/score", 4.0)  # logged twice in one step: their mean, 2.5
+        return next(values)
+
+    mgr = RewardManager([RewardSpec("f", user.TrlReward(fn, "f"))])
+    out = mgr(["q"] * 4, ["a"] * 4, {})
+    # valid rewards 0, 1, 2 (the None sample is masked): mean 1, sample std sqrt(((-1)^2 + 0 + 1^2) / 2) = 1
+    assert out.metrics["reward/mean"] == 1.0 and out.metrics["reward/std"] == 1.0
+    assert out.metrics["reward/masked"] == 1.0 and out.metrics["judge/score"] == 2.5
+    one = mgr(["q"] * 2, ["a"] * 2, {})  # a single valid reward has no spread: 0, not NaN
+    assert one.metrics["reward/mean"] == 4.0 and one.metrics["reward/std"] == 0.0
