@@ -379,3 +379,34 @@ def test_reward_mean_std_and_logged_metrics_by_hand():
     assert out.metrics["reward/masked"] == 1.0 and out.metrics["judge/score"] == 2.5
     one = mgr(["q"] * 2, ["a"] * 2, {})  # a single valid reward has no spread: 0, not NaN
     assert one.metrics["reward/mean"] == 4.0 and one.metrics["reward/std"] == 0.0
+
+
+def test_a_callable_python_cannot_read_is_called_with_every_keyword():
+    class Opaque:
+        __signature__ = "unreadable"  # inspect.signature raises TypeError on it
+
+        def __call__(self, **kw):
+            return [float(len(kw))] * len(kw["completions"])
+
+    r = user.TrlReward(Opaque(), "opaque")
+    assert r.params is None
+    # prompts, completions, completion_ids, trainer_state, log_extra, log_metric and the column `answer`
+    assert r(["q"], ["a"], answer=["4"]) == [7.0]
+
+
+def test_factories_name_their_reward_and_errors_name_the_spec_and_function():
+    import functools
+
+    from mmrl.errors import ConfigError
+
+    def get_penalty(max_len):
+        return functools.partial(lambda completions, limit: [0.0] * len(completions), limit=max_len)
+
+    fn, kwargs, name = user.make_reward_fn(get_penalty, "my.py:get_penalty", "get_penalty", {"max_len": 3})
+    assert name == "get_penalty" and kwargs == {} and fn(completions=["a"]) == [0.0]  # a partial has no __name__
+    with pytest.raises(ConfigError) as e:
+        user.make_reward_fn(get_penalty, "my.py:get_penalty", "get_penalty", {})
+    assert "reward.fns: 'my.py:get_penalty' is a reward factory that needs max_len" in str(e.value)
+    with pytest.raises(ConfigError) as e:
+        user.make_reward_fn(get_penalty, "my.py:get_penalty", "get_penalty", {"max_len": 3, "oops": 1})
+    assert "reward.fn_kwargs for 'my.py:get_penalty': get_penalty takes no argument 'oops'" in str(e.value)
