@@ -31,6 +31,13 @@ def _empty():
     return sp.plan_layout([], [], [])
 
 
+def _text_config():
+    """A one-layer Qwen2 text config: what the mask builder reads (attention implementation, layer types)."""
+    from transformers import Qwen2Config
+
+    return Qwen2Config(hidden_size=32, num_attention_heads=2, num_key_value_heads=2, num_hidden_layers=1)
+
+
 # ---------------------------------------------------------------- grouping
 
 
@@ -113,9 +120,7 @@ def test_mask_is_built_on_the_segments_device():
 
 
 def test_model_attention_mask_is_built_on_the_segments_device_in_the_asked_dtype():
-    from transformers import Qwen2Config
-
-    cfg = Qwen2Config(hidden_size=32, num_attention_heads=2, num_key_value_heads=2, num_hidden_layers=1)
+    cfg = _text_config()
     seg = sp.segment_ids(_layout())
     for impl in ("sdpa", "eager"):
         cfg._attn_implementation = impl
@@ -153,9 +158,7 @@ def test_unsupported_reason_reads_eager_when_the_config_names_no_implementation(
 
 
 def test_model_attention_mask_of_a_config_without_an_implementation_is_eagers_additive_mask():
-    from transformers import Qwen2Config
-
-    cfg = Qwen2Config(hidden_size=32, num_attention_heads=2, num_key_value_heads=2, num_hidden_layers=1)
+    cfg = _text_config()
     cfg._attn_implementation = None
     assert sp.attention_implementation(cfg) == "eager"
     seg = sp.segment_ids(_layout())
