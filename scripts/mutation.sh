@@ -24,21 +24,24 @@ targets=("$@")
 
 # what to mutate, and the tests that are meant to kill its mutants
 spec() {
+  RECHECK=""  # test files run afterwards on the survivors only (mutation_recheck.py); empty: none
   case "$1" in
     algos) ONLY='"mmrl/algos/*"'
+           # two stages: mutmut runs the fast unit tests on every mutant, then the trainer-building wiring tests run
+           # only on the mutants those left alive (mutation_recheck.py): the same kills, a fraction of the time
            TESTS='"tests/algos/test_algos_advantages.py", "tests/algos/test_algos_aggregation.py", "tests/algos/test_algos_constant_groups.py",
                   "tests/algos/test_algos_kl_is_filter.py", "tests/algos/test_algos_losses.py", "tests/algos/test_algos_objective.py",
-                  "tests/algos/test_tgrpo.py", "tests/algos/test_algos_edges.py", "tests/wiring/test_knobs_reach_math.py",
-                  "tests/wiring/test_masking_end_to_end.py"' ;;
+                  "tests/algos/test_tgrpo.py", "tests/algos/test_algos_edges.py"'
+           RECHECK="tests/wiring/test_knobs_reach_math.py tests/wiring/test_masking_end_to_end.py" ;;
     wiring) ONLY='"mmrl/algos/objective.py", "mmrl/algos/estimators.py"'  # config -> math: a subset of algos
             TESTS='"tests/algos/test_algos_edges.py", "tests/algos/test_algos_objective.py", "tests/algos/test_algos_advantages.py",
                    "tests/algos/test_tgrpo.py", "tests/wiring/test_knobs_reach_math.py", "tests/wiring/test_masking_end_to_end.py"' ;;
     trainer) ONLY='"mmrl/trainer.py", "mmrl/rollouts.py"'
              TESTS='"tests/wiring/test_knobs_reach_math.py", "tests/wiring/test_masking_end_to_end.py", "tests/trainer/test_trainer.py"' ;;
     rewards) ONLY='"mmrl/rewards/manager.py", "mmrl/rewards/user.py"'
-             TESTS='"tests/rewards/test_reward_manager.py", "tests/rewards/test_user_rewards.py", "tests/rewards/test_trl_reward_protocol.py",
-                    "tests/rewards/test_reward_contract.py", "tests/wiring/test_masking_end_to_end.py",
-                    "tests/wiring/test_knobs_reach_math.py"' ;;
+             TESTS='"tests/rewards/test_reward_contract.py", "tests/rewards/test_reward_specs_contract.py", "tests/rewards/test_reward_manager.py",
+                    "tests/rewards/test_user_rewards.py", "tests/rewards/test_trl_reward_protocol.py"'
+             RECHECK="tests/wiring/test_masking_end_to_end.py tests/wiring/test_knobs_reach_math.py" ;;
     sde) ONLY='"mmrl/rollout/sde_math.py"'
          # the flow VLA heads share this module (issue 23): their tests exercise its Gaussian step and log-density too
          TESTS='"tests/algos/test_sde_sampler.py", "tests/algos/test_sde_math_contract.py", "tests/adapters/vla/test_vla_action_heads.py", "tests/wiring/test_vla_head_knobs.py"' ;;
@@ -116,6 +119,15 @@ for target in "${targets[@]}"; do
     echo "mutmut run failed; the end of $work/mutmut-run.log:"; tail -30 "$work/mutmut-run.log"; exit 1; }
   echo "--- $target: $(summary)"
   survivors=$("$MUTMUT" results 2>/dev/null | awk -F': ' '$2 ~ /survived|no tests|timeout|suspicious/ {print $1}' | sed 's/^ *//')
+  if [ -n "$RECHECK" ] && [ -n "$survivors" ]; then
+    echo "--- $target: rechecking the $(echo "$survivors" | wc -l) survivors against $RECHECK"
+    # shellcheck disable=SC2086
+    nice -n 15 "$PY" "$ROOT/scripts/mutation_recheck.py" "$work" $RECHECK --jobs "$CHILDREN" \
+      --survivors-out "$work/alive-after-recheck.txt" >"$work/recheck.log" 2>&1 || {
+      echo "the recheck failed; the end of $work/recheck.log:"; tail -30 "$work/recheck.log"; exit 1; }
+    tail -1 "$work/recheck.log"
+    survivors=$(cat "$work/alive-after-recheck.txt")
+  fi
   if [ -z "$survivors" ]; then
     echo "no surviving mutants"
   else

@@ -6,7 +6,8 @@ Copies the given test files (from this checkout) into the run's ``mutants/`` cop
 mutant (``MUTANT_UNDER_TEST`` selects the mutant inside mutmut's trampolines, read at every call), all in this one
 process; give the fast, targeted test files first (``-x`` stops at the first failure). Prints
 each mutant as ``killed`` or ``survived`` and the counts; ``--survivors-out FILE`` writes the names still alive.
-Works on a finished or a stopped run (mutants not checked yet are left alone).
+``--jobs N`` splits the survivors over N such processes. Works on a finished or a stopped run (mutants not checked
+yet are left alone).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,36 +40,68 @@ def survivors(run_dir: Path) -> list[str]:
     return names
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("run_dir", type=Path)
-    ap.add_argument("tests", nargs="+")
-    ap.add_argument("--survivors-out", type=Path)
-    args = ap.parse_args()
-    mutants = args.run_dir / "mutants"
-    for t in {t.split("::")[0] for t in args.tests}:  # test files, or node ids FILE::TEST
-        shutil.copy2(ROOT / t, mutants / t)
-    for helper in ("tests/fixed_policy.py", "tests/helpers.py", "tests/conftest.py"):
-        shutil.copy2(ROOT / helper, mutants / helper)
-    names = survivors(args.run_dir)
+def recheck(run_dir: Path, tests: list[str], names: list[str]) -> list[str] | None:
+    """Run ``tests`` once per mutant in ``names`` in this process; the names still alive, or None when the tests
+    fail without any mutant."""
+    mutants = run_dir / "mutants"
     # one process: the trampolines read MUTANT_UNDER_TEST at every call, so each pytest.main runs one mutant
     os.chdir(mutants)
     sys.path.insert(0, str(mutants))
     import pytest
 
     os.environ["MUTANT_UNDER_TEST"] = ""  # baseline: the tests must pass on the unmutated code of the run's copy
-    if int(pytest.main(["-x", "-p", "no:cacheprovider", "-p", "no:terminal", *args.tests])) != 0:
+    if int(pytest.main(["-x", "-p", "no:cacheprovider", "-p", "no:terminal", *tests])) != 0:
         print("the tests fail without any mutant in this run's copy (is it older than the tests?); nothing rechecked")
-        return 1
+        return None
     alive = []
     for name in names:
         os.environ["MUTANT_UNDER_TEST"] = name
-        rc = int(pytest.main(["-x", "-p", "no:cacheprovider", "-p", "no:terminal", *args.tests]))
+        rc = int(pytest.main(["-x", "-p", "no:cacheprovider", "-p", "no:terminal", *tests]))
         status = "killed" if rc == 1 else "survived" if rc == 0 else f"error (pytest exit {rc})"
         if rc == 0:
             alive.append(name)
         print(f"{name}: {status}", flush=True)
     os.environ.pop("MUTANT_UNDER_TEST", None)
+    return alive
+
+
+def in_parallel(args: argparse.Namespace, names: list[str]) -> list[str] | None:
+    """Split ``names`` over ``args.jobs`` worker processes (this script with ``--names-from``)."""
+    tmp = Path(tempfile.mkdtemp(prefix="recheck-"))
+    workers = []
+    for i in range(args.jobs):
+        (tmp / f"names{i}").write_text("".join(f"{n}\n" for n in names[i :: args.jobs]))
+        cmd = [sys.executable, __file__, str(args.run_dir), *args.tests, "--names-from", str(tmp / f"names{i}")]
+        cmd += ["--survivors-out", str(tmp / f"alive{i}")]
+        workers.append(subprocess.Popen(cmd))
+    if any(w.wait() != 0 for w in workers):
+        return None
+    return [n for i in range(args.jobs) for n in (tmp / f"alive{i}").read_text().split()]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("run_dir", type=Path)
+    ap.add_argument("tests", nargs="+")
+    ap.add_argument("--survivors-out", type=Path)
+    ap.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
+    ap.add_argument("--names-from", type=Path, help=argparse.SUPPRESS)  # a worker of --jobs: these mutants only
+    args = ap.parse_args()
+    run_dir = args.run_dir.resolve()
+    if args.names_from is None:
+        for t in {t.split("::")[0] for t in args.tests}:  # test files, or node ids FILE::TEST
+            shutil.copy2(ROOT / t, run_dir / "mutants" / t)
+        for helper in ("tests/fixed_policy.py", "tests/helpers.py", "tests/conftest.py"):
+            shutil.copy2(ROOT / helper, run_dir / "mutants" / helper)
+        names = survivors(run_dir)
+    else:
+        names = args.names_from.read_text().split()
+    if args.jobs > 1 and args.names_from is None and len(names) > 1:
+        alive = in_parallel(args, names)
+    else:
+        alive = recheck(run_dir, args.tests, names)
+    if alive is None:
+        return 1
     print(f"rechecked {len(names)}: killed {len(names) - len(alive)}, still alive {len(alive)}")
     if args.survivors_out:
         args.survivors_out.write_text("".join(f"{n}\n" for n in alive))

@@ -27,11 +27,14 @@ import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from mmrl.errors import ConfigError
 from mmrl.rewards.manager import RewardError, RewardSpec, new_trainer_state
 from mmrl.rewards.remote import RemoteReward
+
+if TYPE_CHECKING:
+    from mmrl.config import RewardConfig
 
 _FORMS = "give FILE.py:FUNCTION (a path relative to the working directory), MODULE:FUNCTION, or an http(s):// URL"
 
@@ -232,7 +235,7 @@ def make_reward_fn(fn: Callable, spec: str, fn_name: str, kwargs: dict | None) -
     kwargs = dict(kwargs or {})
     params = _params(fn)
     if _is_factory(params):
-        _check_kwargs(params, kwargs, spec, fn_name, "reward factory")
+        _check_kwargs(params, kwargs, spec, fn_name, factory=True)
         try:
             made = fn(**kwargs)
         except Exception as e:
@@ -257,7 +260,7 @@ def make_reward_fn(fn: Callable, spec: str, fn_name: str, kwargs: dict | None) -
                 "keyword with those)"
             )
     elif kwargs:
-        _check_kwargs(params, kwargs, spec, fn_name, "reward function", need_all=False)
+        _check_kwargs(params, kwargs, spec, fn_name, factory=False)
     if params is not None and params.positional_only:
         raise ConfigError(
             f"reward.fns: '{spec}': {fn_name}{inspect.signature(fn)} has positional-only parameters "
@@ -267,10 +270,9 @@ def make_reward_fn(fn: Callable, spec: str, fn_name: str, kwargs: dict | None) -
     return fn, kwargs, fn_name
 
 
-def _check_kwargs(
-    params: _Params | None, kwargs: dict, spec: str, fn_name: str, what: str, need_all: bool = True
-) -> None:
-    """ConfigError for arguments ``fn`` does not take, or (``need_all``) required ones that are missing."""
+def _check_kwargs(params: _Params | None, kwargs: dict, spec: str, fn_name: str, *, factory: bool) -> None:
+    """ConfigError for arguments ``fn`` does not take, or, for a ``factory`` (called once with exactly these), required
+    ones that are missing; a reward function gets its other arguments from each call."""
     if params is None:
         return
     unknown = [k for k in kwargs if k not in params.names and not params.takes_all]
@@ -279,19 +281,12 @@ def _check_kwargs(
             f"reward.fn_kwargs for '{spec}': {fn_name} takes no argument {', '.join(map(repr, unknown))}"
             f"; its arguments: {', '.join(sorted(params.names)) or 'none'}"
         )
-    missing = [k for k in params.required if k not in kwargs] if need_all else []
+    missing = [k for k in params.required if k not in kwargs] if factory else []
     if missing:
-        why = (
-            (
-                " (it takes none of prompts, completions, completion_ids or **kwargs; a reward function needs one of "
-                "them)"
-            )
-            if what == "reward factory"
-            else ""
-        )
         raise ConfigError(
-            f"reward.fns: '{spec}' is a {what} that needs {', '.join(missing)}: give "
-            f"{_fn_kwargs_hint(missing)} (one entry per reward.fns item, in order){why}"
+            f"reward.fns: '{spec}' is a reward factory that needs {', '.join(missing)}: give "
+            f"{_fn_kwargs_hint(missing)} (one entry per reward.fns item, in order) (it takes none of prompts, "
+            "completions, completion_ids or **kwargs; a reward function needs one of them)"
         )
 
 
@@ -312,7 +307,7 @@ def url_name(url: str) -> str:
 
 def _load_file(path_text: str, spec: str):
     path = Path(os.path.expanduser(path_text))
-    full = path if path.is_absolute() else Path.cwd() / path
+    full = Path.cwd() / path  # an absolute path stays as it is
     if not full.is_file():
         raise ConfigError(
             f"reward.fns: '{spec}': file '{path_text}' not found (looked for {full}; relative paths are "
@@ -356,7 +351,9 @@ def resolve_fn(spec: str) -> tuple[str, Callable]:
     if ":" not in spec:
         raise ConfigError(f"reward.fns: '{spec}' names no function; {_FORMS}")
     target, fn_name = spec.rsplit(":", 1)
-    if not target or not fn_name.isidentifier():
+    if not target:
+        raise ConfigError(f"reward.fns: '{spec}' names no file or module before the ':'; {_FORMS}")
+    if not fn_name.isidentifier():
         raise ConfigError(f"reward.fns: '{spec}': '{fn_name}' is not a function name; {_FORMS}")
     is_file = target.endswith(".py") or "/" in target or os.sep in target or target.startswith(("~", "."))
     module = _load_file(target, spec) if is_file else _load_module(target, spec)
@@ -364,7 +361,7 @@ def resolve_fn(spec: str) -> tuple[str, Callable]:
         funcs = sorted(
             k
             for k, v in vars(module).items()
-            if inspect.isfunction(v) and not k.startswith("_") and getattr(v, "__module__", None) == module.__name__
+            if inspect.isfunction(v) and not k.startswith("_") and v.__module__ == module.__name__
         )
         raise ConfigError(
             f"reward.fns: '{spec}': {target} has no function '{fn_name}'"
@@ -387,13 +384,12 @@ def _per_fn(values, n: int, key: str) -> list:
     return values or [None] * n
 
 
-def user_reward_specs(reward_cfg) -> list[RewardSpec]:
+def user_reward_specs(reward_cfg: RewardConfig) -> list[RewardSpec]:
     """The RewardSpecs of ``reward.fns`` (names as given by the functions / URLs, not yet made unique); factories are
     called here, once, with their ``reward.fn_kwargs``."""
     n = len(reward_cfg.fns)
     weights = [1.0 if w is None else w for w in _per_fn(reward_cfg.weights, n, "weights")]
-    fn_kwargs = _per_fn(getattr(reward_cfg, "fn_kwargs", None), n, "fn_kwargs")
-    fmt = getattr(reward_cfg, "completion_format", "auto")
+    fn_kwargs = _per_fn(reward_cfg.fn_kwargs, n, "fn_kwargs")
     specs = []
     for spec, w, kwargs in zip(reward_cfg.fns, weights, fn_kwargs):
         spec = str(spec).strip()
@@ -414,7 +410,12 @@ def user_reward_specs(reward_cfg) -> list[RewardSpec]:
             name, fn = resolve_fn(spec)
             fn, fixed, name = make_reward_fn(fn, spec, name, kwargs)
             reward = TrlReward(
-                fn, name, spec, completion_format=fmt, columns_as=getattr(reward_cfg, "columns", None), fixed=fixed
+                fn,
+                name,
+                spec,
+                completion_format=reward_cfg.completion_format,
+                columns_as=reward_cfg.columns,
+                fixed=fixed,
             )
             specs.append(RewardSpec(name, reward, float(w), source=spec))
     return specs
@@ -429,13 +430,13 @@ def _unique(name: str, taken: set[str]) -> str:
     return f"{name}_{k}"
 
 
-def compose_reward_specs(task_specs: list[RewardSpec], reward_cfg) -> list[RewardSpec]:
+def compose_reward_specs(task_specs: list[RewardSpec], reward_cfg: RewardConfig) -> list[RewardSpec]:
     """The task's reward specs plus (``reward.mode=add``) or instead of (``replace``) the user's ``reward.fns``.
 
     User rewards whose names clash with a task reward or with each other get a ``_2``, ``_3``... suffix.
     Without ``reward.fns`` the task's specs are returned unchanged.
     """
-    if reward_cfg is None or not reward_cfg.fns:
+    if not reward_cfg.fns:
         return list(task_specs)
     user = user_reward_specs(reward_cfg)
     kept = list(task_specs) if reward_cfg.mode == "add" else []

@@ -365,7 +365,7 @@ def test_a_failure_cause_is_warned_when_it_changes_only(caplog):
 
 
 def test_reward_mean_std_and_logged_metrics_by_hand():
-    values = iter([[0.0, 1.0, None, 2.0], [4.0, None]])
+    values = iter([[0.0, 1.0, None, 2.0], [4.0, None], [3.0, 5.0]])
 
     def fn(completions, log_metric, **kw):
         log_metric("judge/score", 1.0)
@@ -379,6 +379,8 @@ def test_reward_mean_std_and_logged_metrics_by_hand():
     assert out.metrics["reward/masked"] == 1.0 and out.metrics["judge/score"] == 2.5
     one = mgr(["q"] * 2, ["a"] * 2, {})  # a single valid reward has no spread: 0, not NaN
     assert one.metrics["reward/mean"] == 4.0 and one.metrics["reward/std"] == 0.0
+    two = mgr(["q"] * 2, ["a"] * 2, {})  # two valid rewards already spread: sqrt(((3 - 4)^2 + (5 - 4)^2) / 1)
+    assert two.metrics["reward/std"] == pytest.approx(math.sqrt(2.0), rel=1e-6)
 
 
 def test_a_callable_python_cannot_read_is_called_with_every_keyword():
