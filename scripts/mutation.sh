@@ -37,7 +37,10 @@ spec() {
             TESTS='"tests/algos/test_algos_edges.py", "tests/algos/test_algos_objective.py", "tests/algos/test_algos_advantages.py",
                    "tests/algos/test_tgrpo.py", "tests/wiring/test_knobs_reach_math.py", "tests/wiring/test_masking_end_to_end.py"' ;;
     trainer) ONLY='"mmrl/trainer.py", "mmrl/rollouts.py"'
-             TESTS='"tests/wiring/test_knobs_reach_math.py", "tests/wiring/test_masking_end_to_end.py", "tests/trainer/test_trainer.py"' ;;
+             TESTS='"tests/wiring/test_knobs_reach_math.py", "tests/wiring/test_masking_end_to_end.py", "tests/trainer/test_trainer.py",
+                    "tests/trainer/test_resume.py", "tests/trainer/test_global_batch.py"'
+             # bad input and damaged checkpoints: a minute per mutant, so only on the survivors of the above
+             RECHECK="tests/trainer/test_bad_run_input.py tests/trainer/test_damaged_checkpoints.py" ;;
     rewards) ONLY='"mmrl/rewards/manager.py", "mmrl/rewards/user.py"'
              TESTS='"tests/rewards/test_reward_contract.py", "tests/rewards/test_reward_specs_contract.py", "tests/rewards/test_reward_manager.py",
                     "tests/rewards/test_user_rewards.py", "tests/rewards/test_trl_reward_protocol.py"'

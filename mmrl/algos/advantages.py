@@ -62,7 +62,7 @@ def _check_eps(eps: float, where: str) -> None:
 
 
 def _zero_invalid(adv: Tensor, gm: GroupMoments) -> Tensor:
-    return torch.where(gm.valid, adv, torch.zeros((), dtype=adv.dtype, device=adv.device))
+    return torch.where(gm.valid, adv, 0.0)
 
 
 def _safe_divide(centred: Tensor, std: Tensor, eps: float) -> Tensor:
@@ -184,9 +184,8 @@ def gae(
         )
     m = as_bool_mask(mask, token_rewards, "gae: mask")
     dtype = torch.promote_types(token_rewards.dtype, values.dtype)
-    zero = torch.zeros((), dtype=dtype, device=token_rewards.device)
-    rewards = torch.where(m, token_rewards.detach().to(dtype), zero)
-    values = torch.where(m, values.to(dtype), zero)
+    rewards = torch.where(m, token_rewards.detach().to(dtype), 0.0)
+    values = torch.where(m, values.to(dtype), 0.0)
 
     batch, length = rewards.shape
     next_value = torch.zeros(batch, dtype=dtype, device=rewards.device)
@@ -198,8 +197,8 @@ def gae(
         candidate = delta + gamma * lam * running
         running = torch.where(valid_t, candidate, running)
         next_value = torch.where(valid_t, values[:, t], next_value)
-        adv[:, t] = torch.where(valid_t, candidate, zero)
-    returns = torch.where(m, adv + values, zero)
+        adv[:, t] = torch.where(valid_t, candidate, 0.0)
+    returns = torch.where(m, adv + values, 0.0)
     return adv, returns
 
 
@@ -210,5 +209,4 @@ def broadcast_to_tokens(adv: Tensor, mask: Tensor) -> Tensor:
         raise AlgoInputError(
             f"broadcast_to_tokens: need adv [B] and mask [B, T], got {tuple(adv.shape)} and {tuple(mask.shape)}"
         )
-    m = mask if mask.dtype == torch.bool else mask != 0
-    return torch.where(m, adv[:, None], torch.zeros((), dtype=adv.dtype, device=adv.device))
+    return torch.where(mask != 0, adv[:, None], 0.0)

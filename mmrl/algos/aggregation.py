@@ -58,7 +58,7 @@ def _float_mask(mask: Tensor) -> Tensor:
     if not isinstance(mask, Tensor) or mask.dim() != 2:
         shape = tuple(mask.shape) if isinstance(mask, Tensor) else type(mask).__name__
         raise AlgoInputError(f"token_weights: mask must be a [B, T] tensor, got {shape}")
-    return (mask if mask.dtype == torch.bool else mask != 0).to(torch.float32)
+    return (mask != 0).to(torch.float32)
 
 
 def _safe_divide(mask: Tensor, denom: Tensor) -> Tensor:
@@ -139,6 +139,5 @@ def aggregate(loss_mat: Tensor, mask: Tensor, mode: str, *, max_len: int | None 
     """
     loss_mat = as_float(loss_mat, "aggregate: loss_mat")
     m = as_bool_mask(mask, loss_mat, "aggregate: mask")
-    weights = token_weights(m, mode, max_len=max_len).to(device=loss_mat.device, dtype=loss_mat.dtype)
-    zero = torch.zeros((), dtype=loss_mat.dtype, device=loss_mat.device)
-    return (torch.where(m, loss_mat, zero) * weights).sum()
+    # float32 weights on the mask's device (that of loss_mat, or torch.where would refuse it)
+    return (torch.where(m, loss_mat, 0.0) * token_weights(m, mode, max_len=max_len)).sum()

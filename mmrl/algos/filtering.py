@@ -17,6 +17,7 @@ plus ``index_add_``/``scatter_reduce_``; group ids may be any int64 values, in a
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import torch
@@ -62,7 +63,7 @@ def _check_outcome_inputs(
         if not isinstance(valid, Tensor) or valid.shape != rewards.shape:
             shape = tuple(valid.shape) if isinstance(valid, Tensor) else type(valid).__name__
             raise AlgoInputError(f"{where}: valid must be a tensor of shape {tuple(rewards.shape)}, got {shape}")
-        valid = valid if valid.dtype == torch.bool else valid != 0
+        valid = valid != 0
     bad = valid & ~torch.isfinite(rewards)
     if bool(bad.any()):
         idx = bad.nonzero().flatten()[:8].tolist()
@@ -70,7 +71,7 @@ def _check_outcome_inputs(
             f"{where}: non-finite reward for valid samples at indices {idx}; "
             "mark them valid=False or fix the reward function"
         )
-    rewards = torch.where(valid, rewards, torch.zeros((), dtype=rewards.dtype, device=rewards.device))
+    rewards = torch.where(valid, rewards, 0.0)
     return rewards, group_ids, valid
 
 
@@ -87,9 +88,8 @@ def group_moments(
     # whose rewards are all equal gets exactly that value as mean, hence exactly 0 centred rewards and std.
     # (The plain fp32 sum of K copies of x divided by K is not always x; the ~1e-8 error divided by
     # std + eps gave all-equal groups a nonzero advantage.)
-    inf = torch.tensor(float("inf"), dtype=rewards.dtype, device=rewards.device)
     ref = torch.full((num_groups,), float("inf"), dtype=rewards.dtype, device=rewards.device).scatter_reduce(
-        0, inverse, torch.where(valid, rewards, inf), reduce="amin"
+        0, inverse, torch.where(valid, rewards, math.inf), reduce="amin"
     )
     ref = torch.where(count > 0, ref, torch.zeros_like(ref))
     shifted = (rewards - ref[inverse]) * vf
@@ -119,12 +119,11 @@ def nonzero_variance_groups(
     if atol < 0:
         raise AlgoInputError(f"nonzero_variance_groups: atol must be >= 0, got {atol}")
     gm = group_moments(rewards, group_ids, valid, where="nonzero_variance_groups")
-    inf = torch.tensor(float("inf"), dtype=gm.rewards.dtype, device=gm.rewards.device)
     num_groups = gm.ids.numel()
     hi = torch.full((num_groups,), -float("inf"), dtype=gm.rewards.dtype, device=gm.rewards.device)
     lo = torch.full((num_groups,), float("inf"), dtype=gm.rewards.dtype, device=gm.rewards.device)
-    hi = hi.scatter_reduce(0, gm.inverse, torch.where(gm.valid, gm.rewards, -inf), reduce="amax")
-    lo = lo.scatter_reduce(0, gm.inverse, torch.where(gm.valid, gm.rewards, inf), reduce="amin")
+    hi = hi.scatter_reduce(0, gm.inverse, torch.where(gm.valid, gm.rewards, -math.inf), reduce="amax")
+    lo = lo.scatter_reduce(0, gm.inverse, torch.where(gm.valid, gm.rewards, math.inf), reduce="amin")
     # Groups without valid members have hi = -inf, lo = inf: the spread is -inf, never kept.
     spread_ok = (hi - lo) > atol
     return spread_ok[gm.inverse] & gm.valid
@@ -142,5 +141,5 @@ def success_rate_band(
     if not low <= high:
         raise AlgoInputError(f"success_rate_band: need low <= high, got low={low}, high={high}")
     gm = group_moments(rewards, group_ids, valid, where="success_rate_band")
-    in_band = (gm.mean >= low) & (gm.mean <= high) & (gm.count > 0)
+    in_band = (gm.mean >= low) & (gm.mean <= high)  # a group without valid members has only invalid samples
     return in_band[gm.inverse] & gm.valid

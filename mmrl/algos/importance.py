@@ -39,8 +39,7 @@ def _log_ratio(trainer_logp: Tensor, rollout_logp: Tensor, mask: Tensor, where: 
             f"{tuple(trainer_logp.shape)} and {tuple(rollout_logp.shape)}"
         )
     m = as_bool_mask(mask, trainer_logp, f"{where}: mask")
-    zero = torch.zeros((), dtype=trainer_logp.dtype, device=trainer_logp.device)
-    return torch.where(m, trainer_logp - rollout_logp, zero), m
+    return torch.where(m, trainer_logp - rollout_logp, 0.0), m
 
 
 def _check_cap(cap: float, where: str) -> None:

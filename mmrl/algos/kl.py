@@ -59,7 +59,6 @@ def kl_estimate(logp: Tensor, ref_logp: Tensor, kind: str, *, mask: Tensor | Non
     if mask is None:
         return estimator(logp, ref_logp)
     m = as_bool_mask(mask, logp, "kl_estimate: mask")
-    zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
     # Neutralise padded positions before the estimator so garbage there cannot create inf/NaN gradients.
-    kl = estimator(torch.where(m, logp, zero), torch.where(m, ref_logp, zero))
-    return torch.where(m, kl, zero)
+    kl = estimator(torch.where(m, logp, 0.0), torch.where(m, ref_logp, 0.0))
+    return torch.where(m, kl, 0.0)

@@ -101,10 +101,9 @@ def _clipped_surrogate(
         loss = torch.where(dual_clipped, bound, loss)
     else:
         dual_clipped = torch.zeros_like(clipped)
-    zero = torch.zeros((), dtype=loss.dtype, device=loss.device)
     return PolicyLossOutput(
-        loss=torch.where(mask, loss, zero),
-        ratio=torch.where(mask, ratio.detach(), zero),
+        loss=torch.where(mask, loss, 0.0),
+        ratio=torch.where(mask, ratio.detach(), 0.0),
         clipped=clipped & mask,
         dual_clipped=dual_clipped & mask,
     )
@@ -151,9 +150,8 @@ def gspo(
     """
     _check_clip(clip_low, clip_high, dual_clip, "gspo")
     logp, old_logp, advantages, m = _check_policy_inputs(logp, old_logp, advantages, mask, "gspo")
-    zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
-    safe_logp = torch.where(m, logp, zero)
-    token_log_ratio = torch.where(m, logp.detach() - old_logp, zero)
+    safe_logp = torch.where(m, logp, 0.0)
+    token_log_ratio = torch.where(m, logp.detach() - old_logp, 0.0)
     seq_log_ratio = masked_mean(token_log_ratio, m, dim=1).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     seq_ratio = torch.exp(seq_log_ratio)  # sg[s_i]
     token_ratio = seq_ratio[:, None] * torch.exp(safe_logp - safe_logp.detach())
@@ -180,12 +178,11 @@ def value_loss(
     if clip is not None and not clip > 0:
         raise AlgoInputError(f"value_loss: clip must be > 0 or None, got {clip}")
     m = as_bool_mask(mask, values, "value_loss: mask")
-    zero = torch.zeros((), dtype=values.dtype, device=values.device)
-    values = torch.where(m, values, zero)
-    old_values = torch.where(m, old_values, zero)
-    returns = torch.where(m, returns, zero)
+    values = torch.where(m, values, 0.0)
+    old_values = torch.where(m, old_values, 0.0)
+    returns = torch.where(m, returns, 0.0)
     err = (values - returns) ** 2
     if clip is not None:
         v_clipped = old_values + (values - old_values).clamp(-clip, clip)
         err = torch.maximum(err, (v_clipped - returns) ** 2)
-    return torch.where(m, 0.5 * err, zero)
+    return torch.where(m, 0.5 * err, 0.0)

@@ -50,13 +50,13 @@ def as_bool_mask(mask: Tensor, like: Tensor, where: str = "mask") -> Tensor:
         raise AlgoInputError(f"{where}: expected a torch.Tensor, got {type(mask).__name__}")
     if mask.shape != like.shape:
         raise AlgoInputError(f"{where}: shape {tuple(mask.shape)} does not match the values' shape {tuple(like.shape)}")
-    return mask if mask.dtype == torch.bool else mask != 0
+    return mask != 0
 
 
 def _masked_zeroed(x: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
     x = as_float(x, "masked op: x")
     m = as_bool_mask(mask, x, "masked op: mask")
-    return torch.where(m, x, torch.zeros((), dtype=x.dtype, device=x.device)), m
+    return torch.where(m, x, 0.0), m
 
 
 def masked_sum(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
@@ -67,8 +67,7 @@ def masked_sum(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
 
 def masked_count(mask: Tensor, dim: int | None = None, dtype: torch.dtype = torch.float32) -> Tensor:
     """Number of nonzero mask entries (over ``dim``, or all), as ``dtype``."""
-    m = mask if mask.dtype == torch.bool else mask != 0
-    m = m.to(dtype)
+    m = (mask != 0).to(dtype)
     return m.sum() if dim is None else m.sum(dim)
 
 
@@ -85,9 +84,7 @@ def _first_valid(xz: Tensor, m: Tensor, dim: int | None) -> Tensor:
 def _exact_mean(xz: Tensor, m: Tensor, dim: int | None) -> Tensor:
     """``ref + sum(m (x - ref)) / n`` with ``ref`` a valid entry: exact for constant inputs."""
     ref = _first_valid(xz, m, dim)
-    shifted = torch.where(
-        m, xz - (ref if dim is None else ref.unsqueeze(dim)), torch.zeros((), dtype=xz.dtype, device=xz.device)
-    )
+    shifted = torch.where(m, xz - (ref if dim is None else ref.unsqueeze(dim)), 0.0)
     total = shifted.sum() if dim is None else shifted.sum(dim)
     count = masked_count(m, dim, dtype=xz.dtype)
     return ref + total / count.clamp_min(1.0)
@@ -106,7 +103,7 @@ def masked_var(x: Tensor, mask: Tensor, unbiased: bool = True, dim: int | None =
     count = masked_count(m, dim, dtype=xz.dtype)
     mean = _exact_mean(xz, m, dim)  # constant input: exactly 0 variance
     centred = xz - (mean if dim is None else mean.unsqueeze(dim))
-    sq = torch.where(m, centred * centred, torch.zeros((), dtype=xz.dtype, device=xz.device))
+    sq = torch.where(m, centred * centred, 0.0)
     sq_sum = sq.sum() if dim is None else sq.sum(dim)
     denom = count - 1.0 if unbiased else count
     return torch.where(denom > 0, sq_sum / denom.clamp_min(1.0), torch.zeros_like(sq_sum))
@@ -127,4 +124,4 @@ def masked_whiten(x: Tensor, mask: Tensor, eps: float = 1e-8, shift_mean: bool =
     out = (xz - mean) / (var + eps).sqrt().clamp_min(1e-12)
     if not shift_mean:
         out = out + mean
-    return torch.where(m, out, torch.zeros((), dtype=out.dtype, device=out.device))
+    return torch.where(m, out, 0.0)

@@ -97,7 +97,7 @@ def temporal_bonus(
         raise AlgoInputError("temporal_bonus: a sample cannot be both ordered and shuffled")
     if alpha < 0 or mu < 0:
         raise AlgoInputError(f"temporal_bonus: alpha and mu must be >= 0, got {alpha}, {mu}")
-    values = torch.where(ordered | shuffled, correct.float(), torch.zeros((), dtype=torch.float32))
+    values = torch.where(ordered | shuffled, correct.float(), 0.0)
     mo = group_moments(values, group_ids, ordered, where="temporal_bonus")
     ms = group_moments(values, group_ids, shuffled, where="temporal_bonus")
     compared = (mo.count > 0) & (ms.count > 0)

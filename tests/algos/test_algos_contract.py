@@ -1,0 +1,171 @@
+"""The input contract of every public function of ``mmrl.algos``, pinned where mutation testing found it loose
+(scripts/mutation.sh, docs/testing.md): each refused input names the function and the argument, a mask is any
+tensor whose nonzero entries are valid (not only a bool one), clamps hold at both ends, defaults are the documented
+ones, and the one-entry edges (one valid token, one valid sample) give the values worked out in the comments.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from mmrl.algos import (
+    AlgoInputError,
+    aggregate,
+    gae,
+    grpo,
+    gspo,
+    importance_stats,
+    kl_estimate,
+    masked_mean,
+    masked_sum,
+    masked_var,
+    ppo_clip,
+    rloo,
+    token_weights,
+    truncated_is_weights,
+    value_loss,
+)
+from mmrl.algos.advantages import broadcast_to_tokens
+from mmrl.algos.filtering import group_moments, success_rate_band
+from mmrl.algos.kl import kl_k3
+from mmrl.algos.masked import as_bool_mask, as_float, masked_count
+
+T = torch.zeros(2, 3)  # any [B, T] float input
+R = torch.tensor([1.0, 0.0])  # rewards of one group of two
+G = torch.tensor([0, 0])
+L = [[0.0]]  # not a tensor
+
+REFUSED = [
+    (lambda: as_float(L), "input: expected a torch.Tensor, got list"),
+    (lambda: as_bool_mask(L, T), "mask: expected a torch.Tensor, got list"),
+    (lambda: masked_sum(L, T), "masked op: x: expected a torch.Tensor, got list"),
+    (lambda: masked_mean(T, L), "masked op: mask: expected a torch.Tensor, got list"),
+    (lambda: masked_var(T, torch.ones(3)), "masked op: mask: shape (3,) does not match the values' shape (2, 3)"),
+    (lambda: kl_estimate(L, T, "k1"), "kl_estimate: logp: expected a torch.Tensor"),
+    (lambda: kl_estimate(T, L, "k1"), "kl_estimate: ref_logp: expected a torch.Tensor"),
+    (lambda: kl_estimate(T, T, "k1", mask=L), "kl_estimate: mask: expected a torch.Tensor"),
+    (lambda: truncated_is_weights(L, T, T), "truncated_is_weights: trainer_logp: expected a torch.Tensor"),
+    (lambda: truncated_is_weights(T, L, T), "truncated_is_weights: rollout_logp: expected a torch.Tensor"),
+    (lambda: truncated_is_weights(T, T, L), "truncated_is_weights: mask: expected a torch.Tensor"),
+    (lambda: truncated_is_weights(T, T, T, cap=0), "truncated_is_weights: cap must be a positive number, got 0"),
+    (lambda: importance_stats(L, T, T), "importance_stats: trainer_logp: expected a torch.Tensor"),
+    (lambda: importance_stats(T, T, T, cap=True), "importance_stats: cap must be a positive number, got True"),
+    (lambda: importance_stats(T, T, T, cap=-1.0), "importance_stats: cap must be a positive number, got -1.0"),
+    (lambda: ppo_clip(L, T, T, T), "ppo_clip: logp: expected a torch.Tensor"),
+    (lambda: ppo_clip(T, L, T, T), "ppo_clip: old_logp: expected a torch.Tensor"),
+    (lambda: ppo_clip(T, T, L, T), "ppo_clip: advantages: expected a torch.Tensor"),
+    (lambda: ppo_clip(T, T, T, L), "ppo_clip: mask: expected a torch.Tensor"),
+    (lambda: gspo(T, T, T, L), "gspo: mask: expected a torch.Tensor"),
+    (lambda: value_loss(L, T, T, T), "value_loss: values: expected a torch.Tensor"),
+    (lambda: value_loss(T, L, T, T), "value_loss: old_values: expected a torch.Tensor"),
+    (lambda: value_loss(T, T, L, T), "value_loss: returns: expected a torch.Tensor"),
+    (lambda: value_loss(T, T, T, L), "value_loss: mask: expected a torch.Tensor"),
+    (lambda: gae(L, T, T), "gae: token_rewards: expected a torch.Tensor"),
+    (lambda: gae(T, L, T), "gae: values: expected a torch.Tensor"),
+    (lambda: gae(T, T, L), "gae: mask: expected a torch.Tensor"),
+    (lambda: broadcast_to_tokens(L, T), "broadcast_to_tokens: adv: expected a torch.Tensor"),
+    (lambda: grpo([1.0, 0.0], G), "grpo: rewards: expected a torch.Tensor"),
+    (lambda: rloo(R, [0, 0]), "rloo: group_ids must be a tensor of shape (2,), got list"),
+    (lambda: rloo(R, torch.tensor([0, 0, 1])), "rloo: group_ids must be a tensor of shape (2,), got (3,)"),
+    (lambda: grpo(R, torch.tensor([True, True])), "grpo: group_ids must be an integer tensor, got dtype torch.bool"),
+    (lambda: grpo(R, G, [True, True]), "grpo: valid must be a tensor of shape (2,), got list"),
+    (lambda: grpo(R, G, torch.ones(3)), "grpo: valid must be a tensor of shape (2,), got (3,)"),
+    (lambda: group_moments(L, G), "group_moments: rewards: expected a torch.Tensor"),  # the default name
+    (lambda: token_weights(torch.ones(3), "token_mean"), "token_weights: mask must be a [B, T] tensor, got (3,)"),
+    (lambda: token_weights(L, "token_mean"), "token_weights: mask must be a [B, T] tensor, got list"),
+    (
+        lambda: token_weights(T, "token_mean", num_tokens=True),
+        "token_weights: num_tokens must be a number or a scalar tensor, got True",
+    ),
+    (
+        lambda: token_weights(T, "seq_mean_token_mean", num_seqs=torch.ones(2)),
+        "token_weights: num_seqs must be a scalar, got shape (2,)",
+    ),
+]
+
+
+@pytest.mark.parametrize("call, message", REFUSED, ids=[m.split(":")[0] + ": " + m.split(": ")[1] for _, m in REFUSED])
+def test_each_refused_input_names_the_function_and_the_argument(call, message):
+    with pytest.raises(AlgoInputError) as e:
+        call()
+    assert str(e.value).startswith(message)
+
+
+def test_the_non_finite_reward_indices_are_cut_at_eight():
+    rewards = torch.full((10,), float("nan"))
+    with pytest.raises(AlgoInputError) as e:
+        grpo(rewards, torch.zeros(10, dtype=torch.long))
+    assert str(e.value).startswith("grpo: non-finite reward for valid samples at indices [0, 1, 2, 3, 4, 5, 6, 7];")
+
+
+# ---------------------------------------------------------------- any nonzero entry is valid
+
+
+def test_masks_need_not_be_bool_any_nonzero_entry_is_valid():
+    weights = torch.tensor([[2.0, 0.0, 0.5]])  # a float mask: entries 0 and 2 are valid
+    flags = weights != 0
+    x = torch.tensor([[1.0, 5.0, 3.0]])
+    assert float(masked_count(weights)) == 2.0
+    assert float(masked_mean(x, weights)) == 2.0 and float(masked_sum(x, weights)) == 4.0
+    assert token_weights(weights, "token_mean").tolist() == [[0.5, 0.0, 0.5]]
+    assert broadcast_to_tokens(torch.tensor([3.0]), weights).tolist() == [[3.0, 0.0, 3.0]]
+    assert torch.equal(kl_estimate(x, torch.zeros(1, 3), "k1", mask=weights), torch.tensor([[1.0, 0.0, 3.0]]))
+    assert float(aggregate(x, weights, "token_mean")) == float(aggregate(x, flags, "token_mean")) == 2.0
+    # outcome validity: 2.0 and 0.5 are valid, 0 is not -> the group {1, 3} has mean 2, std sqrt(2)
+    gm = group_moments(torch.tensor([1.0, 9.0, 3.0]), torch.tensor([0, 0, 0]), torch.tensor([2.0, 0.0, 0.5]))
+    assert gm.valid.tolist() == [True, False, True] and float(gm.mean[0]) == 2.0
+    assert float(gm.std[0]) == pytest.approx(math.sqrt(2.0))
+
+
+# ---------------------------------------------------------------- one valid entry
+
+
+def test_one_valid_token_gets_the_whole_weight():
+    assert token_weights(torch.tensor([[0.0, 1.0]]), "token_mean").tolist() == [[0.0, 1.0]]
+    assert token_weights(torch.tensor([[0.0, 1.0]]), "seq_mean_token_mean").tolist() == [[0.0, 1.0]]
+
+
+def test_a_group_with_one_valid_member_is_in_the_band_of_its_reward():
+    rewards, ids = torch.tensor([0.5, 0.7, 1.0, 0.2]), torch.tensor([0, 0, 1, 1])
+    valid = torch.tensor([True, False, False, False])  # group 0: mean 0.5 (one member); group 1: no valid member
+    assert success_rate_band(rewards, ids, valid).tolist() == [True, False, False, False]
+
+
+# ---------------------------------------------------------------- clamps, caps, defaults, dtypes
+
+
+def test_kl_k3_clamps_the_log_ratio_from_below_too():
+    # ref - logp = -100 is clamped to -20: expm1(-20) + 20 = 19.000000002 (unclamped: expm1(-100) + 100 = 99)
+    k3 = kl_k3(torch.tensor([100.0], dtype=torch.float64), torch.tensor([0.0], dtype=torch.float64))
+    assert float(k3) == pytest.approx(math.expm1(-20.0) + 20.0, rel=1e-12)
+
+
+def test_importance_stats_default_cap_and_lower_clamp():
+    # log-ratios log 2.5, 0, -100: ratios 2.5, 1, exp(-20) (clamped); above the default cap 2: one of three
+    trainer = torch.tensor([[math.log(2.5), 0.0, -100.0]], dtype=torch.float64)
+    stats = importance_stats(trainer, torch.zeros(1, 3, dtype=torch.float64), torch.ones(1, 3))
+    assert stats["frac_above_cap"] == pytest.approx(1 / 3)
+    assert stats["ratio_min"] == pytest.approx(math.exp(-20.0), rel=1e-12)
+    assert stats["ratio_max"] == pytest.approx(2.5)
+
+
+def test_a_cap_below_one_is_allowed():
+    trainer = torch.tensor([[0.0, math.log(0.25)]])
+    weights = truncated_is_weights(trainer, torch.zeros(1, 2), torch.ones(1, 2), cap=0.5)
+    assert weights[0].tolist() == pytest.approx([0.5, 0.25])  # min(1, 0.5), min(0.25, 0.5)
+
+
+def test_token_weights_are_float32_whatever_the_totals_and_default_dtype():
+    mask = torch.ones(1, 3)
+    w = token_weights(mask, "token_mean", num_tokens=torch.tensor(4.0, dtype=torch.float64))
+    assert w.dtype == torch.float32 and w.tolist() == [[0.25, 0.25, 0.25]]
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        assert token_weights(mask, "token_mean", num_tokens=4).dtype == torch.float32
+        assert token_weights(mask, "seq_mean_token_sum_norm").dtype == torch.float32
+    finally:
+        torch.set_default_dtype(previous)
