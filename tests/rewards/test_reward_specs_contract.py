@@ -73,7 +73,12 @@ def test_a_function_spec_carries_its_weight_format_columns_and_names():
     assert (s.fn.__name__, s.fn.source, s.fn.completion_format) == ("scored", spec, "conversational")
     assert s.fn.columns_as == {"solution": "answer"} and s.fn.fixed == {}
     (default,) = user_reward_specs(RewardConfig(fns=[f" {spec} "]))  # surrounding spaces are not part of the spec
-    assert (default.weight, default.source, default.fn.completion_format, default.fn.columns_as) == (1.0, spec, "auto", {})
+    assert (default.weight, default.source, default.fn.completion_format, default.fn.columns_as) == (
+        1.0,
+        spec,
+        "auto",
+        {},
+    )
 
 
 def test_a_url_spec_is_a_remote_reward_with_the_http_settings():
