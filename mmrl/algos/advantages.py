@@ -150,11 +150,9 @@ def reinforce_pp(
     # Group-centred values have batch mean exactly 0 in exact arithmetic (each group's centred values sum to 0), so
     # it is not subtracted: in floating point its ~1e-9 residue would give all-equal groups a nonzero advantage.
     # Without a baseline the batch mean is computed exactly for constant inputs (all-equal rewards whiten to 0).
-    batch_mean = masked_mean(raw, gm.valid) if baseline == "none" else torch.zeros((), dtype=raw.dtype)
-    batch_std = masked_var(raw, gm.valid, unbiased=True).sqrt()
+    batch_mean = masked_mean(raw, gm.valid) if baseline == "none" else 0.0
+    batch_std = masked_var(raw, gm.valid, unbiased=True).sqrt()  # 0 with fewer than two valid samples: A = 0
     adv = _safe_divide(raw - batch_mean, batch_std.expand_as(raw), eps)
-    enough = gm.valid.sum() > 1
-    adv = torch.where(enough, adv, torch.zeros_like(adv))
     return _zero_invalid(adv, gm)
 
 

@@ -23,6 +23,7 @@ from mmrl.algos import (
     masked_sum,
     masked_var,
     ppo_clip,
+    reinforce_pp,
     rloo,
     token_weights,
     truncated_is_weights,
@@ -74,6 +75,12 @@ REFUSED = [
     (lambda: grpo(R, G, [True, True]), "grpo: valid must be a tensor of shape (2,), got list"),
     (lambda: grpo(R, G, torch.ones(3)), "grpo: valid must be a tensor of shape (2,), got (3,)"),
     (lambda: group_moments(L, G), "group_moments: rewards: expected a torch.Tensor"),  # the default name
+    (lambda: rloo(R, G, eps=-1.0), "rloo: eps must be >= 0, got -1.0"),
+    (lambda: reinforce_pp(R, G, eps=-1.0), "reinforce_pp: eps must be >= 0, got -1.0"),
+    (lambda: ppo_clip(T, T, T, T, clip_low=1.0), "ppo_clip: clip_low must lie in [0, 1), got 1.0"),
+    (lambda: ppo_clip(T, T, T, T, clip_high=-0.1), "ppo_clip: clip_high must be >= 0, got -0.1"),
+    (lambda: gspo(T, T, T, T, dual_clip=1.0), "gspo: dual_clip must be > 1 (e.g. 3.0) or None, got 1.0"),
+    (lambda: gae(T, T, T, lam=1.5), "gae: gamma and lam must lie in [0, 1], got gamma=1.0, lam=1.5"),
     (lambda: token_weights(torch.ones(3), "token_mean"), "token_weights: mask must be a [B, T] tensor, got (3,)"),
     (lambda: token_weights(L, "token_mean"), "token_weights: mask must be a [B, T] tensor, got list"),
     (
@@ -169,3 +176,38 @@ def test_token_weights_are_float32_whatever_the_totals_and_default_dtype():
         assert token_weights(mask, "seq_mean_token_sum_norm").dtype == torch.float32
     finally:
         torch.set_default_dtype(previous)
+
+
+def test_the_bounds_of_clip_dual_clip_gamma_and_lam_are_accepted():
+    # clip_low = clip_high = 0: the ratio is clipped to exactly 1; the loss is -A * 1 at ratio e^0.1 (A > 0: min)
+    logp = torch.tensor([[0.1]])
+    out = ppo_clip(logp, torch.zeros(1, 1), torch.ones(1, 1), torch.ones(1, 1), clip_low=0.0, clip_high=0.0)
+    assert float(out.loss) == -1.0
+    out = ppo_clip(logp, torch.zeros(1, 1), -torch.ones(1, 1), torch.ones(1, 1), dual_clip=1.05)
+    # A = -1: max(-A r, -A clip(r)) = max(1.105, 1.105) = 1.105 > -A c = 1.05: the dual clip bounds it at 1.05
+    assert float(out.loss) == pytest.approx(1.05) and bool(out.dual_clipped)
+    # gamma = 0: each action's advantage is its own reward minus its value; returns are the rewards
+    adv, returns = gae(torch.tensor([[1.0, 2.0]]), torch.tensor([[0.5, 0.5]]), torch.ones(1, 2), gamma=0.0, lam=1.0)
+    assert adv.tolist() == [[0.5, 1.5]] and returns.tolist() == [[1.0, 2.0]]
+
+
+def test_the_policy_ratio_is_clamped_from_below_too():
+    # log-ratio -100 is clamped to -20: the reported ratio is e^-20, not e^-100
+    out = ppo_clip(
+        torch.tensor([[-100.0]], dtype=torch.float64),
+        torch.zeros(1, 1, dtype=torch.float64),
+        torch.ones(1, 1, dtype=torch.float64),
+        torch.ones(1, 1),
+    )
+    assert float(out.ratio) == pytest.approx(math.exp(-20.0), rel=1e-12)
+
+
+def test_reinforce_pp_whitens_two_valid_samples_and_keeps_all_equal_groups_at_zero():
+    # two valid rewards 0 and 1: mean 0.5, unbiased std sqrt(0.5); A = -+0.5 / sqrt(0.5) = -+0.7071 (eps 1e-6)
+    adv = reinforce_pp(torch.tensor([0.0, 1.0, 7.0]), torch.tensor([0, 0, 1]), torch.tensor([True, True, False]))
+    assert adv.tolist() == pytest.approx([-math.sqrt(0.5), math.sqrt(0.5), 0.0], rel=1e-5)
+    # baseline "group": group 1 is all-equal, so its centred rewards and advantages are exactly 0, although the
+    # float32 centred rewards of group 0 (-0.1/3, -0.1/3, 0.2/3) average to -3.7e-9, not 0, over the batch
+    rewards = torch.tensor([0.0, 0.0, 0.1, 1.0, 1.0, 1.0])
+    adv = reinforce_pp(rewards, torch.tensor([0, 0, 0, 1, 1, 1]), baseline="group")
+    assert adv[3:].tolist() == [0.0, 0.0, 0.0] and float(adv[2]) > 0
