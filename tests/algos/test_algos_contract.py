@@ -33,6 +33,7 @@ from mmrl.algos.advantages import broadcast_to_tokens
 from mmrl.algos.filtering import group_moments, success_rate_band
 from mmrl.algos.kl import kl_k3
 from mmrl.algos.masked import as_bool_mask, as_float, masked_count
+from mmrl.algos.tgrpo import temporal_bonus
 
 T = torch.zeros(2, 3)  # any [B, T] float input
 R = torch.tensor([1.0, 0.0])  # rewards of one group of two
@@ -75,7 +76,10 @@ REFUSED = [
     (lambda: grpo(R, G, [True, True]), "grpo: valid must be a tensor of shape (2,), got list"),
     (lambda: grpo(R, G, torch.ones(3)), "grpo: valid must be a tensor of shape (2,), got (3,)"),
     (lambda: group_moments(L, G), "group_moments: rewards: expected a torch.Tensor"),  # the default name
+    (lambda: grpo(R, G, eps=-1.0), "grpo: eps must be >= 0, got -1.0"),
     (lambda: rloo(R, G, eps=-1.0), "rloo: eps must be >= 0, got -1.0"),
+    (lambda: broadcast_to_tokens(torch.ones(2, 1), T), "broadcast_to_tokens: need adv [B] and mask [B, T], got (2, 1)"),
+    (lambda: broadcast_to_tokens(R, torch.ones(2)), "broadcast_to_tokens: need adv [B] and mask [B, T], got (2,)"),
     (lambda: reinforce_pp(R, G, eps=-1.0), "reinforce_pp: eps must be >= 0, got -1.0"),
     (lambda: ppo_clip(T, T, T, T, clip_low=1.0), "ppo_clip: clip_low must lie in [0, 1), got 1.0"),
     (lambda: ppo_clip(T, T, T, T, clip_high=-0.1), "ppo_clip: clip_high must be >= 0, got -0.1"),
@@ -157,6 +161,10 @@ def test_importance_stats_default_cap_and_lower_clamp():
     assert stats["frac_above_cap"] == pytest.approx(1 / 3)
     assert stats["ratio_min"] == pytest.approx(math.exp(-20.0), rel=1e-12)
     assert stats["ratio_max"] == pytest.approx(2.5)
+    # log-ratios +100 (clamped to 20: ratio e^20) and log 2 (ratio exactly 2 = the cap: not above it)
+    trainer = torch.tensor([[100.0, math.log(2.0)]], dtype=torch.float64)
+    stats = importance_stats(trainer, torch.zeros(1, 2, dtype=torch.float64), torch.ones(1, 2))
+    assert stats["ratio_max"] == pytest.approx(math.exp(20.0), rel=1e-12) and stats["frac_above_cap"] == 0.5
 
 
 def test_a_cap_below_one_is_allowed():
@@ -211,3 +219,39 @@ def test_reinforce_pp_whitens_two_valid_samples_and_keeps_all_equal_groups_at_ze
     rewards = torch.tensor([0.0, 0.0, 0.1, 1.0, 1.0, 1.0])
     adv = reinforce_pp(rewards, torch.tensor([0, 0, 0, 1, 1, 1]), baseline="group")
     assert adv[3:].tolist() == [0.0, 0.0, 0.0] and float(adv[2]) > 0
+
+
+def test_dual_clip_leaves_positive_advantages_and_its_own_bound_alone():
+    ones = torch.ones(1, 1)
+    # A = +0.5 at ratio 1: the loss is -0.5; the dual clip applies to negative advantages only
+    out = ppo_clip(torch.zeros(1, 1), torch.zeros(1, 1), 0.5 * ones, ones, dual_clip=3.0)
+    assert float(out.loss) == -0.5 and not bool(out.dual_clipped)
+    # A = -1 at ratio exactly 2 = c: the loss max(2, 1.2) = 2 equals the bound -A c = 2; not counted as clipped,
+    # and its gradient flows (d loss / d logp = -A r = 2)
+    logp = torch.tensor([[math.log(2.0)]], dtype=torch.float64, requires_grad=True)
+    out = ppo_clip(logp, torch.zeros(1, 1, dtype=torch.float64), -ones.double(), ones, dual_clip=2.0)
+    out.loss.sum().backward()
+    assert float(out.loss.detach()) == 2.0 and not bool(out.dual_clipped) and float(logp.grad) == pytest.approx(2.0)
+
+
+def test_value_clipping_bounds_the_move_from_below_too():
+    # old value 0, new value -1, return -2, clip 0.2: unclipped error (-1 + 2)^2 = 1; clipped value -0.2 gives
+    # (-0.2 + 2)^2 = 3.24; the loss takes the larger, 0.5 * 3.24 = 1.62
+    one = torch.ones(1, 1)
+    loss = value_loss(-one, torch.zeros(1, 1), -2 * one, one, clip=0.2)
+    assert float(loss) == pytest.approx(1.62)
+
+
+def test_gae_computes_in_the_wider_dtype_of_its_inputs():
+    adv, returns = gae(torch.ones(1, 2), torch.full((1, 2), 0.5, dtype=torch.float64), torch.ones(1, 2))
+    assert adv.dtype == returns.dtype == torch.float64
+    # gamma = lam = 1: A_1 = 1 - 0.5 = 0.5, A_0 = 1 + 0.5 - 0.5 + 0.5 = 1.5; returns = A + V
+    assert adv.tolist() == [[1.5, 0.5]] and returns.tolist() == [[2.0, 1.0]]
+
+
+def test_temporal_bonus_takes_any_nonzero_flag():
+    correct, ids = torch.tensor([1.0, 1.0, 0.0, 1.0]), torch.tensor([0, 0, 0, 0])
+    flags = temporal_bonus(correct, ids, torch.tensor([1.0, 1.0, 0.0, 0.0]), torch.tensor([0.0, 0.0, 2.0, 1.0]))
+    bools = temporal_bonus(correct, ids, torch.tensor([1, 1, 0, 0]).bool(), torch.tensor([0, 0, 1, 1]).bool())
+    # p_ordered 1 >= 0.8 * p_shuffled 0.5: granted; the two correct ordered samples get alpha = 0.3
+    assert flags.bonus.tolist() == bools.bonus.tolist() == pytest.approx([0.3, 0.3, 0.0, 0.0])
