@@ -25,6 +25,8 @@ targets=("$@")
 # what to mutate, and the tests that are meant to kill its mutants
 spec() {
   RECHECK=""  # test files run afterwards on the survivors only (mutation_recheck.py); empty: none
+  DESELECT=""  # a pytest -k expression for the first stage: tests that start the CLI in a subprocess fail under
+               # mutmut's coverage pass (the child looks for mutmut's config in its own folder); give them to RECHECK
   case "$1" in
     algos) ONLY='"mmrl/algos/*"'
            # two stages: mutmut runs the fast unit tests on every mutant, then the trainer-building wiring tests run
@@ -44,7 +46,10 @@ spec() {
     rewards) ONLY='"mmrl/rewards/manager.py", "mmrl/rewards/user.py"'
              TESTS='"tests/rewards/test_reward_contract.py", "tests/rewards/test_reward_specs_contract.py", "tests/rewards/test_reward_manager.py",
                     "tests/rewards/test_user_rewards.py", "tests/rewards/test_trl_reward_protocol.py"'
-             RECHECK="tests/wiring/test_masking_end_to_end.py tests/wiring/test_knobs_reach_math.py" ;;
+             DESELECT="not two_step_run and not cli_run"
+             RECHECK="tests/wiring/test_masking_end_to_end.py tests/wiring/test_knobs_reach_math.py
+                      tests/rewards/test_trl_reward_protocol.py::test_trl_rewards_run_unchanged_in_a_two_step_run
+                      tests/rewards/test_trl_reward_protocol.py::test_reward_errors_in_a_cli_run_are_one_line_without_traceback" ;;
     sde) ONLY='"mmrl/rollout/sde_math.py"'
          # the flow VLA heads share this module (issue 23): their tests exercise its Gaussian step and log-density too
          TESTS='"tests/algos/test_sde_sampler.py", "tests/algos/test_sde_math_contract.py", "tests/adapters/vla/test_vla_action_heads.py", "tests/wiring/test_vla_head_knobs.py"' ;;
@@ -91,13 +96,15 @@ for pattern in sys.argv[1:]:
             print(f"{path}: {len(edits)} decorated function(s) made mutable")
 EOF
   )
+  K_ARGS=""
+  [ -z "$DESELECT" ] || K_ARGS=", \"-k\", \"$DESELECT\""
   cat >>"$1/pyproject.toml" <<EOF
 
 [tool.mutmut]
 source_paths = ["mmrl"]
 only_mutate = [$ONLY]
 pytest_add_cli_args_test_selection = [$TESTS]
-pytest_add_cli_args = ["-p", "no:cacheprovider", "-q"]
+pytest_add_cli_args = ["-p", "no:cacheprovider", "-q"$K_ARGS]
 process_isolation = "forkserver"
 use_git_change_detection = false
 # error messages and log lines: a changed message alters no result (the tests that match messages still run on the
