@@ -6,7 +6,8 @@ Copies the given test files (from this checkout) into the run's ``mutants/`` cop
 mutant (``MUTANT_UNDER_TEST`` selects the mutant inside mutmut's trampolines, read at every call), all in this one
 process; give the fast, targeted test files first (``-x`` stops at the first failure). Prints
 each mutant as ``killed`` or ``survived`` and the counts; ``--survivors-out FILE`` writes the names still alive.
-``--jobs N`` splits the survivors over N such processes. Works on a finished or a stopped run (mutants not checked
+``--jobs N`` splits the survivors over N such processes; a mutant whose tests run longer than ``--timeout``
+seconds (an endless loop) counts as killed, as in mutmut. Works on a finished or a stopped run (mutants not checked
 yet are left alone).
 """
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -40,7 +42,15 @@ def survivors(run_dir: Path) -> list[str]:
     return names
 
 
-def recheck(run_dir: Path, tests: list[str], names: list[str]) -> list[str] | None:
+class _Timeout(BaseException):  # not an Exception: the code under test cannot swallow it
+    pass
+
+
+def _on_alarm(signum, frame):
+    raise _Timeout()
+
+
+def recheck(run_dir: Path, tests: list[str], names: list[str], timeout_s: int = 900) -> list[str] | None:
     """Run ``tests`` once per mutant in ``names`` in this process; the names still alive, or None when the tests
     fail without any mutant."""
     mutants = run_dir / "mutants"
@@ -54,10 +64,17 @@ def recheck(run_dir: Path, tests: list[str], names: list[str]) -> list[str] | No
         print("the tests fail without any mutant in this run's copy (is it older than the tests?); nothing rechecked")
         return None
     alive = []
+    signal.signal(signal.SIGALRM, _on_alarm)
     for name in names:
         os.environ["MUTANT_UNDER_TEST"] = name
-        rc = int(pytest.main(["-x", "-p", "no:cacheprovider", "-p", "no:terminal", *tests]))
-        status = "killed" if rc == 1 else "survived" if rc == 0 else f"error (pytest exit {rc})"
+        signal.alarm(timeout_s)
+        try:
+            rc = int(pytest.main(["-x", "-p", "no:cacheprovider", "-p", "no:terminal", *tests]))
+        except _Timeout:
+            rc = -1
+        finally:
+            signal.alarm(0)
+        status = {1: "killed", 0: "survived", -1: "killed (timeout)"}.get(rc, f"error (pytest exit {rc})")
         if rc == 0:
             alive.append(name)
         print(f"{name}: {status}", flush=True)
@@ -72,7 +89,7 @@ def in_parallel(args: argparse.Namespace, names: list[str]) -> list[str] | None:
     for i in range(args.jobs):
         (tmp / f"names{i}").write_text("".join(f"{n}\n" for n in names[i :: args.jobs]))
         cmd = [sys.executable, __file__, str(args.run_dir), *args.tests, "--names-from", str(tmp / f"names{i}")]
-        cmd += ["--survivors-out", str(tmp / f"alive{i}")]
+        cmd += ["--survivors-out", str(tmp / f"alive{i}"), "--timeout", str(args.timeout)]
         workers.append(subprocess.Popen(cmd))
     if any(w.wait() != 0 for w in workers):
         return None
@@ -85,6 +102,7 @@ def main() -> int:
     ap.add_argument("tests", nargs="+")
     ap.add_argument("--survivors-out", type=Path)
     ap.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
+    ap.add_argument("--timeout", type=int, default=900, help="seconds per mutant before it counts as killed")
     ap.add_argument("--names-from", type=Path, help=argparse.SUPPRESS)  # a worker of --jobs: these mutants only
     args = ap.parse_args()
     run_dir = args.run_dir.resolve()
@@ -99,7 +117,7 @@ def main() -> int:
     if args.jobs > 1 and args.names_from is None and len(names) > 1:
         alive = in_parallel(args, names)
     else:
-        alive = recheck(run_dir, args.tests, names)
+        alive = recheck(run_dir, args.tests, names, args.timeout)
     if alive is None:
         return 1
     print(f"rechecked {len(names)}: killed {len(names) - len(alive)}, still alive {len(alive)}")

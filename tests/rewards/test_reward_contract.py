@@ -412,3 +412,25 @@ def test_factories_name_their_reward_and_errors_name_the_spec_and_function():
     with pytest.raises(ConfigError) as e:
         user.make_reward_fn(get_penalty, "my.py:get_penalty", "get_penalty", {"max_len": 3, "oops": 1})
     assert "reward.fn_kwargs for 'my.py:get_penalty': get_penalty takes no argument 'oops'" in str(e.value)
+
+
+def test_a_failure_in_any_weighted_function_invalidates_the_sample_not_only_in_the_last():
+    # "first" fails for sample 0 (a string), "second" scores both: sample 0 would get a partial reward 0.25 from
+    # "second" alone if the first function's failure were forgotten; a weight-0 function's failure does not count
+    def first(completions, **kw):
+        return ["x", 1.0]
+
+    def second(completions, **kw):
+        return [0.25, 0.5]
+
+    mgr = RewardManager(
+        [
+            RewardSpec("first", user.TrlReward(first, "first")),
+            RewardSpec("second", user.TrlReward(second, "second")),
+            RewardSpec("logged", user.TrlReward(first, "logged"), weight=0.0),
+        ],
+        error_threshold=1.0,
+    )
+    out = mgr(["q", "q"], ["a", "b"], {})
+    assert out.valid.tolist() == [False, True]
+    assert float(out.total[1]) == 1.5  # 1.0 + 0.5 + 0 * 1.0
