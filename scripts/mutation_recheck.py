@@ -50,6 +50,13 @@ def _on_alarm(signum, frame):
     raise _Timeout()
 
 
+def _pytest(tests: list[str]) -> int:
+    """One in-process pytest run of ``tests``, stopping at the first failure; its exit code."""
+    import pytest
+
+    return int(pytest.main(["-x", "-p", "no:cacheprovider", "-p", "no:terminal", *tests]))
+
+
 def recheck(run_dir: Path, tests: list[str], names: list[str], timeout_s: int = 900) -> list[str] | None:
     """Run ``tests`` once per mutant in ``names`` in this process; the names still alive, or None when the tests
     fail without any mutant."""
@@ -57,10 +64,8 @@ def recheck(run_dir: Path, tests: list[str], names: list[str], timeout_s: int = 
     # one process: the trampolines read MUTANT_UNDER_TEST at every call, so each pytest.main runs one mutant
     os.chdir(mutants)
     sys.path.insert(0, str(mutants))
-    import pytest
-
     os.environ["MUTANT_UNDER_TEST"] = ""  # baseline: the tests must pass on the unmutated code of the run's copy
-    if int(pytest.main(["-x", "-p", "no:cacheprovider", "-p", "no:terminal", *tests])) != 0:
+    if _pytest(tests) != 0:
         print("the tests fail without any mutant in this run's copy (is it older than the tests?); nothing rechecked")
         return None
     alive = []
@@ -69,7 +74,7 @@ def recheck(run_dir: Path, tests: list[str], names: list[str], timeout_s: int = 
         os.environ["MUTANT_UNDER_TEST"] = name
         signal.alarm(timeout_s)
         try:
-            rc = int(pytest.main(["-x", "-p", "no:cacheprovider", "-p", "no:terminal", *tests]))
+            rc = _pytest(tests)
         except _Timeout:
             rc = -1
         finally:
@@ -91,7 +96,7 @@ def in_parallel(args: argparse.Namespace, names: list[str]) -> list[str] | None:
         cmd = [sys.executable, __file__, str(args.run_dir), *args.tests, "--names-from", str(tmp / f"names{i}")]
         cmd += ["--survivors-out", str(tmp / f"alive{i}"), "--timeout", str(args.timeout)]
         workers.append(subprocess.Popen(cmd))
-    if any(w.wait() != 0 for w in workers):
+    if any([w.wait() != 0 for w in workers]):  # a list: every worker is waited for, not only up to a failed one
         return None
     return [n for i in range(args.jobs) for n in (tmp / f"alive{i}").read_text().split()]
 
