@@ -95,30 +95,25 @@ def local_rows(global_rows: Tensor, offset: int, size: int) -> Tensor:
 def gae_of_rank(parts: list[dict], rank: int, algo) -> tuple[Tensor, Tensor]:
     """GAE advantages and returns ``[B_rank, T_rank]`` of rank ``rank``'s rows, computed over the global batch.
 
-    ``parts``: every rank's ``{"rewards", "group_id", "valid", "mask", "values", "token_rewards", "kl_tok"}`` (the
-    last two may be None), in rank order. :func:`mmrl.algos.token_advantages` runs once over their concatenation, so
-    the advantages are whitened over all ranks' actions, as one process whitens its batch (whitening each rank's
-    shard alone trains something else). Ranks may have different ``T``: every ``[B, T]`` tensor is padded to the
-    longest with masked zeros, and the rank's slice is cut back to its own ``T``."""
+    ``parts``: every rank's ``{"rewards", "mask", "values", "token_rewards", "kl_tok"}`` (the last two may be None),
+    in rank order. :func:`mmrl.algos.critic_advantages` runs once over their concatenation, so the advantages are
+    whitened over all ranks' actions, as one process whitens its batch (whitening each rank's shard alone trains
+    something else). Ranks may have different ``T``: every ``[B, T]`` tensor is padded to the longest with masked
+    zeros, and the rank's slice is cut back to its own ``T``."""
     width = max(p["mask"].shape[1] for p in parts)
 
-    def cat(key: str) -> Tensor | None:
+    def cat_actions(key: str) -> Tensor | None:
         if any(p[key] is None for p in parts):
             return None
-        xs = [p[key] for p in parts]
-        if xs[0].dim() == 2:
-            xs = [torch.nn.functional.pad(x, (0, width - x.shape[1])) for x in xs]
-        return torch.cat(xs)
+        return torch.cat([torch.nn.functional.pad(p[key], (0, width - p[key].shape[1])) for p in parts])
 
-    adv, returns = algos.token_advantages(
-        cat("rewards"),
-        cat("group_id"),
-        cat("valid"),
-        cat("mask"),
+    adv, returns = algos.critic_advantages(
+        torch.cat([p["rewards"] for p in parts]),
+        cat_actions("mask"),
         algo,
-        kl_tok=cat("kl_tok"),
-        values=cat("values"),
-        token_rewards=cat("token_rewards"),
+        values=cat_actions("values"),
+        kl_tok=cat_actions("kl_tok"),
+        token_rewards=cat_actions("token_rewards"),
     )
     offset = sum(p["rewards"].shape[0] for p in parts[:rank])
     mine = parts[rank]
@@ -233,9 +228,6 @@ class Trainer:
         msg = start_of_run_warning(self.cfg, device_gb=device_memory_gb(self.accelerator.device), world_size=self.world)
         if msg:
             log.warning(msg)
-
-    def _gathered(self, metrics: dict | None = None):
-        return self.dp.gathered(metrics)
 
     def _no_sync(self, sync: bool):
         return self.dp.no_sync(sync)
@@ -434,8 +426,6 @@ class Trainer:
         """GAE advantages and returns of this rank's rows over the whole global batch (:func:`gae_of_rank`)."""
         local = {
             "rewards": ro.rewards.float().cpu(),
-            "group_id": ro.group_id.cpu(),
-            "valid": ro.valid.cpu(),
             "mask": mask.float().cpu(),
             "values": ro.values.float().cpu(),
             "token_rewards": None if ro.token_rewards is None else ro.token_rewards.float().cpu(),
@@ -623,7 +613,7 @@ class Trainer:
             items = items[:limit]
         t0 = time.perf_counter()
         with (
-            self._gathered(),
+            self.dp.gathered(),
             PhaseProgress(
                 f"{self.cfg.task.name} eval", len(items), unit="item", enabled=tr.progress and self.is_main
             ) as bar,

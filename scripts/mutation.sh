@@ -7,7 +7,9 @@
 #
 # Environment: PYTHON (default .venv/bin/python; mutmut must be installed in it: pip install -e ".[mutation]"),
 # MUTATION_DIR (scratch folder, default /tmp/mmrl-mutation-<target>; kept afterwards so `mutmut show NAME` works
-# there), MUTATION_CHILDREN (parallel workers, default 1; the CI machines have 2 shared cores).
+# there), MUTATION_CHILDREN (parallel workers, default 1; the CI machines have 2 shared cores), MUTATION_NAMES (only
+# these mutants, by name or glob, e.g. "mmrl.trainer.x_gae_of_rank__mutmut_*": re-test a previous run's survivors
+# after adding tests, in a fresh copy, without the hours of a whole target).
 #
 # Not part of the default test run: it takes from minutes (shared_prefix) to an hour or more (algos, trainer).
 set -euo pipefail
@@ -39,7 +41,7 @@ spec() {
             TESTS='"tests/algos/test_algos_edges.py", "tests/algos/test_algos_objective.py", "tests/algos/test_algos_advantages.py",
                    "tests/algos/test_tgrpo.py", "tests/wiring/test_knobs_reach_math.py", "tests/wiring/test_masking_end_to_end.py"' ;;
     trainer) ONLY='"mmrl/trainer.py", "mmrl/rollouts.py"'
-             TESTS='"tests/wiring/test_knobs_reach_math.py", "tests/wiring/test_masking_end_to_end.py", "tests/trainer/test_trainer.py",
+             TESTS='"tests/trainer/test_trainer_contract.py", "tests/wiring/test_knobs_reach_math.py", "tests/wiring/test_masking_end_to_end.py", "tests/trainer/test_trainer.py",
                     "tests/trainer/test_resume.py", "tests/trainer/test_global_batch.py"'
              # bad input and damaged checkpoints: a minute per mutant, so only on the survivors of the above
              RECHECK="tests/trainer/test_bad_run_input.py tests/trainer/test_damaged_checkpoints.py" ;;
@@ -125,7 +127,8 @@ for target in "${targets[@]}"; do
   prepare_copy "$work"
   cd "$work"
   PYTHONPATH="$work" "$PY" -c "import mmrl, mmrl.tasks; assert mmrl.tasks.__file__.startswith('$work'), mmrl.tasks.__file__"
-  nice -n 15 "$MUTMUT" run --max-children "$CHILDREN" >"$work/mutmut-run.log" 2>&1 || {
+  # shellcheck disable=SC2086
+  nice -n 15 "$MUTMUT" run --max-children "$CHILDREN" ${MUTATION_NAMES:-} >"$work/mutmut-run.log" 2>&1 || {
     echo "mutmut run failed; the end of $work/mutmut-run.log:"; tail -30 "$work/mutmut-run.log"; exit 1; }
   echo "--- $target: $(summary)"
   survivors=$("$MUTMUT" results 2>/dev/null | awk -F': ' '$2 ~ /survived|no tests|timeout|suspicious/ {print $1}' | sed 's/^ *//')

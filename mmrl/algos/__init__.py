@@ -10,6 +10,7 @@ from .aggregation import AGGREGATION_MODES, aggregate, token_weights
 from .estimators import (
     CRITIC_ESTIMATOR,
     advantage_choices,
+    critic_advantages,
     fold_kl_into_rewards,
     outcome_advantages,
     token_advantages,
@@ -47,6 +48,7 @@ __all__ = [
     "masked_whiten",
     # advantages
     "CRITIC_ESTIMATOR",
+    "critic_advantages",
     "advantage_choices",
     "outcome_advantages",
     "fold_kl_into_rewards",

@@ -27,6 +27,7 @@ __all__ = [
     "CRITIC_ESTIMATOR",
     "GROUP_RELATIVE",
     "advantage_choices",
+    "critic_advantages",
     "fold_kl_into_rewards",
     "group_relative",
     "is_group_relative",
@@ -154,6 +155,23 @@ def token_advantages(
     if cfg.advantage != CRITIC_ESTIMATOR:
         adv = outcome_advantages(fold_kl_into_rewards(rewards, mask, cfg, kl_tok), group_ids, valid, cfg, bonus=bonus)
         return broadcast_to_tokens(adv, mask), None
+    return critic_advantages(rewards, mask, cfg, values=values, kl_tok=kl_tok, token_rewards=token_rewards)
+
+
+def critic_advantages(
+    rewards: Tensor,
+    mask: Tensor,
+    cfg: Any,
+    *,
+    values: Tensor,
+    kl_tok: Tensor | None = None,
+    token_rewards: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
+    """GAE advantages ``[B, T]`` (whitened over the batch's actions) and the critic's returns.
+
+    The outcome reward ``rewards`` [B] lands on each sample's last action of ``mask`` (which already excludes invalid
+    samples), plus ``token_rewards`` and, with ``cfg.kl_in_reward``, ``-kl_coef * kl_tok`` per action. Groups play no
+    part: this is :func:`token_advantages` for ``cfg.advantage == "gae"``."""
     rewards = rewards.float()
     fold_kl = cfg.kl_in_reward and kl_tok is not None
     T = mask.shape[1]

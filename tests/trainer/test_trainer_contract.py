@@ -1,0 +1,488 @@
+"""The trainer's plumbing, one piece at a time and in-process: what each method passes on, records and writes.
+
+The end-to-end tests (test_trainer.py, test_resume.py, test_bad_run_input.py) show that a run trains, resumes and
+stops cleanly; these pin the pieces those runs cannot tell apart: the exact trainer state saved in a checkpoint, the
+phase times of the end summary, the arguments evaluation and the warm start receive, what a stop records
+(``stop_reason``, ``error.log``, the checkpoint), the no-grad pass over micro-batches, the samples log and the
+global-batch GAE of one rank. Mutation testing (``scripts/mutation.sh trainer``) found each of them unpinned."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+
+import pytest
+import torch
+
+import mmrl.trainer as trainer_module
+from mmrl import algos
+from mmrl.checkpoint import latest_checkpoint
+from mmrl.errors import RunStopped
+from mmrl.policies.base import Rollout
+from mmrl.rollouts import RolloutCollector, append_samples_log
+from tests.helpers import toy_trainer
+
+
+class Bar:
+    """Stands in for :class:`mmrl.progress.PhaseProgress`; remembers how it was made and updated."""
+
+    made: list[Bar] = []
+
+    def __init__(self, desc, total, **kw) -> None:
+        self.desc, self.total, self.kw, self.updates = desc, total, kw, []
+        Bar.made.append(self)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+    def update(self, n, **post) -> None:
+        self.updates.append((n, post))
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.fixture
+def bars(monkeypatch):
+    Bar.made = []
+    monkeypatch.setattr(trainer_module, "PhaseProgress", Bar)
+    return Bar.made
+
+
+class Tracker:
+    def __init__(self, wandb_id=None) -> None:
+        self.wandb_id, self.rows = wandb_id, []
+
+    def log(self, row, step) -> None:
+        self.rows.append((step, dict(row)))
+
+
+def _timed(fn):
+    t0 = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - t0
+
+
+# ---------------------------------------------------------------------------------------------- checkpoint state
+def test_trainer_state_is_the_data_position_the_wandb_id_and_the_stop_reason(tmp_path):
+    tr = toy_trainer(tmp_path)
+    tr.rollouts.skipped_total, tr.rollouts.seen_total = 3, 11
+    tr.stop_reason = "reward/error_rate above its threshold"
+    assert tr.trainer_state() == {
+        "sampler": tr.rollouts.sampler.state_dict(),
+        "skipped_total": 3,
+        "seen_total": 11,
+        "wandb_id": None,  # no tracker yet
+        "stop_reason": "reward/error_rate above its threshold",
+    }
+    tr.tracker = Tracker(wandb_id="run-4xk2")
+    assert tr.trainer_state()["wandb_id"] == "run-4xk2"
+
+
+def test_the_data_position_round_trips_and_older_states_count_from_zero(tmp_path):
+    tr = toy_trainer(tmp_path)
+    col = tr.rollouts
+    col.sampler.next_batch()
+    col.skipped_total, col.seen_total = 2, 9
+    state = json.loads(json.dumps(col.state_dict()))  # as state.json stores it
+    fresh = RolloutCollector(tr.task, tr.policy, tr.rewards, tr.cfg, tr.dp)
+    fresh.load_state_dict(state)
+    assert (fresh.skipped_total, fresh.seen_total) == (2, 9)
+    assert fresh.sampler.next_batch() == col.sampler.next_batch()
+    older = RolloutCollector(tr.task, tr.policy, tr.rewards, tr.cfg, tr.dp)
+    older.skipped_total, older.seen_total = 5, 5
+    older.load_state_dict({"sampler": state["sampler"]})  # a checkpoint from before the counts were saved
+    assert (older.skipped_total, older.seen_total) == (0, 0)
+
+
+def test_save_checkpoint_needs_a_run_dir_and_records_its_step_and_time(tmp_path):
+    tr = toy_trainer(tmp_path)
+    with pytest.raises(RuntimeError, match="setup_run_dir"):
+        tr.save_checkpoint()
+    tr.setup_run_dir()
+    tr.step = 3
+    path, elapsed = _timed(tr.save_checkpoint)
+    assert path == latest_checkpoint(tr.run_dir) and path.name.endswith("3")
+    assert tr._saved_step == 3
+    assert 0 < tr.report.phase_s["checkpoints"] <= elapsed
+    assert (path / "training_state" / "optimizer.pt").is_file()  # ddp: one optimizer file
+    assert not (path / "training_state" / "sharded").exists()
+
+
+def test_fsdp2_in_one_process_saves_the_sharded_format(tmp_path):
+    tr = toy_trainer(tmp_path, "trainer.strategy=fsdp2")
+    tr.setup_run_dir()
+    ts = tr.save_checkpoint() / "training_state"
+    assert (ts / "sharded").is_dir() and not (ts / "optimizer.pt").exists()
+
+
+# ---------------------------------------------------------------------------------------------- evaluation
+def test_evaluate_passes_the_eval_settings_and_times_the_phase(tmp_path, monkeypatch, bars):
+    tr = toy_trainer(
+        tmp_path,
+        "trainer.eval_size=3",
+        "trainer.eval_samples=2",
+        "trainer.eval_greedy=false",
+        "trainer.seed=7",
+        "trainer.batch_size=4",
+        "trainer.progress=true",
+    )
+    calls = []
+
+    def fake_evaluate(task, policy, rewards, items, **kw):
+        calls.append((task, policy, rewards, items, kw))
+        return {"eval/score": 0.25}
+
+    monkeypatch.setattr(trainer_module, "evaluate_policy", fake_evaluate)
+    out, elapsed = _timed(tr.evaluate)
+    assert out == tr.last_eval == {"eval/score": 0.25}
+    task, policy, rewards, items, kw = calls[0]
+    assert (task, policy, rewards) == (tr.task, tr.policy, tr.rewards)
+    assert items == list(tr.task.eval_items())[:3]
+    assert kw == {"seed": 7, "batch_size": 4, "samples": 2, "greedy": False, "progress": bars[0]}
+    assert (bars[0].desc, bars[0].total, bars[0].kw) == ("toy_arithmetic eval", 3, {"unit": "item", "enabled": True})
+    assert 0 < tr.report.phase_s["evaluation"] <= elapsed
+
+    own = [{"id": f"mine-{i}"} for i in range(5)]
+    tr.evaluate(own, limit=2)  # given items and limit win over the task's eval set and trainer.eval_size
+    assert calls[1][3] == own[:2]
+    tr.evaluate(own)
+    assert calls[2][3] == own[:3]
+
+
+def test_evaluate_shows_no_progress_bar_when_progress_is_off(tmp_path, monkeypatch, bars):
+    tr = toy_trainer(tmp_path, "trainer.eval_size=2")  # the helper sets trainer.progress=false
+    monkeypatch.setattr(trainer_module, "evaluate_policy", lambda *a, **kw: {})
+    tr.evaluate()
+    assert bars[0].kw["enabled"] is False
+
+
+# ---------------------------------------------------------------------------------------------- warm start
+def _fake_sft(monkeypatch, seen: dict):
+    def run_sft(policy, task, cfg, steps, *, metrics_path=None, on_step=None):
+        seen.update(steps=steps, metrics_path=metrics_path)
+        for loss in (2.0, 1.5):
+            on_step({"sft/loss": loss})
+        return {"sft/loss": 1.5}
+
+    monkeypatch.setattr("mmrl.sft.run_sft", run_sft)
+
+
+def test_warm_start_evaluates_before_and_after_and_logs_one_row_at_step_zero(tmp_path, monkeypatch, bars):
+    tr = toy_trainer(tmp_path, "trainer.sft_steps=2", "trainer.eval_at_end=true", "trainer.progress=true")
+    tr.setup_run_dir()
+    tr.tracker = Tracker()
+    scores = iter([{"eval/score": 0.1}, {"eval/score": 0.4}])
+    monkeypatch.setattr(tr, "evaluate", lambda: next(scores))
+    seen: dict = {}
+    _fake_sft(monkeypatch, seen)
+    _, elapsed = _timed(tr._warm_start)
+    assert seen == {"steps": 2, "metrics_path": tr.run_dir / "sft_metrics.jsonl"}
+    assert tr.report.eval_scores == [("start", 0.1), ("after warm start", 0.4)]
+    assert 0 < tr.report.phase_s["warm start"] <= elapsed
+    [(step, row)] = tr.tracker.rows
+    assert step == 0 and 0 < row.pop("time/sft") <= elapsed
+    assert row == {"sft/loss": 1.5, "eval/score": 0.4, "sft/eval_score_before": 0.1}
+    [bar] = bars
+    assert (bar.desc, bar.total, bar.kw) == ("toy_arithmetic warm start (SFT)", 2, {"enabled": True})
+    assert bar.updates == [(1, {"loss": 2.0}), (1, {"loss": 1.5})]
+
+
+def test_warm_start_without_evaluation_or_run_dir(tmp_path, monkeypatch, bars):
+    tr = toy_trainer(tmp_path, "trainer.sft_steps=3")  # eval_every=0, eval_at_end=false; not set up: no run dir
+    tr.tracker = Tracker()
+    monkeypatch.setattr(tr, "evaluate", lambda: pytest.fail("evaluated with evaluation off"))
+    seen: dict = {}
+    _fake_sft(monkeypatch, seen)
+    tr._warm_start()
+    assert seen == {"steps": 3, "metrics_path": None}  # nowhere to write the SFT metrics
+    assert tr.report.eval_scores == []
+    [(step, row)] = tr.tracker.rows
+    assert set(row) == {"sft/loss", "time/sft"}
+    assert bars[0].kw == {"enabled": False}
+
+
+# ---------------------------------------------------------------------------------------------- stopping
+def _raised(error: BaseException) -> BaseException:
+    try:
+        raise error
+    except BaseException as e:  # noqa: BLE001 - a raised error carries its traceback
+        return e
+
+
+def test_an_unexpected_error_is_named_logged_in_full_and_saved_after(tmp_path):
+    tr = toy_trainer(tmp_path)
+    tr.setup_run_dir()
+    tr.step = 2
+    # the message's last characters: rstrip(": ") drops only the separator of an empty message
+    tr._save_after_stop(_raised(ValueError("bad value: X:\nsecond line")))
+    assert tr.stop_reason == "ValueError: bad value: X"
+    assert tr.stop_error_log == tr.run_dir / "error.log"
+    text = tr.stop_error_log.read_text()
+    assert text.startswith("Traceback (most recent call last):") and "ValueError: bad value: X:\nsecond line" in text
+    assert tr.stop_checkpoint == latest_checkpoint(tr.run_dir) and tr.stop_checkpoint.name.endswith("2")
+    assert tr._saved_step == 2
+
+
+def test_an_expected_stop_is_its_first_line_without_a_traceback(tmp_path):
+    tr = toy_trainer(tmp_path)
+    tr.setup_run_dir()
+    tr.step = 1
+    tr._save_after_stop(_raised(RunStopped("12 of 16 items skipped\nsee data/skipped")))
+    assert tr.stop_reason == "12 of 16 items skipped"
+    assert tr.stop_error_log is None and not (tr.run_dir / "error.log").exists()
+    assert tr.stop_checkpoint.name.endswith("1")
+
+
+def test_an_error_without_message_is_its_type(tmp_path):
+    tr = toy_trainer(tmp_path)  # not set up: no run dir, step 0
+    tr._save_after_stop(_raised(KeyError()))
+    assert tr.stop_reason == "KeyError"
+    assert tr.stop_error_log is None and tr.stop_checkpoint is None  # nothing trained, nowhere to write
+
+
+def test_a_stop_at_step_zero_writes_no_checkpoint(tmp_path):
+    tr = toy_trainer(tmp_path)
+    tr.setup_run_dir()
+    tr._save_after_stop(_raised(RuntimeError("boom")))
+    assert latest_checkpoint(tr.run_dir) is None and tr.stop_checkpoint is None
+    assert (tr.run_dir / "error.log").is_file()
+
+
+def test_a_stop_right_after_a_save_points_at_that_checkpoint(tmp_path, monkeypatch):
+    tr = toy_trainer(tmp_path)
+    tr.setup_run_dir()
+    tr.step = 2
+    saved = tr.save_checkpoint()
+    monkeypatch.setattr(tr, "save_checkpoint", lambda: pytest.fail("saved the same step twice"))
+    tr._save_after_stop(_raised(RuntimeError("boom")))
+    assert tr.stop_checkpoint == saved
+
+
+def test_an_unwritable_error_log_and_a_failing_save_do_not_hide_the_error(tmp_path, monkeypatch, caplog):
+    tr = toy_trainer(tmp_path)
+    tr.setup_run_dir()
+    (tr.run_dir / "error.log").mkdir()  # writing the traceback fails with an OSError
+    tr.step = 2
+
+    def broken_save():
+        raise ValueError("the policy cannot be serialised")
+
+    monkeypatch.setattr(tr, "save_checkpoint", broken_save)
+    with caplog.at_level(logging.ERROR, logger="mmrl.trainer"):
+        tr._save_after_stop(_raised(RuntimeError("boom")))
+    assert tr.stop_error_log is None
+    assert tr.stop_reason == "RuntimeError: boom"
+    assert "could not save a checkpoint after the stop: the policy cannot be serialised" in caplog.text
+
+
+def test_a_stop_whose_run_dir_is_full_rescues_the_checkpoint_and_says_which(tmp_path, monkeypatch, caplog):
+    tr = toy_trainer(tmp_path)
+    tr.setup_run_dir()
+    tr.step = 2
+    rescued = []
+
+    def disk_full():
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(tr, "save_checkpoint", disk_full)
+    monkeypatch.setattr(trainer_module, "save_to_rescue", lambda *a, **kw: rescued.append(a) or tmp_path / "rescued")
+    with caplog.at_level(logging.ERROR, logger="mmrl.trainer"):
+        tr._save_after_stop(_raised(RuntimeError("boom")))
+    assert tr.stop_checkpoint == tmp_path / "rescued" and tr.rescued
+    assert rescued[0][0] == tr.run_dir.name and rescued[0][2] == 2
+    assert "the checkpoint after the stop at step 2 could not be written" in caplog.text
+
+
+# ---------------------------------------------------------------------------------------------- banner
+def test_banner_names_device_processes_run_folder_and_resume_point(tmp_path):
+    tr = toy_trainer(tmp_path)
+    tr.setup_run_dir()
+    text = tr.banner()
+    assert "  device: cpu, 1 process\n" in text and "planned memory" not in text  # no memory plan on a CPU
+    assert text.endswith(f"  run folder: {tr.run_dir}")
+    tr.resumed, tr.step = True, 5
+    assert tr.banner().endswith(f"  run folder: {tr.run_dir} (resumed from step 5)")
+
+
+def test_banner_on_an_accelerator_shows_the_planned_memory(tmp_path, monkeypatch):
+    import mmrl.planning.report as planning
+
+    tr = toy_trainer(tmp_path)
+    asked = []
+    monkeypatch.setattr(tr.accelerator.state, "device", torch.device("meta"), raising=False)
+    monkeypatch.setattr(type(tr.accelerator), "device", property(lambda self: torch.device("meta")))
+    monkeypatch.setattr(planning, "device_memory_gb", lambda device: asked.append(device) or 80.0)
+    monkeypatch.setattr(
+        planning, "run_memory_gb", lambda cfg, *, device_gb, world_size: asked.append((device_gb, world_size)) or 12.34
+    )
+    text = tr.banner()
+    assert "  device: meta, 1 process, planned memory 12.3 GiB per device\n" in text
+    assert asked == [torch.device("meta"), (80.0, 1)]
+
+
+# ---------------------------------------------------------------------------------------------- no-grad pass
+def _spy_log_probs(monkeypatch, tr) -> list:
+    calls, real = [], tr.policy.log_probs
+
+    def spy(ro, **kw):
+        calls.append((ro.batch_size, ro.samples, kw))
+        return real(ro, **kw)
+
+    monkeypatch.setattr(tr.policy, "log_probs", spy)
+    return calls
+
+
+def _small_rollout(tr, n: int) -> Rollout:
+    tr.setup_run_dir()
+    ro, _ = tr.collect()
+    return ro.index(torch.arange(n))
+
+
+@pytest.mark.parametrize("grad_accum", [1, 2, 4])
+def test_no_grad_pass_equals_one_forward_over_any_micro_batching(tmp_path, monkeypatch, grad_accum):
+    tr = toy_trainer(tmp_path, f"trainer.grad_accum={grad_accum}", "algo=ppo")
+    ro = _small_rollout(tr, 2)  # grad_accum=4 leaves two micro-batches empty
+    with torch.no_grad():
+        whole = tr.policy.log_probs(ro, values=True)
+    calls = _spy_log_probs(monkeypatch, tr)
+    logp, values = tr._no_grad_pass(ro, values=True)
+    assert [c[0] for c in calls] == ([1, 1] if grad_accum > 1 else [2])  # no forward for an empty micro-batch
+    T, m = ro.mask.shape[1], ro.mask  # compared on the actions: padding is whatever each forward leaves there
+    torch.testing.assert_close(logp * m, torch.nn.functional.pad(whole.logp, (0, T - whole.logp.shape[1])) * m)
+    torch.testing.assert_close(values * m, torch.nn.functional.pad(whole.values, (0, T - whole.values.shape[1])) * m)
+    assert tr._no_grad_pass(ro, values=False)[1] is None
+
+
+def test_no_grad_pass_of_a_sharded_rank_runs_a_dummy_forward_per_empty_micro_batch(tmp_path, monkeypatch):
+    tr = toy_trainer(tmp_path, "trainer.grad_accum=4")
+    ro = _small_rollout(tr, 2)
+    tr.sharded = True  # fsdp2: every forward is collective, so each empty micro-batch still runs one
+    calls = _spy_log_probs(monkeypatch, tr)
+    logp, _ = tr._no_grad_pass(ro, values=False)
+    first = [ro.samples[0]]
+    assert calls == [
+        (1, first, {"values": False}),
+        (1, [ro.samples[1]], {"values": False}),
+        (1, first, {"values": False}),  # the dummies: row 0 again, dropped
+        (1, first, {"values": False}),
+    ]
+    assert logp.shape == ro.mask.shape
+
+
+def test_no_grad_pass_with_the_reference_model(tmp_path):
+    tr = toy_trainer(tmp_path, "algo.kl_coef=0.1")
+    ro = _small_rollout(tr, 2)
+    with torch.no_grad():
+        for p in tr.policy.trainable_parameters():
+            p.add_(0.05)
+    ref, _ = tr._no_grad_pass(ro, values=False, reference=True)
+    cur, _ = tr._no_grad_pass(ro, values=False)
+    with torch.no_grad(), tr.policy.reference():
+        expected = tr.policy.log_probs(ro).logp
+    torch.testing.assert_close(ref[:, : expected.shape[1]], expected)
+    assert not torch.allclose(ref, cur)
+
+
+# ---------------------------------------------------------------------------------------------- global GAE
+def test_global_gae_gathers_what_gae_needs_and_keeps_this_ranks_rows(tmp_path, monkeypatch):
+    tr = toy_trainer(tmp_path, "algo=ppo", "algo.gamma=0.9", "algo.lam=0.8")
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
+    ro = Rollout(
+        rollout_logp=torch.zeros(2, 3),
+        mask=mask,
+        group_id=torch.tensor([0, 0]),
+        samples=["a", "b"],
+        payload=None,
+        rewards=torch.tensor([1.0, 0.0], dtype=torch.float64),
+        values=torch.tensor([[0.1, 0.2, 0.0], [0.3, -0.1, 0.2]]),
+        token_rewards=torch.tensor([[0.0, 0.1, 0.0], [0.0, 0.0, 0.3]], dtype=torch.float64),
+    )
+    other = {  # rank 1's rows: shorter actions, per-action rewards
+        "rewards": torch.tensor([0.5]),
+        "mask": torch.tensor([[1.0, 1.0]]),
+        "values": torch.tensor([[0.0, 0.4]]),
+        "token_rewards": torch.tensor([[0.2, 0.0]]),
+        "kl_tok": None,
+    }
+    sent = []
+
+    def all_gather_object(parts, local):
+        sent.append(local)
+        parts[:] = [local, other] if tr.rank == 0 else [other, local]
+
+    monkeypatch.setattr(torch.distributed, "all_gather_object", all_gather_object)
+    tr.world = 2
+    adv, returns = tr._global_gae(ro, mask, None)
+    assert sent[0]["rewards"].dtype == sent[0]["token_rewards"].dtype == torch.float32
+    assert set(sent[0]) == {"rewards", "mask", "values", "token_rewards", "kl_tok"}
+    # one process over the padded concatenation: the rank's rows are the first two
+    whole_adv, whole_ret = algos.critic_advantages(
+        torch.tensor([1.0, 0.0, 0.5]),
+        torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0], [1.0, 1.0, 0.0]]),
+        tr.cfg.algo,
+        values=torch.tensor([[0.1, 0.2, 0.0], [0.3, -0.1, 0.2], [0.0, 0.4, 0.0]]),
+        token_rewards=torch.tensor([[0.0, 0.1, 0.0], [0.0, 0.0, 0.3], [0.2, 0.0, 0.0]]),
+    )
+    torch.testing.assert_close(adv, whole_adv[:2])
+    torch.testing.assert_close(returns, whole_ret[:2])
+    # the return of row 0's last action is its reward plus its per-action reward: 1.0 + 0.1 (nothing follows it)
+    assert returns[0, 1].item() == pytest.approx(1.1)
+    tr.rank = 1  # rank 1 holds the other rows, which come first in the global batch
+    adv1, _ = tr._global_gae(ro, mask, None)
+    order = torch.tensor([2, 0, 1])
+    rank1_first, _ = algos.critic_advantages(
+        torch.tensor([1.0, 0.0, 0.5])[order],
+        torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])[order],
+        tr.cfg.algo,
+        values=torch.tensor([[0.1, 0.2, 0.0], [0.3, -0.1, 0.2], [0.0, 0.4, 0.0]])[order],
+        token_rewards=torch.tensor([[0.0, 0.1, 0.0], [0.0, 0.0, 0.3], [0.2, 0.0, 0.0]])[order],
+    )
+    torch.testing.assert_close(adv1, rank1_first[1:])
+
+
+# ---------------------------------------------------------------------------------------------- samples log
+def test_samples_log_rows_by_hand(tmp_path):
+    ro = Rollout(
+        rollout_logp=torch.zeros(3, 2),
+        mask=torch.ones(3, 2),
+        group_id=torch.tensor([4, 4, 7]),
+        samples=[{"text": "x=3"}, "x=5", {"image": 1}],
+        payload=None,
+        rewards=torch.tensor([1.0, 0.5, -1.0]),
+    )
+    items = [{"id": "q1"}, {"id": tmp_path / "q2"}, {}]
+    per_fn = {"correct": torch.tensor([1.0, math.nan, 0.0]), "fmt": torch.tensor([math.inf, 0.25, 1.0])}
+    path = tmp_path / "samples.jsonl"
+    append_samples_log(path, 5, items, ro, per_fn, limit=2)
+    append_samples_log(path, 6, items, ro, per_fn, limit=5)  # appends; a limit above the batch logs it all
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    first = {"step": 5, "group": 4, "id": "q1", "text": "x=3", "reward": 1.0, "reward/correct": 1.0, "reward/fmt": None}
+    second = {"step": 5, "group": 4, "id": str(tmp_path / "q2"), "text": "x=5", "reward": 0.5}
+    second.update({"reward/correct": None, "reward/fmt": 0.25})  # NaN and inf are not JSON numbers
+    third = {"step": 6, "group": 7, "id": None, "text": None, "reward": -1.0, "reward/correct": 0.0, "reward/fmt": 1.0}
+    assert rows == [first, second, {**first, "step": 6}, {**second, "step": 6}, third]
+
+
+def test_samples_log_of_per_action_rewards_has_no_scalar_reward(tmp_path):
+    ro = Rollout(
+        rollout_logp=torch.zeros(1, 2),
+        mask=torch.ones(1, 2),
+        group_id=torch.tensor([0]),
+        samples=["a"],
+        payload=None,
+        rewards=torch.tensor([[0.5, 1.0]]),
+    )
+    append_samples_log(tmp_path / "s.jsonl", 1, [{"id": 1}], ro, {}, limit=1)
+    assert json.loads((tmp_path / "s.jsonl").read_text()) == {
+        "step": 1,
+        "group": 0,
+        "id": 1,
+        "text": "a",
+        "reward": None,
+    }
