@@ -167,7 +167,8 @@ class TrainerConfig:
     warmup_steps: int = 0
     """Linear warm-up steps of the learning rate."""
     lr_schedule: str = "constant"
-    """After warm-up: constant, linear (to 0 at max_steps) or cosine."""
+    """After warm-up: constant, linear (to 0 at max_steps) or cosine. Warm-up and schedule count RL steps, steps that
+    updated nothing (an empty batch, non-finite gradients) included."""
     max_grad_norm: float | None = 1.0
     """Gradient-norm clipping; None disables."""
     seed: int = 0

@@ -20,6 +20,7 @@ import math
 import signal
 import sys
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -445,7 +446,7 @@ class Trainer:
         ro, metrics = self.collect()
         if ro is None:
             metrics["data/empty_steps"] = 1.0
-            self.scheduler.step()
+            self._advance_schedule()
             return metrics
         keep = torch.nonzero(ro.valid).flatten()
         if 0 < keep.numel() < ro.batch_size:
@@ -488,12 +489,22 @@ class Trainer:
         self.updates_done += 1
         metrics.update(stats)
         metrics["time/update"] = time.perf_counter() - t0
-        self.scheduler.step()
+        self._advance_schedule()
         metrics["optim/lr"] = self.scheduler.get_last_lr()[0]
         metrics["time/step"] = time.perf_counter() - t_step
         if self._abort_after_step:  # the step is complete (optimizer and scheduler stepped): a checkpoint counts it
             raise TrainingAborted(self._abort_after_step, step_completed=True)
         return metrics
+
+    def _advance_schedule(self) -> None:
+        """One RL step of the learning-rate schedule, also after a step that updated nothing (an empty batch, non-finite
+        gradients): the schedule runs over ``trainer.max_steps`` RL steps, so step N has the same lr whatever was
+        skipped before it, and a resumed run continues it exactly. PyTorch warns when this first happens before any
+        optimizer step ("skipping the first value of the schedule"); here that is the intent, so that warning is
+        silenced."""
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)` before")
+            self.scheduler.step()
 
     def _update(
         self,

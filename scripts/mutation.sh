@@ -9,7 +9,8 @@
 # MUTATION_DIR (scratch folder, default /tmp/mmrl-mutation-<target>; kept afterwards so `mutmut show NAME` works
 # there), MUTATION_CHILDREN (parallel workers, default 1; the CI machines have 2 shared cores), MUTATION_NAMES (only
 # these mutants, by name or glob, e.g. "mmrl.trainer.x_gae_of_rank__mutmut_*": re-test a previous run's survivors
-# after adding tests, in a fresh copy, without the hours of a whole target).
+# after adding tests, in a fresh copy, without the hours of a whole target), MUTATION_RESUME=1 (continue a stopped run
+# in MUTATION_DIR where it stopped, on the copy it made: `trainer` takes hours, more than one sitting).
 #
 # Not part of the default test run: it takes from minutes (shared_prefix) to an hour or more (algos, trainer).
 set -euo pipefail
@@ -124,7 +125,11 @@ for target in "${targets[@]}"; do
   spec "$target"
   work="${MUTATION_DIR:-/tmp/mmrl-mutation-$target}"
   echo "=== mutation testing: $target (scratch copy $work)"
-  prepare_copy "$work"
+  if [ "${MUTATION_RESUME:-0}" = 1 ] && [ -d "$work/mutants" ]; then
+    echo "continuing the run in $work (its copy of the code and tests, made when it started)"
+  else
+    prepare_copy "$work"
+  fi
   cd "$work"
   PYTHONPATH="$work" "$PY" -c "import mmrl, mmrl.tasks; assert mmrl.tasks.__file__.startswith('$work'), mmrl.tasks.__file__"
   # shellcheck disable=SC2086

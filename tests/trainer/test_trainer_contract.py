@@ -486,3 +486,26 @@ def test_samples_log_of_per_action_rewards_has_no_scalar_reward(tmp_path):
         "text": "a",
         "reward": None,
     }
+
+
+# ---------------------------------------------------------------------------------------------- lr schedule
+def test_a_step_that_updates_nothing_still_advances_the_schedule_without_a_warning(tmp_path, recwarn):
+    # warm-up over 4 steps: step k trains at lr * (k + 1) / 4 by the schedule (mmrl.trainer._lr_lambda), whatever
+    # happened before it; the first step's gradients are NaN, so it updates nothing
+    tr = toy_trainer(tmp_path, "trainer.lr=0.01", "trainer.warmup_steps=4", steps=6)
+    tr.setup_run_dir()
+    real = tr.policy.log_probs
+
+    def nan_logp(ro, **kw):
+        out = real(ro, **kw)
+        out.logp = out.logp * float("nan")
+        return out
+
+    tr.policy.log_probs = nan_logp
+    assert tr.optimizer.param_groups[0]["lr"] == pytest.approx(0.01 * 1 / 4)
+    first = tr.train_step()
+    assert first["train/nonfinite_skipped"] == 1.0 and first["optim/lr"] == pytest.approx(0.01 * 2 / 4)
+    tr.policy.log_probs = real
+    second = tr.train_step()
+    assert second["train/nonfinite_skipped"] == 0.0 and second["optim/lr"] == pytest.approx(0.01 * 3 / 4)
+    assert not [w for w in recwarn if "lr_scheduler.step()" in str(w.message)]
