@@ -817,7 +817,7 @@ class Trainer:
                 self._save_or_rescue(f"the checkpoint after the stop at step {self.step}")
             except Exception as save_error:  # noqa: BLE001 - the original error is the one to report
                 log.error("could not save a checkpoint after the stop: %s", save_error)
-        elif self._saved_step == self.step and self.run_dir is not None:
+        elif self._saved_step == self.step:  # only a save or a resume sets it, both in a run folder
             from mmrl.checkpoint import latest_checkpoint
 
             self.stop_checkpoint = latest_checkpoint(self.run_dir)

@@ -224,7 +224,10 @@ def test_an_unexpected_error_is_named_logged_in_full_and_saved_after(tmp_path):
     assert tr.stop_reason == "ValueError: bad value: X"
     assert tr.stop_error_log == tr.run_dir / "error.log"
     text = tr.stop_error_log.read_text()
-    assert text.startswith("Traceback (most recent call last):") and "ValueError: bad value: X:\nsecond line" in text
+    assert (
+        text.startswith('Traceback (most recent call last):\n  File "')
+        and "ValueError: bad value: X:\nsecond line" in text
+    )
     assert tr.stop_checkpoint == latest_checkpoint(tr.run_dir) and tr.stop_checkpoint.name.endswith("2")
     assert tr._saved_step == 2
 
@@ -300,9 +303,12 @@ def test_a_stop_whose_run_dir_is_full_rescues_the_checkpoint_and_says_which(tmp_
 
 
 # ---------------------------------------------------------------------------------------------- banner
-def test_banner_names_device_processes_run_folder_and_resume_point(tmp_path):
+def test_banner_names_device_processes_run_folder_and_resume_point(tmp_path, monkeypatch):
+    import mmrl.planning.report as planning
+
     tr = toy_trainer(tmp_path)
     tr.setup_run_dir()
+    monkeypatch.setattr(planning, "device_memory_gb", lambda device: pytest.fail("a memory plan on the CPU"))
     text = tr.banner()
     assert "  device: cpu, 1 process\n" in text and "planned memory" not in text  # no memory plan on a CPU
     assert text.endswith(f"  run folder: {tr.run_dir}")
@@ -319,11 +325,13 @@ def test_banner_on_an_accelerator_shows_the_planned_memory(tmp_path, monkeypatch
     monkeypatch.setattr(type(tr.accelerator), "device", property(lambda self: torch.device("meta")))
     monkeypatch.setattr(planning, "device_memory_gb", lambda device: asked.append(device) or 80.0)
     monkeypatch.setattr(
-        planning, "run_memory_gb", lambda cfg, *, device_gb, world_size: asked.append((device_gb, world_size)) or 12.34
+        planning,
+        "run_memory_gb",
+        lambda cfg, *, device_gb, world_size: asked.append((cfg, device_gb, world_size)) or 12.34,
     )
     text = tr.banner()
     assert "  device: meta, 1 process, planned memory 12.3 GiB per device\n" in text
-    assert asked == [torch.device("meta"), (80.0, 1)]
+    assert asked == [torch.device("meta"), (tr.cfg, 80.0, 1)]
 
 
 # ---------------------------------------------------------------------------------------------- no-grad pass
@@ -444,6 +452,12 @@ def test_global_gae_gathers_what_gae_needs_and_keeps_this_ranks_rows(tmp_path, m
         token_rewards=torch.tensor([[0.0, 0.1, 0.0], [0.0, 0.0, 0.3], [0.2, 0.0, 0.0]])[order],
     )
     torch.testing.assert_close(adv1, rank1_first[1:])
+    # without per-action rewards, with a per-action KL: each is sent as it is
+    ro.token_rewards, other["token_rewards"] = None, None
+    other["kl_tok"] = torch.zeros(1, 2)
+    tr._global_gae(ro, mask, torch.full((2, 3), 0.5, dtype=torch.float64))
+    assert sent[-1]["token_rewards"] is None
+    assert sent[-1]["kl_tok"].dtype == torch.float32 and torch.equal(sent[-1]["kl_tok"], torch.full((2, 3), 0.5))
 
 
 # ---------------------------------------------------------------------------------------------- samples log
@@ -452,7 +466,7 @@ def test_samples_log_rows_by_hand(tmp_path):
         rollout_logp=torch.zeros(3, 2),
         mask=torch.ones(3, 2),
         group_id=torch.tensor([4, 4, 7]),
-        samples=[{"text": "x=3"}, "x=5", {"image": 1}],
+        samples=[{"text": "x=3"}, "x=5", 7],  # a sample that is neither a dict nor a string has no text
         payload=None,
         rewards=torch.tensor([1.0, 0.5, -1.0]),
     )
