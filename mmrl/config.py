@@ -846,11 +846,16 @@ def _greedy_override_means_one_sample(raw: dict, overrides: list[str]) -> None:
         raw.setdefault("trainer", {})["eval_samples"] = 1
 
 
-def save_config(cfg: RunConfig, path: str | Path) -> None:
-    """Write the resolved config as YAML."""
+def config_yaml(cfg: RunConfig) -> str:
+    """The resolved config as YAML, in the fields' order (a run folder's ``config.yaml``)."""
     import yaml
 
-    Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    return yaml.safe_dump(to_dict(cfg), sort_keys=False)
+
+
+def save_config(cfg: RunConfig, path: str | Path) -> None:
+    """Write the resolved config as YAML (:func:`config_yaml`)."""
+    Path(path).write_text(config_yaml(cfg))
 
 
 def load_saved_config(path: str | Path) -> RunConfig:

@@ -31,7 +31,7 @@ from torch import Tensor
 from mmrl import algos
 from mmrl.builders import build_policy, build_rewards, build_task
 from mmrl.checkpoint import checkpoint_step, resolve_checkpoint
-from mmrl.config import RunConfig, load_config, to_dict
+from mmrl.config import RunConfig, config_yaml, load_config, to_dict
 from mmrl.errors import ConfigError, RunStopped, TrainingAborted
 from mmrl.evaluation import evaluate_policy
 from mmrl.parallel.data_parallel import DataParallel
@@ -256,11 +256,9 @@ class Trainer:
         run_dir, name, resume_from = open_run(tr, to_dict(self.cfg), self.cfg.task.name, is_main=self.is_main)
         self.accelerator.wait_for_everyone()
         if self.is_main:
-            import yaml
-
             create_run_dir(run_dir)
             step = (checkpoint_step(resume_from) or 0) if resume_from is not None else 0
-            record_start(run_dir, yaml.safe_dump(to_dict(self.cfg), sort_keys=False), step)
+            record_start(run_dir, config_yaml(self.cfg), step)
         self.run_dir = run_dir
         wandb_id = None
         self.resumed = resume_from is not None
@@ -831,8 +829,6 @@ class Trainer:
         except OSError as e:
             if self.sharded or not self.is_main:
                 raise
-            import yaml
-
             from mmrl.run_dir import rescue_dir
 
             log.error(
@@ -842,10 +838,9 @@ class Trainer:
                 e.strerror or type(e).__name__,
                 rescue_dir(self.run_dir.name),
             )
-            config_yaml = yaml.safe_dump(to_dict(self.cfg), sort_keys=False)
             self.stop_checkpoint = save_to_rescue(
                 self.run_dir.name,
-                config_yaml,
+                config_yaml(self.cfg),
                 self.step,
                 self._parts,
                 self.trainer_state(),

@@ -25,35 +25,6 @@ from mmrl.rollouts import RolloutCollector, append_samples_log
 from tests.helpers import toy_trainer
 
 
-class Bar:
-    """Stands in for :class:`mmrl.progress.PhaseProgress`; remembers how it was made and updated."""
-
-    made: list[Bar] = []
-
-    def __init__(self, desc, total, **kw) -> None:
-        self.desc, self.total, self.kw, self.updates = desc, total, kw, []
-        Bar.made.append(self)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        pass
-
-    def update(self, n, **post) -> None:
-        self.updates.append((n, post))
-
-    def close(self) -> None:
-        pass
-
-
-@pytest.fixture
-def bars(monkeypatch):
-    Bar.made = []
-    monkeypatch.setattr(trainer_module, "PhaseProgress", Bar)
-    return Bar.made
-
-
 class Tracker:
     def __init__(self, wandb_id=None) -> None:
         self.wandb_id, self.rows = wandb_id, []
