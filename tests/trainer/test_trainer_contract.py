@@ -494,3 +494,47 @@ def test_a_step_that_updates_nothing_still_advances_the_schedule_without_a_warni
     second = tr.train_step()
     assert second["train/nonfinite_skipped"] == 0.0 and second["optim/lr"] == pytest.approx(0.01 * 3 / 4)
     assert not [w for w in recwarn if "lr_scheduler.step()" in str(w.message)]
+
+
+# ---------------------------------------------------------------------------------------------- run folder
+def test_a_run_without_a_name_is_named_after_its_task(tmp_path):
+    tr = toy_trainer(tmp_path, "trainer.run_name=null")
+    assert tr.setup_run_dir().name.startswith("toy_arithmetic-")
+
+
+def test_each_start_keeps_its_config_in_field_order_under_the_step_it_starts_from(tmp_path):
+    import dataclasses
+
+    import yaml
+
+    tr = toy_trainer(tmp_path, steps=2)
+    tr.fit()
+    again = toy_trainer(tmp_path, "trainer.resume=auto", steps=3)
+    again.setup_run_dir()
+    history = sorted(p.name for p in (tr.run_dir / "config_history").glob("*.yaml"))
+    assert history == ["start-001-step_000000.yaml", "start-002-step_000002.yaml"]
+    saved = yaml.safe_load((tr.run_dir / "config.yaml").read_text())
+    assert list(saved) == [f.name for f in dataclasses.fields(tr.cfg)]  # not sorted: the config's own order
+    assert list(saved["trainer"]) == [f.name for f in dataclasses.fields(tr.cfg.trainer)]
+    assert saved["trainer"]["max_steps"] == 3  # the latest start's
+
+
+def test_a_resume_continues_the_step_saved_step_and_wandb_run(tmp_path):
+    tr = toy_trainer(tmp_path, steps=1)
+    tr.setup_run_dir()
+    assert tr.tracker.wandb_id is None and not tr.resumed
+    tr.tracker.wandb_id = "run-4xk2"  # as W&B assigns it
+    tr.fit()
+    again = toy_trainer(tmp_path, "trainer.resume=auto", steps=2)
+    again.setup_run_dir()
+    assert (again.resumed, again.step, again._saved_step) == (True, 1, 1)
+    assert again.tracker.wandb_id == "run-4xk2"
+
+
+def test_resume_auto_in_a_folder_without_checkpoints_warns_and_starts_at_zero(tmp_path, caplog):
+    (tmp_path / "run" / "checkpoints").mkdir(parents=True)  # a run that stopped before its first checkpoint
+    tr = toy_trainer(tmp_path, "trainer.resume=auto")
+    with caplog.at_level(logging.WARNING, logger="mmrl.run_dir"):
+        tr.setup_run_dir()
+    assert "has no complete checkpoint to continue; training from step 0 in it" in caplog.text
+    assert (tr.step, tr.resumed) == (0, False)
