@@ -519,16 +519,41 @@ def test_each_start_keeps_its_config_in_field_order_under_the_step_it_starts_fro
     assert saved["trainer"]["max_steps"] == 3  # the latest start's
 
 
-def test_a_resume_continues_the_step_saved_step_and_wandb_run(tmp_path):
-    tr = toy_trainer(tmp_path, steps=1)
+def _spy_tracker(monkeypatch) -> list[dict]:
+    made, real = [], trainer_module.Tracker
+
+    def tracker(run_dir, **kw):
+        made.append({"run_dir": run_dir, **kw})
+        return real(run_dir, **kw)
+
+    monkeypatch.setattr(trainer_module, "Tracker", tracker)
+    return made
+
+
+def test_a_resume_continues_the_step_saved_step_and_wandb_run(tmp_path, monkeypatch):
+    from mmrl.config import to_dict
+
+    made = _spy_tracker(monkeypatch)
+    tr = toy_trainer(tmp_path, "trainer.wandb_project=grounding-rl", steps=1)
     tr.setup_run_dir()
     assert tr.tracker.wandb_id is None and not tr.resumed
+    tracker_args = {
+        "run_dir": tr.run_dir,
+        "enabled": True,
+        "tensorboard": False,
+        "wandb": False,
+        "wandb_project": "grounding-rl",
+        "run_name": "run",
+        "config": to_dict(tr.cfg),
+    }
+    assert made == [{**tracker_args, "resume_step": None, "wandb_id": None}]
     tr.tracker.wandb_id = "run-4xk2"  # as W&B assigns it
     tr.fit()
-    again = toy_trainer(tmp_path, "trainer.resume=auto", steps=2)
+    again = toy_trainer(tmp_path, "trainer.resume=auto", "trainer.wandb_project=grounding-rl", steps=2)
     again.setup_run_dir()
     assert (again.resumed, again.step, again._saved_step) == (True, 1, 1)
     assert again.tracker.wandb_id == "run-4xk2"
+    assert made[1] == {**tracker_args, "config": to_dict(again.cfg), "resume_step": 1, "wandb_id": "run-4xk2"}
 
 
 def test_resume_auto_in_a_folder_without_checkpoints_warns_and_starts_at_zero(tmp_path, caplog):
