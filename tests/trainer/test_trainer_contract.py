@@ -563,3 +563,66 @@ def test_resume_auto_in_a_folder_without_checkpoints_warns_and_starts_at_zero(tm
         tr.setup_run_dir()
     assert "has no complete checkpoint to continue; training from step 0 in it" in caplog.text
     assert (tr.step, tr.resumed) == (0, False)
+
+
+# ---------------------------------------------------------------------------------------------- building
+def test_from_config_takes_a_built_config_or_overrides(tmp_path):
+    from mmrl.config import load_config
+    from mmrl.trainer import Trainer
+    from tests.helpers import toy_overrides
+
+    cfg = load_config(toy_overrides(tmp_path, steps=7))
+    assert Trainer.from_config(cfg).cfg is cfg
+    assert Trainer.from_config(toy_overrides(tmp_path, steps=5)).cfg.trainer.max_steps == 5
+
+
+@pytest.mark.parametrize("verdict", ["needs 31.0 GiB per device, 24.0 GiB free: set model.lora=true", None])
+def test_the_memory_plan_warns_before_the_model_is_built(tmp_path, monkeypatch, caplog, verdict):
+    import mmrl.planning.report as planning
+
+    asked = []
+    monkeypatch.setattr(planning, "device_memory_gb", lambda device: asked.append(device) or 24.0)
+    monkeypatch.setattr(
+        planning,
+        "start_of_run_warning",
+        lambda cfg, *, device_gb, world_size: asked.append((cfg.task.name, device_gb, world_size)) or verdict,
+    )
+    with caplog.at_level(logging.WARNING, logger="mmrl.trainer"):
+        toy_trainer(tmp_path)
+    assert asked == [torch.device("cpu"), ("toy_arithmetic", 24.0, 1)]
+    assert (verdict in caplog.text) if verdict else "GiB" not in caplog.text
+
+
+# ---------------------------------------------------------------------------------------------- one step
+def test_each_step_tells_the_policy_its_index_first(tmp_path, monkeypatch):
+    tr = toy_trainer(tmp_path, steps=2)
+    told = []
+    monkeypatch.setattr(tr.policy, "on_train_step", told.append)
+    tr.fit()
+    assert told == [0, 1]
+
+
+def test_a_step_without_a_batch_reports_it_and_advances_the_schedule(tmp_path, monkeypatch):
+    tr = toy_trainer(tmp_path, "trainer.warmup_steps=4", "trainer.lr=0.01")
+    monkeypatch.setattr(tr, "collect", lambda: (None, {"data/skipped": 4.0}))
+    assert tr.train_step() == {"data/skipped": 4.0, "data/empty_steps": 1.0}
+    assert tr.optimizer.param_groups[0]["lr"] == pytest.approx(0.01 * 2 / 4)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "passes"),
+    [
+        ((), 0),  # one epoch of one minibatch: the old log-probs are the current ones, detached
+        (("algo.ppo_epochs=2",), 1),  # later epochs need the log-probs before the first update
+        (("algo.num_minibatches=2",), 1),
+        (("algo.old_logp=recompute",), 1),
+        (("algo.old_logp=rollout", "algo.ppo_epochs=2"), 0),  # the sampler's log-probs
+    ],
+)
+def test_old_logp_auto_recomputes_only_when_an_update_precedes_a_forward(tmp_path, monkeypatch, overrides, passes):
+    tr = toy_trainer(tmp_path, *overrides)
+    tr.setup_run_dir()
+    calls, real = [], tr._no_grad_pass
+    monkeypatch.setattr(tr, "_no_grad_pass", lambda ro, **kw: calls.append(kw) or real(ro, **kw))
+    tr.train_step()
+    assert calls == [{"values": False}] * passes
