@@ -626,3 +626,62 @@ def test_old_logp_auto_recomputes_only_when_an_update_precedes_a_forward(tmp_pat
     monkeypatch.setattr(tr, "_no_grad_pass", lambda ro, **kw: calls.append(kw) or real(ro, **kw))
     tr.train_step()
     assert calls == [{"values": False}] * passes
+
+
+def _spy_passes(tr, monkeypatch) -> list[dict]:
+    calls, real = [], tr._no_grad_pass
+    monkeypatch.setattr(tr, "_no_grad_pass", lambda ro, **kw: calls.append(kw) or real(ro, **kw))
+    return calls
+
+
+@pytest.mark.parametrize(
+    ("owns_kl", "kl_in_reward", "reference_pass"),
+    [(False, False, True), (True, False, False), (True, True, True), (False, True, True)],
+)
+def test_the_reference_pass_runs_unless_the_policy_computes_its_own_kl(
+    tmp_path, monkeypatch, owns_kl, kl_in_reward, reference_pass
+):
+    # a policy with its own KL (diffusion's latent-mean KL) returns it from log_probs; a KL folded into the reward
+    # is measured on the reference's log-probs by every policy
+    tr = toy_trainer(tmp_path, "algo.kl_coef=0.1", f"algo.kl_in_reward={str(kl_in_reward).lower()}")
+    tr.setup_run_dir()
+    monkeypatch.setattr(type(tr.policy), "owns_kl", owns_kl)
+    calls = _spy_passes(tr, monkeypatch)
+    monkeypatch.setattr(tr, "_update", lambda *a, **kw: {})  # the toy policy has no KL of its own to train on
+    tr.train_step()
+    assert calls == ([{"values": False, "reference": True}] if reference_pass else [])
+
+
+@pytest.mark.parametrize("old_logp", ["auto", "recompute"])
+def test_a_kl_in_the_reward_is_taken_at_the_trainers_log_probs_when_it_has_them(tmp_path, monkeypatch, old_logp):
+    tr = toy_trainer(tmp_path, "algo.kl_coef=0.1", "algo.kl_in_reward=true", f"algo.old_logp={old_logp}")
+    tr.setup_run_dir()
+    real_collect, real_kl = tr.collect, trainer_module.algos.kl_estimate
+    shifted, masks, at = [], [], []
+
+    def collect():  # a rollout engine whose log-probs differ from the trainer's by 0.3 (vLLM's kernels, say)
+        ro, metrics = real_collect()
+        ro.rollout_logp = ro.rollout_logp - 0.3 * ro.mask
+        shifted.append(ro.rollout_logp)
+        masks.append(ro.mask)
+        return ro, metrics
+
+    monkeypatch.setattr(tr, "collect", collect)
+    monkeypatch.setattr(
+        trainer_module.algos, "kl_estimate", lambda logp, ref, est: at.append(logp) or real_kl(logp, ref, est)
+    )
+    tr.train_step()
+    if old_logp == "auto":  # one epoch of one minibatch: nothing recomputed, so the sampler's
+        assert at[0] is shifted[0]
+    else:  # the recomputed ones, 0.3 above the sampler's on every action
+        m = masks[0]
+        torch.testing.assert_close(at[0] * m, (shifted[0] + 0.3) * m, atol=1e-4, rtol=0)
+
+
+def test_step_times_are_durations(tmp_path):
+    tr = toy_trainer(tmp_path, "algo.ppo_epochs=2")
+    tr.setup_run_dir()
+    t0 = time.perf_counter()
+    m = tr.train_step()
+    elapsed = time.perf_counter() - t0
+    assert 0 < m["time/prepare"] < m["time/step"] <= elapsed and 0 < m["time/update"] < m["time/step"]
