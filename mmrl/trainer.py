@@ -447,7 +447,13 @@ class Trainer:
             self._advance_schedule()
             return metrics
         keep = torch.nonzero(ro.valid).flatten()
-        if 0 < keep.numel() < ro.batch_size:
+        if self._all_reduce_sum(float(keep.numel())) == 0:
+            # every sample of every process failed (rewards, episodes): there is no gradient, and an optimizer step
+            # would still move the weights (Adam's momentum, weight decay), so the step updates nothing
+            metrics["data/empty_steps"] = 1.0
+            self._advance_schedule()
+            return metrics
+        if keep.numel() < ro.batch_size:
             # rows without gradient (T-GRPO's shuffled probes, failed episodes, failed rewards) are out of every
             # statistic already; dropping them here saves their old-log-prob, reference and training forwards
             ro = ro.index(keep)

@@ -599,7 +599,7 @@ def test_each_step_tells_the_policy_its_index_first(tmp_path, monkeypatch):
     told = []
     monkeypatch.setattr(tr.policy, "on_train_step", told.append)
     tr.fit()
-    assert told == [0, 1]
+    assert told == [0, 1] and tr.updates_done == 2
 
 
 def test_a_step_without_a_batch_reports_it_and_advances_the_schedule(tmp_path, monkeypatch):
@@ -685,3 +685,42 @@ def test_step_times_are_durations(tmp_path):
     m = tr.train_step()
     elapsed = time.perf_counter() - t0
     assert 0 < m["time/prepare"] < m["time/step"] <= elapsed and 0 < m["time/update"] < m["time/step"]
+
+
+def test_a_step_whose_samples_all_failed_moves_no_weight(tmp_path, monkeypatch):
+    tr = toy_trainer(tmp_path, "trainer.weight_decay=0.1")
+    tr.setup_run_dir()
+    tr.train_step()  # a real update first: Adam's moments are nonzero from here on
+    assert tr.updates_done == 1
+    before = {k: v.detach().clone() for k, v in tr.policy.module.state_dict().items()}
+    real_collect = tr.collect
+
+    def all_failed():
+        ro, metrics = real_collect()
+        ro.valid = torch.zeros_like(ro.valid)  # every reward raised, say
+        return ro, metrics
+
+    monkeypatch.setattr(tr, "collect", all_failed)
+    m = tr.train_step()
+    assert m["data/empty_steps"] == 1.0 and "loss/policy" not in m
+    after = tr.policy.module.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)  # momentum and decay would have moved them
+    assert tr.updates_done == 1 and tr.scheduler.last_epoch == 2
+
+
+def test_step_metrics_of_the_batch_by_hand(tmp_path, monkeypatch):
+    tr = toy_trainer(tmp_path)
+    tr.setup_run_dir()
+    real_collect, seen = tr.collect, []
+
+    def collect():
+        ro, metrics = real_collect()
+        ro.valid[:2] = False  # two failed samples: out of the update and of its statistics
+        seen.append(ro)
+        return ro, metrics
+
+    monkeypatch.setattr(tr, "collect", collect)
+    m = tr.train_step()
+    kept = seen[0].mask[2:]
+    assert m["update/samples"] == 14.0  # 4 prompts x 4 samples, less 2
+    assert m["response/length"] == pytest.approx(float(kept.sum(1).mean()))
