@@ -724,3 +724,64 @@ def test_step_metrics_of_the_batch_by_hand(tmp_path, monkeypatch):
     kept = seen[0].mask[2:]
     assert m["update/samples"] == 14.0  # 4 prompts x 4 samples, less 2
     assert m["response/length"] == pytest.approx(float(kept.sum(1).mean()))
+
+
+# ---------------------------------------------------------------------------------------------- two processes
+@pytest.mark.parametrize("rank", [0, 1])
+@pytest.mark.parametrize(
+    "algo", [("algo.adv_scale=batch",), ("algo=ppo", "algo.kl_coef=0.2", "algo.kl_in_reward=true")], ids=["grpo", "gae"]
+)
+def test_with_two_processes_advantages_are_those_of_the_global_batch(tmp_path, monkeypatch, algo, rank):
+    # the other process holds another 16 samples (other groups, other rewards); this one's advantages must be its rows
+    # of one computation over all 32, as one process over the whole batch computes them
+    tr = toy_trainer(tmp_path, *algo)
+    tr.setup_run_dir()
+    ro, _ = tr.collect()
+    B, T = ro.mask.shape
+    ro.rewards = (torch.arange(B) % 3).float()  # varied within each group of 4
+    gae = tr.cfg.algo.advantage == algos.CRITIC_ESTIMATOR
+    ro.values = torch.linspace(-0.5, 0.5, B * T).reshape(B, T) if gae else None
+    kl_tok = torch.full((B, T), 0.1) if gae else None
+    other_rewards = ro.rewards.flip(0) * 0.5 + 0.25
+
+    def all_gather_object(parts, local):
+        if isinstance(local, dict):  # GAE: the per-action tensors
+            other = {**local, "rewards": other_rewards, "values": local["values"].flip(0)}
+        else:  # outcome estimators: rewards, group ids, validity, bonus per sample
+            r, g, v, b = local
+            other = (other_rewards, g + 100, v, b)
+        parts[:] = [local, other] if rank == 0 else [other, local]
+
+    monkeypatch.setattr(torch.distributed, "all_gather_object", all_gather_object)
+    tr.world, tr.rank = 2, rank
+    adv, returns = tr._advantages(ro, kl_tok)
+
+    def both(mine, theirs):
+        return torch.cat([mine, theirs] if rank == 0 else [theirs, mine])
+
+    rows = slice(0, B) if rank == 0 else slice(B, 2 * B)
+    mask = both(ro.mask, ro.mask)
+    if gae:
+        whole, whole_returns = algos.critic_advantages(
+            both(ro.rewards.float(), other_rewards.float()),
+            mask,
+            tr.cfg.algo,
+            values=both(ro.values, ro.values.flip(0)),
+            kl_tok=both(kl_tok, kl_tok),
+        )
+        torch.testing.assert_close(returns, whole_returns[rows])
+    else:
+        whole, _ = algos.token_advantages(
+            both(ro.rewards, other_rewards),
+            both(ro.group_id, ro.group_id + 100),
+            both(ro.valid, ro.valid),
+            mask,
+            tr.cfg.algo,
+        )
+        assert returns is None
+    torch.testing.assert_close(adv, whole[rows])
+    # and it is not what this process alone would compute: the other rows change the batch statistics
+    alone, _ = algos.token_advantages(
+        ro.rewards, ro.group_id, ro.valid, ro.mask, tr.cfg.algo, kl_tok=kl_tok, values=ro.values
+    )
+    assert not torch.allclose(adv, alone)
