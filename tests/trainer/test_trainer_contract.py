@@ -785,3 +785,36 @@ def test_with_two_processes_advantages_are_those_of_the_global_batch(tmp_path, m
         ro.rewards, ro.group_id, ro.valid, ro.mask, tr.cfg.algo, kl_tok=kl_tok, values=ro.values
     )
     assert not torch.allclose(adv, alone)
+
+
+def test_one_process_advantages_take_the_bonus_the_kl_and_per_action_rewards(tmp_path):
+    # GRPO: T-GRPO's per-sample bonus is added after the group normalisation, on every action of the sample
+    tr = toy_trainer(tmp_path, "algo.kl_coef=0.2", "algo.kl_in_reward=true")
+    tr.setup_run_dir()
+    ro, _ = tr.collect()
+    B, T = ro.mask.shape
+    ro.rewards = (torch.arange(B) % 3).float()
+    kl_tok = torch.full((B, T), 0.05)
+    plain, _ = tr._advantages(ro, kl_tok)
+    ro.adv_bonus = torch.linspace(0.0, 0.3, B)
+    with_bonus, _ = tr._advantages(ro, kl_tok)
+    torch.testing.assert_close(with_bonus - plain, ro.adv_bonus[:, None] * ro.mask)
+    no_kl, _ = tr._advantages(ro, None)
+    assert not torch.allclose(no_kl, with_bonus)  # the KL folded into the rewards moves the group statistics
+    # GAE: per-action rewards (an environment's step rewards) and the KL reach the critic's targets
+    tr = toy_trainer(
+        tmp_path, "algo=ppo", "algo.gamma=1.0", "algo.lam=1.0", "algo.kl_coef=0.2", "algo.kl_in_reward=true", run="gae"
+    )
+    ro.adv_bonus = None
+    ro.values = torch.zeros(B, T)
+    ro.token_rewards = 0.1 * ro.mask
+    adv, returns = tr._advantages(ro, kl_tok)
+    expected = algos.critic_advantages(
+        ro.rewards, ro.mask, tr.cfg.algo, values=ro.values, kl_tok=kl_tok, token_rewards=ro.token_rewards
+    )
+    torch.testing.assert_close(adv, expected[0])
+    torch.testing.assert_close(returns, expected[1])
+    # by hand, with values 0, gamma = lam = 1: the return of a sample's first action is its reward plus its
+    # per-action rewards minus 0.2 x KL on each of its actions
+    n = ro.mask[0].sum()
+    assert returns[0, 0].item() == pytest.approx(float(ro.rewards[0] + n * 0.1 - n * 0.2 * 0.05), abs=1e-6)
