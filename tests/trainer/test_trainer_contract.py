@@ -729,7 +729,12 @@ def test_step_metrics_of_the_batch_by_hand(tmp_path, monkeypatch):
 # ---------------------------------------------------------------------------------------------- two processes
 @pytest.mark.parametrize("rank", [0, 1])
 @pytest.mark.parametrize(
-    "algo", [("algo.adv_scale=batch",), ("algo=ppo", "algo.kl_coef=0.2", "algo.kl_in_reward=true")], ids=["grpo", "gae"]
+    "algo",
+    [
+        ("algo.adv_scale=batch", "algo.kl_coef=0.2", "algo.kl_in_reward=true"),
+        ("algo=ppo", "algo.kl_coef=0.2", "algo.kl_in_reward=true"),
+    ],
+    ids=["grpo", "gae"],
 )
 def test_with_two_processes_advantages_are_those_of_the_global_batch(tmp_path, monkeypatch, algo, rank):
     # the other process holds another 16 samples (other groups, other rewards); this one's advantages must be its rows
@@ -741,7 +746,8 @@ def test_with_two_processes_advantages_are_those_of_the_global_batch(tmp_path, m
     ro.rewards = (torch.arange(B) % 3).float()  # varied within each group of 4
     gae = tr.cfg.algo.advantage == algos.CRITIC_ESTIMATOR
     ro.values = torch.linspace(-0.5, 0.5, B * T).reshape(B, T) if gae else None
-    kl_tok = torch.full((B, T), 0.1) if gae else None
+    ro.adv_bonus = None if gae else torch.linspace(0.0, 0.3, B)  # T-GRPO's
+    kl_tok = torch.full((B, T), 0.1)
     other_rewards = ro.rewards.flip(0) * 0.5 + 0.25
 
     def all_gather_object(parts, local):
@@ -770,19 +776,20 @@ def test_with_two_processes_advantages_are_those_of_the_global_batch(tmp_path, m
             kl_tok=both(kl_tok, kl_tok),
         )
         torch.testing.assert_close(returns, whole_returns[rows])
-    else:
-        whole, _ = algos.token_advantages(
-            both(ro.rewards, other_rewards),
+    else:  # this process sends its rewards less the KL (0.2 x 0.1 per action) and its bonus; the other's are as sent
+        whole = algos.outcome_advantages(
+            both(ro.rewards - 0.2 * 0.1 * ro.mask.sum(1), other_rewards),
             both(ro.group_id, ro.group_id + 100),
             both(ro.valid, ro.valid),
-            mask,
             tr.cfg.algo,
+            bonus=both(ro.adv_bonus, ro.adv_bonus),
         )
+        whole = algos.broadcast_to_tokens(whole, mask)
         assert returns is None
     torch.testing.assert_close(adv, whole[rows])
     # and it is not what this process alone would compute: the other rows change the batch statistics
     alone, _ = algos.token_advantages(
-        ro.rewards, ro.group_id, ro.valid, ro.mask, tr.cfg.algo, kl_tok=kl_tok, values=ro.values
+        ro.rewards, ro.group_id, ro.valid, ro.mask, tr.cfg.algo, kl_tok=kl_tok, values=ro.values, bonus=ro.adv_bonus
     )
     assert not torch.allclose(adv, alone)
 
