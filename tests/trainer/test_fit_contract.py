@@ -253,3 +253,15 @@ def test_only_an_unsharded_main_process_rescues(tmp_path, monkeypatch, who):
     with pytest.raises(OSError, match="No space left"):
         tr._save_or_rescue("the final save")
     assert rescued == [] and not tr.rescued
+
+
+def test_an_error_before_the_rl_bar_exists_is_the_error_raised(tmp_path, monkeypatch):
+    tr = toy_trainer(tmp_path, "trainer.sft_steps=2", steps=2)
+
+    def broken_sft(*a, **kw):
+        raise RuntimeError("SFT data missing")
+
+    monkeypatch.setattr("mmrl.sft.run_sft", broken_sft)
+    with pytest.raises(RuntimeError, match="SFT data missing"):
+        tr.fit()
+    assert tr.stop_reason == "RuntimeError: SFT data missing" and tr.stop_checkpoint is None
