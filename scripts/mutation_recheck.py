@@ -5,7 +5,8 @@
 Copies the given test files (from this checkout) into the run's ``mutants/`` copy, then runs them once per surviving
 mutant (``MUTANT_UNDER_TEST`` selects the mutant inside mutmut's trampolines, read at every call), all in this one
 process; give the fast, targeted test files first (``-x`` stops at the first failure). Prints
-each mutant as ``killed`` or ``survived`` and the counts; ``--survivors-out FILE`` writes the names still alive.
+each mutant as ``killed`` or ``survived`` and the counts; ``--survivors-out FILE`` writes the names still alive;
+``--names FILE`` rechecks the mutants named there instead (e.g. an older run's survivors, in a fresh copy).
 ``--jobs N`` splits the survivors over N such processes; a mutant whose tests run longer than ``--timeout``
 seconds (an endless loop) counts as killed, as in mutmut. Works on a finished or a stopped run (mutants not checked
 yet are left alone).
@@ -108,15 +109,22 @@ def main() -> int:
     ap.add_argument("--survivors-out", type=Path)
     ap.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
     ap.add_argument("--timeout", type=int, default=900, help="seconds per mutant before it counts as killed")
+    ap.add_argument("--names", type=Path, help="recheck these mutants (one name per line) instead of the survivors")
     ap.add_argument("--names-from", type=Path, help=argparse.SUPPRESS)  # a worker of --jobs: these mutants only
     args = ap.parse_args()
     run_dir = args.run_dir.resolve()
     if args.names_from is None:
-        for t in {t.split("::")[0] for t in args.tests}:  # test files, or node ids FILE::TEST
-            shutil.copy2(ROOT / t, run_dir / "mutants" / t)
-        for helper in ("tests/fixed_policy.py", "tests/helpers.py", "tests/conftest.py"):
-            shutil.copy2(ROOT / helper, run_dir / "mutants" / helper)
-        names = survivors(run_dir)
+        tests = [ROOT / t.split("::")[0] for t in args.tests]  # test files, or node ids FILE::TEST
+        helpers = [
+            ROOT / "tests" / "fixed_policy.py",
+            ROOT / "tests" / "helpers.py",
+            *(ROOT / "tests").rglob("conftest.py"),
+        ]
+        for path in {*tests, *helpers}:
+            dest = run_dir / "mutants" / path.relative_to(ROOT)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path, dest)
+        names = args.names.read_text().split() if args.names else survivors(run_dir)
     else:
         names = args.names_from.read_text().split()
     if args.jobs > 1 and args.names_from is None and len(names) > 1:
