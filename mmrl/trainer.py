@@ -729,7 +729,7 @@ class Trainer:
         self.report.first_step = first_step
         t_fit = time.perf_counter()
         if tr.progress and self.is_main:
-            print(self.banner(), file=sys.stderr, flush=True)
+            print(self.banner(), file=sys.stderr)  # stderr is line-buffered (Python >= 3.9): no flush needed
         try:
             if tr.sft_steps > 0 and self.step == 0 and not self.resumed:
                 self._warm_start()
