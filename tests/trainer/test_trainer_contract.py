@@ -825,3 +825,24 @@ def test_one_process_advantages_take_the_bonus_the_kl_and_per_action_rewards(tmp
     # per-action rewards minus 0.2 x KL on each of its actions
     n = ro.mask[0].sum()
     assert returns[0, 0].item() == pytest.approx(float(ro.rewards[0] + n * 0.1 - n * 0.2 * 0.05), abs=1e-6)
+
+
+@pytest.mark.parametrize("grad_accum", [1, 2])
+def test_the_gap_to_the_rollout_engine_is_measured_before_the_update(tmp_path, monkeypatch, grad_accum):
+    # a rollout engine 0.3 nats below the trainer on every action: the mean gap is 0.3 and every importance ratio
+    # trainer / engine is exp(0.3), over all micro-batches (measured once, before the first optimizer step)
+    tr = toy_trainer(tmp_path, f"trainer.grad_accum={grad_accum}", "algo.ppo_epochs=2")
+    tr.setup_run_dir()
+    real_collect = tr.collect
+
+    def collect():
+        ro, metrics = real_collect()
+        ro.rollout_logp = ro.rollout_logp - 0.3 * ro.mask
+        return ro, metrics
+
+    monkeypatch.setattr(tr, "collect", collect)
+    m = tr.train_step()
+    assert m["rollout/logp_abs_diff"] == pytest.approx(0.3, abs=1e-4)
+    assert m["rollout/is_ratio_max"] == pytest.approx(math.exp(0.3), abs=1e-4)
+    assert m["rollout/is_ratio_min"] == pytest.approx(math.exp(0.3), abs=1e-4)
+    assert not any(k.startswith("rollout/") and k.endswith(("_sum", "tokens")) for k in m)  # raw sums stay inside
