@@ -143,7 +143,9 @@ def _no_batches(tr, monkeypatch):
 
 
 def test_a_run_whose_steps_all_had_no_batch_says_so_and_writes_no_checkpoint(tmp_path, monkeypatch):
-    tr = toy_trainer(tmp_path, steps=2)
+    tr = toy_trainer(tmp_path, steps=3)
+    tr.setup_run_dir()
+    tr.step = 1  # continued at step 1: two steps run
     _no_batches(tr, monkeypatch)
     tr.rollouts.skipped_total, tr.rollouts.seen_total = 3, 8
     with pytest.raises(NothingTrained) as err:
