@@ -846,3 +846,14 @@ def test_the_gap_to_the_rollout_engine_is_measured_before_the_update(tmp_path, m
     assert m["rollout/is_ratio_max"] == pytest.approx(math.exp(0.3), abs=1e-4)
     assert m["rollout/is_ratio_min"] == pytest.approx(math.exp(0.3), abs=1e-4)
     assert not any(k.startswith("rollout/") and k.endswith(("_sum", "tokens")) for k in m)  # raw sums stay inside
+
+
+def test_a_start_from_the_warm_start_checkpoint_is_recorded_at_step_zero(tmp_path):
+    tr = toy_trainer(tmp_path)
+    tr.setup_run_dir()
+    step0 = tr.save_checkpoint()  # what a warm start leaves: the checkpoint of step 0
+    again = toy_trainer(tmp_path, f"trainer.resume={step0}")
+    again.setup_run_dir()
+    history = sorted(p.name for p in (tr.run_dir / "config_history").glob("*.yaml"))
+    assert history == ["start-001-step_000000.yaml", "start-002-step_000000.yaml"]
+    assert (again.resumed, again.step) == (True, 0)
