@@ -4,6 +4,7 @@ records; where a checkpoint goes when the run folder cannot be written. The step
 
 from __future__ import annotations
 
+import logging
 import signal
 import threading
 import time
@@ -230,11 +231,13 @@ def _unwritable_run_dir(tr, monkeypatch) -> list:
     return rescued
 
 
-def test_a_final_save_that_cannot_be_written_goes_to_the_rescue_folder(tmp_path, monkeypatch):
+def test_a_final_save_that_cannot_be_written_goes_to_the_rescue_folder(tmp_path, monkeypatch, caplog):
     tr = toy_trainer(tmp_path, "trainer.keep_last=2", steps=1)
     tr.setup_run_dir()
     rescued = _unwritable_run_dir(tr, monkeypatch)
-    tr.fit()
+    with caplog.at_level(logging.ERROR, logger="mmrl.trainer"):
+        tr.fit()
+    assert f"the final save could not be written in {tr.run_dir} (No space left on device)" in caplog.text
     [(name, config, step, parts, state, kw)] = rescued
     assert (name, step, kw) == (tr.run_dir.name, 1, {"keep_last": 2})
     assert config == (tr.run_dir / "config.yaml").read_text()  # the run's own config, in its order
