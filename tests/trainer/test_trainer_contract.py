@@ -736,7 +736,8 @@ def test_step_metrics_of_the_batch_by_hand(tmp_path, monkeypatch):
     ],
     ids=["grpo", "gae"],
 )
-def test_with_two_processes_advantages_are_those_of_the_global_batch(tmp_path, monkeypatch, algo, rank):
+@pytest.mark.parametrize("with_bonus", [True, False])
+def test_with_two_processes_advantages_are_those_of_the_global_batch(tmp_path, monkeypatch, algo, rank, with_bonus):
     # the other process holds another 16 samples (other groups, other rewards); this one's advantages must be its rows
     # of one computation over all 32, as one process over the whole batch computes them
     tr = toy_trainer(tmp_path, *algo)
@@ -746,7 +747,7 @@ def test_with_two_processes_advantages_are_those_of_the_global_batch(tmp_path, m
     ro.rewards = (torch.arange(B) % 3).float()  # varied within each group of 4
     gae = tr.cfg.algo.advantage == algos.CRITIC_ESTIMATOR
     ro.values = torch.linspace(-0.5, 0.5, B * T).reshape(B, T) if gae else None
-    ro.adv_bonus = None if gae else torch.linspace(0.0, 0.3, B)  # T-GRPO's
+    ro.adv_bonus = torch.linspace(0.0, 0.3, B) if with_bonus and not gae else None  # T-GRPO's
     kl_tok = torch.full((B, T), 0.1)
     other_rewards = ro.rewards.flip(0) * 0.5 + 0.25
 
@@ -782,7 +783,7 @@ def test_with_two_processes_advantages_are_those_of_the_global_batch(tmp_path, m
             both(ro.group_id, ro.group_id + 100),
             both(ro.valid, ro.valid),
             tr.cfg.algo,
-            bonus=both(ro.adv_bonus, ro.adv_bonus),
+            bonus=both(ro.adv_bonus, ro.adv_bonus) if with_bonus else None,
         )
         whole = algos.broadcast_to_tokens(whole, mask)
         assert returns is None
