@@ -34,6 +34,17 @@ def toy_trainer(tmp_path: Path, *extra: str, steps: int = 4, run: str = "run") -
     return Trainer(load_config(toy_overrides(tmp_path, *extra, steps=steps, run=run)))
 
 
+def nan_log_probs(log_probs):
+    """``policy.log_probs`` whose log-probs are all NaN (a diverged step: its loss and gradients are non-finite)."""
+
+    def nan(ro, **kw):
+        out = log_probs(ro, **kw)
+        out.logp = out.logp * float("nan")
+        return out
+
+    return nan
+
+
 DDP_SCRIPT = Path(__file__).with_name("ddp_script.py")
 
 

@@ -12,7 +12,7 @@ from mmrl.config import ConfigError
 from mmrl.rewards.manager import RewardError, RewardSpec
 from mmrl.tracking import read_metrics
 from mmrl.trainer import Trainer, TrainingAborted
-from tests.helpers import toy_overrides, toy_trainer
+from tests.helpers import nan_log_probs, toy_overrides, toy_trainer
 
 
 def _params(tr):
@@ -146,15 +146,8 @@ def test_reward_error_rate_aborts_with_clear_message(tmp_path):
 def test_nonfinite_loss_skips_step_then_aborts(tmp_path):
     tr = toy_trainer(tmp_path, "trainer.max_consecutive_nonfinite=2", steps=5)
     tr.setup_run_dir()
-    real = tr.policy.log_probs
-
-    def nan_logp(ro, **kw):
-        out = real(ro, **kw)
-        out.logp = out.logp * float("nan")
-        return out
-
     before = _params(tr)
-    tr.policy.log_probs = nan_logp
+    tr.policy.log_probs = nan_log_probs(tr.policy.log_probs)
     m = tr.train_step()
     assert m["train/nonfinite_skipped"] == 1.0
     assert all(torch.equal(before[k], v) for k, v in _params(tr).items())  # step skipped

@@ -22,7 +22,7 @@ from mmrl.checkpoint import latest_checkpoint
 from mmrl.errors import RunStopped
 from mmrl.policies.base import Rollout
 from mmrl.rollouts import RolloutCollector, append_samples_log
-from tests.helpers import toy_trainer
+from tests.helpers import nan_log_probs, toy_trainer
 
 
 class Tracker:
@@ -480,13 +480,7 @@ def test_a_step_that_updates_nothing_still_advances_the_schedule_without_a_warni
     tr = toy_trainer(tmp_path, "trainer.lr=0.01", "trainer.warmup_steps=4", steps=6)
     tr.setup_run_dir()
     real = tr.policy.log_probs
-
-    def nan_logp(ro, **kw):
-        out = real(ro, **kw)
-        out.logp = out.logp * float("nan")
-        return out
-
-    tr.policy.log_probs = nan_logp
+    tr.policy.log_probs = nan_log_probs(real)
     assert tr.optimizer.param_groups[0]["lr"] == pytest.approx(0.01 * 1 / 4)
     first = tr.train_step()
     assert first["train/nonfinite_skipped"] == 1.0 and first["optim/lr"] == pytest.approx(0.01 * 2 / 4)
@@ -609,6 +603,12 @@ def test_a_step_without_a_batch_reports_it_and_advances_the_schedule(tmp_path, m
     assert tr.optimizer.param_groups[0]["lr"] == pytest.approx(0.01 * 2 / 4)
 
 
+def _spy_passes(tr, monkeypatch) -> list[dict]:
+    calls, real = [], tr._no_grad_pass
+    monkeypatch.setattr(tr, "_no_grad_pass", lambda ro, **kw: calls.append(kw) or real(ro, **kw))
+    return calls
+
+
 @pytest.mark.parametrize(
     ("overrides", "passes"),
     [
@@ -622,16 +622,9 @@ def test_a_step_without_a_batch_reports_it_and_advances_the_schedule(tmp_path, m
 def test_old_logp_auto_recomputes_only_when_an_update_precedes_a_forward(tmp_path, monkeypatch, overrides, passes):
     tr = toy_trainer(tmp_path, *overrides)
     tr.setup_run_dir()
-    calls, real = [], tr._no_grad_pass
-    monkeypatch.setattr(tr, "_no_grad_pass", lambda ro, **kw: calls.append(kw) or real(ro, **kw))
+    calls = _spy_passes(tr, monkeypatch)
     tr.train_step()
     assert calls == [{"values": False}] * passes
-
-
-def _spy_passes(tr, monkeypatch) -> list[dict]:
-    calls, real = [], tr._no_grad_pass
-    monkeypatch.setattr(tr, "_no_grad_pass", lambda ro, **kw: calls.append(kw) or real(ro, **kw))
-    return calls
 
 
 @pytest.mark.parametrize(
