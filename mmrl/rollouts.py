@@ -143,12 +143,17 @@ class RolloutCollector:
             append_samples_log(run_dir / "samples.jsonl", step + 1, items, ro, per_fn, tr.log_samples_max)
 
     def collect(self, *, step: int, run_dir: Path | None = None) -> tuple[Rollout | None, dict]:
-        """Roll out, score and filter one step's batch (with bounded resampling). None when nothing is left."""
+        """Roll out, score and filter one step's batch (with bounded resampling).
+
+        When filtering left no group, one row of the last round comes back marked invalid: out of every statistic and
+        loss, it lets this process take part in the update's collectives while other processes train on theirs. None
+        when no prompt could be rolled out at all."""
         from mmrl import algos
 
         algo = self.cfg.algo
         metrics: dict[str, float] = {}
         kept: list[Rollout] = []
+        last: Rollout | None = None  # the last round's rollout, before filtering
         n_groups_kept = 0
         target_groups = self.cfg.trainer.batch_size // self.dp.world
         skipped = seen = too_long_total = 0
@@ -170,6 +175,8 @@ class RolloutCollector:
                 self.score(batch, ro, step=step, run_dir=run_dir)
                 if rounds == 1:
                     metrics.update(ro.metrics)
+                if ro.batch_size:
+                    last = ro
                 if algo.filter_groups:
                     keep = algos.nonzero_variance_groups(ro.rewards, ro.group_id, ro.valid)
                     ro = ro.index(torch.nonzero(keep).flatten())
@@ -186,7 +193,11 @@ class RolloutCollector:
             metrics["filter/rounds"] = float(rounds)
             metrics["filter/kept_groups"] = float(n_groups_kept)
         if not kept:
-            return None, metrics
+            if last is None:
+                return None, metrics
+            ballast = last.index(torch.zeros(1, dtype=torch.long))
+            ballast.valid = torch.zeros_like(ballast.valid)
+            return ballast, metrics
         ro = Rollout.concat(kept)
         if algo.filter_groups and n_groups_kept > target_groups:
             groups = list(dict.fromkeys(ro.group_id.tolist()))[:target_groups]

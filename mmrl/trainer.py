@@ -60,14 +60,13 @@ class _StepStats:
     def add(self, key: str, value: float) -> None:
         self.sums[key] = self.sums.get(key, 0.0) + value
 
-    def add_rollout_gap(
-        self, logp: Tensor, rollout_logp: Tensor, mask: Tensor, *, cap: float, count_ratios: bool
-    ) -> None:
-        """|trainer - rollout engine| log-prob gap (summed) and the extreme importance ratios of a micro-batch."""
+    def add_rollout_gap(self, logp: Tensor, rollout_logp: Tensor, mask: Tensor) -> None:
+        """|trainer - rollout engine| log-prob gap (summed) and the extreme importance ratios of a micro-batch's
+        ``mask``-ed tokens (none: a dummy or ballast micro-batch, which adds nothing)."""
         self.add("rollout/logp_abs_diff_sum", float(((logp - rollout_logp).abs() * mask).sum()))
         self.add("rollout/tokens", float(mask.sum()))
-        if count_ratios:
-            ist = algos.importance_stats(logp, rollout_logp, mask, cap=cap)
+        if bool(mask.any()):
+            ist = algos.importance_stats(logp, rollout_logp, mask)
             self.sums["rollout/is_ratio_max"] = max(self.sums.get("rollout/is_ratio_max", 0.0), ist["ratio_max"])
             self.sums["rollout/is_ratio_min"] = min(self.sums.get("rollout/is_ratio_min", math.inf), ist["ratio_min"])
 
@@ -364,9 +363,6 @@ class Trainer:
         k = self.cfg.trainer.grad_accum
         return [c for c in torch.tensor_split(idx, k)]
 
-    def _all_reduce_sum(self, x: float) -> float:
-        return self.dp.all_reduce_sum(x)
-
     def _no_grad_pass(self, ro: Rollout, *, values: bool, reference: bool = False) -> tuple[Tensor, Tensor | None]:
         """Log-probs (and values) of every sample without gradient, in micro-batches."""
         logps, vals = [], []
@@ -442,22 +438,29 @@ class Trainer:
         t_step = time.perf_counter()
         self.policy.on_train_step(self.step)  # e.g. diffusion's sliding window of trained denoising steps
         ro, metrics = self.collect()
-        if ro is None:
+        n_valid = int(ro.valid.sum()) if ro is not None else 0
+        # one collective, so that every process takes the same branch: the samples to train on, over all processes, and
+        # the processes with no rollout at all (every item they drew was skipped)
+        total_valid, without_rollout = self.dp.all_reduce_sums([n_valid, float(ro is None)])
+        if total_valid == 0 or without_rollout:
+            # nothing to train on anywhere (every sample failed or was filtered: an optimizer step would still move
+            # the weights through Adam's momentum and weight decay), or a process has no row to take part in the
+            # update's collectives with: every process skips the step alike (one process waiting alone would hang)
             metrics["data/empty_steps"] = 1.0
+            if without_rollout and ro is not None:
+                metrics["data/steps_lost_to_empty_peers"] = 1.0
             self._advance_schedule()
             return metrics
-        keep = torch.nonzero(ro.valid).flatten()
-        if self._all_reduce_sum(float(keep.numel())) == 0:
-            # every sample of every process failed (rewards, episodes): there is no gradient, and an optimizer step
-            # would still move the weights (Adam's momentum, weight decay), so the step updates nothing
-            metrics["data/empty_steps"] = 1.0
-            self._advance_schedule()
-            return metrics
-        if keep.numel() < ro.batch_size:
+        rows = torch.nonzero(ro.valid).flatten()
+        if n_valid == 0:
+            # this process's samples all failed or were filtered while other processes have some: it keeps one row as
+            # zero-weight ballast (invalid, so out of every statistic, count and loss) to run the update's collectives
+            rows = torch.zeros(1, dtype=torch.long)
+        if rows.numel() < ro.batch_size:
             # rows without gradient (T-GRPO's shuffled probes, failed episodes, failed rewards) are out of every
             # statistic already; dropping them here saves their old-log-prob, reference and training forwards
-            ro = ro.index(keep)
-        metrics["update/samples"] = float(ro.batch_size)
+            ro = ro.index(rows)
+        metrics["update/samples"] = float(n_valid)
         use_gae = algo.advantage == algos.CRITIC_ESTIMATOR
         mode = algo.old_logp
         if mode == "auto":
@@ -485,7 +488,8 @@ class Trainer:
         adv, returns = self._advantages(ro, kl_tok)
         mask = ro.mask * ro.valid[:, None].float()
         metrics["policy/adv_abs_mean"] = float((adv.abs() * mask).sum() / mask.sum().clamp(min=1))
-        metrics["response/length"] = float(ro.mask.sum(1).mean())
+        if n_valid:
+            metrics["response/length"] = float(ro.mask.sum(1).mean())
 
         t0 = time.perf_counter()
         self._abort_after_step = None
@@ -542,8 +546,10 @@ class Trainer:
                 order = torch.arange(total)
             for gmb in torch.tensor_split(order, algo.num_minibatches):
                 mb = local_rows(gmb, offset, B)
-                num_tokens = self._all_reduce_sum(float(mask[mb].sum()))
-                num_seqs = self._all_reduce_sum(float((mask[mb].sum(1) > 0).sum()))
+                # the loss normalisers of the global minibatch (a ballast row has no token: it counts in neither)
+                num_tokens, num_seqs = self.dp.all_reduce_sums(
+                    [float(mask[mb].sum()), float((mask[mb].sum(1) > 0).sum())]
+                )
                 self.optimizer.zero_grad(set_to_none=True)
                 micro = self._micro_batches(mb)
                 for k, mi in enumerate(micro):
@@ -552,6 +558,8 @@ class Trainer:
                         mi = mb[:1] if mb.numel() else torch.zeros(1, dtype=torch.long)
                     sub = ro.index(mi)
                     m = mask[mi].to(self.accelerator.device)
+                    if dummy:
+                        m = torch.zeros_like(m)
                     sync = k == len(micro) - 1
                     with self._no_sync(sync):
                         out = self.policy.log_probs(sub, entropy=need_entropy, values=use_gae)
@@ -579,7 +587,7 @@ class Trainer:
                         for name, value in terms.items():
                             st.add(name, float(value))
                         if epoch == 0 and n_opt_steps == 0:  # before any update: trainer vs rollout engine
-                            st.add_rollout_gap(logp.detach(), beh, m, cap=algo.is_cap, count_ratios=not dummy)
+                            st.add_rollout_gap(logp.detach(), beh, m)
                         loss = loss * self.world  # DDP averages gradients over ranks
                         self.accelerator.backward(loss)
                 # the total norm is non-finite iff some gradient is: one pass checks and clips

@@ -78,12 +78,12 @@ class DataParallel:
             return gradient_sync(self._policy.model, False)
         return self.accelerator.no_sync(self._policy.model)
 
-    def all_reduce_sum(self, x: float) -> float:
-        """``x`` summed over the processes (float64)."""
+    def all_reduce_sums(self, xs: list[float]) -> list[float]:
+        """Each of ``xs`` summed over the processes (float64), in one collective."""
         if self.world == 1:
-            return x
-        t = torch.tensor([x], dtype=torch.float64, device=self.accelerator.device)
-        return float(self.accelerator.reduce(t, reduction="sum").item())
+            return [float(x) for x in xs]
+        t = torch.tensor(xs, dtype=torch.float64, device=self.accelerator.device)
+        return [float(v) for v in self.accelerator.reduce(t, reduction="sum").tolist()]
 
     def all_gather_ints(self, x: int) -> list[int]:
         """``x`` of every process, in rank order (``[x]`` with one process)."""

@@ -851,3 +851,150 @@ def test_a_start_from_the_warm_start_checkpoint_is_recorded_at_step_zero(tmp_pat
     history = sorted(p.name for p in (tr.run_dir / "config_history").glob("*.yaml"))
     assert history == ["start-001-step_000000.yaml", "start-002-step_000000.yaml"]
     assert (again.resumed, again.step) == (True, 0)
+
+
+def test_the_engine_gap_of_rows_in_different_micro_batches_and_no_dummy_counted(tmp_path, monkeypatch):
+    # 2 rows left (the others failed), 3 micro-batches: row 0, row 1 and an empty one, which runs row 0 again as a
+    # zero-weight dummy. The engine sits 0.6 nats above the trainer on row 0 and 0.1 on row 1: the ratios' extremes
+    # exp(-0.6) and exp(-0.1) both lie in different micro-batches than the last, and the mean gap is token-weighted
+    # over the two rows, the dummy not counted again
+    tr = toy_trainer(tmp_path, "trainer.grad_accum=3")
+    tr.setup_run_dir()
+    real_collect, kept = tr.collect, []
+
+    def collect():
+        ro, metrics = real_collect()
+        ro.valid[2:] = False
+        ro.rollout_logp = ro.rollout_logp + torch.tensor([0.6, 0.1] + [0.0] * (ro.batch_size - 2))[:, None] * ro.mask
+        kept.append(ro.mask[:2].sum(1))
+        return ro, metrics
+
+    monkeypatch.setattr(tr, "collect", collect)
+    m = tr.train_step()
+    n0, n1 = (float(x) for x in kept[0])
+    assert m["rollout/logp_abs_diff"] == pytest.approx((0.6 * n0 + 0.1 * n1) / (n0 + n1), abs=1e-4)
+    assert m["rollout/is_ratio_max"] == pytest.approx(math.exp(-0.1), abs=1e-4)  # below 1: not a default of 1
+    assert m["rollout/is_ratio_min"] == pytest.approx(math.exp(-0.6), abs=1e-4)
+
+
+def test_micro_batches_before_the_last_skip_the_gradient_sync(tmp_path, monkeypatch):
+    tr = toy_trainer(tmp_path, "trainer.grad_accum=3", "algo.num_minibatches=2")
+    tr.setup_run_dir()
+    flags = []
+    real = tr.dp.no_sync
+    monkeypatch.setattr(tr.dp, "no_sync", lambda sync: flags.append(sync) or real(sync))
+    tr.train_step()
+    assert flags == [False, False, True] * 2
+
+
+def _training_forwards(tr, monkeypatch) -> list[int]:
+    """Records the rows of every forward with gradient (the update's; not the rollout's or a no-grad pass)."""
+    rows, real = [], tr.policy.log_probs
+
+    def log_probs(sub, **kw):
+        if torch.is_grad_enabled():
+            rows.append(sub.batch_size)
+        return real(sub, **kw)
+
+    monkeypatch.setattr(tr.policy, "log_probs", log_probs)
+    return rows
+
+
+def _minibatch_orders(tr, monkeypatch) -> list[list[int]]:
+    """The global row indices of every minibatch of the next step, in order."""
+    seen, real = [], trainer_module.local_rows
+    monkeypatch.setattr(
+        trainer_module, "local_rows", lambda gmb, offset, n: seen.append(gmb.tolist()) or real(gmb, offset, n)
+    )
+    tr.train_step()
+    monkeypatch.setattr(trainer_module, "local_rows", real)
+    return seen
+
+
+def test_minibatches_are_a_fresh_seeded_shuffle_of_the_whole_batch(tmp_path, monkeypatch):
+    # 2 epochs x 2 minibatches of the 16 rows: each epoch partitions them, in an order that changes with the epoch,
+    # the step and the run's seed, and not with the global RNG (a resumed run replays it; every process draws alike)
+    def orders(seed=0, global_seed=0, steps=1, run="r"):
+        tr = toy_trainer(tmp_path, "algo.ppo_epochs=2", "algo.num_minibatches=2", f"trainer.seed={seed}", run=run)
+        tr.setup_run_dir()
+        out = []
+        for _ in range(steps):
+            torch.manual_seed(global_seed)
+            out.append(_minibatch_orders(tr, monkeypatch))
+            tr.step += 1  # as fit counts steps
+        return out
+
+    first, second = orders(steps=2)
+    for epoch in (first[:2], first[2:]):
+        assert sorted(epoch[0] + epoch[1]) == list(range(16)) and len(epoch[0]) == 8
+    assert first[:2] != first[2:]  # the second epoch reshuffles
+    assert first != second  # so does the next step
+    assert orders(seed=1, run="seed1")[0] != first
+    assert orders(global_seed=123, run="rng")[0] == first
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_with_two_processes_minibatches_are_drawn_from_the_global_batch(tmp_path, monkeypatch, rank):
+    # the other process holds another 16 rows: every minibatch is drawn from all 32, and this process trains its own
+    tr = toy_trainer(tmp_path, "algo.num_minibatches=2")
+    tr.setup_run_dir()
+    monkeypatch.setattr(tr.dp, "all_gather_ints", lambda n: [n, n])
+    monkeypatch.setattr(tr, "_advantages", lambda ro, kl: (torch.ones_like(ro.mask), None))
+    tr.world, tr.rank = 2, rank
+    trained = _training_forwards(tr, monkeypatch)
+    gmbs = _minibatch_orders(tr, monkeypatch)
+    assert sorted(gmbs[0] + gmbs[1]) == list(range(32))
+    mine = [sum(1 for i in g if 16 * rank <= i < 16 * (rank + 1)) for g in gmbs]
+    assert trained == mine and sum(mine) == 16
+
+
+def _fake_peer(tr, monkeypatch, peer: list[float]) -> list[list[float]]:
+    """Two processes, the other adding ``peer`` to the first all-reduce of the step (its valid samples, whether it has
+    no rollout) and its share of the global minibatch's counts: the calls this process makes are recorded."""
+    calls = []
+
+    def all_reduce_sums(xs):
+        calls.append(list(xs))
+        return [x + p for x, p in zip(xs, peer)] if len(calls) == 1 else [x + 50.0 for x in xs]
+
+    monkeypatch.setattr(tr.dp, "all_reduce_sums", all_reduce_sums)
+    tr.world = 2
+    return calls
+
+
+def test_a_process_whose_peer_has_no_rollout_skips_the_step_with_it(tmp_path, monkeypatch):
+    # the other process drew only skipped items: it has no row to take part in the update with, so both skip
+    tr = toy_trainer(tmp_path)
+    tr.setup_run_dir()
+    before = {k: v.detach().clone() for k, v in tr.policy.module.state_dict().items()}
+    calls = _fake_peer(tr, monkeypatch, [0.0, 1.0])
+    m = tr.train_step()
+    assert calls == [[16.0, 0.0]]  # this process's valid samples, and it has a rollout
+    assert m["data/empty_steps"] == 1.0 and m["data/steps_lost_to_empty_peers"] == 1.0 and "loss/policy" not in m
+    after = tr.policy.module.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before) and tr.updates_done == 0
+    assert tr.scheduler.last_epoch == 1
+
+
+def test_a_process_without_samples_of_its_own_trains_one_zero_weight_row_with_its_peers(tmp_path, monkeypatch):
+    # every sample of this process was masked (or filtered) while the other process has 16: this one runs the update
+    # on one ballast row that adds no token, no sequence and no loss to the global minibatch
+    tr = toy_trainer(tmp_path, "algo.num_minibatches=1")
+    tr.setup_run_dir()
+    real_collect = tr.collect
+
+    def collect():
+        ro, metrics = real_collect()
+        ro.valid[:] = False
+        return ro, metrics
+
+    monkeypatch.setattr(tr, "collect", collect)
+    monkeypatch.setattr(
+        torch.distributed, "all_gather_object", lambda parts, local: parts.__setitem__(slice(None), [local, local])
+    )
+    calls = _fake_peer(tr, monkeypatch, [16.0, 0.0])
+    rows = _training_forwards(tr, monkeypatch)
+    m = tr.train_step()
+    assert calls == [[0.0, 0.0], [0.0, 0.0]]  # no valid sample; then the minibatch: no token, no sequence of its own
+    assert rows == [1] and m["update/samples"] == 0.0 and "response/length" not in m
+    assert m["loss/policy"] == 0.0 and "data/empty_steps" not in m and tr.updates_done == 1
