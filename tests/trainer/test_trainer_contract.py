@@ -855,25 +855,31 @@ def test_a_start_from_the_warm_start_checkpoint_is_recorded_at_step_zero(tmp_pat
 
 def test_the_engine_gap_of_rows_in_different_micro_batches_and_no_dummy_counted(tmp_path, monkeypatch):
     # 2 rows left (the others failed), 3 micro-batches: row 0, row 1 and an empty one, which runs row 0 again as a
-    # zero-weight dummy. The engine sits 0.6 nats above the trainer on row 0 and 0.1 on row 1: the ratios' extremes
-    # exp(-0.6) and exp(-0.1) both lie in different micro-batches than the last, and the mean gap is token-weighted
-    # over the two rows, the dummy not counted again
+    # zero-weight dummy. The engine sits above the trainer by 0.6 and 0.1 nats on alternate tokens of row 0 and by
+    # 0.3 on row 1: the ratios' extremes exp(-0.6) and exp(-0.1) (below 1: not a default of 1) lie in the first
+    # micro-batch, not the last, and the mean gap is token-weighted over the two rows, the dummy not counted again
     tr = toy_trainer(tmp_path, "trainer.grad_accum=3")
     tr.setup_run_dir()
-    real_collect, kept = tr.collect, []
+    real_collect, masks = tr.collect, []
 
     def collect():
         ro, metrics = real_collect()
         ro.valid[2:] = False
-        ro.rollout_logp = ro.rollout_logp + torch.tensor([0.6, 0.1] + [0.0] * (ro.batch_size - 2))[:, None] * ro.mask
-        kept.append(ro.mask[:2].sum(1))
+        offset = torch.zeros_like(ro.rollout_logp)
+        offset[0] = torch.where(torch.arange(offset.shape[1]) % 2 == 0, 0.6, 0.1)
+        offset[1] = 0.3
+        ro.rollout_logp = ro.rollout_logp + offset * ro.mask
+        masks.append(ro.mask[:2].clone())
         return ro, metrics
 
     monkeypatch.setattr(tr, "collect", collect)
     m = tr.train_step()
-    n0, n1 = (float(x) for x in kept[0])
-    assert m["rollout/logp_abs_diff"] == pytest.approx((0.6 * n0 + 0.1 * n1) / (n0 + n1), abs=1e-4)
-    assert m["rollout/is_ratio_max"] == pytest.approx(math.exp(-0.1), abs=1e-4)  # below 1: not a default of 1
+    row0, row1 = masks[0]
+    even = float(row0[::2].sum())
+    assert even >= 1 and row0.sum() > even  # row 0 has tokens of both offsets
+    gap = 0.6 * even + 0.1 * float(row0.sum() - even) + 0.3 * float(row1.sum())
+    assert m["rollout/logp_abs_diff"] == pytest.approx(gap / float(row0.sum() + row1.sum()), abs=1e-4)
+    assert m["rollout/is_ratio_max"] == pytest.approx(math.exp(-0.1), abs=1e-4)
     assert m["rollout/is_ratio_min"] == pytest.approx(math.exp(-0.6), abs=1e-4)
 
 
