@@ -608,7 +608,8 @@ class Trainer:
         n_updates = algo.ppo_epochs * algo.num_minibatches
         out = {k: v / n_updates for k, v in st.sums.items() if not k.startswith("rollout/")}
         toks = st.sums.get("rollout/tokens", 0.0)
-        out["rollout/logp_abs_diff"] = st.sums.get("rollout/logp_abs_diff_sum", 0.0) / max(toks, 1.0)
+        if toks:  # none: this process had no row in the first minibatch (it ran a dummy forward)
+            out["rollout/logp_abs_diff"] = st.sums["rollout/logp_abs_diff_sum"] / toks
         for k in ("rollout/is_ratio_max", "rollout/is_ratio_min"):
             if k in st.sums and math.isfinite(st.sums[k]):
                 out[k] = st.sums[k]

@@ -873,7 +873,9 @@ def test_the_engine_gap_of_rows_in_different_micro_batches_and_no_dummy_counted(
         return ro, metrics
 
     monkeypatch.setattr(tr, "collect", collect)
+    forwards = _training_forwards(tr, monkeypatch)
     m = tr.train_step()
+    assert forwards == [1, 1, 1]  # the dummy is one row
     row0, row1 = masks[0]
     even = float(row0[::2].sum())
     assert even >= 1 and row0.sum() > even  # row 0 has tokens of both offsets
@@ -906,15 +908,15 @@ def _training_forwards(tr, monkeypatch) -> list[int]:
     return rows
 
 
-def _minibatch_orders(tr, monkeypatch) -> list[list[int]]:
-    """The global row indices of every minibatch of the next step, in order."""
+def _minibatch_orders(tr, monkeypatch) -> tuple[list[list[int]], dict]:
+    """The global row indices of every minibatch of the next step, in order, and the step's metrics."""
     seen, real = [], trainer_module.local_rows
     monkeypatch.setattr(
         trainer_module, "local_rows", lambda gmb, offset, n: seen.append(gmb.tolist()) or real(gmb, offset, n)
     )
-    tr.train_step()
+    metrics = tr.train_step()
     monkeypatch.setattr(trainer_module, "local_rows", real)
-    return seen
+    return seen, metrics
 
 
 def test_minibatches_are_a_fresh_seeded_shuffle_of_the_whole_batch(tmp_path, monkeypatch):
@@ -926,7 +928,7 @@ def test_minibatches_are_a_fresh_seeded_shuffle_of_the_whole_batch(tmp_path, mon
         out = []
         for _ in range(steps):
             torch.manual_seed(global_seed)
-            out.append(_minibatch_orders(tr, monkeypatch))
+            out.append(_minibatch_orders(tr, monkeypatch)[0])
             tr.step += 1  # as fit counts steps
         return out
 
@@ -948,7 +950,7 @@ def test_with_two_processes_minibatches_are_drawn_from_the_global_batch(tmp_path
     monkeypatch.setattr(tr, "_advantages", lambda ro, kl: (torch.ones_like(ro.mask), None))
     tr.world, tr.rank = 2, rank
     trained = _training_forwards(tr, monkeypatch)
-    gmbs = _minibatch_orders(tr, monkeypatch)
+    gmbs, _ = _minibatch_orders(tr, monkeypatch)
     assert sorted(gmbs[0] + gmbs[1]) == list(range(32))
     mine = [sum(1 for i in g if 16 * rank <= i < 16 * (rank + 1)) for g in gmbs]
     assert trained == mine and sum(mine) == 16
@@ -1004,3 +1006,34 @@ def test_a_process_without_samples_of_its_own_trains_one_zero_weight_row_with_it
     assert calls == [[0.0, 0.0], [0.0, 0.0]]  # no valid sample; then the minibatch: no token, no sequence of its own
     assert rows == [1] and m["update/samples"] == 0.0 and "response/length" not in m
     assert m["loss/policy"] == 0.0 and "data/empty_steps" not in m and tr.updates_done == 1
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_process_without_rows_in_a_minibatch_runs_one_zero_weight_row(tmp_path, monkeypatch, rank):
+    # one row of its own (the others failed) against the other process's 16, two minibatches: one of them holds no row
+    # of this process, which then runs a one-row forward (collectives in step) that adds no token to the engine gap
+    tr = toy_trainer(tmp_path, "algo.num_minibatches=2")
+    tr.setup_run_dir()
+    real_collect, masks = tr.collect, []
+
+    def collect():
+        ro, metrics = real_collect()
+        ro.valid[1:] = False
+        ro.rollout_logp = ro.rollout_logp + 0.2 * ro.mask
+        masks.append(ro.mask[0])
+        return ro, metrics
+
+    monkeypatch.setattr(tr, "collect", collect)
+    monkeypatch.setattr(tr.dp, "all_gather_ints", lambda n: [n, 16] if rank == 0 else [16, n])
+    monkeypatch.setattr(tr, "_advantages", lambda ro, kl: (torch.ones_like(ro.mask), None))
+    tr.world, tr.rank = 2, rank
+    forwards = _training_forwards(tr, monkeypatch)
+    gmbs, m = _minibatch_orders(tr, monkeypatch)
+    assert forwards == [1, 1]  # its row in one minibatch, a dummy row in the other
+    # the gap to the engine is measured before the first optimizer step: on its row when the first minibatch has it;
+    # otherwise on no token, so not reported (not 0)
+    if (16 * rank) in gmbs[0]:
+        assert m["rollout/logp_abs_diff"] == pytest.approx(0.2, abs=1e-4)
+        assert m["rollout/is_ratio_min"] == pytest.approx(math.exp(-0.2), abs=1e-4)
+    else:
+        assert "rollout/logp_abs_diff" not in m and "rollout/is_ratio_min" not in m
