@@ -1037,3 +1037,38 @@ def test_a_process_without_rows_in_a_minibatch_runs_one_zero_weight_row(tmp_path
         assert m["rollout/is_ratio_min"] == pytest.approx(math.exp(-0.2), abs=1e-4)
     else:
         assert "rollout/logp_abs_diff" not in m and "rollout/is_ratio_min" not in m
+
+
+# ---------------------------------------------------------------------------------------------- the collector
+def test_when_filtering_leaves_no_group_the_collector_returns_one_invalid_row_of_the_last_round(tmp_path, monkeypatch):
+    # every reward equal: DAPO's filter drops every group in both rounds. One row of the last round comes back, marked
+    # invalid (the ballast a process without samples trains with its peers); on one process the step is then empty
+    tr = toy_trainer(tmp_path, "algo.filter_groups=true", "algo.max_resample=1")
+    tr.setup_run_dir()
+    rounds, real_rollout = [], tr.policy.rollout
+
+    def rollout(batch, group_size):
+        ro = real_rollout(batch, group_size)
+        rounds.append(ro)
+        return ro
+
+    monkeypatch.setattr(tr.policy, "rollout", rollout)
+    monkeypatch.setattr(tr.rollouts, "score", lambda batch, ro, **kw: setattr(ro, "rewards", torch.ones(ro.batch_size)))
+    ro, metrics = tr.collect()
+    assert len(rounds) == 2 and metrics["filter/rounds"] == 2.0 and metrics["filter/kept_groups"] == 0.0
+    assert ro.batch_size == 1 and not ro.valid.any()
+    torch.testing.assert_close(ro.rollout_logp, rounds[1].rollout_logp[:1])
+    assert tr.train_step()["data/empty_steps"] == 1.0 and tr.updates_done == 0
+
+
+def test_when_nothing_was_rolled_out_the_collector_returns_none(tmp_path, monkeypatch):
+    # every prompt of the round was left out of the rollout (too long, say): no row to keep as ballast
+    tr = toy_trainer(tmp_path, "algo.filter_groups=true", "algo.max_resample=0")
+    tr.setup_run_dir()
+    real_rollout = tr.policy.rollout
+    monkeypatch.setattr(
+        tr.policy, "rollout", lambda batch, g: real_rollout(batch, g).index(torch.zeros(0, dtype=torch.long))
+    )
+    monkeypatch.setattr(tr.rollouts, "score", lambda batch, ro, **kw: setattr(ro, "rewards", torch.ones(ro.batch_size)))
+    ro, metrics = tr.collect()
+    assert ro is None and metrics["filter/kept_groups"] == 0.0
