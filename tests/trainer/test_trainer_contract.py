@@ -8,6 +8,7 @@ global-batch GAE of one rank. Mutation testing (``scripts/mutation.sh trainer``)
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -1072,3 +1073,20 @@ def test_when_nothing_was_rolled_out_the_collector_returns_none(tmp_path, monkey
     monkeypatch.setattr(tr.rollouts, "score", lambda batch, ro, **kw: setattr(ro, "rewards", torch.ones(ro.batch_size)))
     ro, metrics = tr.collect()
     assert ro is None and metrics["filter/kept_groups"] == 0.0
+
+
+def test_the_policys_own_kl_is_the_kl_penalty_of_the_loss(tmp_path, monkeypatch):
+    # a policy with its own per-token KL (diffusion's latent-mean KL) hands it to the objective: 0.25 on every action,
+    # token-mean aggregated, is a KL term of 0.25, and no reference pass runs
+    tr = toy_trainer(tmp_path, "algo.kl_coef=0.1", "algo.loss_agg=token_mean")
+    tr.setup_run_dir()
+    monkeypatch.setattr(type(tr.policy), "owns_kl", True)
+    real = tr.policy.log_probs
+
+    def log_probs(sub, **kw):
+        out = real(sub, **kw)
+        return dataclasses.replace(out, kl=torch.full_like(out.logp, 0.25))
+
+    monkeypatch.setattr(tr.policy, "log_probs", log_probs)
+    m = tr.train_step()
+    assert m["policy/kl"] == pytest.approx(0.25, abs=1e-6)
