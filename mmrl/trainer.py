@@ -558,7 +558,7 @@ class Trainer:
                         mi = mb[:1] if mb.numel() else torch.zeros(1, dtype=torch.long)
                     sub = ro.index(mi)
                     m = mask[mi].to(self.accelerator.device)
-                    if dummy:
+                    if dummy:  # its mask is zero: every weight, and so its loss and gradient, is zero
                         m = torch.zeros_like(m)
                     sync = k == len(micro) - 1
                     with self._no_sync(sync):
@@ -582,7 +582,6 @@ class Trainer:
                             values=out.values if use_gae else None,
                             old_values=ro.values[mi].to(dev) if use_gae else None,
                             returns=returns[mi].to(dev) if use_gae else None,
-                            scale=0.0 if dummy else 1.0,
                         )
                         for name, value in terms.items():
                             st.add(name, float(value))

@@ -47,7 +47,6 @@ def rl_objective(
     values: Tensor | None = None,
     old_values: Tensor | None = None,
     returns: Tensor | None = None,
-    scale: float = 1.0,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """``(loss, stats)`` of one micro-batch (module docstring). All tensors are ``[b, T]``.
 
@@ -60,16 +59,13 @@ def rl_objective(
         policy_kl: the policy's own per-token KL (``Policy.owns_kl``).
         entropy: per-token entropy (logged; a bonus with ``cfg.entropy_coef``).
         values, old_values, returns: critic outputs, rollout-time values and GAE returns (``advantage=gae``).
-        scale: multiplies every weight (0 for a zero-weight placeholder micro-batch that keeps ranks in step).
 
     Stats (detached 0-d tensors): ``loss/policy``, ``loss/clipfrac``, ``policy/ratio_mean`` and, when present,
     ``policy/kl``, ``policy/entropy``, ``loss/value``.
     """
-    w = (
-        token_weights(
-            mask, cfg.loss_agg, num_tokens=max(num_tokens, 1.0), num_seqs=max(num_seqs, 1.0), max_len=cfg.loss_max_len
-        )
-        * scale
+    # every weight is 0 where ``mask`` is: an all-zero mask is a zero-weight placeholder (a rank's dummy micro-batch)
+    w = token_weights(
+        mask, cfg.loss_agg, num_tokens=max(num_tokens, 1.0), num_seqs=max(num_seqs, 1.0), max_len=cfg.loss_max_len
     )
     pl = POLICY_LOSSES.get(cfg.policy_loss)(
         logp, old_logp, advantages, mask, clip_low=cfg.clip_low, clip_high=cfg.clip_high, dual_clip=cfg.dual_clip

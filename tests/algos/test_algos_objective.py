@@ -77,12 +77,17 @@ def test_truncated_is_weights_multiply_the_policy_term():
         _objective(cfg, torch.zeros(1, 3))
 
 
-def test_aggregation_uses_the_minibatch_totals_and_scale_zero_is_a_placeholder():
+@pytest.mark.parametrize("agg", ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"])
+def test_aggregation_uses_the_minibatch_totals_and_a_zero_mask_is_a_placeholder(agg):
     logp = torch.zeros(1, 3, requires_grad=True)
-    loss, _ = _objective(AlgoConfig(), logp, num_tokens=8.0)  # this micro-batch holds 2 of the minibatch's 8 tokens
-    assert float(loss) == pytest.approx(1.0 / 8)
-    loss, st = _objective(AlgoConfig(), logp, scale=0.0)
+    if agg == "token_mean":
+        loss, _ = _objective(AlgoConfig(), logp, num_tokens=8.0)  # this micro-batch holds 2 of the minibatch's 8 tokens
+        assert float(loss) == pytest.approx(1.0 / 8)
+    # a dummy micro-batch (a rank without rows of its own) has a zero mask: no loss, no gradient, no statistic
+    cfg = AlgoConfig(loss_agg=agg, loss_max_len=4, kl_coef=0.1, entropy_coef=0.01)
+    loss, st = _objective(cfg, logp, mask=torch.zeros(1, 3), ref_logp=torch.ones(1, 3), entropy=torch.ones(1, 3))
     loss.backward()
-    assert float(loss) == 0.0 and torch.all(logp.grad == 0) and float(st["policy/ratio_mean"]) == 0.0
+    assert float(loss) == 0.0 and torch.all(logp.grad == 0)
+    assert all(float(v) == 0.0 for v in st.values())
     seq, _ = _objective(AlgoConfig(loss_agg="seq_mean_token_sum_norm", loss_max_len=4), torch.zeros(1, 3))
     assert float(seq) == pytest.approx((-1.0 + 2.0) / 4)  # token sum / constant length / 1 sequence

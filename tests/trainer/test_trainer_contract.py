@@ -1090,3 +1090,66 @@ def test_the_policys_own_kl_is_the_kl_penalty_of_the_loss(tmp_path, monkeypatch)
     monkeypatch.setattr(tr.policy, "log_probs", log_probs)
     m = tr.train_step()
     assert m["policy/kl"] == pytest.approx(0.25, abs=1e-6)
+
+
+def test_the_engine_gap_is_measured_on_the_first_minibatch_only(tmp_path, monkeypatch):
+    # 2 minibatches, a large lr: the second minibatch's rows are trained after the first optimizer step, so their
+    # trainer log-probs have moved; the gap counts only the first minibatch's rows, at the rollout's parameters
+    tr = toy_trainer(tmp_path, "algo.num_minibatches=2", "trainer.lr=0.05")
+    tr.setup_run_dir()
+    real_collect = tr.collect
+
+    def collect():
+        ro, metrics = real_collect()
+        ro.rollout_logp = ro.rollout_logp - 0.3 * ro.mask
+        return ro, metrics
+
+    monkeypatch.setattr(tr, "collect", collect)
+    monkeypatch.setattr(tr, "_advantages", lambda ro, kl: (ro.mask * 0.5, None))  # a gradient on every row
+    m = tr.train_step()
+    assert m["rollout/logp_abs_diff"] == pytest.approx(0.3, abs=1e-5)
+    assert m["rollout/is_ratio_max"] == pytest.approx(math.exp(0.3), abs=1e-5)
+
+
+def _grads_at_the_optimizer_step(tr, monkeypatch) -> list[float]:
+    """The total gradient norm the optimizer sees at each of its steps."""
+    norms, real = [], tr.optimizer.step
+
+    def step(*a, **kw):
+        grads = [p.grad for p in tr._params if p.grad is not None]
+        norms.append(float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))))
+        return real(*a, **kw)
+
+    monkeypatch.setattr(tr.optimizer, "step", step)
+    return norms
+
+
+def test_the_optimizer_sees_gradients_clipped_to_max_grad_norm(tmp_path, monkeypatch):
+    # a fixed advantage of 0.5 on every action gives a gradient (the toy task's first groups may all be equal)
+    raw = toy_trainer(tmp_path, "trainer.max_grad_norm=null", run="raw")
+    raw.setup_run_dir()
+    monkeypatch.setattr(raw, "_advantages", lambda ro, kl: (ro.mask * 0.5, None))
+    seen_raw = _grads_at_the_optimizer_step(raw, monkeypatch)
+    m = raw.train_step()
+    assert seen_raw == [pytest.approx(m["optim/grad_norm"], rel=1e-5)] and m["optim/grad_norm"] > 0.02
+    clipped = toy_trainer(tmp_path, "trainer.max_grad_norm=0.01", run="clipped")
+    clipped.setup_run_dir()
+    monkeypatch.setattr(clipped, "_advantages", lambda ro, kl: (ro.mask * 0.5, None))
+    seen = _grads_at_the_optimizer_step(clipped, monkeypatch)
+    m = clipped.train_step()
+    # the logged norm is the one before clipping (the same step: same seed, same rollout)
+    assert m["optim/grad_norm"] == pytest.approx(seen_raw[0], rel=1e-5) and seen == [pytest.approx(0.01, rel=1e-4)]
+
+
+def test_each_process_scales_its_loss_by_the_world_size(tmp_path, monkeypatch):
+    # DDP averages the gradients over the processes; the objective is normalised by the global minibatch's counts, so
+    # each process multiplies its loss by the world size to make the average the global sum. With the same rows and
+    # advantages, a process of two sees twice the gradient of one process alone
+    norms = []
+    for world in (1, 2):
+        tr = toy_trainer(tmp_path, "trainer.max_grad_norm=null", run=f"w{world}")
+        tr.setup_run_dir()
+        monkeypatch.setattr(tr, "_advantages", lambda ro, kl: (ro.mask * 0.5, None))
+        tr.world = world
+        norms.append(tr.train_step()["optim/grad_norm"])
+    assert norms[0] > 0.02 and norms[1] == pytest.approx(2 * norms[0], rel=1e-5)
