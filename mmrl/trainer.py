@@ -529,7 +529,7 @@ class Trainer:
         use_gae = algo.advantage == algos.CRITIC_ESTIMATOR
         need_entropy = True  # cheap relative to the forward; logged every step
         st = _StepStats()
-        n_opt_steps = 0
+        stepped = False  # has an optimizer step run yet
         skipped_steps = 0
         B = ro.batch_size
         # minibatches are drawn from the GLOBAL batch (every rank's rows, in rank order), so that N processes train on
@@ -585,7 +585,7 @@ class Trainer:
                         )
                         for name, value in terms.items():
                             st.add(name, float(value))
-                        if epoch == 0 and n_opt_steps == 0:  # before any update: trainer vs rollout engine
+                        if epoch == 0 and not stepped:  # before any update: trainer vs rollout engine
                             st.add_rollout_gap(logp.detach(), beh, m)
                         loss = loss * self.world  # DDP averages gradients over ranks
                         self.accelerator.backward(loss)
@@ -600,7 +600,7 @@ class Trainer:
                     st.add("optim/grad_norm", gn)
                 if finite:
                     self.optimizer.step()
-                    n_opt_steps += 1
+                    stepped = True
                 else:
                     skipped_steps += 1
                 self.optimizer.zero_grad(set_to_none=True)

@@ -143,13 +143,14 @@ def test_reward_error_rate_aborts_with_clear_message(tmp_path):
         tr.fit()
 
 
-def test_nonfinite_loss_skips_step_then_aborts(tmp_path):
-    tr = toy_trainer(tmp_path, "trainer.max_consecutive_nonfinite=2", steps=5)
+@pytest.mark.parametrize("minibatches", [1, 3])
+def test_nonfinite_loss_skips_step_then_aborts(tmp_path, minibatches):
+    tr = toy_trainer(tmp_path, "trainer.max_consecutive_nonfinite=2", f"algo.num_minibatches={minibatches}", steps=5)
     tr.setup_run_dir()
     before = _params(tr)
     tr.policy.log_probs = nan_log_probs(tr.policy.log_probs)
     m = tr.train_step()
-    assert m["train/nonfinite_skipped"] == 1.0
+    assert m["train/nonfinite_skipped"] == float(minibatches)  # every optimizer step of the step skipped
     assert all(torch.equal(before[k], v) for k, v in _params(tr).items())  # step skipped
     with pytest.raises(TrainingAborted, match="consecutive steps had non-finite"):
         tr.train_step()
