@@ -7,6 +7,7 @@ mutant (``MUTANT_UNDER_TEST`` selects the mutant inside mutmut's trampolines, re
 process; give the fast, targeted test files first (``-x`` stops at the first failure). Prints
 each mutant as ``killed`` or ``survived`` and the counts; ``--survivors-out FILE`` writes the names still alive;
 ``--names FILE`` rechecks the mutants named there instead (e.g. an older run's survivors, in a fresh copy).
+``--deselect NODEID`` (repeatable) leaves a test out, e.g. one that needs code newer than the run's copy.
 ``--jobs N`` splits the survivors over N such processes; a mutant whose tests run longer than ``--timeout``
 seconds (an endless loop) counts as killed, as in mutmut. Works on a finished or a stopped run (mutants not checked
 yet are left alone).
@@ -96,6 +97,7 @@ def in_parallel(args: argparse.Namespace, names: list[str]) -> list[str] | None:
         (tmp / f"names{i}").write_text("".join(f"{n}\n" for n in names[i :: args.jobs]))
         cmd = [sys.executable, __file__, str(args.run_dir), *args.tests, "--names-from", str(tmp / f"names{i}")]
         cmd += ["--survivors-out", str(tmp / f"alive{i}"), "--timeout", str(args.timeout)]
+        cmd += [f"--deselect={d}" for d in args.deselect]
         workers.append(subprocess.Popen(cmd))
     if any([w.wait() != 0 for w in workers]):  # a list: every worker is waited for, not only up to a failed one
         return None
@@ -110,6 +112,7 @@ def main() -> int:
     ap.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
     ap.add_argument("--timeout", type=int, default=900, help="seconds per mutant before it counts as killed")
     ap.add_argument("--names", type=Path, help="recheck these mutants (one name per line) instead of the survivors")
+    ap.add_argument("--deselect", action="append", default=[], help="leave out this test node id (repeatable)")
     ap.add_argument("--names-from", type=Path, help=argparse.SUPPRESS)  # a worker of --jobs: these mutants only
     args = ap.parse_args()
     run_dir = args.run_dir.resolve()
@@ -130,7 +133,7 @@ def main() -> int:
     if args.jobs > 1 and args.names_from is None and len(names) > 1:
         alive = in_parallel(args, names)
     else:
-        alive = recheck(run_dir, args.tests, names, args.timeout)
+        alive = recheck(run_dir, [*args.tests, *(f"--deselect={d}" for d in args.deselect)], names, args.timeout)
     if alive is None:
         return 1
     print(f"rechecked {len(names)}: killed {len(names) - len(alive)}, still alive {len(alive)}")

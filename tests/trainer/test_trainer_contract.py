@@ -1153,3 +1153,17 @@ def test_each_process_scales_its_loss_by_the_world_size(tmp_path, monkeypatch):
         tr.world = world
         norms.append(tr.train_step()["optim/grad_norm"])
     assert norms[0] > 0.02 and norms[1] == pytest.approx(2 * norms[0], rel=1e-5)
+
+
+def test_step_metrics_are_means_over_the_optimizer_steps(tmp_path, monkeypatch):
+    # 2 epochs x 2 minibatches: 4 optimizer steps; the logged grad norm is the mean of the 4 measured
+    tr = toy_trainer(tmp_path, "algo.ppo_epochs=2", "algo.num_minibatches=2")
+    tr.setup_run_dir()
+    monkeypatch.setattr(tr, "_advantages", lambda ro, kl: (ro.mask * 0.5, None))
+    norms, real = [], torch.nn.utils.clip_grad_norm_
+    monkeypatch.setattr(
+        torch.nn.utils, "clip_grad_norm_", lambda *a, **kw: norms.append(float(real(*a, **kw))) or norms[-1]
+    )
+    m = tr.train_step()
+    assert len(norms) == 4 and len(set(norms)) == 4
+    assert m["optim/grad_norm"] == pytest.approx(sum(norms) / 4, rel=1e-6)
