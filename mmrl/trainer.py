@@ -606,7 +606,7 @@ class Trainer:
                 self.optimizer.zero_grad(set_to_none=True)
         n_updates = algo.ppo_epochs * algo.num_minibatches
         out = {k: v / n_updates for k, v in st.sums.items() if not k.startswith("rollout/")}
-        toks = st.sums.get("rollout/tokens", 0.0)
+        toks = st.sums["rollout/tokens"]  # the first micro-batch always adds its count (0 for a dummy)
         if toks:  # none: this process had no row in the first minibatch (it ran a dummy forward)
             out["rollout/logp_abs_diff"] = st.sums["rollout/logp_abs_diff_sum"] / toks
         for k in ("rollout/is_ratio_max", "rollout/is_ratio_min"):
