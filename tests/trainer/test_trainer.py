@@ -317,3 +317,15 @@ def test_eval_at_start_logs_the_initial_policy_at_step_zero(tmp_path):
     plain = toy_trainer(tmp_path / "off", "trainer.eval_size=8", steps=1)
     plain.fit()
     assert all(json.loads(r)["step"] >= 1 for r in (plain.run_dir / "metrics.jsonl").read_text().splitlines())
+
+
+def test_a_finite_step_resets_the_nonfinite_streak(tmp_path):
+    # non-finite, finite, non-finite with a limit of 2 consecutive: no abort, the streak is 1 again
+    tr = toy_trainer(tmp_path, "trainer.max_consecutive_nonfinite=2", steps=5)
+    tr.setup_run_dir()
+    finite = tr.policy.log_probs
+    for nonfinite in (True, False, True):
+        tr.policy.log_probs = nan_log_probs(finite) if nonfinite else finite
+        m = tr.train_step()
+        assert m["train/nonfinite_skipped"] == float(nonfinite)
+    assert tr.nonfinite_streak == 1
