@@ -1167,3 +1167,21 @@ def test_step_metrics_are_means_over_the_optimizer_steps(tmp_path, monkeypatch):
     m = tr.train_step()
     assert len(norms) == 4 and len(set(norms)) == 4
     assert m["optim/grad_norm"] == pytest.approx(sum(norms) / 4, rel=1e-6)
+
+
+def test_the_mean_advantage_of_a_one_token_batch(tmp_path, monkeypatch):
+    # one valid sample with one action left: the mean |advantage| is that action's own, over 1 token
+    tr = toy_trainer(tmp_path)
+    tr.setup_run_dir()
+    real_collect = tr.collect
+
+    def collect():
+        ro, metrics = real_collect()
+        ro.valid[1:] = False
+        ro.mask[0, 1:] = 0
+        return ro, metrics
+
+    monkeypatch.setattr(tr, "collect", collect)
+    monkeypatch.setattr(tr, "_advantages", lambda ro, kl: (ro.mask * -0.75, None))
+    m = tr.train_step()
+    assert m["policy/adv_abs_mean"] == pytest.approx(0.75) and m["response/length"] == 1.0
