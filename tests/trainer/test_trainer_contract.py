@@ -985,10 +985,12 @@ def test_a_process_whose_peer_has_no_rollout_skips_the_step_with_it(tmp_path, mo
     assert tr.scheduler.last_epoch == 1
 
 
-def test_a_process_without_samples_of_its_own_trains_one_zero_weight_row_with_its_peers(tmp_path, monkeypatch):
+@pytest.mark.parametrize("algo", ["grpo", "ppo"])
+def test_a_process_without_samples_of_its_own_trains_one_zero_weight_row_with_its_peers(tmp_path, monkeypatch, algo):
     # every sample of this process was masked (or filtered) while the other process has 16: this one runs the update
-    # on one ballast row that adds no token, no sequence and no loss to the global minibatch
-    tr = toy_trainer(tmp_path, "algo.num_minibatches=1")
+    # on one ballast row that adds no token, no sequence and no loss to the global minibatch (PPO: nor a value loss;
+    # its GAE over the gathered batch sees a zero mask on that row, not a NaN)
+    tr = toy_trainer(tmp_path, f"algo={algo}", "algo.num_minibatches=1", "algo.ppo_epochs=1")
     tr.setup_run_dir()
     real_collect = tr.collect
 
@@ -1007,6 +1009,7 @@ def test_a_process_without_samples_of_its_own_trains_one_zero_weight_row_with_it
     assert calls == [[0.0, 0.0], [0.0, 0.0]]  # no valid sample; then the minibatch: no token, no sequence of its own
     assert rows == [1] and m["update/samples"] == 0.0 and "response/length" not in m
     assert m["loss/policy"] == 0.0 and "data/empty_steps" not in m and tr.updates_done == 1
+    assert m.get("loss/value", 0.0) == 0.0 and m["train/nonfinite_skipped"] == 0.0
 
 
 @pytest.mark.parametrize("rank", [0, 1])
@@ -1185,3 +1188,16 @@ def test_the_mean_advantage_of_a_one_token_batch(tmp_path, monkeypatch):
     monkeypatch.setattr(tr, "_advantages", lambda ro, kl: (ro.mask * -0.75, None))
     m = tr.train_step()
     assert m["policy/adv_abs_mean"] == pytest.approx(0.75) and m["response/length"] == 1.0
+
+
+def test_a_step_logs_its_samples_in_the_run_folder(tmp_path):
+    # trainer.log_samples_every=2: step 1 (0-based) writes at most log_samples_max rows of its batch, step 0 none
+    tr = toy_trainer(tmp_path, "trainer.log_samples_every=2", "trainer.log_samples_max=3")
+    tr.setup_run_dir()
+    log = tr.run_dir / "samples.jsonl"
+    tr.train_step()
+    assert not log.exists()
+    tr.step += 1
+    tr.train_step()
+    rows = [json.loads(line) for line in log.read_text().splitlines()]
+    assert len(rows) == 3 and {r["step"] for r in rows} == {2}
