@@ -22,7 +22,8 @@ from mmrl import algos
 from mmrl.checkpoint import latest_checkpoint
 from mmrl.errors import RunStopped
 from mmrl.policies.base import Rollout
-from mmrl.rollouts import RolloutCollector, append_samples_log
+from mmrl.rewards.manager import RewardResult
+from mmrl.rollouts import RolloutCollector, append_samples_log, score_rollout
 from tests.helpers import nan_log_probs, toy_trainer
 
 
@@ -1201,3 +1202,35 @@ def test_a_step_logs_its_samples_in_the_run_folder(tmp_path):
     tr.train_step()
     rows = [json.loads(line) for line in log.read_text().splitlines()]
     assert len(rows) == 3 and {r["step"] for r in rows} == {2}
+
+
+def test_score_rollout_hands_the_rewards_the_prompts_samples_and_columns(tmp_path):
+    # the manager gets each sample's prompt ("" for an item without one), the samples and the task's columns; the
+    # task's rollout metrics get the items and the samples; the result narrows validity and sets the rewards
+    tr = toy_trainer(tmp_path)
+    ro, _ = tr.collect()
+    items = [{"prompt": f"p{j}", "answer": j} for j in range(ro.batch_size - 1)] + [{"answer": -1}]
+    calls = {}
+
+    class Task:
+        def reward_columns(self, its):
+            calls["columns"] = its
+            return {"answer": [it["answer"] for it in its]}
+
+        def rollout_metrics(self, its, samples):
+            calls["metrics"] = (its, samples)
+            return {"task/x": 1.0}
+
+    def rewards(prompts, samples, columns):
+        calls["rewards"] = (prompts, samples, columns)
+        valid = torch.ones(len(prompts), dtype=torch.bool)
+        valid[0] = False
+        return RewardResult(total=torch.arange(len(prompts)).float(), valid=valid, per_fn={}, metrics={"reward/a": 2.0})
+
+    score_rollout(Task(), rewards, items, ro)
+    prompts, samples, columns = calls["rewards"]
+    assert prompts == [f"p{j}" for j in range(ro.batch_size - 1)] + [""]
+    assert samples is ro.samples and columns == {"answer": [it["answer"] for it in items]}
+    assert calls["columns"] is items and calls["metrics"][0] is items and calls["metrics"][1] is ro.samples
+    assert ro.rewards.tolist() == list(range(ro.batch_size)) and not ro.valid[0] and ro.valid[1:].all()
+    assert ro.metrics["reward/a"] == 2.0 and ro.metrics["task/x"] == 1.0
