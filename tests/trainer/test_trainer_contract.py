@@ -21,7 +21,7 @@ import mmrl.trainer as trainer_module
 from mmrl import algos
 from mmrl.checkpoint import latest_checkpoint
 from mmrl.errors import RunStopped
-from mmrl.policies.base import Rollout
+from mmrl.policies.base import PromptBatch, Rollout
 from mmrl.rewards.manager import RewardResult
 from mmrl.rollouts import RolloutCollector, append_samples_log, score_rollout
 from tests.helpers import nan_log_probs, toy_trainer
@@ -1192,16 +1192,17 @@ def test_the_mean_advantage_of_a_one_token_batch(tmp_path, monkeypatch):
 
 
 def test_a_step_logs_its_samples_in_the_run_folder(tmp_path):
-    # trainer.log_samples_every=2: step 1 (0-based) writes at most log_samples_max rows of its batch, step 0 none
-    tr = toy_trainer(tmp_path, "trainer.log_samples_every=2", "trainer.log_samples_max=3")
+    # trainer.log_samples_every=3: step 2 (0-based) writes at most log_samples_max rows of its batch, steps 0, 1 none
+    tr = toy_trainer(tmp_path, "trainer.log_samples_every=3", "trainer.log_samples_max=3")
     tr.setup_run_dir()
     log = tr.run_dir / "samples.jsonl"
-    tr.train_step()
-    assert not log.exists()
-    tr.step += 1
+    for _ in range(2):
+        tr.train_step()
+        assert not log.exists()
+        tr.step += 1
     tr.train_step()
     rows = [json.loads(line) for line in log.read_text().splitlines()]
-    assert len(rows) == 3 and {r["step"] for r in rows} == {2}
+    assert len(rows) == 3 and {r["step"] for r in rows} == {3}
 
 
 def test_score_rollout_hands_the_rewards_the_prompts_samples_and_columns(tmp_path):
@@ -1234,3 +1235,34 @@ def test_score_rollout_hands_the_rewards_the_prompts_samples_and_columns(tmp_pat
     assert calls["columns"] is items and calls["metrics"][0] is items and calls["metrics"][1] is ro.samples
     assert ro.rewards.tolist() == list(range(ro.batch_size)) and not ro.valid[0] and ro.valid[1:].all()
     assert ro.metrics["reward/a"] == 2.0 and ro.metrics["task/x"] == 1.0
+
+
+def test_skipped_seen_and_too_long_items_are_counted_over_every_resampling_round(tmp_path, monkeypatch):
+    # DAPO with 2 extra rounds, every group constant (all filtered): 3 rounds, the first without any prompt left
+    # (all 4 skipped), the next two with 1 skipped item and 1 prompt too long for the policy each
+    tr = toy_trainer(tmp_path, "algo.filter_groups=true", "algo.max_resample=2", "trainer.data_skip_threshold=0.9")
+    tr.setup_run_dir()
+    col, rounds = tr.rollouts, []
+    real_next, real_rollout = col.next_prompts, tr.policy.rollout
+
+    def next_prompts():
+        batch, _ = real_next()
+        rounds.append(len(batch))
+        if len(rounds) == 1:
+            return PromptBatch(items=[], indices=[], seeds=[]), 4
+        return batch, 1
+
+    def rollout(batch, g):
+        ro = real_rollout(batch, g)
+        ro.metrics["data/too_long"] = 1.0
+        return ro
+
+    monkeypatch.setattr(col, "next_prompts", next_prompts)
+    monkeypatch.setattr(tr.policy, "rollout", rollout)
+    monkeypatch.setattr(col, "score", lambda batch, ro, **kw: setattr(ro, "rewards", torch.ones(ro.batch_size)))
+    ro, m = tr.collect()
+    n = rounds[1]  # prompts of a round
+    assert len(rounds) == 3 and m["filter/rounds"] == 3.0
+    assert m["data/too_long"] == 2.0 and m["data/skipped"] == 4 + 2 * (1 + 1)
+    assert col.seen_total == 4 + 2 * (1 + n) and col.skipped_total == 8
+    assert ro is not None and ro.batch_size == 1  # the last round's ballast row
