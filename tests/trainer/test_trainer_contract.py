@@ -897,6 +897,11 @@ def test_micro_batches_before_the_last_skip_the_gradient_sync(tmp_path, monkeypa
     assert flags == [False, False, True] * 2
 
 
+def _fixed_advantages(tr, monkeypatch, value: float) -> None:
+    """Every action's advantage is ``value`` (a gradient on every row, whatever the rewards; no gather)."""
+    monkeypatch.setattr(tr, "_advantages", lambda ro, kl: (ro.mask * value, None))
+
+
 def _training_forwards(tr, monkeypatch) -> list[int]:
     """Records the rows of every forward with gradient (the update's; not the rollout's or a no-grad pass)."""
     rows, real = [], tr.policy.log_probs
@@ -949,7 +954,7 @@ def test_with_two_processes_minibatches_are_drawn_from_the_global_batch(tmp_path
     tr = toy_trainer(tmp_path, "algo.num_minibatches=2")
     tr.setup_run_dir()
     monkeypatch.setattr(tr.dp, "all_gather_ints", lambda n: [n, n])
-    monkeypatch.setattr(tr, "_advantages", lambda ro, kl: (torch.ones_like(ro.mask), None))
+    _fixed_advantages(tr, monkeypatch, 1.0)
     tr.world, tr.rank = 2, rank
     trained = _training_forwards(tr, monkeypatch)
     gmbs, _ = _minibatch_orders(tr, monkeypatch)
@@ -1030,7 +1035,7 @@ def test_a_process_without_rows_in_a_minibatch_runs_one_zero_weight_row(tmp_path
 
     monkeypatch.setattr(tr, "collect", collect)
     monkeypatch.setattr(tr.dp, "all_gather_ints", lambda n: [n, 16] if rank == 0 else [16, n])
-    monkeypatch.setattr(tr, "_advantages", lambda ro, kl: (torch.ones_like(ro.mask), None))
+    _fixed_advantages(tr, monkeypatch, 1.0)
     tr.world, tr.rank = 2, rank
     forwards = _training_forwards(tr, monkeypatch)
     gmbs, m = _minibatch_orders(tr, monkeypatch)
@@ -1109,7 +1114,7 @@ def test_the_engine_gap_is_measured_on_the_first_minibatch_only(tmp_path, monkey
         return ro, metrics
 
     monkeypatch.setattr(tr, "collect", collect)
-    monkeypatch.setattr(tr, "_advantages", lambda ro, kl: (ro.mask * 0.5, None))  # a gradient on every row
+    _fixed_advantages(tr, monkeypatch, 0.5)  # a gradient on every row
     m = tr.train_step()
     assert m["rollout/logp_abs_diff"] == pytest.approx(0.3, abs=1e-5)
     assert m["rollout/is_ratio_max"] == pytest.approx(math.exp(0.3), abs=1e-5)
@@ -1132,13 +1137,13 @@ def test_the_optimizer_sees_gradients_clipped_to_max_grad_norm(tmp_path, monkeyp
     # a fixed advantage of 0.5 on every action gives a gradient (the toy task's first groups may all be equal)
     raw = toy_trainer(tmp_path, "trainer.max_grad_norm=null", run="raw")
     raw.setup_run_dir()
-    monkeypatch.setattr(raw, "_advantages", lambda ro, kl: (ro.mask * 0.5, None))
+    _fixed_advantages(raw, monkeypatch, 0.5)
     seen_raw = _grads_at_the_optimizer_step(raw, monkeypatch)
     m = raw.train_step()
     assert seen_raw == [pytest.approx(m["optim/grad_norm"], rel=1e-5)] and m["optim/grad_norm"] > 0.02
     clipped = toy_trainer(tmp_path, "trainer.max_grad_norm=0.01", run="clipped")
     clipped.setup_run_dir()
-    monkeypatch.setattr(clipped, "_advantages", lambda ro, kl: (ro.mask * 0.5, None))
+    _fixed_advantages(clipped, monkeypatch, 0.5)
     seen = _grads_at_the_optimizer_step(clipped, monkeypatch)
     m = clipped.train_step()
     # the logged norm is the one before clipping (the same step: same seed, same rollout)
@@ -1153,7 +1158,7 @@ def test_each_process_scales_its_loss_by_the_world_size(tmp_path, monkeypatch):
     for world in (1, 2):
         tr = toy_trainer(tmp_path, "trainer.max_grad_norm=null", run=f"w{world}")
         tr.setup_run_dir()
-        monkeypatch.setattr(tr, "_advantages", lambda ro, kl: (ro.mask * 0.5, None))
+        _fixed_advantages(tr, monkeypatch, 0.5)
         tr.world = world
         norms.append(tr.train_step()["optim/grad_norm"])
     assert norms[0] > 0.02 and norms[1] == pytest.approx(2 * norms[0], rel=1e-5)
@@ -1163,7 +1168,7 @@ def test_step_metrics_are_means_over_the_optimizer_steps(tmp_path, monkeypatch):
     # 2 epochs x 2 minibatches: 4 optimizer steps; the logged grad norm is the mean of the 4 measured
     tr = toy_trainer(tmp_path, "algo.ppo_epochs=2", "algo.num_minibatches=2")
     tr.setup_run_dir()
-    monkeypatch.setattr(tr, "_advantages", lambda ro, kl: (ro.mask * 0.5, None))
+    _fixed_advantages(tr, monkeypatch, 0.5)
     norms, real = [], torch.nn.utils.clip_grad_norm_
     monkeypatch.setattr(
         torch.nn.utils, "clip_grad_norm_", lambda *a, **kw: norms.append(float(real(*a, **kw))) or norms[-1]
@@ -1186,7 +1191,7 @@ def test_the_mean_advantage_of_a_one_token_batch(tmp_path, monkeypatch):
         return ro, metrics
 
     monkeypatch.setattr(tr, "collect", collect)
-    monkeypatch.setattr(tr, "_advantages", lambda ro, kl: (ro.mask * -0.75, None))
+    _fixed_advantages(tr, monkeypatch, -0.75)
     m = tr.train_step()
     assert m["policy/adv_abs_mean"] == pytest.approx(0.75) and m["response/length"] == 1.0
 
