@@ -823,20 +823,25 @@ def test_one_process_advantages_take_the_bonus_the_kl_and_per_action_rewards(tmp
     assert returns[0, 0].item() == pytest.approx(float(ro.rewards[0] + n * 0.1 - n * 0.2 * 0.05), abs=1e-6)
 
 
+def _engine_below_trainer(tr, monkeypatch, nats: float) -> None:
+    """A rollout engine whose log-probs sit ``nats`` below the trainer's on every action (vLLM's kernels, say)."""
+    real_collect = tr.collect
+
+    def collect():
+        ro, metrics = real_collect()
+        ro.rollout_logp = ro.rollout_logp - nats * ro.mask
+        return ro, metrics
+
+    monkeypatch.setattr(tr, "collect", collect)
+
+
 @pytest.mark.parametrize("grad_accum", [1, 2])
 def test_the_gap_to_the_rollout_engine_is_measured_before_the_update(tmp_path, monkeypatch, grad_accum):
     # a rollout engine 0.3 nats below the trainer on every action: the mean gap is 0.3 and every importance ratio
     # trainer / engine is exp(0.3), over all micro-batches (measured once, before the first optimizer step)
     tr = toy_trainer(tmp_path, f"trainer.grad_accum={grad_accum}", "algo.ppo_epochs=2")
     tr.setup_run_dir()
-    real_collect = tr.collect
-
-    def collect():
-        ro, metrics = real_collect()
-        ro.rollout_logp = ro.rollout_logp - 0.3 * ro.mask
-        return ro, metrics
-
-    monkeypatch.setattr(tr, "collect", collect)
+    _engine_below_trainer(tr, monkeypatch, 0.3)
     m = tr.train_step()
     assert m["rollout/logp_abs_diff"] == pytest.approx(0.3, abs=1e-4)
     assert m["rollout/is_ratio_max"] == pytest.approx(math.exp(0.3), abs=1e-4)
@@ -1106,14 +1111,7 @@ def test_the_engine_gap_is_measured_on_the_first_minibatch_only(tmp_path, monkey
     # trainer log-probs have moved; the gap counts only the first minibatch's rows, at the rollout's parameters
     tr = toy_trainer(tmp_path, "algo.num_minibatches=2", "trainer.lr=0.05")
     tr.setup_run_dir()
-    real_collect = tr.collect
-
-    def collect():
-        ro, metrics = real_collect()
-        ro.rollout_logp = ro.rollout_logp - 0.3 * ro.mask
-        return ro, metrics
-
-    monkeypatch.setattr(tr, "collect", collect)
+    _engine_below_trainer(tr, monkeypatch, 0.3)
     _fixed_advantages(tr, monkeypatch, 0.5)  # a gradient on every row
     m = tr.train_step()
     assert m["rollout/logp_abs_diff"] == pytest.approx(0.3, abs=1e-5)
