@@ -157,12 +157,11 @@ class RolloutCollector:
         n_groups_kept = 0
         target_groups = self.cfg.trainer.batch_size // self.dp.world
         skipped = seen = too_long_total = 0
-        rounds = 0
         t0 = time.perf_counter()
         # fsdp2: the full weights are gathered once for all rounds; ranks may need different numbers of DAPO rounds,
         # and no collective runs inside (a per-round gather would pair rank 0's second round with nothing)
         with self.dp.gathered(metrics):
-            for rounds in range(1, 2 + (algo.max_resample if algo.filter_groups else 0)):
+            for rounds in range(1, 2 + algo.max_resample):  # without filter_groups the first round breaks
                 batch, sk = self.next_prompts()
                 skipped += sk
                 seen += sk + len(batch)

@@ -8,6 +8,7 @@ global-batch GAE of one rank. Mutation testing (``scripts/mutation.sh trainer``)
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -1087,6 +1088,26 @@ def test_when_nothing_was_rolled_out_the_collector_returns_none(tmp_path, monkey
     monkeypatch.setattr(tr.rollouts, "score", lambda batch, ro, **kw: setattr(ro, "rewards", torch.ones(ro.batch_size)))
     ro, metrics = tr.collect()
     assert ro is None and metrics["filter/kept_groups"] == 0.0
+
+
+def test_the_collector_gathers_the_weights_once_and_reports_the_gather_time(tmp_path, monkeypatch):
+    # fsdp2 gathers the full weights for the rollout; the gather records its time in the step's metrics, and all
+    # resampling rounds run inside one gather
+    tr = toy_trainer(tmp_path, "algo.filter_groups=true", "algo.max_resample=1")
+    tr.setup_run_dir()
+    calls = []
+
+    @contextlib.contextmanager
+    def gathered(metrics=None):
+        calls.append(metrics)
+        metrics["time/unshard"] = 0.125
+        yield
+
+    monkeypatch.setattr(tr.dp, "gathered", gathered)
+    monkeypatch.setattr(tr.rollouts, "score", lambda batch, ro, **kw: setattr(ro, "rewards", torch.ones(ro.batch_size)))
+    _, metrics = tr.collect()
+    assert len(calls) == 1 and metrics["filter/rounds"] == 2.0
+    assert metrics["time/unshard"] == 0.125
 
 
 def test_the_policys_own_kl_is_the_kl_penalty_of_the_loss(tmp_path, monkeypatch):
