@@ -179,7 +179,7 @@ class RolloutCollector:
                 if algo.filter_groups:
                     keep = algos.nonzero_variance_groups(ro.rewards, ro.group_id, ro.valid)
                     ro = ro.index(torch.nonzero(keep).flatten())
-                n_groups_kept += int(torch.unique(ro.group_id).numel()) if ro.batch_size else 0
+                n_groups_kept += int(torch.unique(ro.group_id).numel())
                 if ro.batch_size:
                     kept.append(ro)
                 if not algo.filter_groups or n_groups_kept >= target_groups:

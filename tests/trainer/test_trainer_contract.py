@@ -1110,6 +1110,30 @@ def test_the_collector_gathers_the_weights_once_and_reports_the_gather_time(tmp_
     assert metrics["time/unshard"] == 0.125
 
 
+def test_dapo_resamples_until_the_kept_groups_reach_the_batch(tmp_path, monkeypatch):
+    # batch_size 2 prompts x 4 samples. Round 1: group 0's valid samples tie (its differing reward is on an invalid
+    # sample, so the group has no signal) and group 1 varies; round 2: group 0 ties, group 1 varies. The kept groups
+    # reach 2 = the batch after round 2, of max_resample=3 allowed: the collector stops there.
+    tr = toy_trainer(tmp_path, "trainer.batch_size=2", "algo.filter_groups=true", "algo.max_resample=3")
+    tr.setup_run_dir()
+    rounds = [
+        ([1.0, 1.0, 1.0, 0.0, 1.0, 0.0, 1.0, 0.0], [True, True, True, False] + [True] * 4),
+        ([0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 1.0], [True] * 8),
+    ] + [([0.5] * 8, [True] * 8)] * 2  # rounds 3 and 4 (if reached) keep nothing
+
+    def score(batch, ro, **kw):
+        r, v = rounds[len(scored)]
+        scored.append(ro.batch_size)
+        ro.rewards, ro.valid = torch.tensor(r), torch.tensor(v)
+
+    scored = []
+    monkeypatch.setattr(tr.rollouts, "score", score)
+    (ro, metrics), elapsed = _timed(tr.collect)
+    assert scored == [8, 8] and metrics["filter/rounds"] == 2.0 and metrics["filter/kept_groups"] == 2.0
+    assert ro.rewards.tolist() == [1.0, 0.0, 1.0, 0.0, 0.0, 1.0, 0.0, 1.0] and ro.valid.all()
+    assert 0 < metrics["time/rollout"] <= elapsed
+
+
 def test_the_policys_own_kl_is_the_kl_penalty_of_the_loss(tmp_path, monkeypatch):
     # a policy with its own per-token KL (diffusion's latent-mean KL) hands it to the objective: 0.25 on every action,
     # token-mean aggregated, is a KL term of 0.25, and no reference pass runs
