@@ -1110,15 +1110,25 @@ def test_the_collector_gathers_the_weights_once_and_reports_the_gather_time(tmp_
     assert metrics["time/unshard"] == 0.125
 
 
-def test_dapo_resamples_until_the_kept_groups_reach_the_batch(tmp_path, monkeypatch):
+@pytest.mark.parametrize(
+    "second, kept, rows",
+    [
+        # round 2 keeps its group 1: 2 groups = the batch
+        ([0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 1.0], 2.0, [1.0, 0.0, 1.0, 0.0, 0.0, 1.0, 0.0, 1.0]),
+        # round 2 keeps both groups: 3 kept, the batch takes the first 2 (round 1's group 1, round 2's group 0)
+        ([0.0, 1.0, 1.0, 1.0, 0.0, 1.0, 0.0, 1.0], 3.0, [1.0, 0.0, 1.0, 0.0, 0.0, 1.0, 1.0, 1.0]),
+    ],
+    ids=["exactly_the_batch", "more_than_the_batch"],
+)
+def test_dapo_resamples_until_the_kept_groups_reach_the_batch(second, kept, rows, tmp_path, monkeypatch):
     # batch_size 2 prompts x 4 samples. Round 1: group 0's valid samples tie (its differing reward is on an invalid
-    # sample, so the group has no signal) and group 1 varies; round 2: group 0 ties, group 1 varies. The kept groups
-    # reach 2 = the batch after round 2, of max_resample=3 allowed: the collector stops there.
+    # sample, so the group has no signal) and group 1 varies. After round 2 the kept groups reach the batch, of
+    # max_resample=3 rounds allowed: the collector stops there.
     tr = toy_trainer(tmp_path, "trainer.batch_size=2", "algo.filter_groups=true", "algo.max_resample=3")
     tr.setup_run_dir()
     rounds = [
         ([1.0, 1.0, 1.0, 0.0, 1.0, 0.0, 1.0, 0.0], [True, True, True, False] + [True] * 4),
-        ([0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 1.0], [True] * 8),
+        (second, [True] * 8),
     ] + [([0.5] * 8, [True] * 8)] * 2  # rounds 3 and 4 (if reached) keep nothing
 
     def score(batch, ro, **kw):
@@ -1129,8 +1139,8 @@ def test_dapo_resamples_until_the_kept_groups_reach_the_batch(tmp_path, monkeypa
     scored = []
     monkeypatch.setattr(tr.rollouts, "score", score)
     (ro, metrics), elapsed = _timed(tr.collect)
-    assert scored == [8, 8] and metrics["filter/rounds"] == 2.0 and metrics["filter/kept_groups"] == 2.0
-    assert ro.rewards.tolist() == [1.0, 0.0, 1.0, 0.0, 0.0, 1.0, 0.0, 1.0] and ro.valid.all()
+    assert scored == [8, 8] and metrics["filter/rounds"] == 2.0 and metrics["filter/kept_groups"] == kept
+    assert ro.rewards.tolist() == rows and ro.valid.all() and ro.group_id.unique().numel() == 2
     assert 0 < metrics["time/rollout"] <= elapsed
 
 
