@@ -73,11 +73,11 @@ class _StepStats:
 
 def _lr_lambda(schedule: str, warmup: int, total: int) -> Callable[[int], float]:
     def f(step: int) -> float:
-        if warmup > 0 and step < warmup:
+        if step < warmup:
             return (step + 1) / warmup
         if schedule == "constant" or total <= warmup:
             return 1.0
-        progress = min(1.0, (step - warmup) / max(1, total - warmup))
+        progress = min(1.0, (step - warmup) / (total - warmup))
         if schedule == "linear":
             return 1.0 - progress
         return 0.5 * (1.0 + math.cos(math.pi * progress))

@@ -493,6 +493,40 @@ def test_a_step_that_updates_nothing_still_advances_the_schedule_without_a_warni
     assert not [w for w in recwarn if "lr_scheduler.step()" in str(w.message)]
 
 
+@pytest.mark.parametrize(
+    "schedule, warmup, steps, factors",
+    [
+        # warm-up 2 of 6 steps: (k + 1) / 2, then the schedule over the 4 steps left, progress (k - 2) / 4, held
+        # at its end past max_steps
+        ("constant", 2, 6, [0.5, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0]),
+        ("linear", 2, 6, [0.5, 1.0, 1.0, 0.75, 0.5, 0.25, 0.0, 0.0]),
+        ("cosine", 2, 6, [0.5, 1.0, 1.0, 0.853553, 0.5, 0.146447, 0.0, 0.0]),  # (1 + cos(pi p)) / 2
+        ("linear", 0, 4, [1.0, 0.75, 0.5, 0.25, 0.0, 0.0, 0.0, 0.0]),
+        ("linear", 6, 4, [1 / 6, 2 / 6, 3 / 6, 4 / 6, 5 / 6, 1.0, 1.0, 1.0]),  # no step left after the warm-up
+        ("cosine", 4, 4, [0.25, 0.5, 0.75, 1.0, 1.0, 1.0, 1.0, 1.0]),
+    ],
+)
+def test_the_learning_rate_schedule_by_hand(schedule, warmup, steps, factors, tmp_path):
+    tr = toy_trainer(
+        tmp_path,
+        "trainer.lr=0.01",
+        f"trainer.lr_schedule={schedule}",
+        f"trainer.warmup_steps={warmup}",
+        "trainer.weight_decay=0.1",
+        "trainer.adam_betas=[0.8,0.95]",
+        "trainer.adam_eps=1e-6",
+        steps=steps,
+    )
+    lrs = []
+    for _ in factors:
+        lrs.append(tr.optimizer.param_groups[0]["lr"])
+        tr.optimizer.step()
+        tr.scheduler.step()
+    assert lrs == pytest.approx([0.01 * f for f in factors], abs=1e-8)
+    group = tr.optimizer.param_groups[0]
+    assert (group["betas"], group["eps"], group["weight_decay"]) == ((0.8, 0.95), 1e-6, 0.1)
+
+
 # ---------------------------------------------------------------------------------------------- run folder
 def test_a_run_without_a_name_is_named_after_its_task(tmp_path):
     tr = toy_trainer(tmp_path, "trainer.run_name=null")
