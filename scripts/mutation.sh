@@ -42,7 +42,7 @@ spec() {
             TESTS='"tests/algos/test_algos_edges.py", "tests/algos/test_algos_objective.py", "tests/algos/test_algos_advantages.py",
                    "tests/algos/test_tgrpo.py", "tests/wiring/test_knobs_reach_math.py", "tests/wiring/test_masking_end_to_end.py"' ;;
     trainer) ONLY='"mmrl/trainer.py", "mmrl/rollouts.py"'
-             TESTS='"tests/trainer/test_trainer_contract.py", "tests/trainer/test_fit_contract.py", "tests/wiring/test_knobs_reach_math.py", "tests/wiring/test_masking_end_to_end.py", "tests/trainer/test_trainer.py",
+             TESTS='"tests/trainer/test_trainer_contract.py", "tests/trainer/test_rollouts_contract.py", "tests/trainer/test_fit_contract.py", "tests/wiring/test_knobs_reach_math.py", "tests/wiring/test_masking_end_to_end.py", "tests/trainer/test_trainer.py",
                     "tests/trainer/test_resume.py", "tests/trainer/test_global_batch.py"'
              # bad input and damaged checkpoints: a minute per mutant, so only on the survivors of the above
              RECHECK="tests/trainer/test_bad_run_input.py tests/trainer/test_damaged_checkpoints.py" ;;
