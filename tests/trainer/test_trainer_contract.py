@@ -95,6 +95,33 @@ def test_fsdp2_in_one_process_saves_the_sharded_format(tmp_path):
     assert (ts / "sharded").is_dir() and not (ts / "optimizer.pt").exists()
 
 
+# ---------------------------------------------------------------------------------------------- construction
+@pytest.mark.parametrize("threads, expected", [(1, 1), (0, 2)])  # 0 leaves torch's own setting (here 2)
+def test_trainer_threads_sets_torchs_thread_count(threads, expected, tmp_path):
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        toy_trainer(tmp_path, f"trainer.threads={threads}")
+        assert torch.get_num_threads() == expected
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("device, cpu", [("cpu", True), ("auto", False)])
+def test_trainer_device_reaches_accelerate(device, cpu, tmp_path, monkeypatch):
+    import accelerate
+
+    seen, real = [], accelerate.Accelerator
+
+    def recording(**kw):
+        seen.append(kw)
+        return real(**kw)
+
+    monkeypatch.setattr(accelerate, "Accelerator", recording)
+    tr = toy_trainer(tmp_path, f"trainer.device={device}")
+    assert seen == [{"cpu": cpu}] and tr.accelerator.device.type == "cpu"  # no GPU here either way
+
+
 # ---------------------------------------------------------------------------------------------- evaluation
 def test_evaluate_passes_the_eval_settings_and_times_the_phase(tmp_path, monkeypatch, bars):
     tr = toy_trainer(
