@@ -122,6 +122,24 @@ def test_trainer_device_reaches_accelerate(device, cpu, tmp_path, monkeypatch):
     assert seen == [{"cpu": cpu}] and tr.accelerator.device.type == "cpu"  # no GPU here either way
 
 
+def test_checkpoint_starts_a_fresh_run_from_its_weights(tmp_path, monkeypatch):
+    # checkpoint=<run dir>: the newest checkpoint's weights, not the seed's initialisation; a missing one is a
+    # ConfigError naming the key before anything is built
+    src = toy_trainer(tmp_path, "trainer.lr=0.05", run="src")
+    src.setup_run_dir()
+    _fixed_advantages(src, monkeypatch, 0.5)  # a gradient on every row
+    src.train_step()
+    src.save_checkpoint()
+    trained = [p.detach().clone() for p in src.policy.trainable_parameters()]
+    fresh = toy_trainer(tmp_path, run="fresh")
+    init = toy_trainer(tmp_path, f"checkpoint={src.run_dir}", run="init")
+    loaded = list(init.policy.trainable_parameters())
+    assert all(torch.equal(a, b) for a, b in zip(loaded, trained))
+    assert not all(torch.equal(a, b) for a, b in zip(loaded, fresh.policy.trainable_parameters()))
+    with pytest.raises(trainer_module.ConfigError, match=r"^checkpoint=.*missing: no complete checkpoint"):
+        toy_trainer(tmp_path, f"checkpoint={tmp_path / 'missing'}", run="x")
+
+
 # ---------------------------------------------------------------------------------------------- evaluation
 def test_evaluate_passes_the_eval_settings_and_times_the_phase(tmp_path, monkeypatch, bars):
     tr = toy_trainer(
