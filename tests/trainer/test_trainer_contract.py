@@ -140,6 +140,24 @@ def test_checkpoint_starts_a_fresh_run_from_its_weights(tmp_path, monkeypatch):
         toy_trainer(tmp_path, f"checkpoint={tmp_path / 'missing'}", run="x")
 
 
+def test_tgrpos_correctness_reward_must_be_one_of_the_tasks(tmp_path):
+    with pytest.raises(
+        trainer_module.ConfigError,
+        match=r"^algo.tgrpo.correct_reward='iou' is not a reward of task=toy_arithmetic; choose from ",
+    ):
+        toy_trainer(tmp_path, "algo.tgrpo.shuffled_group=2", "algo.tgrpo.correct_reward=iou")
+
+
+def test_the_memory_check_runs_only_for_a_policy_the_trainer_builds(tmp_path, monkeypatch):
+    # a policy handed in is already loaded: predicting whether it will fit comes too late to help
+    calls = []
+    monkeypatch.setattr(trainer_module.Trainer, "_warn_if_out_of_memory", lambda self: calls.append(self))
+    built = toy_trainer(tmp_path, run="built")
+    assert calls == [built]
+    trainer_module.Trainer(built.cfg, policy=built.policy)
+    assert calls == [built]
+
+
 # ---------------------------------------------------------------------------------------------- evaluation
 def test_evaluate_passes_the_eval_settings_and_times_the_phase(tmp_path, monkeypatch, bars):
     tr = toy_trainer(
