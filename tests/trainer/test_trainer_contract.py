@@ -158,6 +158,63 @@ def test_the_memory_check_runs_only_for_a_policy_the_trainer_builds(tmp_path, mo
     assert calls == [built]
 
 
+def test_an_accelerator_device_other_than_the_cpu_receives_the_policy(tmp_path, monkeypatch):
+    # on a GPU the policy moves to the accelerator's device once, at construction; on the CPU it stays put. A meta
+    # device stands in for the GPU this machine lacks.
+    import accelerate
+
+    moved = []
+    monkeypatch.setattr(trainer_module.Trainer, "_warn_if_out_of_memory", lambda self: None)
+    toy = toy_trainer(tmp_path, run="cpu")
+    monkeypatch.setattr(type(toy.policy), "to_device", lambda self, device: moved.append(device))
+    toy_trainer(tmp_path, run="cpu2")
+    assert moved == []
+    monkeypatch.setattr(accelerate.Accelerator, "device", property(lambda self: torch.device("meta")))
+    toy_trainer(tmp_path, run="gpu")
+    assert moved == [torch.device("meta")]
+
+
+def _two_process_accelerator(prepared: list):
+    """Rank 0 of a 2-process plain (MULTI_CPU) launch, without the processes: ``prepare_model`` records its input."""
+    from types import SimpleNamespace
+
+    def prepare_model(model):
+        prepared.append(model)
+        return model
+
+    return SimpleNamespace(
+        process_index=0,
+        num_processes=2,
+        is_main_process=True,
+        device=torch.device("cpu"),
+        distributed_type="DistributedType.MULTI_CPU",
+        prepare_model=prepare_model,
+    )
+
+
+def test_ddp_hands_the_policys_model_to_accelerate(tmp_path):
+    prepared = []
+    one = toy_trainer(tmp_path, "trainer.strategy=ddp")
+    model = one.policy.model
+    tr = trainer_module.Trainer(one.cfg, policy=one.policy, accelerator=_two_process_accelerator(prepared))
+    assert prepared == [model] and (tr.world, tr.rank, tr.sharded) == (2, 0, False)
+
+
+@pytest.mark.parametrize("strategy, logged", [("fsdp2", True), ("ddp", False)])
+def test_fsdp2_in_one_process_says_it_trains_unsharded(strategy, logged, tmp_path, caplog):
+    with caplog.at_level(logging.INFO, logger="mmrl.trainer"):
+        toy_trainer(tmp_path, f"trainer.strategy={strategy}")
+    said = [r.getMessage() for r in caplog.records if "in one process: nothing to shard" in r.getMessage()]
+    assert said == (
+        [
+            "trainer.strategy=fsdp2 in one process: nothing to shard; training unsharded, checkpoints in the sharded "
+            "format (loadable at any world size)"
+        ]
+        if logged
+        else []
+    )
+
+
 # ---------------------------------------------------------------------------------------------- evaluation
 def test_evaluate_passes_the_eval_settings_and_times_the_phase(tmp_path, monkeypatch, bars):
     tr = toy_trainer(
