@@ -215,6 +215,14 @@ def test_fsdp2_in_one_process_says_it_trains_unsharded(strategy, logged, tmp_pat
     )
 
 
+def test_a_new_trainer_has_nothing_to_report(tmp_path):
+    # what the CLI reads after a run (mmrl.cli): a trainer that has not run is at step 0, not resumed, not rescued,
+    # with no stop reason and no run folder
+    tr = toy_trainer(tmp_path)
+    assert (tr.step, tr.resumed, tr.rescued, tr.stop_reason, tr.run_dir) == (0, False, False, None, None)
+    assert tr.resumed is False and tr.rescued is False
+
+
 # ---------------------------------------------------------------------------------------------- evaluation
 def test_evaluate_passes_the_eval_settings_and_times_the_phase(tmp_path, monkeypatch, bars):
     tr = toy_trainer(
