@@ -223,6 +223,21 @@ def test_a_new_trainer_has_nothing_to_report(tmp_path):
     assert tr.resumed is False and tr.rescued is False
 
 
+@pytest.mark.parametrize("resume", ["auto", "never", "path"])
+def test_a_checkpoint_to_resume_is_checked_before_the_task_is_built(resume, tmp_path, monkeypatch):
+    # trainer.resume=<path>: the checkpoint is validated first (a damaged one is one line, not a traceback after
+    # minutes of building); the keywords auto / never are not paths, even beside folders of those names
+    monkeypatch.chdir(tmp_path)
+    for name in ("auto", "never", "path"):
+        (tmp_path / name).mkdir()
+    order = []
+    monkeypatch.setattr(trainer_module, "resolve_checkpoint", lambda p: order.append(("resolve", str(p))))
+    real_build_task = trainer_module.build_task
+    monkeypatch.setattr(trainer_module, "build_task", lambda cfg: order.append("task") or real_build_task(cfg))
+    toy_trainer(tmp_path, f"trainer.resume={resume}")
+    assert order == ([("resolve", "path"), "task"] if resume == "path" else ["task"])
+
+
 # ---------------------------------------------------------------------------------------------- evaluation
 def test_evaluate_passes_the_eval_settings_and_times_the_phase(tmp_path, monkeypatch, bars):
     tr = toy_trainer(
