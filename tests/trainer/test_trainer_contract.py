@@ -174,8 +174,9 @@ def test_an_accelerator_device_other_than_the_cpu_receives_the_policy(tmp_path, 
     assert moved == [torch.device("meta")]
 
 
-def _two_process_accelerator(prepared: list):
-    """Rank 0 of a 2-process plain (MULTI_CPU) launch, without the processes: ``prepare_model`` records its input."""
+def _two_process_accelerator(prepared: list, rank: int = 0):
+    """Rank ``rank`` of a 2-process plain (MULTI_CPU) launch, without the processes: ``prepare_model`` records its
+    input."""
     from types import SimpleNamespace
 
     def prepare_model(model):
@@ -183,9 +184,9 @@ def _two_process_accelerator(prepared: list):
         return model
 
     return SimpleNamespace(
-        process_index=0,
+        process_index=rank,
         num_processes=2,
-        is_main_process=True,
+        is_main_process=rank == 0,
         device=torch.device("cpu"),
         distributed_type="DistributedType.MULTI_CPU",
         prepare_model=prepare_model,
@@ -198,6 +199,16 @@ def test_ddp_hands_the_policys_model_to_accelerate(tmp_path):
     model = one.policy.model
     tr = trainer_module.Trainer(one.cfg, policy=one.policy, accelerator=_two_process_accelerator(prepared))
     assert prepared == [model] and (tr.world, tr.rank, tr.sharded) == (2, 0, False)
+
+
+@pytest.mark.parametrize("rank, warned", [(0, True), (1, False)])
+def test_settings_that_cannot_learn_are_warned_about_by_the_main_process_only(rank, warned, tmp_path, caplog):
+    one = toy_trainer(tmp_path, "algo.group_size=1")
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="mmrl.preflight"):
+        trainer_module.Trainer(one.cfg, policy=one.policy, accelerator=_two_process_accelerator([], rank))
+    said = [r.getMessage() for r in caplog.records if r.name == "mmrl.preflight"]
+    assert bool(said) == warned and all(m.startswith("algo.group_size=1 with algo.advantage=grpo") for m in said)
 
 
 @pytest.mark.parametrize("strategy, logged", [("fsdp2", True), ("ddp", False)])
