@@ -201,6 +201,29 @@ def test_ddp_hands_the_policys_model_to_accelerate(tmp_path):
     assert prepared == [model] and (tr.world, tr.rank, tr.sharded) == (2, 0, False)
 
 
+def test_fsdp2_over_two_processes_shards_every_module_the_policy_names(tmp_path, monkeypatch):
+    # the sharding settings reach each shardable module (the policy and its frozen reference), and the trainer knows
+    # it is sharded; a model type without an EMA field is not refused as an EMA model
+    import mmrl.parallel.fsdp as fsdp
+
+    sharded = []
+    monkeypatch.setattr(fsdp, "shard_module", lambda module, **kw: sharded.append((module, kw)))
+    one = toy_trainer(
+        tmp_path,
+        "trainer.strategy=fsdp2",
+        "trainer.fsdp_reshard_after_forward=false",
+        "trainer.fsdp_offload=true",
+        "trainer.fsdp_param_dtype=bfloat16",
+        "algo.kl_coef=0.1",  # a frozen reference copy to shard too
+    )
+    assert not hasattr(one.cfg.model, "ema")
+    modules = one.policy.shardable_modules()
+    tr = trainer_module.Trainer(one.cfg, policy=one.policy, accelerator=_two_process_accelerator([]))
+    settings = {"reshard_after_forward": False, "offload": True, "param_dtype": "bfloat16"}
+    assert len(modules) == 2 and sharded == [(m, settings) for m in modules]
+    assert tr.sharded is True and tr.dp.sharded is True
+
+
 @pytest.mark.parametrize("rank, warned", [(0, True), (1, False)])
 def test_settings_that_cannot_learn_are_warned_about_by_the_main_process_only(rank, warned, tmp_path, caplog):
     one = toy_trainer(tmp_path, "algo.group_size=1")
