@@ -704,6 +704,22 @@ def test_the_learning_rate_schedule_by_hand(schedule, warmup, steps, factors, tm
     assert (group["betas"], group["eps"], group["weight_decay"]) == ((0.8, 0.95), 1e-6, 0.1)
 
 
+def test_advancing_the_schedule_silences_only_pytorchs_skipped_step_warning(tmp_path, monkeypatch):
+    import warnings
+
+    tr = toy_trainer(tmp_path)
+
+    def step():
+        warnings.warn("Detected call of `lr_scheduler.step()` before `optimizer.step()`.", UserWarning, stacklevel=2)
+        warnings.warn("the schedule's own trouble", UserWarning, stacklevel=2)
+
+    monkeypatch.setattr(tr.scheduler, "step", step)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        tr._advance_schedule()
+    assert [str(w.message) for w in seen] == ["the schedule's own trouble"]
+
+
 # ---------------------------------------------------------------------------------------------- run folder
 def test_a_run_without_a_name_is_named_after_its_task(tmp_path):
     tr = toy_trainer(tmp_path, "trainer.run_name=null")
