@@ -7,6 +7,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from mmrl.config import load_config
@@ -32,6 +33,26 @@ def toy_overrides(tmp_path: Path, *extra: str, steps: int = 4, run: str = "run")
 
 def toy_trainer(tmp_path: Path, *extra: str, steps: int = 4, run: str = "run") -> Trainer:
     return Trainer(load_config(toy_overrides(tmp_path, *extra, steps=steps, run=run)))
+
+
+def fake_launch_accelerator(rank: int = 0, kind: str = "MULTI_CPU", prepared: list | None = None):
+    """Rank ``rank`` of a 2-process launch of accelerate ``kind`` (MULTI_CPU: a plain one; FSDP, DEEPSPEED: accelerate's
+    own sharding), without the processes; ``prepare_model`` records its input in ``prepared`` and returns it."""
+    import torch
+
+    def prepare_model(model):
+        if prepared is not None:
+            prepared.append(model)
+        return model
+
+    return SimpleNamespace(
+        process_index=rank,
+        num_processes=2,
+        is_main_process=rank == 0,
+        device=torch.device("cpu"),
+        distributed_type=f"DistributedType.{kind}",
+        prepare_model=prepare_model,
+    )
 
 
 def nan_log_probs(log_probs):

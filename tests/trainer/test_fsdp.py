@@ -159,24 +159,13 @@ def test_fsdp2_bf16_mixed_precision_trains_close_to_fp32(tmp_path):
 def test_accelerate_own_sharding_modes_and_ema_under_fsdp2_are_one_line_errors(tmp_path):
     """mmrl shards the model itself: a launch configured for accelerate's FSDP / DeepSpeed is refused naming the way
     out; model.ema with fsdp2 (an unsharded EMA copy) is refused before anything is wrapped."""
-    from types import SimpleNamespace
-
     from mmrl.config import ConfigError, load_config
     from mmrl.trainer import Trainer
-    from tests.helpers import toy_overrides
-
-    def fake(kind):
-        return SimpleNamespace(
-            process_index=0,
-            num_processes=2,
-            is_main_process=True,
-            device=torch.device("cpu"),
-            distributed_type=f"DistributedType.{kind}",
-        )
+    from tests.helpers import fake_launch_accelerator, toy_overrides
 
     for kind in ("FSDP", "DEEPSPEED"):
         with pytest.raises(ConfigError, match=f"accelerate was configured for {kind}: mmrl shards the model itself"):
-            Trainer(load_config(toy_overrides(tmp_path, run=kind)), accelerator=fake(kind))
+            Trainer(load_config(toy_overrides(tmp_path, run=kind)), accelerator=fake_launch_accelerator(kind=kind))
     diffusion = load_config([*DIFFUSION, "model.ema=true", "trainer.strategy=fsdp2", f"trainer.output_dir={tmp_path}"])
     with pytest.raises(ConfigError, match="model.ema=true with trainer.strategy=fsdp2 is not supported"):
-        Trainer(diffusion, accelerator=fake("MULTI_CPU"))
+        Trainer(diffusion, accelerator=fake_launch_accelerator())

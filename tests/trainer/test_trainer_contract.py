@@ -25,7 +25,7 @@ from mmrl.errors import RunStopped
 from mmrl.policies.base import PromptBatch, Rollout
 from mmrl.rewards.manager import RewardResult
 from mmrl.rollouts import RolloutCollector, append_samples_log, score_rollout
-from tests.helpers import nan_log_probs, toy_trainer
+from tests.helpers import fake_launch_accelerator, nan_log_probs, toy_trainer
 
 
 class Tracker:
@@ -174,30 +174,11 @@ def test_an_accelerator_device_other_than_the_cpu_receives_the_policy(tmp_path, 
     assert moved == [torch.device("meta")]
 
 
-def _two_process_accelerator(prepared: list, rank: int = 0):
-    """Rank ``rank`` of a 2-process plain (MULTI_CPU) launch, without the processes: ``prepare_model`` records its
-    input."""
-    from types import SimpleNamespace
-
-    def prepare_model(model):
-        prepared.append(model)
-        return model
-
-    return SimpleNamespace(
-        process_index=rank,
-        num_processes=2,
-        is_main_process=rank == 0,
-        device=torch.device("cpu"),
-        distributed_type="DistributedType.MULTI_CPU",
-        prepare_model=prepare_model,
-    )
-
-
 def test_ddp_hands_the_policys_model_to_accelerate(tmp_path):
     prepared = []
     one = toy_trainer(tmp_path, "trainer.strategy=ddp")
     model = one.policy.model
-    tr = trainer_module.Trainer(one.cfg, policy=one.policy, accelerator=_two_process_accelerator(prepared))
+    tr = trainer_module.Trainer(one.cfg, policy=one.policy, accelerator=fake_launch_accelerator(prepared=prepared))
     assert prepared == [model] and (tr.world, tr.rank, tr.sharded) == (2, 0, False)
 
 
@@ -218,7 +199,7 @@ def test_fsdp2_over_two_processes_shards_every_module_the_policy_names(tmp_path,
     )
     assert not hasattr(one.cfg.model, "ema")
     modules = one.policy.shardable_modules()
-    tr = trainer_module.Trainer(one.cfg, policy=one.policy, accelerator=_two_process_accelerator([]))
+    tr = trainer_module.Trainer(one.cfg, policy=one.policy, accelerator=fake_launch_accelerator())
     settings = {"reshard_after_forward": False, "offload": True, "param_dtype": "bfloat16"}
     assert len(modules) == 2 and sharded == [(m, settings) for m in modules]
     assert tr.sharded is True and tr.dp.sharded is True
@@ -229,7 +210,7 @@ def test_settings_that_cannot_learn_are_warned_about_by_the_main_process_only(ra
     one = toy_trainer(tmp_path, "algo.group_size=1")
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="mmrl.preflight"):
-        trainer_module.Trainer(one.cfg, policy=one.policy, accelerator=_two_process_accelerator([], rank))
+        trainer_module.Trainer(one.cfg, policy=one.policy, accelerator=fake_launch_accelerator(rank))
     said = [r.getMessage() for r in caplog.records if r.name == "mmrl.preflight"]
     assert bool(said) == warned and all(m.startswith("algo.group_size=1 with algo.advantage=grpo") for m in said)
 
