@@ -198,7 +198,7 @@ class RolloutCollector:
             ballast.valid = torch.zeros_like(ballast.valid)
             return ballast, metrics
         ro = Rollout.concat(kept)
-        if n_groups_kept > target_groups:  # resampling kept more groups than the batch takes
+        if algo.filter_groups and n_groups_kept > target_groups:  # resampling kept more groups than the batch takes
             groups = list(dict.fromkeys(ro.group_id.tolist()))[:target_groups]
             sel = torch.isin(ro.group_id, torch.tensor(groups))
             ro = ro.index(torch.nonzero(sel).flatten())

@@ -1352,6 +1352,23 @@ def test_dapo_resamples_until_the_kept_groups_reach_the_batch(second, kept, rows
     assert 0 < metrics["time/rollout"] <= elapsed
 
 
+def test_without_filtering_the_collector_keeps_every_sample(tmp_path, monkeypatch):
+    # only DAPO's resampling trims to the batch's groups; a policy whose group ids outnumber the prompts (one id per
+    # sample, say) keeps all its samples when nothing is filtered
+    tr = toy_trainer(tmp_path, "algo.filter_groups=false")
+    tr.setup_run_dir()
+    real_rollout = tr.policy.rollout
+
+    def rollout(batch, group_size):
+        ro = real_rollout(batch, group_size)
+        ro.group_id = torch.arange(ro.batch_size)
+        return ro
+
+    monkeypatch.setattr(tr.policy, "rollout", rollout)
+    ro, _ = tr.collect()
+    assert ro.group_id.tolist() == list(range(16))
+
+
 def test_the_policys_own_kl_is_the_kl_penalty_of_the_loss(tmp_path, monkeypatch):
     # a policy with its own per-token KL (diffusion's latent-mean KL) hands it to the objective: 0.25 on every action,
     # token-mean aggregated, is a KL term of 0.25, and no reference pass runs
