@@ -161,7 +161,7 @@ class RolloutCollector:
         # fsdp2: the full weights are gathered once for all rounds; ranks may need different numbers of DAPO rounds,
         # and no collective runs inside (a per-round gather would pair rank 0's second round with nothing)
         with self.dp.gathered(metrics):
-            for rounds in range(1, 2 + algo.max_resample):  # without filter_groups the first round breaks
+            for rounds in range(1, 2 + (algo.max_resample if algo.filter_groups else 0)):  # resampling: DAPO only
                 batch, sk = self.next_prompts()
                 skipped += sk
                 seen += sk + len(batch)

@@ -1352,6 +1352,21 @@ def test_dapo_resamples_until_the_kept_groups_reach_the_batch(second, kept, rows
     assert 0 < metrics["time/rollout"] <= elapsed
 
 
+def test_without_filtering_a_round_whose_items_were_all_skipped_is_not_resampled(tmp_path, monkeypatch):
+    # resampling rounds are DAPO's (algo.filter_groups); without it one round is drawn, even an empty one
+    tr = toy_trainer(tmp_path, "algo.filter_groups=false", "algo.max_resample=2", "trainer.data_skip_threshold=1.0")
+    tr.setup_run_dir()
+    calls = []
+
+    def next_prompts():
+        calls.append(1)
+        return PromptBatch(items=[], indices=[], seeds=[]), 4
+
+    monkeypatch.setattr(tr.rollouts, "next_prompts", next_prompts)
+    ro, metrics = tr.collect()
+    assert ro is None and len(calls) == 1 and metrics["data/skipped"] == 4.0
+
+
 def test_without_filtering_the_collector_keeps_every_sample(tmp_path, monkeypatch):
     # only DAPO's resampling trims to the batch's groups; a policy whose group ids outnumber the prompts (one id per
     # sample, say) keeps all its samples when nothing is filtered
