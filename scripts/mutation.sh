@@ -44,8 +44,9 @@ spec() {
     trainer) ONLY='"mmrl/trainer.py", "mmrl/rollouts.py"'
              TESTS='"tests/trainer/test_trainer_contract.py", "tests/trainer/test_rollouts_contract.py", "tests/trainer/test_fit_contract.py", "tests/wiring/test_knobs_reach_math.py", "tests/wiring/test_masking_end_to_end.py", "tests/trainer/test_trainer.py",
                     "tests/trainer/test_resume.py", "tests/trainer/test_global_batch.py"'
-             # bad input and damaged checkpoints: a minute per mutant, so only on the survivors of the above
-             RECHECK="tests/trainer/test_bad_run_input.py tests/trainer/test_damaged_checkpoints.py" ;;
+             # bad input, damaged checkpoints and CLI runs: a minute per mutant, so only on the survivors of the above
+             # (test_run_safety.py holds the CLI runs that skip every item, which only it feeds to the collector)
+             RECHECK="tests/trainer/test_bad_run_input.py tests/trainer/test_damaged_checkpoints.py tests/trainer/test_run_safety.py" ;;
     rewards) ONLY='"mmrl/rewards/manager.py", "mmrl/rewards/user.py"'
              TESTS='"tests/rewards/test_reward_contract.py", "tests/rewards/test_reward_specs_contract.py", "tests/rewards/test_reward_manager.py",
                     "tests/rewards/test_user_rewards.py", "tests/rewards/test_trl_reward_protocol.py"'
