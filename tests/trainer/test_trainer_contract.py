@@ -1264,6 +1264,11 @@ def test_a_process_without_rows_in_a_minibatch_runs_one_zero_weight_row(tmp_path
 
 
 # ---------------------------------------------------------------------------------------------- the collector
+def _rewards_all_one(collector, monkeypatch) -> None:
+    """The collector scores every sample 1.0: each group has all-equal rewards, so DAPO's filter drops it."""
+    monkeypatch.setattr(collector, "score", lambda batch, ro, **kw: setattr(ro, "rewards", torch.ones(ro.batch_size)))
+
+
 def test_when_filtering_leaves_no_group_the_collector_returns_one_invalid_row_of_the_last_round(tmp_path, monkeypatch):
     # every reward equal: DAPO's filter drops every group in both rounds. One row of the last round comes back, marked
     # invalid (the ballast a process without samples trains with its peers); on one process the step is then empty
@@ -1277,7 +1282,7 @@ def test_when_filtering_leaves_no_group_the_collector_returns_one_invalid_row_of
         return ro
 
     monkeypatch.setattr(tr.policy, "rollout", rollout)
-    monkeypatch.setattr(tr.rollouts, "score", lambda batch, ro, **kw: setattr(ro, "rewards", torch.ones(ro.batch_size)))
+    _rewards_all_one(tr.rollouts, monkeypatch)
     ro, metrics = tr.collect()
     assert len(rounds) == 2 and metrics["filter/rounds"] == 2.0 and metrics["filter/kept_groups"] == 0.0
     assert ro.batch_size == 1 and not ro.valid.any()
@@ -1293,7 +1298,7 @@ def test_when_nothing_was_rolled_out_the_collector_returns_none(tmp_path, monkey
     monkeypatch.setattr(
         tr.policy, "rollout", lambda batch, g: real_rollout(batch, g).index(torch.zeros(0, dtype=torch.long))
     )
-    monkeypatch.setattr(tr.rollouts, "score", lambda batch, ro, **kw: setattr(ro, "rewards", torch.ones(ro.batch_size)))
+    _rewards_all_one(tr.rollouts, monkeypatch)
     ro, metrics = tr.collect()
     assert ro is None and metrics["filter/kept_groups"] == 0.0
 
@@ -1312,7 +1317,7 @@ def test_the_collector_gathers_the_weights_once_and_reports_the_gather_time(tmp_
         yield
 
     monkeypatch.setattr(tr.dp, "gathered", gathered)
-    monkeypatch.setattr(tr.rollouts, "score", lambda batch, ro, **kw: setattr(ro, "rewards", torch.ones(ro.batch_size)))
+    _rewards_all_one(tr.rollouts, monkeypatch)
     _, metrics = tr.collect()
     assert len(calls) == 1 and metrics["filter/rounds"] == 2.0
     assert metrics["time/unshard"] == 0.125
@@ -1557,7 +1562,7 @@ def test_skipped_seen_and_too_long_items_are_counted_over_every_resampling_round
 
     monkeypatch.setattr(col, "next_prompts", next_prompts)
     monkeypatch.setattr(tr.policy, "rollout", rollout)
-    monkeypatch.setattr(col, "score", lambda batch, ro, **kw: setattr(ro, "rewards", torch.ones(ro.batch_size)))
+    _rewards_all_one(col, monkeypatch)
     ro, m = tr.collect()
     n = rounds[1]  # prompts of a round
     assert len(rounds) == 3 and m["filter/rounds"] == 3.0
