@@ -338,10 +338,10 @@ class VLAConfig(VLMConfig):
                 raise ConfigError(
                     f"model.architecture={self.architecture} is a flow-matching policy: set model.action_head=flow"
                 )
-            if self.lora.enabled or not self.use_state:
+            if not self.use_state:
                 raise ConfigError(
-                    f"model.architecture={self.architecture} trains the full model on the robot state: set "
-                    "model.lora.enabled=false and model.use_state=true"
+                    f"model.architecture={self.architecture} reads the robot state (its checkpoint's "
+                    "'observation.state'): set model.use_state=true"
                 )
             if self.camera_views != "tiled":
                 raise ConfigError(

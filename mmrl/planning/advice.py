@@ -8,7 +8,8 @@ The candidate changes, in order of cost (what they cost you, not how much they s
    loss normalisers are global). The smallest K that fits (or micro-batches of one sample).
 4. ``plan.offload=optimizer`` -- AdamW state on CPU: a slow optimizer step, identical results.
 5. ``plan.offload=params`` (fsdp2) -- parameters, gradients and optimizer state on CPU: slower still.
-6. ``model.lora.enabled=true`` -- trains adapters only: other results (and no KL reference copy).
+6. ``model.lora.enabled=true`` -- trains adapters only (a LeRobot flow VLA: and its action / state projections): other
+   results (and, but for a flow VLA, no KL reference copy).
 7. ``model.max_pixels=P`` (VLMs with images) -- fewer vision tokens per image: other inputs. The largest budget that
    fits (halving), or the smallest tried.
 8. ``trainer.batch_size=N`` -- fewer prompts per step (the rollout batch): another algorithm. The largest that fits.
@@ -80,9 +81,7 @@ def _offload(level: str):
 
 
 def _lora(inp: PlanInputs):
-    if inp.arch.flow_vla is not None:  # LeRobot's flow VLAs train the full model (the policy refuses LoRA)
-        return None
-    if inp.lora or (inp.arch.diffusion is None and not inp.freeze_vision):
+    if inp.lora or (inp.arch.diffusion is None and inp.arch.flow_vla is None and not inp.freeze_vision):
         return None  # LoRA needs a frozen vision tower (mmrl refuses adapters with a trainable tower)
     return (lambda i: i.with_(lora=True)), "model.lora.enabled=true"
 
@@ -165,7 +164,7 @@ def candidate_changes(
             "parameters, gradients and optimizer state on CPU: slower still; same results",
             _offload("params"),
         ),
-        Change(6, "lora", "trains LoRA adapters only: other results; no reference copy for the KL", _lora),
+        Change(6, "lora", "trains LoRA adapters only: other results; a VLM needs no reference copy for the KL", _lora),
         Change(7, "max_pixels", "fewer vision tokens per image: other inputs", pixels),
         Change(8, "batch_size", "fewer prompts per step: another algorithm", batch),
     ]

@@ -220,6 +220,49 @@ class FlowVLAArch:
         """Every parameter of mmrl's model (what a run holds on the device and, but a frozen vision tower, trains)."""
         return sum(self.param_groups().values())
 
+    def linear_shapes(self, stack: str, *, cross: bool = False) -> dict[str, tuple[int, int]]:
+        """``name -> (in, out)`` of the linears of one block of ``stack`` (``vlm_layers`` or ``expert_layers``; a cross
+        expert block's k/v read the VLM's cached keys/values, ``kv_dim`` wide)."""
+        q, kv = self.q_dim, self.kv_dim
+        w, f = (
+            (self.width, self.intermediate) if stack == "vlm_layers" else (self.expert_width, self.expert_intermediate)
+        )
+        kv_in = kv if cross else w
+        return {
+            "q_proj": (w, q),
+            "k_proj": (kv_in, kv),
+            "v_proj": (kv_in, kv),
+            "o_proj": (q, w),
+            "gate_proj": (w, f),
+            "up_proj": (w, f),
+            "down_proj": (f, w),
+        }
+
+    def lora_blocks(self) -> list[tuple[str, bool]]:
+        """``(stack, cross)`` of every block LoRA adapts (``model.lora.enabled=true``: the VLM's and the expert's)."""
+        joint = self.expert_layers - self.expert_cross
+        return (
+            [("vlm_layers", False)] * self.layers
+            + [("expert_layers", False)] * joint
+            + [("expert_layers", True)] * self.expert_cross
+        )
+
+    def lora_params(self, targets: tuple[str, ...] | list[str], r: int) -> int:
+        """Adapter parameters: ``r (in + out)`` for every targeted linear of every adapted block."""
+        wanted = set(targets)
+        return sum(
+            r * (i + o)
+            for stack, cross in self.lora_blocks()
+            for name, (i, o) in self.linear_shapes(stack, cross=cross).items()
+            if name in wanted
+        )
+
+    def lora_frozen_params(self) -> int:
+        """What LoRA freezes besides the vision encoder (:data:`mmrl.adapters.vla.lerobot.lora.FROZEN_WITH_LORA`): the
+        token embeddings, the VLM's and the expert's blocks and the expert's final norm."""
+        g = self.param_groups()
+        return g["embed_tokens"] + g["vlm_layers"] + g["expert_layers"] + g["expert_norm"]
+
     def vision_params(self) -> int:
         """The modules ``model.freeze_vision_tower`` freezes: the vision encoder and its projector."""
         g = self.param_groups()

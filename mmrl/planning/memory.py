@@ -54,6 +54,7 @@ __all__ = [
     "flow_vla_expert_pass_bytes",
     "flow_vla_expert_step_bytes",
     "flow_vla_head_params",
+    "flow_vla_lora_bytes",
     "flow_vla_prefix_bytes",
     "flow_vla_prefix_working_bytes",
     "flow_vla_vision_bytes",
@@ -523,6 +524,31 @@ def flow_vla_chain_bytes(chunk: int, action_dim: int, num_steps: int) -> int:
     return (2 * num_steps + 2) * chunk * action_dim * 4
 
 
+def flow_vla_lora_bytes(
+    arch: FlowVLAArch, prefix_tokens: int, dtype_bytes: int, *, r: int, targets: tuple[str, ...]
+) -> tuple[int, int]:
+    """What LoRA's adapters keep for the backward, per row: (the VLM over the prefix, one expert pass). Per token and
+    adapted linear: A's output ``4 r`` (fp32) and, in a 16-bit model, the input PEFT casts to fp32 ``4 in`` (as
+    :func:`_lora_activation_terms`). The VLM's linears see the P prefix tokens; the expert's the S suffix tokens, but a
+    cross block's k/v, which read the P cached ones."""
+    wanted = set(targets)
+
+    def per_token(i: int) -> int:
+        return 4 * r + (4 * i if dtype_bytes != 4 else 0)
+
+    prefix = expert = 0
+    for stack, cross in arch.lora_blocks():
+        for name, (i, _o) in arch.linear_shapes(stack, cross=cross).items():
+            if name not in wanted:
+                continue
+            if stack == "vlm_layers":
+                prefix += prefix_tokens * per_token(i)
+            else:
+                reads_prefix = cross and name in ("k_proj", "v_proj")
+                expert += (prefix_tokens if reads_prefix else arch.suffix_tokens) * per_token(i)
+    return prefix, expert
+
+
 def flow_vla_head_params(arch: FlowVLAArch, *, likelihood: str, value_head: bool) -> dict[str, int]:
     """mmrl's fp32 modules next to the checkpoint: Flow-Noise's noise head on the expert's features
     ``64 (W + 1 + A) + A`` (flow_noise) and PPO's critic on the last layer's cached values (``ValueHead(kv d)``:
@@ -881,31 +907,39 @@ def _plan_diffusion(
 def _plan_flow_vla(inp: PlanInputs) -> MemoryBreakdown:
     """LeRobot's SmolVLA / π0 / π0.5 (``inp.arch.flow_vla``; ``inp.head`` carries the chunk H, A = max_action_dim, K
     and the likelihood). Full fine-tuning of the model (the vision encoder and its projector frozen with
-    ``freeze_vision``), mmrl's fp32 critic / noise head next to it. Training rows = episodes x policy calls, each its own
+    ``freeze_vision``), or with ``inp.lora`` fp32 adapters on the VLM's and the expert's blocks, which are frozen with
+    the embeddings (:meth:`FlowVLAArch.lora_frozen_params`; their activations: :func:`flow_vla_lora_bytes`); mmrl's fp32
+    critic / noise head next to it. Training rows = episodes x policy calls, each its own
     observation (the upper bound): per row the vision encoder (when it trains), the VLM over the prefix, the prefix
     cache plus its per-row gather (two with flow_sde_one), and ``grad_steps`` expert passes. The rollout runs one policy
     call for every env slot at once, without gradients: the larger of the prefix phase (cache + the prefix forward's
     working set) and the expert phase (cache + its per-row gather + one step's working set + the K-step record)."""
     fv, head, b = inp.arch.flow_vla, inp.head, inp.dtype_bytes
     model = fv.model_params()
-    frozen = fv.vision_params() if inp.freeze_vision else 0
+    frozen = (fv.vision_params() if inp.freeze_vision else 0) + (fv.lora_frozen_params() if inp.lora else 0)
     counts = ParamCounts(model - frozen, frozen, b, b)
     kw = dict(strategy=inp.strategy, world_size=inp.world_size, offload=inp.offload, optim_dtype=inp.optim_dtype)
     state = model_state_bytes(counts, **kw)
     heads = flow_vla_head_params(fv, likelihood=head.likelihood, value_head=inp.value_head)
+    if inp.lora:  # the adapters are fp32, like mmrl's heads
+        heads["lora"] = fv.lora_params(inp.lora_targets, inp.lora_r)
     head_params = sum(heads.values())
     if head_params:
         hs = model_state_bytes(ParamCounts(head_params, 0, 4, 4), **kw)
         state = StateBytes(state.params + hs.params, state.grads + hs.grads, state.optimizer + hs.optimizer)
+    # a frozen copy of everything, adapters included (with LoRA too: the projections train)
     reference = model * b + head_params * 4 if inp.kl_reference else 0
 
     prefix_tokens = fv.prefix_tokens(1, inp.image_tokens, inp.text_tokens)
+    lora_prefix, lora_pass = (
+        flow_vla_lora_bytes(fv, prefix_tokens, b, r=inp.lora_r, targets=inp.lora_targets) if inp.lora else (0, 0)
+    )
     rows = inp.micro_batch * inp.rows_per_sample
     cache = flow_vla_cache_bytes(fv, prefix_tokens, b)
     gathers = 2 if head.likelihood == "flow_sde_one" else 1
     vision = 0 if inp.freeze_vision else flow_vla_vision_bytes(fv, inp.images, b)
-    prefix = flow_vla_prefix_bytes(fv, prefix_tokens, b)
-    per_pass = flow_vla_expert_pass_bytes(
+    prefix = flow_vla_prefix_bytes(fv, prefix_tokens, b) + lora_prefix
+    per_pass = lora_pass + flow_vla_expert_pass_bytes(
         fv, prefix_tokens, b, chunk=head.chunk, noise_head=head.likelihood == "flow_noise"
     )
     expert = head.grad_steps * per_pass
@@ -929,6 +963,8 @@ def _plan_flow_vla(inp: PlanInputs) -> MemoryBreakdown:
         "prefix_cache": rows * (1 + gathers) * cache,
         "expert_activations": rows * expert,
         "expert_pass_per_row": per_pass,
+        "lora_prefix_per_row": lora_prefix,
+        "lora_expert_pass_per_row": lora_pass,
         "cache_per_observation": cache,
         "rollout_prefix_phase": prefix_phase,
         "rollout_expert_phase": expert_phase,

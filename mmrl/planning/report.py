@@ -268,8 +268,9 @@ def _flow_vla_inputs(cfg, settings: PlanSettings, arch: Architecture, common: di
     """:class:`PlanInputs` of ``model.architecture=smolvla|pi0|pi05``: the prefix is the checkpoint's cameras (a
     folder's image features, else the task's cameras) x its tokens per image + the prompt padded to the tokenizer's
     max length; the expert's chunk, K and likelihood are the run's; ``inp.head`` carries them (its action dims are the
-    checkpoint's padded max_action_dim, what the chain records). Full fine-tuning always (the policy refuses LoRA);
-    ``model.gradient_checkpointing`` is not applied by these policies, so it is planned off."""
+    checkpoint's padded max_action_dim, what the chain records). Full fine-tuning, or LoRA (``model.lora``) on the
+    VLM's and the expert's blocks; ``model.gradient_checkpointing`` is not applied by these policies, so it is planned
+    off."""
     m = cfg.model
     fv = arch.flow_vla
     vla = _vla_episode(cfg, arch)
@@ -305,7 +306,7 @@ def _flow_vla_inputs(cfg, settings: PlanSettings, arch: Architecture, common: di
         prefix_tokens=fv.prefix_tokens(images, per_image, text),
         flow_vla_notes=notes,
     )
-    common = {**common, "gradient_checkpointing": False, "lora": False}
+    common = {**common, "gradient_checkpointing": False}
     inp = PlanInputs(
         **common,
         freeze_vision=bool(getattr(m, "freeze_vision_tower", True)),
@@ -600,6 +601,8 @@ def format_report(
     ref_how = (
         "algo.kl_coef=0: none"
         if not inp.kl_reference
+        else "frozen full copy, adapters included (with LoRA too: the projections train)"
+        if arch.flow_vla is not None
         else "LoRA: the adapter-disabled model, no copy"
         if inp.lora
         else "frozen full copy in the model dtype (replicated, even with fsdp2)"
@@ -679,7 +682,12 @@ def _flow_vla_lines(
         f"  {_n(fv.model_params())} parameters (vision encoder + projector {_n(fv.vision_params())}, language model "
         f"{_n(lm)}, action expert + projections {_n(expert)}); {m.dtype}; the checkpoint also holds "
         f"{_n(fv.unused)} unused (LM heads, final norm: kept on the CPU)",
-        "  full fine-tuning (the policy refuses LoRA)"
+        (
+            f"  LoRA r={inp.lora_r} on {','.join(inp.lora_targets)} of the VLM's and the expert's blocks (adapters "
+            f"{_n(bd.detail['head_params_lora'])} fp32, those blocks and the embeddings frozen; the projections train)"
+            if inp.lora
+            else "  full fine-tuning"
+        )
         + (", vision encoder + projector frozen (model.freeze_vision_tower)" if inp.freeze_vision else "")
         + f"; trainable {_n(c.trainable)}, frozen {_n(c.frozen)}",
     ]
@@ -705,6 +713,8 @@ def _flow_vla_lines(
         f"  VLA, {fv.family}: {info['frame']} frames; every episode is {info['policy_calls']} training rows (one per "
         f"policy call, the longest episode); K = {head.num_steps} steps, {head.likelihood}: {head.grad_steps} expert "
         f"pass(es) with gradients per row; {_n(bd.head_params)} fp32 parameters in mmrl's heads"
+        + (" and the LoRA adapters" if inp.lora else "")
+        + ""
     )
     lines.append(
         f"  micro-batch {inp.micro_batch} episodes = {cfg.trainer.batch_size} prompts x {cfg.algo.group_size} "
@@ -729,8 +739,9 @@ def _flow_vla_lines(
         (
             "activations: VLM prefix",
             det["prefix_activations"],
-            f"{n} x ({fv.layers - 1} layers x {bd.per_layer:,} B + last norm); one layer = {P} tokens x "
-            f"{bd.per_layer // max(P, 1):,} B (fp32 softmax {fv.heads} x {P} per token)",
+            f"{n} x ({fv.layers - 1} layers x {bd.per_layer:,} B + last norm"
+            + (f" + LoRA {det['lora_prefix_per_row']:,} B" if inp.lora else "")
+            + f"); one layer = {P} tokens x {bd.per_layer // max(P, 1):,} B (fp32 softmax {fv.heads} x {P} per token)",
         )
     )
     gathers = 2 if head.likelihood == "flow_sde_one" else 1
@@ -746,7 +757,9 @@ def _flow_vla_lines(
             "activations: expert",
             det["expert_activations"],
             f"{n} x {head.grad_steps} pass(es) x {det['expert_pass_per_row']:,} B (k/v of {P} prefix tokens "
-            f"repeated to {fv.heads} heads per layer)",
+            f"repeated to {fv.heads} heads per layer"
+            + (f"; LoRA {det['lora_expert_pass_per_row']:,} B of it" if inp.lora else "")
+            + ")",
         )
     )
     k = inp.rollout_samples

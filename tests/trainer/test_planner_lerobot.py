@@ -334,13 +334,89 @@ def test_cli_plan_reads_a_local_folder_and_the_tiny_presets(capsys):
 
 
 def test_suggestions_skip_what_these_policies_do_not_apply():
-    """No gradient checkpointing, no LoRA for LeRobot's flow VLAs: the cheapest change that fits is grad_accum."""
+    """No gradient checkpointing for LeRobot's flow VLAs: the cheapest change that fits is grad_accum; when one episode
+    per micro-batch still does not fit, LoRA is offered (π0 on LIBERO-Long, 80 GB: 107.90 -> 76.86 GiB)."""
     from mmrl.planning.report import build_plan
 
     *_, sugg = build_plan(["task=libero_spatial", "model=smolvla", "trainer.batch_size=4", "plan.device_gb=80"])
     overrides = [s.override for s in sugg]
     assert overrides and not any("checkpointing" in o or "lora" in o for o in overrides)
     assert overrides[0].startswith("trainer.grad_accum=") and sugg[-1].fits
+    long = [
+        "task=libero_10",
+        "model=pi0",
+        "model.n_action_steps=50",
+        "trainer.batch_size=8",
+        "algo.group_size=8",
+        "trainer.grad_accum=64",
+        "plan.device_gb=80",
+    ]
+    *_, sugg = build_plan(long)
+    assert [s.override for s in sugg] == ["model.lora.enabled=true"] and sugg[0].fits
+
+
+# ---------------------------------------------------------------------------------------------- LoRA
+
+
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def test_lora_counts_equal_the_adapted_tiny_builds():
+    """What ``add_lora`` inserts and freezes on each tiny build = the formula (r 3, the default targets)."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("peft")
+    from mmrl.adapters.vla.lerobot.lora import add_lora
+    from mmrl.adapters.vla.lerobot.tiny import build_tiny_pi0, build_tiny_smolvla
+    from mmrl.models.configs import LoraConfig
+
+    sizes = dict(cameras=("a",), state_dim=8, action_dim=7, chunk_size=4, num_steps=4)
+    for family in ("smolvla", "pi0", "pi05"):
+        with torch.random.fork_rng(devices=[]):
+            pipe = (
+                build_tiny_smolvla(**sizes) if family == "smolvla" else build_tiny_pi0(pi05=family == "pi05", **sizes)
+            )
+        add_lora(pipe.model, LoraConfig(r=3, target_modules=list(LORA_TARGETS)))
+        arch = tiny_arch(family, chunk=4, num_steps=4, state_dim=8)
+        named = dict(pipe.model.named_parameters())
+        adapters = sum(w.numel() for n, w in named.items() if ".lora_" in n)
+        frozen = sum(w.numel() for w in named.values() if not w.requires_grad)
+        assert adapters == arch.lora_params(LORA_TARGETS, 3), family
+        assert frozen == arch.lora_frozen_params(), family
+        only_q = sum(w.numel() for n, w in named.items() if ".q_proj.lora_" in n)
+        assert only_q == arch.lora_params(("q_proj",), 3), family
+
+
+def test_lora_plan_terms_by_hand():
+    """pi0_tiny with LoRA r = 2 on the 7 linears, fp32. Adapters r (in + out) per linear: a VLM block (h 64, q 64, kv 8,
+    f 128) 2 x (128 + 72 + 72 + 128 + 192 + 192 + 192) = 1952, x 3 = 5856; an expert block (W 32, f_e 64)
+    2 x (96 + 40 + 40 + 96 + 96 + 96 + 96) = 1120, x 3 = 3360 -> 9216. The adapters keep A's output 4 r = 8 B per token
+    and linear: the prefix 80 tokens x 21 linears x 8 = 13,440 per row, an expert pass 7 x 21 x 8 = 1176. In bf16 PEFT
+    also keeps the fp32 cast of each input: VLM 4 x (5 x 64 + 64 + 128) = 2048 per token and block, x 3 x 80 + 13,440
+    = 504,960; expert 4 x (5 x 32 + 64 + 64) = 1152, x 3 x 7 + 1176 = 25,368."""
+    shapes = header_shapes(FIXTURES / "pi0_tiny" / "model.safetensors")
+    suffix = numel_under(shapes, *PI0_GROUPS["suffix"])
+    bd = plan_memory(tiny_inputs(10, lora=True, lora_r=2))
+    assert bd.detail["head_params_lora"] == 9216 and bd.head_params == 9216
+    assert (bd.counts.trainable, bd.counts.frozen) == (suffix, 181_324 - suffix)  # the projections train
+    assert (bd.grads, bd.optimizer) == ((suffix + 9216) * 4, (suffix + 9216) * 8)
+    assert (bd.detail["lora_prefix_per_row"], bd.detail["lora_expert_pass_per_row"]) == (13_440, 1176)
+    assert bd.activations == 6 * (1_208_320 + 13_440 + 30_720 + 9 * (PASS + 1176))
+    # the KL reference is a frozen copy of everything, adapters included
+    assert plan_memory(tiny_inputs(10, lora=True, lora_r=2, kl_reference=True)).reference == (181_324 + 9216) * 4
+    half = plan_memory(tiny_inputs(10, lora=True, lora_r=2, dtype_bytes=2))
+    assert (half.detail["lora_prefix_per_row"], half.detail["lora_expert_pass_per_row"]) == (504_960, 25_368)
+    # a trainable vision encoder trains under LoRA too
+    open_ = plan_memory(tiny_inputs(10, lora=True, lora_r=2, freeze_vision=False))
+    assert open_.counts.trainable == suffix + 25_952
+
+
+def test_cli_plan_with_lora_names_what_trains(capsys):
+    from mmrl.cli import main
+
+    assert main(["plan", "task=libero_spatial", "model=pi0", "model.lora.enabled=true", "plan.device_gb=48"]) == 0
+    out = capsys.readouterr().out
+    assert "LoRA r=16 on q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj of the VLM's and the expert's" in out
+    assert "full fine-tuning" not in out and "+ LoRA 4,515,840 B" in out
 
 
 def test_flow_vla_arch_is_light():

@@ -698,8 +698,8 @@ def load_pi0(folder: str | Path, *, tokenizer_path: str | Path | None = None, de
 def save_smolvla(pipeline, folder: str | Path) -> Path:
     """Write ``pipeline`` as a LeRobot policy folder (same file and tensor names LeRobot's ``save_pretrained`` uses).
 
-    config.json is the loaded one; model.safetensors holds the current weights (float32) plus the unused VLM
-    tensors; the processor files are re-written with the current normalisation statistics. A π0 / π0.5 pipeline
+    config.json is the loaded one; model.safetensors holds the current weights (float32; LoRA adapters merged into
+    their base weights, :func:`~mmrl.adapters.vla.lerobot.lora.plain_state_dict`) plus the unused VLM tensors; the processor files are re-written with the current normalisation statistics. A π0 / π0.5 pipeline
     (``load_pi0``) is written in its own layout, with a copy of a local tokenizer folder next to it (``save_policy``
     is the same function under a type-neutral name).
     """
@@ -710,7 +710,9 @@ def save_smolvla(pipeline, folder: str | Path) -> Path:
     policy_type = pipeline.lerobot_config.get("type", "smolvla")
     prefixes = {"pi0": PI0_PREFIXES, "pi05": PI05_PREFIXES}.get(policy_type, LEROBOT_PREFIXES)
     (folder / "config.json").write_text(json.dumps(pipeline.lerobot_config, indent=4))
-    state = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in pipeline.model.state_dict().items()}
+    from mmrl.adapters.vla.lerobot.lora import plain_state_dict
+
+    state = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in plain_state_dict(pipeline.model).items()}
     tensors = {
         **to_lerobot_names(state, prefixes=prefixes),
         **{k: v.contiguous() for k, v in pipeline.unused_tensors.items()},

@@ -180,8 +180,6 @@ class LeRobotFlowPolicy(ContinuousVLAPolicy):
             )
         if cfg.action_head != "flow":
             raise VLASetupError(f"model.architecture={arch} needs model.action_head=flow, got {cfg.action_head}")
-        if cfg.lora.enabled:
-            raise VLASetupError(f"model.architecture={arch} trains the full model: set model.lora.enabled=false")
         spec, model_cfg = pipeline.spec, pipeline.config
         env_dim = int(env_spec.action_dim)
         if spec.action_dim != env_dim:
@@ -206,6 +204,10 @@ class LeRobotFlowPolicy(ContinuousVLAPolicy):
         self.action_tokenizer = self._make_action_tokenizer({k: v for k, v in action_stats.items() if k != "cameras"})
         self._init_head(int(model_cfg.max_action_dim))
         self.state_stats = None
+        if cfg.lora.enabled:
+            from mmrl.adapters.vla.lerobot.lora import add_lora
+
+            add_lora(pipeline.model, cfg.lora)
         if cfg.freeze_vision_tower:
             for name in VISION_MODULES["smolvla" if arch == "smolvla" else "pi0"]:
                 getattr(pipeline.model, name).requires_grad_(False)
@@ -295,12 +297,16 @@ class LeRobotFlowPolicy(ContinuousVLAPolicy):
 
     # ------------------------------------------------------------------ persistence
     def _head_meta(self) -> dict:
-        return {
+        meta = {
             "architecture": self.cfg.architecture,
             "action_head": "flow",
             "chunk": self.cfg.chunk,
             "cameras": self.cameras,
         }
+        if self.cfg.lora.enabled:
+            lora = self.cfg.lora
+            meta["lora"] = {"r": lora.r, "alpha": lora.alpha, "target_modules": list(lora.target_modules)}
+        return meta
 
     def save_pretrained(self, path: str | Path) -> None:
         """LeRobot's layout (:func:`~mmrl.adapters.vla.lerobot.checkpoint.save_policy`) plus mmrl's files: the
@@ -308,9 +314,13 @@ class LeRobotFlowPolicy(ContinuousVLAPolicy):
         from safetensors.torch import save_file
 
         from mmrl.adapters.vla.lerobot.checkpoint import save_policy
+        from mmrl.adapters.vla.lerobot.lora import LORA_FILE, adapter_state
 
         path = Path(path)
         save_policy(self.pipeline, path)
+        adapters = adapter_state(self.pipeline.model)
+        if adapters:
+            save_file({k: v.detach().contiguous().cpu() for k, v in adapters.items()}, str(path / LORA_FILE))
         self.action_tokenizer.save(path / ACTION_STATS_FILE)
         self.init_states.save(path / INIT_STATES_FILE)
         extra = self.module.extra_heads()
@@ -324,12 +334,19 @@ class LeRobotFlowPolicy(ContinuousVLAPolicy):
         """Load what :meth:`save_pretrained` wrote (or any LeRobot folder of the same type and shapes) into the live
         model; a folder of other shapes is a :class:`~mmrl.checkpoint.CheckpointMismatchError` naming the tensor."""
         from mmrl.adapters.vla.action_tokenizer import ActionTokenizer
+        from mmrl.adapters.vla.lerobot.lora import LORA_FILE, load_into_lora_model, lora_layers
         from mmrl.checkpoint import load_state_checked, read_safetensors
 
         path = Path(path)
         weights = path / "model.safetensors"
         mapped = _mmrl_named(read_safetensors(weights), self.pipeline.lerobot_config.get("type", "smolvla"))
-        load_state_checked(self.pipeline.model, {k: v.to(torch.float32) for k, v in mapped.items()}, weights)
+        mapped = {k: v.to(torch.float32) for k, v in mapped.items()}
+        if lora_layers(self.pipeline.model):
+            adapters = path / LORA_FILE
+            saved = read_safetensors(adapters) if adapters.exists() else None
+            load_into_lora_model(self.pipeline.model, mapped, saved, weights)
+        else:
+            load_state_checked(self.pipeline.model, mapped, weights)
         extra = path / EXTRA_HEADS_FILE
         if extra.exists():
             load_state_checked(self.module.extra_heads(), read_safetensors(extra), extra)
