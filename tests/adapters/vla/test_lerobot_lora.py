@@ -319,3 +319,25 @@ def test_config_accepts_lora_and_still_needs_the_state():
     assert lora_cfg("smolvla").lora.enabled
     with pytest.raises(ConfigError, match="reads the robot state.*model.use_state=true"):
         make_cfg("pi0", use_state=False)
+
+
+def test_the_lora_round_trip_saves_merged_weights_in_lerobot_names(tmp_path):
+    """``roundtrip --lora``: one Adam step on the pi0_tiny fixture's adapters + projections; the folder holds LeRobot's
+    names only (no adapter tensors), its weights moved, and the merged policy acts like the LoRA one."""
+    from safetensors.torch import load_file
+
+    from mmrl.adapters.vla.lerobot.roundtrip import FIXTURES, train_step_and_save
+
+    torch.manual_seed(0)
+    summary = train_step_and_save(FIXTURES / "pi0_tiny", tmp_path, lora_r=4)
+    saved, original = (
+        load_file(str(tmp_path / "model.safetensors")),
+        load_file(str(FIXTURES / "pi0_tiny" / "model.safetensors")),
+    )
+    assert sorted(saved) == sorted(original) and not any("lora" in k or "base_layer" in k for k in saved)
+    moved = [k for k in saved if not torch.equal(saved[k], original[k])]
+    assert any("gemma_expert.model.layers.0.self_attn.q_proj" in k for k in moved)  # merged adapter
+    assert any(k.startswith("model.action_in_proj") for k in moved)  # a projection trained in full
+    frozen = [k for k in moved if "embed_tokens" in k or ("layernorm" in k and "vision_tower" not in k)]
+    assert not frozen  # the embeddings and the blocks' norms are frozen with the blocks
+    assert summary["action_change"] > 0.1 and summary["merge_gap"] < 1e-4
