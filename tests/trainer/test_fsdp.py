@@ -57,6 +57,9 @@ micro-batch shapes) already ends 4e-3 apart. eps=3e-3 keeps the update Lipschitz
 lr / eps |d grad|), so the comparison measures the gradients."""
 VLA_GAUSSIAN = [*VLA, "model.action_head=gaussian", "model.chunk=2"]
 """The Gaussian chunk head with its learned log-std (the entropy bonus has a closed form there)."""
+LEROBOT_PI0 = [*VLA, "model=tiny_pi0", "model.num_steps=3", "task.image_size=32", "algo=ppo", "trainer.adam_eps=0.003"]
+"""A tiny LeRobot π0 (its own VLM, expert and preprocessing) with PPO's critic, as VLA_FLOW; with
+model.lora.enabled=true its adapters, projections and vision encoder train and the blocks' base weights are frozen."""
 
 
 def _assert_equal_runs(one, two, *, tol=2e-5):
@@ -84,6 +87,8 @@ def _sharded_files(run_dir):
         ("vla", [*VLA]),
         ("vla_flow_ppo", VLA_FLOW),
         ("vla_gaussian", VLA_GAUSSIAN),
+        ("lerobot_pi0_full", [*LEROBOT_PI0, "model.lora.enabled=false"]),
+        ("lerobot_pi0_lora", [*LEROBOT_PI0, "model.lora.enabled=true"]),
     ],
 )
 def test_fsdp2_two_processes_match_one(tmp_path, name, extra):
