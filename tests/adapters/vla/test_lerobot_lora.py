@@ -27,6 +27,7 @@ from mmrl.adapters.vla.lerobot.lora import (  # noqa: E402
     LORA_FILE,
     adapter_state,
     add_lora,
+    load_into_lora_model,
     lora_delta,
     lora_layers,
     plain_state_dict,
@@ -106,6 +107,28 @@ def test_a_merged_linear_computes_what_the_adapted_one_does():
         "vlm_layers.0.q_proj.lora_A.weight",
         "vlm_layers.0.q_proj.lora_B.weight",
     ]
+    # loaded back into a fresh stand-in with LoRA (other weights, zero adapters): adapters, base and biases as saved
+    torch.manual_seed(1)
+    other = torch.nn.Module()
+    other.vlm_layers = torch.nn.ModuleList([torch.nn.ModuleDict({"q_proj": torch.nn.Linear(3, 2)})])
+    other.expert_layers = torch.nn.ModuleList([torch.nn.ModuleDict({"q_proj": torch.nn.Linear(2, 2, bias=False)})])
+    other.action_in_proj = torch.nn.Linear(2, 2)
+    with torch.no_grad():
+        for name in ("vlm_layers.0.q_proj", "expert_layers.0.q_proj"):
+            other.get_submodule(name).weight.copy_(base[f"{name}.weight"])  # the same base weights
+    add_lora(other, LoraConfig(r=2, alpha=6, target_modules=["q_proj"]))
+    load_into_lora_model(other, plain, adapter_state(model), "stand-in/model.safetensors")
+    theirs = other.state_dict()
+    assert all(torch.equal(v, theirs[k]) for k, v in model.state_dict().items())
+    # without the saved adapters the merged weights become the base (a plain LeRobot folder)
+    fresh = torch.nn.Module()
+    fresh.vlm_layers = torch.nn.ModuleList([torch.nn.ModuleDict({"q_proj": torch.nn.Linear(3, 2)})])
+    fresh.expert_layers = torch.nn.ModuleList([torch.nn.ModuleDict({"q_proj": torch.nn.Linear(2, 2, bias=False)})])
+    fresh.action_in_proj = torch.nn.Linear(2, 2)
+    add_lora(fresh, LoraConfig(r=2, alpha=6, target_modules=["q_proj"]))
+    load_into_lora_model(fresh, plain, None, "stand-in/model.safetensors")
+    assert torch.equal(fresh.vlm_layers[0]["q_proj"].base_layer.bias, base["vlm_layers.0.q_proj.bias"])
+    assert torch.allclose(fresh.vlm_layers[0]["q_proj"](x), merged, atol=1e-6)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -249,6 +272,14 @@ def test_a_missing_adapted_weight_is_named(tmp_path):
         assert len(gone) == 1, [k for k in tensors if "layers.0.self_attn.o_proj" in k]
         save_file({k: v for k, v in tensors.items() if k != gone[0]}, str(tmp_path / "model.safetensors"))
         with pytest.raises(CheckpointMismatchError, match=r"expert_layers.0.self_attn.o_proj.weight .*missing"):
+            p.load_pretrained(tmp_path)
+        # a weight LoRA does not adapt, missing: named too, with and without the saved adapters
+        proj = [k for k in tensors if k.endswith("action_in_proj.weight")]
+        save_file({k: v for k, v in tensors.items() if k != proj[0]}, str(tmp_path / "model.safetensors"))
+        with pytest.raises(CheckpointMismatchError, match=r"action_in_proj.weight .*missing"):
+            p.load_pretrained(tmp_path)
+        (tmp_path / LORA_FILE).unlink()
+        with pytest.raises(CheckpointMismatchError, match=r"action_in_proj.weight .*missing"):
             p.load_pretrained(tmp_path)
     finally:
         p.close()
