@@ -3,7 +3,8 @@
 # never modified. Prints the surviving mutants (each with its diff) and the counts. See docs/testing.md.
 #
 #   bash scripts/mutation.sh [TARGET ...]   TARGET: algos (default), wiring (algos/objective.py + estimators.py, the
-#                                           config-to-math layer), trainer, rewards, sde, shared_prefix, all
+#                                           config-to-math layer), trainer, rewards, sde, shared_prefix,
+#                                           lerobot_lora, all
 #
 # Environment: PYTHON (default .venv/bin/python; mutmut must be installed in it: pip install -e ".[mutation]"),
 # MUTATION_DIR (scratch folder, default /tmp/mmrl-mutation-<target>; kept afterwards so `mutmut show NAME` works
@@ -23,7 +24,7 @@ CHILDREN="${MUTATION_CHILDREN:-1}"
 
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=(algos)
-[ "${targets[0]}" != all ] || targets=(algos trainer rewards sde shared_prefix)
+[ "${targets[0]}" != all ] || targets=(algos trainer rewards sde shared_prefix lerobot_lora)
 
 # what to mutate, and the tests that are meant to kill its mutants
 spec() {
@@ -59,7 +60,11 @@ spec() {
          TESTS='"tests/algos/test_sde_sampler.py", "tests/algos/test_sde_math_contract.py", "tests/adapters/vla/test_vla_action_heads.py", "tests/wiring/test_vla_head_knobs.py"' ;;
     shared_prefix) ONLY='"mmrl/policies/shared_prefix.py"'
                    TESTS='"tests/policies/test_shared_prefix.py", "tests/policies/test_shared_prefix_contract.py"' ;;
-    *) echo "unknown target '$1'; choose from algos wiring trainer rewards sde shared_prefix all" >&2; exit 2 ;;
+    lerobot_lora) ONLY='"mmrl/adapters/vla/lerobot/lora.py"'  # LoRA on LeRobot's flow VLAs: merge, save, load
+                  TESTS='"tests/adapters/vla/test_lerobot_lora.py", "tests/trainer/test_planner_lerobot.py"'
+                  DESELECT="not resumes_bit_exactly"  # the Trainer run (env workers in subprocesses): on the survivors only
+                  RECHECK="tests/adapters/vla/test_lerobot_lora.py::test_trainer_trains_adapters_with_a_kl_reference_and_resumes_bit_exactly" ;;
+    *) echo "unknown target '$1'; choose from algos wiring trainer rewards sde shared_prefix lerobot_lora all" >&2; exit 2 ;;
   esac
 }
 

@@ -3,6 +3,7 @@
     python scripts/vla_heads_table.py                       # 3 heads x seeds 0 1 2, then the table and the plot
     python scripts/vla_heads_table.py trainer.sft_steps=300 --heads flow --seeds 0   # overrides first, then a subset
     python scripts/vla_heads_table.py --heads tiny_smolvla  # mmrl's tiny SmolVLA (model=tiny_smolvla), same budget
+    python scripts/vla_heads_table.py --heads tiny_smolvla_lora  # the same with model.lora.enabled=true
     python scripts/vla_heads_table.py --table-only          # rebuild the table / plot from the runs already there
                                                             # (and the recorded summaries of runs not here)
 
@@ -25,7 +26,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNS = ROOT / "runs" / "heads"
-HEADS = ("tokens", "flow", "gaussian", "tiny_smolvla")
+HEADS = ("tokens", "flow", "gaussian", "tiny_smolvla", "tiny_smolvla_lora")
 DEFAULT_HEADS = ("tokens", "flow", "gaussian")
 HEAD_OVERRIDES = {
     "tokens": ["model.action_head=tokens"],
@@ -36,6 +37,8 @@ HEAD_OVERRIDES = {
     # not a head of the tiny Qwen-VL but a whole policy: mmrl's SmolVLA (LeRobot's architecture, issue 24), random
     # tiny weights, its flow expert with the preset's chunk 4 / 2 executed / K = 4 steps
     "tiny_smolvla": ["model=tiny_smolvla"],
+    # the same SmolVLA with LoRA (r 16, alpha 32 on its VLM and expert blocks; projections and vision encoder train)
+    "tiny_smolvla_lora": ["model=tiny_smolvla", "model.lora.enabled=true"],
 }
 
 

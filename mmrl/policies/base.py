@@ -386,7 +386,8 @@ class Policy(abc.ABC):
 class FrozenCopyReference:
     """A reference policy held as a frozen deep copy of the initial model.
 
-    Used when the policy is fully fine-tuned (no LoRA adapters to disable). ``swap`` temporarily
+    Used when the policy is fully fine-tuned (no LoRA adapters to disable), or when disabling the adapters would not
+    give the initial model back (LeRobot's policies under LoRA train their projections in full). ``swap`` temporarily
     puts the frozen copy in place of the policy's model.
     """
 

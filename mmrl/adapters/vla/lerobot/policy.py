@@ -25,7 +25,10 @@ Flow-SDE-one / Flow-Noise) and the PPO critic come from there. What differs:
 * **Persistence.** :meth:`LeRobotFlowPolicy.save_pretrained` writes LeRobot's layout (``save_policy``: config.json,
   model.safetensors, processor files, a local tokenizer), which LeRobot's ``from_pretrained`` and ``load_policy``
   read, plus mmrl's files (action range, initial-state fingerprints, critic / noise head in
-  ``mmrl_heads.safetensors``).
+  ``mmrl_heads.safetensors``). With LoRA the weights are merged for LeRobot and the adapters saved beside them.
+* **LoRA** (``model.lora.enabled=true``, :mod:`~mmrl.adapters.vla.lerobot.lora`): adapters on the VLM's and the
+  expert's blocks, the projections train in full; the KL reference stays a frozen copy (the adapter-off model would
+  keep the trained projections).
 
 :func:`build_lerobot_policy` loads ``model.path`` (a LeRobot folder, a hub id, or ``tiny_smolvla`` / ``tiny_pi0`` /
 ``tiny_pi05``: built offline by :mod:`~mmrl.adapters.vla.lerobot.tiny` for the task's cameras, state and action dims,
