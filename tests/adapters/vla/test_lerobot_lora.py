@@ -43,8 +43,9 @@ ARCHS = ("smolvla", "pi0", "pi05")
 DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
-def lora_cfg(arch: str, *, r: int = 4, alpha: int = 8, targets=DEFAULT_TARGETS, **kw):
-    return make_cfg(arch, lora=LoraConfig(enabled=True, r=r, alpha=alpha, target_modules=list(targets)), **kw)
+def lora_cfg(arch: str, *, r: int = 4, alpha: int = 8, dropout: float = 0.0, targets=DEFAULT_TARGETS, **kw):
+    lora = LoraConfig(enabled=True, r=r, alpha=alpha, dropout=dropout, target_modules=list(targets))
+    return make_cfg(arch, lora=lora, **kw)
 
 
 def policy(cfg, **kw) -> LeRobotFlowPolicy:
@@ -166,7 +167,49 @@ def test_adapters_and_suffix_train_the_language_model_and_expert_are_frozen(arch
 def test_targets_that_name_no_linear_are_one_line():
     with pytest.raises(VLASetupError, match=r"model.lora.target_modules=\['qkv'\] names no linear layer") as e:
         policy(lora_cfg("pi0", targets=["qkv"]))
-    assert "\n" not in str(e.value) and "q_proj" in str(e.value)  # names what the model has
+    assert "\n" not in str(e.value)
+    assert str(e.value).endswith(  # names what the model has, by their last name
+        "(the model's linears: action_in_proj, action_out_proj, action_time_mlp_in, action_time_mlp_out, down_proj, "
+        "fc1, fc2, gate_proj, k_proj, multi_modal_projector, o_proj, out_proj, q_proj, state_proj, up_proj, v_proj)"
+    )
+
+
+def test_rank_alpha_and_dropout_reach_the_adapters():
+    p = policy(lora_cfg("pi0", r=3, alpha=12, dropout=0.25))
+    try:
+        layer = p.pipeline.model.vlm_layers[0].self_attn.q_proj
+        assert layer.lora_A["default"].weight.shape == (3, 64) and layer.lora_B["default"].weight.shape == (64, 3)
+        assert layer.scaling == {"default": 4.0} and layer.lora_dropout["default"].p == 0.25
+    finally:
+        p.close()
+
+
+def test_only_peft_lora_layers_count_as_adapted():
+    """An attention module's float ``scaling`` (transformers' convention) or a ``base_layer`` attribute of some other
+    wrapper does not make a module an adapted layer."""
+    model = torch.nn.Module()
+    model.vlm_layers = torch.nn.ModuleList([torch.nn.ModuleDict({"q_proj": torch.nn.Linear(2, 2)})])
+    model.expert_layers = torch.nn.ModuleList([torch.nn.ModuleDict({"q_proj": torch.nn.Linear(2, 2)})])
+    attention, wrapper = torch.nn.Module(), torch.nn.Module()
+    attention.scaling = 0.125
+    wrapper.base_layer, wrapper.scaling = torch.nn.Linear(2, 2), {"default": 2.0}
+    model.attention, model.wrapper = attention, wrapper
+    assert lora_layers(model) == {}
+    add_lora(model, LoraConfig(r=1, alpha=2, target_modules=["q_proj"]))
+    assert lora_layers(model) == {"vlm_layers.0.q_proj": 2.0, "expert_layers.0.q_proj": 2.0}
+
+
+def test_an_adapter_key_without_its_pair_is_an_error():
+    from mmrl.adapters.vla.lerobot.lora import _adapter_keys
+
+    t = torch.zeros(1)
+    assert _adapter_keys({"m.lora_A.default.weight": t, "m.lora_B.default.weight": t}, "m") == (
+        "m.lora_A.default.weight",
+        "m.lora_B.default.weight",
+    )
+    for state in ({"m.lora_A.default.weight": t}, {"m.lora_B.default.weight": t}):
+        with pytest.raises(ValueError, match="expected one lora_A and one lora_B weight"):
+            _adapter_keys(state, "m")
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -256,6 +299,56 @@ def test_another_base_is_refused_in_one_line_and_a_plain_folder_becomes_the_base
         assert torch.equal(r.pipeline.predict_action_chunk(images, state, tasks, noise), want)
         other.close()
         r.close()
+    finally:
+        p.close()
+
+
+def test_adapters_of_another_rank_and_weights_of_another_shape_are_named(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    p = policy(lora_cfg("pi0", r=4))
+    try:
+        p.save_pretrained(tmp_path)
+        q = policy(lora_cfg("pi0", r=8))  # model.lora.r changed between the runs
+        with pytest.raises(CheckpointMismatchError, match=r"mmrl_lora.safetensors.*lora_A.weight is \(4, 64\)") as e:
+            q.load_pretrained(tmp_path)
+        assert "\n" not in str(e.value) and "(8, 64) in the model" in str(e.value)
+        q.close()
+        tensors = load_file(str(tmp_path / "model.safetensors"))
+        key = next(k for k in tensors if k.endswith("expert.model.layers.0.self_attn.o_proj.weight"))
+        tensors[key] = torch.zeros(32, 32)
+        save_file(tensors, str(tmp_path / "model.safetensors"))
+        with pytest.raises(CheckpointMismatchError, match=r"expert_layers.0.self_attn.o_proj.weight is \(32, 32\)"):
+            p.load_pretrained(tmp_path)
+    finally:
+        p.close()
+
+
+def test_a_merged_weight_may_differ_by_one_millionth_of_the_largest_weight(tmp_path):
+    """The rule: |merged - (base + delta)| <= 1e-6 x max(1, max |base + delta|) (another device's rounding passes,
+    another base does not). One adapted weight scaled to a largest entry of 1.5: 1.4e-6 passes, 1.6e-6 does not."""
+    from safetensors.torch import load_file, save_file
+
+    cfg = lora_cfg("pi0")
+    p = policy(cfg)
+    try:
+        base = p.pipeline.model.vlm_layers[0].self_attn.q_proj.base_layer.weight
+        with torch.no_grad():
+            base.mul_(0.5 / float(base.abs().max()))
+            base[0, 0] = 1.5
+        p.save_pretrained(tmp_path)
+        tensors = load_file(str(tmp_path / "model.safetensors"))
+        key = next(k for k in tensors if k.endswith("language_model.layers.0.self_attn.q_proj.weight"))
+        original = tensors[key].clone()
+        for shift, ok in ((1.4e-6, True), (1.6e-6, False)):
+            tensors[key] = original.clone()
+            tensors[key][1, 1] += shift  # |entry| <= 0.5: float32 keeps the shift to ~6e-8
+            save_file(tensors, str(tmp_path / "model.safetensors"))
+            if ok:
+                p.load_pretrained(tmp_path)
+            else:
+                with pytest.raises(CheckpointMismatchError, match="q_proj.weight is not this model's base weight"):
+                    p.load_pretrained(tmp_path)
     finally:
         p.close()
 

@@ -83,14 +83,18 @@ def add_lora(model: nn.Module, lora_cfg) -> list[str]:
 
 
 def lora_layers(model: nn.Module) -> dict[str, float]:
-    """Adapted module name -> its scaling ``alpha / r`` (one adapter each); empty for a model without LoRA."""
+    """Adapted module name -> its scaling ``alpha / r`` (one adapter each); empty for a model without LoRA (peft is
+    imported only when some module has adapters)."""
+    if not any(hasattr(mod, "lora_A") for mod in model.modules()):
+        return {}
+    from peft.tuners.lora import LoraLayer
+
     found = {}
     for name, mod in model.named_modules():
-        scaling = getattr(mod, "scaling", None)
-        if hasattr(mod, "base_layer") and hasattr(mod, "lora_A") and isinstance(scaling, dict) and scaling:
-            if len(scaling) != 1:
-                raise ValueError(f"{name} holds {len(scaling)} LoRA adapters; mmrl merges exactly one")
-            found[name] = float(next(iter(scaling.values())))
+        if isinstance(mod, LoraLayer):
+            if len(mod.scaling) != 1:
+                raise ValueError(f"{name} holds {len(mod.scaling)} LoRA adapters; mmrl merges exactly one")
+            found[name] = float(next(iter(mod.scaling.values())))
     return found
 
 
@@ -119,10 +123,10 @@ def plain_state_dict(model: nn.Module) -> dict[str, Tensor]:
     for key, value in state.items():
         if ".lora_" in key:
             continue
-        module = key.rsplit(".", 1)[0]
-        if module.endswith(_BASE) and module[: -len(_BASE)] in layers:
-            name = module[: -len(_BASE)]
-            key = f"{name}.{key.rsplit('.', 1)[1]}"
+        module, leaf = key.rsplit(".", 1)
+        name = module.removesuffix(_BASE)
+        if name in layers:  # the adapted layer's own weight and bias
+            key = f"{name}.{leaf}"
             if key.endswith(".weight"):
                 a, b = _adapter_keys(state, name)
                 value = value.float() + lora_delta(state[a], state[b], layers[name])
@@ -149,28 +153,27 @@ def load_into_lora_model(model: nn.Module, plain: dict[str, Tensor], adapters: d
     weights and get the saved adapters, after checking that each merged weight of the file is that base plus the saved
     adapter (else the run was trained from another base model: a one-line
     :class:`~mmrl.checkpoint.CheckpointMismatchError`); every other tensor is loaded from ``plain``. Shapes and names
-    are checked first (:func:`~mmrl.checkpoint.load_state_checked`)."""
-    from mmrl.checkpoint import CheckpointMismatchError, check_state_fits, load_state_checked
+    are checked first (:func:`~mmrl.checkpoint.check_state_fits`)."""
+    from mmrl.checkpoint import CheckpointMismatchError, check_state_fits
 
     layers = lora_layers(model)
     live = {}
     for key, value in plain.items():
         module, leaf = key.rsplit(".", 1)
         live[f"{module}{_BASE}.{leaf}" if module in layers else key] = value
-    if adapters is None:
-        load_state_checked(model, live, path, may_miss=lambda n: ".lora_" in n)
-        return
-    lora_file = Path(path).parent / LORA_FILE
-    check_state_fits(adapter_state(model), adapters, lora_file)
     state = model.state_dict()
+    # names and shapes as the file has them (without LoRA)
+    check_state_fits({k.replace(f"{_BASE}.", "."): v for k, v in state.items() if ".lora_" not in k}, plain, path)
+    if adapters is None:
+        model.load_state_dict(live, strict=False)
+        return
+    check_state_fits(adapter_state(model), adapters, Path(path).parent / LORA_FILE)
     for name, scaling in layers.items():
         key = f"{name}{_BASE}.weight"
-        if key not in live:
-            raise CheckpointMismatchError(path, f"weight {name}.weight of the model is missing from the checkpoint")
         merged = live.pop(key).float()
         a, b = adapters[f"{name}.lora_A.weight"], adapters[f"{name}.lora_B.weight"]
         expected = state[key].float() + lora_delta(a, b, scaling)
-        gap = float((merged - expected).abs().max()) if merged.shape == expected.shape else float("inf")
+        gap = float((merged - expected).abs().max())
         if not gap <= 1e-6 * max(1.0, float(expected.abs().max())):
             raise CheckpointMismatchError(
                 path,
@@ -178,7 +181,7 @@ def load_into_lora_model(model: nn.Module, plain: dict[str, Tensor], adapters: d
                 " the run was trained from another model.path (set it to that base; or, to train new adapters on "
                 "these merged weights, set model.path to this folder)",
             )
-    load_state_checked(model, live, path, may_miss=lambda n: ".lora_" in n or n.endswith(f"{_BASE}.weight"))
+    model.load_state_dict(live, strict=False)
     for name in layers:
         a_key, b_key = _adapter_keys(state, name)
         with torch.no_grad():
