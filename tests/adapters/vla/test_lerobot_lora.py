@@ -68,6 +68,16 @@ def observation(batch: int = 2, seed: int = 0):
     return images, state, ["reach", "count"][:batch], noise
 
 
+def stand_in() -> torch.nn.Module:
+    """A model with the two adapted stacks and a projection: vlm_layers.0.q_proj (3 -> 2, bias), expert_layers.0.q_proj
+    (2 -> 2, no bias), action_in_proj (2 -> 2)."""
+    model = torch.nn.Module()
+    model.vlm_layers = torch.nn.ModuleList([torch.nn.ModuleDict({"q_proj": torch.nn.Linear(3, 2)})])
+    model.expert_layers = torch.nn.ModuleList([torch.nn.ModuleDict({"q_proj": torch.nn.Linear(2, 2, bias=False)})])
+    model.action_in_proj = torch.nn.Linear(2, 2)
+    return model
+
+
 def test_the_delta_is_scaling_times_b_a_worked_by_hand():
     a = torch.tensor([[1.0, 2.0], [0.0, 1.0]])  # [r=2, in=2]
     b = torch.tensor([[1.0, 0.0], [0.0, 2.0], [1.0, 1.0]])  # [out=3, r=2]
@@ -79,10 +89,7 @@ def test_the_delta_is_scaling_times_b_a_worked_by_hand():
 def test_a_merged_linear_computes_what_the_adapted_one_does():
     """plain_state_dict on a stand-in model with the two stacks: W + (alpha/r) B A, bias kept, adapters left out."""
     torch.manual_seed(0)
-    model = torch.nn.Module()
-    model.vlm_layers = torch.nn.ModuleList([torch.nn.ModuleDict({"q_proj": torch.nn.Linear(3, 2)})])
-    model.expert_layers = torch.nn.ModuleList([torch.nn.ModuleDict({"q_proj": torch.nn.Linear(2, 2, bias=False)})])
-    model.action_in_proj = torch.nn.Linear(2, 2)
+    model = stand_in()
     base = {k: v.clone() for k, v in model.state_dict().items()}
     assert add_lora(model, LoraConfig(r=2, alpha=6, target_modules=["q_proj"])) == [
         "vlm_layers.0.q_proj",
@@ -110,10 +117,7 @@ def test_a_merged_linear_computes_what_the_adapted_one_does():
     ]
     # loaded back into a fresh stand-in with LoRA (other weights, zero adapters): adapters, base and biases as saved
     torch.manual_seed(1)
-    other = torch.nn.Module()
-    other.vlm_layers = torch.nn.ModuleList([torch.nn.ModuleDict({"q_proj": torch.nn.Linear(3, 2)})])
-    other.expert_layers = torch.nn.ModuleList([torch.nn.ModuleDict({"q_proj": torch.nn.Linear(2, 2, bias=False)})])
-    other.action_in_proj = torch.nn.Linear(2, 2)
+    other = stand_in()
     with torch.no_grad():
         for name in ("vlm_layers.0.q_proj", "expert_layers.0.q_proj"):
             other.get_submodule(name).weight.copy_(base[f"{name}.weight"])  # the same base weights
@@ -122,10 +126,7 @@ def test_a_merged_linear_computes_what_the_adapted_one_does():
     theirs = other.state_dict()
     assert all(torch.equal(v, theirs[k]) for k, v in model.state_dict().items())
     # without the saved adapters the merged weights become the base (a plain LeRobot folder)
-    fresh = torch.nn.Module()
-    fresh.vlm_layers = torch.nn.ModuleList([torch.nn.ModuleDict({"q_proj": torch.nn.Linear(3, 2)})])
-    fresh.expert_layers = torch.nn.ModuleList([torch.nn.ModuleDict({"q_proj": torch.nn.Linear(2, 2, bias=False)})])
-    fresh.action_in_proj = torch.nn.Linear(2, 2)
+    fresh = stand_in()
     add_lora(fresh, LoraConfig(r=2, alpha=6, target_modules=["q_proj"]))
     load_into_lora_model(fresh, plain, None, "stand-in/model.safetensors")
     assert torch.equal(fresh.vlm_layers[0]["q_proj"].base_layer.bias, base["vlm_layers.0.q_proj.bias"])
@@ -187,9 +188,7 @@ def test_rank_alpha_and_dropout_reach_the_adapters():
 def test_only_peft_lora_layers_count_as_adapted():
     """An attention module's float ``scaling`` (transformers' convention) or a ``base_layer`` attribute of some other
     wrapper does not make a module an adapted layer."""
-    model = torch.nn.Module()
-    model.vlm_layers = torch.nn.ModuleList([torch.nn.ModuleDict({"q_proj": torch.nn.Linear(2, 2)})])
-    model.expert_layers = torch.nn.ModuleList([torch.nn.ModuleDict({"q_proj": torch.nn.Linear(2, 2)})])
+    model = stand_in()
     attention, wrapper = torch.nn.Module(), torch.nn.Module()
     attention.scaling = 0.125
     wrapper.base_layer, wrapper.scaling = torch.nn.Linear(2, 2), {"default": 2.0}
