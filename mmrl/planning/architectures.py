@@ -76,16 +76,9 @@ class TextArch:
 
     def linear_shapes(self) -> dict[str, tuple[int, int]]:
         """(in, out) of each linear module of one decoder layer, by module name (LoRA targets)."""
-        h, q, kv, f = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim, self.intermediate
-        return {
-            "q_proj": (h, q),
-            "k_proj": (h, kv),
-            "v_proj": (h, kv),
-            "o_proj": (q, h),
-            "gate_proj": (h, f),
-            "up_proj": (h, f),
-            "down_proj": (f, h),
-        }
+        return decoder_linear_shapes(
+            self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim, self.intermediate
+        )
 
 
 @dataclass(frozen=True)
@@ -218,13 +211,35 @@ def vision_params(v: VisionArch) -> int:
     return patch + v.depth * (norms + attn + mlp) + merger + extra
 
 
+def decoder_linear_shapes(
+    width: int, q_dim: int, kv_dim: int, intermediate: int, kv_in: int | None = None
+) -> dict[str, tuple[int, int]]:
+    """``name -> (in, out)`` of a Llama / Gemma-style block's linears: q/k/v/o attention (k/v read ``kv_in``, the
+    width by default; a cross-attending block reads other keys/values) and the gated MLP."""
+    kv_in = width if kv_in is None else kv_in
+    return {
+        "q_proj": (width, q_dim),
+        "k_proj": (kv_in, kv_dim),
+        "v_proj": (kv_in, kv_dim),
+        "o_proj": (q_dim, width),
+        "gate_proj": (width, intermediate),
+        "up_proj": (width, intermediate),
+        "down_proj": (intermediate, width),
+    }
+
+
+def adapter_params(shapes: dict[str, tuple[int, int]], targets: list[str] | tuple[str, ...], r: int) -> int:
+    """LoRA parameters of one block: ``r (in + out)`` per targeted linear of ``shapes`` (unknown names match
+    nothing)."""
+    wanted = set(targets)
+    return sum(r * (i + o) for name, (i, o) in shapes.items() if name in wanted)
+
+
 def lora_params(t: TextArch, targets: list[str] | tuple[str, ...], r: int) -> int:
     """LoRA adapter parameters on the decoder layers: r * (in + out) per targeted linear module (the vision tower
     never gets adapters; lm_head is not a target). Unknown module names match nothing (PEFT would refuse a target
     list that matches nothing at all)."""
-    shapes = t.linear_shapes()
-    per_layer = sum(r * (i + o) for name, (i, o) in shapes.items() if name in set(targets))
-    return t.layers * per_layer
+    return t.layers * adapter_params(t.linear_shapes(), targets, r)
 
 
 # ============================================================================ config.json parsing

@@ -223,20 +223,12 @@ class FlowVLAArch:
     def linear_shapes(self, stack: str, *, cross: bool = False) -> dict[str, tuple[int, int]]:
         """``name -> (in, out)`` of the linears of one block of ``stack`` (``vlm_layers`` or ``expert_layers``; a cross
         expert block's k/v read the VLM's cached keys/values, ``kv_dim`` wide)."""
-        q, kv = self.q_dim, self.kv_dim
+        from mmrl.planning.architectures import decoder_linear_shapes
+
         w, f = (
             (self.width, self.intermediate) if stack == "vlm_layers" else (self.expert_width, self.expert_intermediate)
         )
-        kv_in = kv if cross else w
-        return {
-            "q_proj": (w, q),
-            "k_proj": (kv_in, kv),
-            "v_proj": (kv_in, kv),
-            "o_proj": (q, w),
-            "gate_proj": (w, f),
-            "up_proj": (w, f),
-            "down_proj": (f, w),
-        }
+        return decoder_linear_shapes(w, self.q_dim, self.kv_dim, f, kv_in=self.kv_dim if cross else None)
 
     def lora_blocks(self) -> list[tuple[str, bool]]:
         """``(stack, cross)`` of every block LoRA adapts (``model.lora.enabled=true``: the VLM's and the expert's)."""
@@ -249,13 +241,9 @@ class FlowVLAArch:
 
     def lora_params(self, targets: tuple[str, ...] | list[str], r: int) -> int:
         """Adapter parameters: ``r (in + out)`` for every targeted linear of every adapted block."""
-        wanted = set(targets)
-        return sum(
-            r * (i + o)
-            for stack, cross in self.lora_blocks()
-            for name, (i, o) in self.linear_shapes(stack, cross=cross).items()
-            if name in wanted
-        )
+        from mmrl.planning.architectures import adapter_params
+
+        return sum(adapter_params(self.linear_shapes(s, cross=c), targets, r) for s, c in self.lora_blocks())
 
     def lora_frozen_params(self) -> int:
         """What LoRA freezes besides the vision encoder (:data:`mmrl.adapters.vla.lerobot.lora.FROZEN_WITH_LORA`): the
