@@ -215,6 +215,7 @@ class Trainer:
         self.stop_checkpoint: Path | None = None  # the checkpoint written when it stopped early
         self.stop_error_log: Path | None = None  # the full traceback of an unexpected error
         self.rescued = False  # True when the run folder could not be written and the checkpoint went elsewhere
+        self.warm_start = None  # a supervised warm start in progress (mmrl.sft.WarmStart; None before and after it)
         self.tracker: Tracker | None = None
         self.callbacks: list[Callable[[Trainer, dict], None]] = []
         self.last_eval: dict[str, float] = {}
@@ -284,11 +285,14 @@ class Trainer:
             **self.rollouts.state_dict(),
             "wandb_id": self.tracker.wandb_id if self.tracker else None,
             "stop_reason": self.stop_reason,
+            **({"sft": self.warm_start.state_dict()} if self.warm_start is not None else {}),
         }
 
     @property
     def _parts(self) -> TrainingParts:
-        return TrainingParts(self.policy, self.optimizer, self.scheduler)
+        # inside the warm start the checkpoint's optimizer is the SFT one (RL's has not stepped yet)
+        opt = self.warm_start.optimizer if self.warm_start is not None else self.optimizer
+        return TrainingParts(self.policy, opt, self.scheduler)
 
     def save_checkpoint(self) -> Path | None:
         """Write the checkpoint of the current step (:func:`mmrl.training_checkpoint.save_training`)."""
@@ -311,9 +315,21 @@ class Trainer:
     def load_checkpoint(self, path: Path) -> dict:
         """Continue from a checkpoint: weights, optimizer, scheduler, RNG (:func:`mmrl.training_checkpoint.
         restore_training`) and the data position."""
-        from mmrl.checkpoint import DamagedCheckpointError
+        from mmrl.checkpoint import DamagedCheckpointError, read_state_json
 
+        sft = read_state_json(Path(path) / "training_state" / "state.json").get("sft")
+        if sft is not None:  # stopped inside the warm start: its optimizer state is the SFT optimizer's
+            from mmrl.sft import WarmStart
+
+            self.warm_start = WarmStart(self.policy, self.task, self.cfg.trainer)
         state = restore_training(path, self._parts, sharded=self.sharded, rank=self.rank)
+        if sft is not None:
+            try:
+                self.warm_start.load_state_dict(sft)
+            except (KeyError, TypeError, ValueError) as e:
+                raise DamagedCheckpointError(
+                    Path(path) / "training_state" / "state.json", f"its warm-start state ('sft') is malformed ({e!r})"
+                ) from None
         self.step = state["step"]
         try:
             self.rollouts.load_state_dict(state)
@@ -680,17 +696,29 @@ class Trainer:
             memory_gb=memory,
         )
 
-    def _warm_start(self) -> None:
-        """Supervised warm start before RL, with evaluations before and after (logged at step 0)."""
-        from mmrl.sft import run_sft
+    def _warm_start(self) -> bool:
+        """Supervised warm start before RL, with evaluations before and after (logged at step 0); continues
+        ``self.warm_start`` when a resume restored one. A SIGINT / SIGTERM stops it before its next step and leaves
+        ``self.warm_start`` set (the checkpoint then holds its state); returns True when it finished."""
+        from mmrl.sft import WarmStart, run_sft
 
         tr = self.cfg.trainer
         evaluates = tr.eval_at_end or tr.eval_every
-        before = self.evaluate() if evaluates and tr.eval_before_warm_start else {}
+        if self.warm_start is None:
+            before = self.evaluate() if evaluates and tr.eval_before_warm_start else {}
+            self.warm_start = WarmStart(self.policy, self.task, tr)
+            self.warm_start.eval_before = {k: v for k, v in before.items() if k == "eval/score"}
+        else:  # a resume inside the warm start: the evaluation before it ran in the stopped process
+            before = self.warm_start.eval_before
+            log.info("continuing the warm start at SFT step %d of %d", self.warm_start.step, tr.sft_steps)
         self.report.add_eval("start", before)
+        warm = self.warm_start
         t0 = time.perf_counter()
         with PhaseProgress(
-            f"{self.cfg.task.name} warm start (SFT)", tr.sft_steps, enabled=tr.progress and self.is_main
+            f"{self.cfg.task.name} warm start (SFT)",
+            tr.sft_steps,
+            enabled=tr.progress and self.is_main,
+            **({"initial": warm.step} if warm.step else {}),
         ) as bar:
             sft = run_sft(
                 self.policy,
@@ -699,8 +727,14 @@ class Trainer:
                 tr.sft_steps,
                 metrics_path=self.run_dir / "sft_metrics.jsonl" if self.run_dir and self.is_main else None,
                 on_step=lambda m: bar.update(1, loss=m["sft/loss"]),
+                warm=warm,
+                should_stop=lambda: self._stop_signal is not None,
             )
         self.report.add_time("warm start", time.perf_counter() - t0)
+        if self._stop_signal is not None and warm.step < tr.sft_steps:
+            log.warning("warm start stopped at SFT step %d of %d", warm.step, tr.sft_steps)
+            return False
+        self.warm_start = None  # done: the next checkpoint holds RL's optimizer
         after = self.evaluate() if evaluates else {}
         self.report.add_eval("after warm start", after)
         row = {**sft, "time/sft": time.perf_counter() - t0, **after}
@@ -713,6 +747,7 @@ class Trainer:
             fmt(before.get("eval/score")),
             fmt(after.get("eval/score")),
         )
+        return True
 
     def fit(self) -> dict[str, float]:
         """Train for ``trainer.max_steps`` steps; returns the final metrics (with the last eval).
@@ -739,10 +774,12 @@ class Trainer:
         if tr.progress and self.is_main:
             print(self.banner(), file=sys.stderr)  # stderr is line-buffered (Python >= 3.9): no flush needed
         try:
-            if tr.sft_steps > 0 and self.step == 0 and not self.resumed:
-                self._warm_start()
-                warm_started = True
-                self.save_checkpoint()  # step 0 = the warm-started weights: a resume never redoes or loses SFT
+            if (tr.sft_steps > 0 and self.step == 0 and not self.resumed) or self.warm_start is not None:
+                if self._warm_start():
+                    warm_started = True
+                    self.save_checkpoint()  # step 0 = the warm-started weights: a resume never redoes or loses SFT
+                else:  # stopped inside it: step 0 with the SFT step, optimizer and data position to continue from
+                    self._save_or_rescue(f"the checkpoint of the warm start stopped at SFT step {self.warm_start.step}")
             elif tr.eval_at_start and self.step == 0 and not self.resumed:
                 start = self.evaluate()
                 self.report.add_eval("start", start)
@@ -800,9 +837,10 @@ class Trainer:
                 self.tracker.close()
         if self._stop_signal is not None:
             log.warning(
-                "stopped by %s at step %d; checkpoint saved in %s",
+                "stopped by %s at step %d%s; checkpoint saved in %s",
                 signal.Signals(self._stop_signal).name,
                 self.step,
+                f" (in the warm start, after SFT step {self.warm_start.step})" if self.warm_start is not None else "",
                 self.run_dir,
             )
         if tr.plot and self.is_main:

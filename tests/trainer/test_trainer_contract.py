@@ -296,8 +296,8 @@ def test_evaluate_shows_no_progress_bar_when_progress_is_off(tmp_path, monkeypat
 
 # ---------------------------------------------------------------------------------------------- warm start
 def _fake_sft(monkeypatch, seen: dict):
-    def run_sft(policy, task, cfg, steps, *, metrics_path=None, on_step=None):
-        seen.update(steps=steps, metrics_path=metrics_path)
+    def run_sft(policy, task, cfg, steps, *, metrics_path=None, on_step=None, warm=None, should_stop=None):
+        seen.update(steps=steps, metrics_path=metrics_path, step_from=warm.step, stops=should_stop())
         for loss in (2.0, 1.5):
             on_step({"sft/loss": loss})
         return {"sft/loss": 1.5}
@@ -314,7 +314,7 @@ def test_warm_start_evaluates_before_and_after_and_logs_one_row_at_step_zero(tmp
     seen: dict = {}
     _fake_sft(monkeypatch, seen)
     _, elapsed = _timed(tr._warm_start)
-    assert seen == {"steps": 2, "metrics_path": tr.run_dir / "sft_metrics.jsonl"}
+    assert seen == {"steps": 2, "metrics_path": tr.run_dir / "sft_metrics.jsonl", "step_from": 0, "stops": False}
     assert tr.report.eval_scores == [("start", 0.1), ("after warm start", 0.4)]
     assert 0 < tr.report.phase_s["warm start"] <= elapsed
     [(step, row)] = tr.tracker.rows
@@ -332,7 +332,7 @@ def test_warm_start_without_evaluation_or_run_dir(tmp_path, monkeypatch, bars):
     seen: dict = {}
     _fake_sft(monkeypatch, seen)
     tr._warm_start()
-    assert seen == {"steps": 3, "metrics_path": None}  # nowhere to write the SFT metrics
+    assert seen == {"steps": 3, "metrics_path": None, "step_from": 0, "stops": False}  # nowhere to write metrics
     assert tr.report.eval_scores == []
     [(step, row)] = tr.tracker.rows
     assert set(row) == {"sft/loss", "time/sft"}
