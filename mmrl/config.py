@@ -114,9 +114,14 @@ class AlgoConfig:
     max_resample: int = 2
     """With filter_groups: at most this many extra rollout rounds to refill the batch."""
     truncated_is: bool = False
-    """Truncated importance sampling between trainer and rollout-engine log-probs."""
+    """Weight each token's policy loss by pi_prox / pi_behaviour: the PPO anchor (``old_logp``) over the log-probs
+    recorded at sampling (a rollout engine's kernels, or older weights in asynchronous mode), capped by ``is_mode``.
+    With ``old_logp=recompute`` this is AReaL's decoupled PPO objective (docs/async.md, "The objective")."""
     is_cap: float = 2.0
-    """Cap of the truncated importance weights."""
+    """Cap C (> 0) of the importance weights pi_prox / pi_behaviour."""
+    is_mode: str = "truncate"
+    """How the cap acts, per token: truncate (verl's TIS: the weight is min(ratio, C)) or mask (AReaL: a token whose
+    ratio exceeds C is dropped from the policy loss but still counted in its normaliser)."""
     gamma: float = 1.0
     """Discount for GAE."""
     lam: float = 0.95
@@ -559,6 +564,11 @@ def validate_algo(algo: AlgoConfig) -> None:
     check_choice(algo.kl_estimator, KL_ESTIMATORS.names(), "algo.kl_estimator")
     check_choice(algo.adv_scale, ("group", "batch", "none"), "algo.adv_scale")
     check_choice(algo.old_logp, ("auto", "recompute", "rollout"), "algo.old_logp")
+    from mmrl.algos.importance import IS_MODES
+
+    check_choice(algo.is_mode, IS_MODES, "algo.is_mode")
+    if not algo.is_cap > 0:
+        raise ConfigError(f"algo.is_cap must be > 0 (the cap of the importance weights), got {algo.is_cap}")
     if not algo.adv_eps >= 0:
         raise ConfigError(
             f"algo.adv_eps must be >= 0 (an all-equal group gets advantage 0 even with 0), got {algo.adv_eps}"

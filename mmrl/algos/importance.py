@@ -10,6 +10,15 @@ correction weight, detached and capped (truncated IS, cap C):
 
 computed as exp(min(log-ratio, log C)) so it never overflows; masked positions get 0.
 
+``behaviour_weights`` is the decoupled-PPO form (AReaL, Fu et al. 2025) of the same weight, with the trainer's
+anchor pi_prox in place of ``trainer_logp`` and the behaviour policy's log-probs in place of ``rollout_logp``, and
+the cap as a choice (``mode``), always per token:
+
+- "truncate" (verl's TIS): w_t = min(pi_prox_t / pi_behav_t, C); every valid token stays in the loss.
+- "mask" (AReaL): tokens with pi_prox_t / pi_behav_t > C are dropped (w_t = 0, and ``kept`` is False there);
+  the others keep their uncapped weight. The caller keeps the dropped tokens in the loss normaliser (AReaL divides by
+  the count of the original loss mask), so masking shrinks the update rather than re-weighting the kept tokens.
+
 ``importance_stats`` reports the token-level mismatch over valid tokens: ratio mean/min/max,
 mean |trainer - rollout|, and the fraction of tokens whose ratio exceeds C. A ratio far from 1
 (e.g. ~1e-7) means the engine and the trainer hold different weights (broken weight sync).
@@ -24,9 +33,10 @@ from torch import Tensor
 
 from .masked import AlgoInputError, as_bool_mask, as_float, masked_mean, masked_sum
 
-__all__ = ["truncated_is_weights", "importance_stats", "IS_LEVELS"]
+__all__ = ["truncated_is_weights", "behaviour_weights", "importance_stats", "IS_LEVELS", "IS_MODES"]
 
 IS_LEVELS = ("token", "sequence")
+IS_MODES = ("truncate", "mask")
 _LOG_RATIO_CLAMP = 20.0
 
 
@@ -65,6 +75,32 @@ def truncated_is_weights(
     upper = min(math.log(cap), _LOG_RATIO_CLAMP)
     weights = torch.exp(log_ratio.clamp(-_LOG_RATIO_CLAMP, upper))
     return torch.where(m, weights, torch.zeros_like(weights))
+
+
+def behaviour_weights(
+    prox_logp: Tensor,
+    behaviour_logp: Tensor,
+    mask: Tensor,
+    *,
+    cap: float = 2.0,
+    mode: str = "truncate",
+) -> tuple[Tensor, Tensor]:
+    """Detached per-token weights pi_prox / pi_behaviour with the cap applied by ``mode`` (module docstring).
+
+    Returns ``(weights, kept)``, both [B, T]: ``kept`` is the valid tokens that stay in the loss (the mask itself with
+    "truncate"; the mask less the tokens whose ratio exceeds ``cap`` with "mask"), ``weights`` is 0 wherever ``kept``
+    is False. The ratio is exp of the log-ratio clamped to [-20, 20], as in :func:`truncated_is_weights`.
+    """
+    _check_cap(cap, "behaviour_weights")
+    if mode not in IS_MODES:
+        raise AlgoInputError(f"behaviour_weights: unknown mode {mode!r}; valid choices: {', '.join(IS_MODES)}")
+    if mode == "truncate":
+        weights = truncated_is_weights(prox_logp, behaviour_logp, mask, cap=cap)
+        return weights, as_bool_mask(mask, weights, "behaviour_weights: mask")
+    log_ratio, m = _log_ratio(prox_logp, behaviour_logp, mask, "behaviour_weights")
+    ratio = torch.exp(log_ratio.clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP))
+    kept = m & ~(ratio > cap)
+    return torch.where(kept, ratio, torch.zeros_like(ratio)), kept
 
 
 def importance_stats(

@@ -13,7 +13,7 @@ reference at both values *and* that the two gradients differ, so a key that is r
 - policy loss: ``algo.clip_low``, ``algo.clip_high``, ``algo.dual_clip``, ``algo.policy_loss``, ``algo.old_logp``
 - aggregation: ``algo.loss_agg``, ``algo.loss_max_len``
 - KL: ``algo.kl_coef``, ``algo.kl_estimator``, ``algo.kl_in_reward``
-- ``algo.entropy_coef``; truncated IS: ``algo.truncated_is``, ``algo.is_cap``
+- ``algo.entropy_coef``; truncated IS / decoupled PPO: ``algo.truncated_is``, ``algo.is_cap``, ``algo.is_mode``
 - advantages: ``algo.advantage`` (grpo, drgrpo, rloo, reinforce_pp, gae), ``algo.adv_scale``, ``algo.adv_eps``,
   ``algo.adv_clip``, ``algo.reinforce_baseline``, ``algo.gamma``, ``algo.lam``
 - critic: ``algo.vf_coef``, ``algo.value_clip`` (:func:`test_value_clip_reaches_the_value_loss`)
@@ -79,6 +79,7 @@ ALGO_DEFAULTS = {  # every algo key the reference reads, given explicitly (no pr
     "algo.old_logp": "rollout",
     "algo.truncated_is": False,
     "algo.is_cap": 2.0,
+    "algo.is_mode": "truncate",
     "algo.gamma": 1.0,
     "algo.lam": 0.95,
     "algo.vf_coef": 0.5,
@@ -293,8 +294,12 @@ def reference(data: FixedData, s: dict, *, valid: list[bool] | None = None, bonu
                 loss = -A * (ratio if _val(ratio) >= lo else lo)
                 if dual is not None and _val(loss) > -A * dual:
                     loss = -A * dual
-            if s["algo.truncated_is"]:
-                loss = loss * min(math.exp(float(old[i, t] - beh[i, t])), s["algo.is_cap"])
+            if s["algo.truncated_is"]:  # pi_prox / pi_behaviour: capped (truncate) or the token dropped (mask)
+                is_w = math.exp(float(old[i, t] - beh[i, t]))
+                if s["algo.is_mode"] == "mask":
+                    loss = loss * (is_w if is_w <= s["algo.is_cap"] else 0.0)
+                else:
+                    loss = loss * min(is_w, s["algo.is_cap"])
             pg = pg + w * loss
             if kl_coef > 0 and not kl_in_reward:
                 kl_term = kl_term + w * kl_value(theta[i, t], ref[i, t], kind)
@@ -339,6 +344,14 @@ KNOBS = [
     ("algo.entropy_coef", 0.05, 0.0, {}),
     ("algo.truncated_is", True, False, {"algo.old_logp": "auto"}),
     ("algo.is_cap", 1.5, 2.0, {"algo.old_logp": "auto", "algo.truncated_is": True}),
+    ("algo.is_mode", "mask", "truncate", {"algo.old_logp": "auto", "algo.truncated_is": True}),
+    ("algo.is_cap", 1.5, 2.0, {"algo.old_logp": "auto", "algo.truncated_is": True, "algo.is_mode": "mask"}),
+    (
+        "algo.is_mode",
+        "mask",
+        "truncate",
+        {"algo.old_logp": "recompute", "algo.truncated_is": True, "algo.dual_clip": 3.0},
+    ),
     ("algo.advantage", "drgrpo", "grpo", {}),
     ("algo.advantage", "rloo", "drgrpo", {}),
     ("algo.advantage", "reinforce_pp", "grpo", {}),
