@@ -142,7 +142,8 @@ def test_hanging_worker_is_killed_and_replaced():
         started = time.monotonic()
         obs, _, _, truncated, infos = pool.step(np.zeros((4, 3, 2)))
         elapsed = time.monotonic() - started
-        assert 1.0 <= elapsed < 4.0  # killed after ~step_timeout_s, not after the 1 h sleep
+        # killed after step_timeout_s (never before it), not after the 1 h sleep: measured ~1.1 s, bound ~25x that
+        assert 1.0 <= elapsed < 30.0
         assert [i["steps"] for i in infos[:2]] == [3, 3] and infos[0]["episode_valid"]
         for i in (2, 3):
             assert infos[i]["worker_failed"] and not infos[i]["episode_valid"] and not infos[i]["success"]

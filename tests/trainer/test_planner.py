@@ -337,7 +337,8 @@ def test_cli_plan_7b_offline_fast_no_weights(capsys, monkeypatch):
     assert main(argv) == 0
     elapsed = time.perf_counter() - t0
     out = capsys.readouterr().out
-    assert elapsed < 1.0, elapsed
+    # measured ~0.06 s warm on 2 shared cores; 5 s (~90x) still rules out building a model or fetching weights
+    assert elapsed < 5.0, elapsed
     for needle in (
         "parameters",
         "gradients",
