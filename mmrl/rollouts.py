@@ -7,6 +7,9 @@
 - :func:`score_rollout`: the run's rewards on a rollout (plus T-GRPO's temporal bonus and the task's metrics).
 - :class:`RolloutCollector`: the training side — the prompt sampler over the training items, the skipped-item
   accounting and its threshold, DAPO's resampling rounds (``algo.filter_groups``) and the samples log.
+- :meth:`RolloutCollector.produce_round` makes one :class:`ScoredRound` (roll out, score, filter a round of prepared
+  prompts): a synchronous step calls it inline, an asynchronous rollout worker (:mod:`mmrl.asynchronous`) calls the
+  same method in its own process, so both modes sample, score and filter with the same code.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import json
 import logging
 import math
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
@@ -79,6 +83,18 @@ def _finite_or_none(x) -> float | None:
 
 def append_samples_log(path: Path, step: int, items: list[dict], ro: Rollout, per_fn: dict, limit: int) -> None:
     """Append up to ``limit`` of a step's samples (text, reward, per-function rewards) to ``path`` (JSON lines)."""
+    write_samples_log(path, samples_log_rows(step, items, ro, per_fn, limit))
+
+
+def write_samples_log(path: Path, rows: list[dict]) -> None:
+    """Append ``rows`` (from :func:`samples_log_rows`) to ``path`` as JSON lines."""
+    with open(path, "a") as f:
+        for row in rows:
+            f.write(json.dumps(row, default=str) + "\n")
+
+
+def samples_log_rows(step: int, items: list[dict], ro: Rollout, per_fn: dict, limit: int) -> list[dict]:
+    """The ``samples.jsonl`` rows of up to ``limit`` of a step's samples (text, reward, per-function rewards)."""
     rows = []
     for j in range(min(ro.batch_size, limit)):
         sample = ro.samples[j]
@@ -92,9 +108,31 @@ def append_samples_log(path: Path, step: int, items: list[dict], ro: Rollout, pe
         }
         row.update({f"reward/{name}": _finite_or_none(v[j]) for name, v in per_fn.items()})
         rows.append(row)
-    with open(path, "a") as f:
-        for row in rows:
-            f.write(json.dumps(row, default=str) + "\n")
+    return rows
+
+
+@dataclass
+class ScoredRound:
+    """One round of rollouts: a batch of prepared prompts rolled out, scored and (``algo.filter_groups``) filtered.
+    A synchronous step makes one or more inline; an asynchronous rollout worker sends each to the learner."""
+
+    rollout: Rollout | None
+    """The samples kept (None: no prompt was rolled out, or filtering kept none)."""
+    metrics: dict[str, float] | None
+    """The rollout's metrics before filtering (None: no prompt was rolled out)."""
+    skipped: int
+    """Items skipped: while preparing (:class:`~mmrl.errors.SkipItem`) and too long for the policy."""
+    seen: int
+    """Items drawn for the round."""
+    too_long: int
+    """Of ``skipped``, the prompts the policy left out (``data/too_long``)."""
+    kept_groups: int
+    """Groups in ``rollout``."""
+    ballast: Rollout | None = None
+    """One row of the unfiltered rollout (the row a process whose samples were all filtered trains with as ballast)."""
+    samples_log: list[dict] = field(default_factory=list)
+    """``samples.jsonl`` rows gathered through ``log_to`` (an asynchronous worker's; the synchronous step writes its
+    rows to the file directly)."""
 
 
 class RolloutCollector:
@@ -132,15 +170,53 @@ class RolloutCollector:
         rank, world = self.dp.rank, self.dp.world
         return prepare_batch(self.task, shard(indices, rank, world), shard(seeds, rank, world), self.train_items)
 
-    def score(self, batch: PromptBatch, ro: Rollout, *, step: int, run_dir: Path | None = None) -> None:
-        """Score one rollout of step ``step`` (0-based) and, every ``trainer.log_samples_every`` steps, log samples."""
+    def score(
+        self, batch: PromptBatch, ro: Rollout, *, step: int, run_dir: Path | None = None, log_to: list | None = None
+    ) -> None:
+        """Score one rollout of step ``step`` (0-based) and, every ``trainer.log_samples_every`` steps, log samples:
+        to ``run_dir``/samples.jsonl, or appended to ``log_to`` when given (a rollout worker, which has no run dir)."""
         tr = self.cfg.trainer
         items = [batch.items[p] for p in sample_prompts(batch, ro)]
         self.rewards.set_progress(step, tr.max_steps)  # TRL's trainer_state.global_step / max_steps
         per_fn = score_rollout(self.task, self.rewards, items, ro, self.cfg.algo)
         every = tr.log_samples_every
-        if every and self.dp.is_main and (step + 1) % every == 0 and run_dir is not None:
-            append_samples_log(run_dir / "samples.jsonl", step + 1, items, ro, per_fn, tr.log_samples_max)
+        if every and (step + 1) % every == 0:
+            if log_to is not None:
+                log_to.extend(samples_log_rows(step + 1, items, ro, per_fn, tr.log_samples_max))
+            elif self.dp.is_main and run_dir is not None:
+                append_samples_log(run_dir / "samples.jsonl", step + 1, items, ro, per_fn, tr.log_samples_max)
+
+    def produce_round(
+        self, batch: PromptBatch, skipped: int, *, step: int, run_dir: Path | None = None, log_to: list | None = None
+    ) -> ScoredRound:
+        """Roll out, score and (``algo.filter_groups``: DAPO) filter one round of prepared prompts of step ``step``
+        (``skipped``: the items left out while preparing them). The whole per-round work of a synchronous step, and
+        what an asynchronous rollout worker runs for each round the learner hands it."""
+        from mmrl import algos
+
+        algo = self.cfg.algo
+        seen = skipped + len(batch)
+        if not len(batch):
+            return ScoredRound(None, None, skipped, seen, 0, 0)
+        ro = self.policy.rollout(batch, algo.group_size)
+        too_long = int(ro.metrics.get("data/too_long", 0))  # prompts the policy could not take: skipped too
+        self.score(batch, ro, step=step, run_dir=run_dir, log_to=log_to)
+        ballast = ro.index(torch.zeros(1, dtype=torch.long)) if ro.batch_size else None
+        metrics = ro.metrics
+        if algo.filter_groups:
+            keep = algos.nonzero_variance_groups(ro.rewards, ro.group_id, ro.valid)
+            ro = ro.index(torch.nonzero(keep).flatten())
+        kept_groups = int(torch.unique(ro.group_id).numel())
+        return ScoredRound(
+            ro if ro.batch_size else None,
+            metrics,
+            skipped + too_long,
+            seen,
+            too_long,
+            kept_groups,
+            ballast,
+            log_to if log_to is not None else [],
+        )
 
     def collect(self, *, step: int, run_dir: Path | None = None) -> tuple[Rollout | None, dict]:
         """Roll out, score and filter one step's batch (with bounded resampling).
@@ -148,12 +224,10 @@ class RolloutCollector:
         When filtering left no group, one row of the last round comes back marked invalid: out of every statistic and
         loss, it lets this process take part in the update's collectives while other processes train on theirs. None
         when no prompt could be rolled out at all."""
-        from mmrl import algos
-
         algo = self.cfg.algo
         metrics: dict[str, float] = {}
         kept: list[Rollout] = []
-        last: Rollout | None = None  # the last round's rollout, before filtering
+        last: Rollout | None = None  # one row of the last round's rollout, before filtering
         n_groups_kept = 0
         target_groups = self.cfg.trainer.batch_size // self.dp.world
         skipped = seen = too_long_total = 0
@@ -163,25 +237,19 @@ class RolloutCollector:
         with self.dp.gathered(metrics):
             for rounds in range(1, 2 + (algo.max_resample if algo.filter_groups else 0)):  # resampling: DAPO only
                 batch, sk = self.next_prompts()
-                skipped += sk
-                seen += sk + len(batch)
-                if not len(batch):
+                r = self.produce_round(batch, sk, step=step, run_dir=run_dir)
+                skipped += r.skipped
+                seen += r.seen
+                too_long_total += r.too_long
+                if r.metrics is None:  # no prompt left to roll out
                     continue
-                ro = self.policy.rollout(batch, algo.group_size)
-                too_long = int(ro.metrics.get("data/too_long", 0))  # prompts the policy could not take: skipped too
-                skipped += too_long
-                too_long_total += too_long
-                self.score(batch, ro, step=step, run_dir=run_dir)
                 if rounds == 1:
-                    metrics.update(ro.metrics)
-                if ro.batch_size:
-                    last = ro
-                if algo.filter_groups:
-                    keep = algos.nonzero_variance_groups(ro.rewards, ro.group_id, ro.valid)
-                    ro = ro.index(torch.nonzero(keep).flatten())
-                n_groups_kept += int(torch.unique(ro.group_id).numel())
-                if ro.batch_size:
-                    kept.append(ro)
+                    metrics.update(r.metrics)
+                if r.ballast is not None:
+                    last = r.ballast
+                n_groups_kept += r.kept_groups
+                if r.rollout is not None:
+                    kept.append(r.rollout)
                 if not algo.filter_groups or n_groups_kept >= target_groups:
                     break
         metrics["time/rollout"] = time.perf_counter() - t0
@@ -194,7 +262,7 @@ class RolloutCollector:
         if not kept:
             if last is None:
                 return None, metrics
-            ballast = last.index(torch.zeros(1, dtype=torch.long))
+            ballast = last
             ballast.valid = torch.zeros_like(ballast.valid)
             return ballast, metrics
         ro = Rollout.concat(kept)
