@@ -1,6 +1,7 @@
-"""`mmrl` command line: train, eval, tasks.
+"""`mmrl` command line: train, eval, tasks, collect, plan.
 
     mmrl train task=vqa_grounding algo=dapo trainer.max_steps=50
+    mmrl train task=<a plugin's task>                 # installed plugin packages load first (mmrl/plugins.py)
     mmrl eval checkpoint=runs/<name>                  # the run's own config.yaml (+ overrides); docs/evaluation.md
     mmrl tasks
     mmrl train --help
@@ -305,6 +306,9 @@ def main(argv: list[str] | None = None) -> int:
     from mmrl.config import ConfigError
 
     try:
+        from mmrl.plugins import load_entry_points
+
+        load_entry_points()  # installed plugin packages: their tasks and model types, in every command and --help
         if command == "tasks":
             return cmd_tasks()
         if "--help" in rest or "-h" in rest:

@@ -332,6 +332,10 @@ class RunConfig:
     """Checkpoint to evaluate (`mmrl eval`) or to initialise the policy from."""
     reward: RewardConfig = field(default_factory=RewardConfig)
     """User reward functions (file, module or remote URL) added to or replacing the task's."""
+    plugins: list[str] = field(default_factory=list)
+    """Modules (``my_pkg.audio``) or ``.py`` files to import before the task and model are looked up: code that
+    registers tasks, model types, estimators or losses (:mod:`mmrl.plugins`; installed packages' ``mmrl.plugins``
+    entry points load without it). Kept in the run's config.yaml, so ``mmrl eval`` imports them again."""
 
 
 # ---------------------------------------------------------------- field docs
@@ -638,8 +642,34 @@ def configs_dir() -> Path:
 
 
 def group_options(group: str) -> list[str]:
-    """The YAML options available in a config group."""
-    return sorted(p.stem for p in (configs_dir() / group).glob("*.yaml"))
+    """The YAML options available in a config group: the packaged ones and the plugins' (:mod:`mmrl.plugins`)."""
+    from mmrl.plugins import config_dirs
+
+    return sorted({p.stem for d in (configs_dir(), *config_dirs()) for p in (d / group).glob("*.yaml")})
+
+
+def _registered_task_selection(overrides: list[str]) -> list[str]:
+    """``task=<name>`` for a task registered in code (a plugin's, :func:`mmrl.tasks.register_task`) with no preset
+    file: the root config's task preset (``toy_arithmetic``, which also sets model keys) and, unless ``model=`` is
+    given, its model preset (``tiny_lm``) are dropped, ``task.name`` is set, and ``model.type`` is the task's first
+    declared ``model_types`` (unless given): the task and model compose from their own dataclass defaults, with no
+    fields of another task's or model's preset. Other overrides are returned unchanged."""
+    from mmrl.tasks import TASKS, get_task_class
+
+    keys = {ov.split("=", 1)[0] for ov in overrides if "=" in ov}
+    picked = [ov.split("=", 1)[1] for ov in overrides if ov.startswith("task=")]
+    if len(picked) != 1 or picked[0] in group_options("task") or picked[0] not in TASKS:
+        return overrides
+    name = picked[0]
+    out = [ov for ov in overrides if not ov.startswith("task=")]
+    out += ["~task", f"++task.name={name}"] if not any(k.startswith("~task") for k in keys) else [f"++task.name={name}"]
+    if "model" not in keys:
+        types = get_task_class(name).model_types
+        if not any(k.startswith("~model") for k in keys):
+            out.append("~model")
+        if types and "model.type" not in keys:
+            out.append(f"++model.type={types[0]}")
+    return out
 
 
 def _normalise_override(ov: str) -> str:
@@ -753,28 +783,50 @@ def compose_dict(overrides: list[str] | None = None) -> dict:
     from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import HydraException
 
+    from mmrl.plugins import config_dirs, load_plugins
+    from mmrl.tasks import TASKS
+
     overrides = list(overrides or [])
+    load_plugins(_plugins_named(overrides))  # before group options and task names are looked up
     for ov in overrides:
         if "=" not in ov:
             raise ConfigError(f"override '{ov}' is not of the form key=value")
         key, value = ov.split("=", 1)
         if key in CONFIG_GROUPS:
             options = group_options(key)
+            if key == "task" and value not in options and value in TASKS:
+                continue  # a task registered in code, without a preset file (_registered_task_selection)
             if value not in options:
+                plugin = " (one from outside mmrl: install its plugin package or name it in plugins=[module])"
                 raise ConfigError(
                     f"unknown {key} '{value}'{suggest(value, options)}; valid choices: {', '.join(options)}"
+                    + (plugin if key in ("task", "model") else "")
                 )
         elif not key.startswith("~"):
             parse_override(ov)
+    composed = [_normalise_override(o) for o in _registered_task_selection(overrides)]
+    if config_dirs():  # the plugins' presets, searched after the packaged configs
+        import json
+
+        composed.append("hydra.searchpath=[" + ",".join(json.dumps(f"file://{d}") for d in config_dirs()) + "]")
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(configs_dir()), version_base=None):
-            cfg = compose("config", overrides=[_normalise_override(o) for o in overrides])
+            cfg = compose("config", overrides=composed)
     except HydraException as e:
         raise ConfigError(str(e).split("\n")[0].replace("'++", "'")) from None
     finally:
         GlobalHydra.instance().clear()
     return _resolve(cfg)
+
+
+def _plugins_named(overrides: list[str]) -> list[str]:
+    """The ``plugins=[...]`` of a command line (read with the override grammar; one name is a list of one)."""
+    for ov in overrides:
+        if ov.lstrip("+").startswith("plugins="):
+            value = parse_override(ov)[1]
+            return [value] if isinstance(value, str) else value
+    return []
 
 
 def _section(raw: dict, key: str) -> dict:
@@ -794,17 +846,20 @@ def build_run_config(raw: dict, *, texts: dict[str, str] | None = None) -> RunCo
     any of it is used (the task name and model type are registry keys, so they are checked first). ``texts``: the
     command-line text of overrides that read as numbers (:data:`_OVERRIDE_TEXT`)."""
     from mmrl.models.registry import model_config_class
+    from mmrl.plugins import load_plugins, plugin_path
     from mmrl.tasks import get_task_class
 
     if not isinstance(raw, dict):
         raise ConfigError(
-            f"a run config is a mapping of task, model, algo, trainer, reward, checkpoint; got {_show(raw)}"
+            f"a run config is a mapping of task, model, algo, trainer, reward, checkpoint, plugins; got {_show(raw)}"
         )
     for key in raw:
-        if key not in ("task", "model", "algo", "trainer", "reward", "checkpoint"):
+        if key not in ("task", "model", "algo", "trainer", "reward", "checkpoint", "plugins"):
             raise ConfigError(
-                f"unknown key '{key}'; valid top-level keys: task, model, algo, trainer, reward, checkpoint"
+                f"unknown key '{key}'; valid top-level keys: task, model, algo, trainer, reward, checkpoint, plugins"
             )
+    plugins = [plugin_path(p) for p in _coerce(raw.get("plugins") or [], list[str], "plugins")]
+    load_plugins(plugins)  # before the task name and model type are looked up (mmrl eval of a plugin's run)
     token = _OVERRIDE_TEXT.set(dict(texts or {}))
     try:
         task_raw = _section(raw, "task")
@@ -830,6 +885,7 @@ def build_run_config(raw: dict, *, texts: dict[str, str] | None = None) -> RunCo
             trainer=from_dict(TrainerConfig, raw.get("trainer"), "trainer"),
             checkpoint=_coerce(raw.get("checkpoint"), typing.get_type_hints(RunConfig)["checkpoint"], "checkpoint"),
             reward=from_dict(RewardConfig, raw.get("reward"), "reward"),
+            plugins=plugins,
         )
     finally:
         _OVERRIDE_TEXT.reset(token)

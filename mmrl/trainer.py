@@ -223,9 +223,12 @@ class Trainer:
 
     def _warn_if_out_of_memory(self) -> None:
         """``mmrl plan``'s verdict for this run on this device, before the model is loaded: a warning with the
-        cheapest fixes when it will not fit (:func:`mmrl.planning.report.start_of_run_warning`)."""
-        from mmrl.planning.report import device_memory_gb, start_of_run_warning
+        cheapest fixes when it will not fit (:func:`mmrl.planning.report.start_of_run_warning`); on a CPU, a
+        ConfigError when it cannot fit the machine's RAM (:func:`mmrl.planning.report.check_fits_in_ram`)."""
+        from mmrl.planning.report import check_fits_in_ram, device_memory_gb, start_of_run_warning
 
+        if self.accelerator.device.type == "cpu" and (note := check_fits_in_ram(self.cfg, world_size=self.world)):
+            log.info(note)
         msg = start_of_run_warning(self.cfg, device_gb=device_memory_gb(self.accelerator.device), world_size=self.world)
         if msg:
             log.warning(msg)

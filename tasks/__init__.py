@@ -39,13 +39,22 @@ def task_names() -> list[str]:
 
 
 def get_task_class(name: str):
-    """The task class registered as ``name``; ConfigError naming the valid tasks otherwise."""
+    """The task class registered as ``name``; ConfigError naming the valid tasks otherwise (and the installed plugins
+    that failed to load, :mod:`mmrl.plugins`, whose tasks would be missing)."""
     if name not in TASKS:
         import difflib
 
+        from mmrl.plugins import failed_hint, load_entry_points
+
+        load_entry_points()  # an installed plugin's task, looked up before any config was loaded
+        if name in TASKS:
+            return get_task_class(name)
         close = difflib.get_close_matches(name, TASKS, n=1)
         hint = f" (did you mean '{close[0]}'?)" if close else ""
-        raise ConfigError(f"unknown task '{name}'{hint}; valid tasks: {', '.join(task_names())}")
+        raise ConfigError(
+            f"unknown task '{name}'{hint}; valid tasks: {', '.join(task_names())}{failed_hint()} (a task from outside "
+            "mmrl: install its plugin package or name it in plugins=[module], docs/custom_adapter.md)"
+        )
     module, cls = TASKS[name].split(":")
     return getattr(importlib.import_module(module), cls)
 
@@ -58,8 +67,9 @@ def list_tasks() -> list[tuple[str, str]]:
 def register_task(name: str, target: str) -> None:
     """Make ``task=<name>`` select ``target`` (``"module:Class"``, imported on first use; every process must be able to
     import it). A task group inside mmrl declares its tasks in its ``__init__``'s ``TASKS``; this is for code outside
-    the package. Selecting it from the command line also needs a ``configs/task/<name>.yaml`` or the overrides
-    ``~task=toy_arithmetic task.name=<name>`` (docs/custom_adapter.md)."""
+    the package (a plugin, :mod:`mmrl.plugins`): ``task=<name>`` then selects it, with its config's defaults and its
+    first ``model_types`` entry as ``model.type``, or the ``task/<name>.yaml`` preset of a folder the plugin
+    registered (:func:`mmrl.plugins.register_config_dir`)."""
     if not isinstance(target, str) or target.count(":") != 1:
         raise ValueError(f"register_task({name!r}): target must be 'module:Class', got {target!r}")
     TASKS[name] = target

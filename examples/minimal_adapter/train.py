@@ -1,12 +1,21 @@
 """Train the minimal adapter (tone task + tone MLP policy) with mmrl's GRPO trainer; about half a minute on one CPU thread.
 
-    python examples/minimal_adapter/train.py                       # defaults below, run folder runs/tone_class
+The adapter is the plugin package ``mmrl_tone`` next to this script. Installed (``pip install examples/minimal_adapter``),
+the plain command runs it with no script at all::
+
+    mmrl train task=tone_class                    # the preset mmrl_tone/configs/task/tone_class.yaml: 100 steps
+    mmrl eval checkpoint=runs/<run>
+    mmrl plan task=tone_class
+
+Without installing it, this script names the package folder in ``plugins=`` (so the run's config.yaml records where it
+is, and ``mmrl eval checkpoint=runs/tone_class`` imports it again), evaluates the untrained policy, trains, and
+prints the eval score and the mean reward start -> end::
+
+    python examples/minimal_adapter/train.py                       # run folder runs/tone_class
     python examples/minimal_adapter/train.py trainer.seed=1 algo=rloo task.noise=1.0   # any `mmrl train` override
 
-It registers the task and the model type in mmrl's registries (what ``task.name`` / ``model.type`` look up), builds
-the config as ``mmrl train`` does (Hydra presets, validation, one-line errors), evaluates the untrained policy,
-trains, and prints the eval score and the mean reward start -> end. The run folder is a normal one (config.yaml,
-metrics.jsonl, curves.png, checkpoints/step_N/pretrained_model written by ``TonePolicy.save_pretrained``).
+The run folder is a normal one (config.yaml, metrics.jsonl, curves.png, checkpoints/step_N/pretrained_model written
+by ``TonePolicy.save_pretrained``).
 """
 
 from __future__ import annotations
@@ -15,52 +24,19 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # the registries import tone_task / tone_policy by name
+PLUGIN = Path(__file__).resolve().parent / "mmrl_tone"
+"""The plugin package: imported by mmrl from ``plugins=[<this folder>]`` (it registers the task, the model type and
+its presets)."""
 
-from tone_policy import ToneModelConfig, build_tone_policy  # noqa: E402
-from tone_task import ToneTask  # noqa: E402
-
-DEFAULTS = [
-    "trainer.max_steps=100",
-    "trainer.batch_size=16",
-    "algo.group_size=8",
-    "trainer.lr=0.003",
-    "trainer.eval_every=20",
-    "trainer.device=cpu",
-    "trainer.threads=1",
-    "trainer.seed=0",
-    "trainer.run_name=tone_class",
-    "trainer.overwrite=true",
-]
-
-
-def register() -> None:
-    """Make ``task.name=tone_class`` and ``model.type=tone_mlp`` known to mmrl (values: ``module:attribute``)."""
-    from mmrl.models.registry import register_model_type
-    from mmrl.tasks import register_task
-
-    register_task(ToneTask.name, f"{ToneTask.__module__}:{ToneTask.__name__}")
-    register_model_type(
-        ToneModelConfig.type,
-        f"{ToneModelConfig.__module__}:{ToneModelConfig.__name__}",
-        f"{build_tone_policy.__module__}:{build_tone_policy.__name__}",
-    )
+DEFAULTS = ["trainer.seed=0", "trainer.run_name=tone_class", "trainer.overwrite=true"]
 
 
 def make_config(overrides: list[str]):
-    """The validated run config: our task and model selected by name, then DEFAULTS, then ``overrides``."""
+    """The validated run config: the plugin, ``task=tone_class`` (its preset selects ``model=tone_mlp``), DEFAULTS,
+    then ``overrides``, composed and checked as ``mmrl train`` does."""
     from mmrl.config import load_config
 
-    register()
-    # the root config preselects a task and a model preset (configs/config.yaml); drop both (their fields belong to
-    # other config classes) and name ours; the algo / trainer presets and every override work as in `mmrl train`
-    select = [
-        "~task=toy_arithmetic",
-        f"task.name={ToneTask.name}",
-        "~model=tiny_lm",
-        f"model.type={ToneModelConfig.type}",
-    ]
-    return load_config(select + DEFAULTS + list(overrides))
+    return load_config([f"plugins=[{PLUGIN}]", "task=tone_class", *DEFAULTS, *overrides])
 
 
 def train(overrides: list[str]) -> tuple:

@@ -31,10 +31,12 @@ __all__ = [
     "REAL_DIFFUSION",
     "REAL_VLM_CONFIGS",
     "TextArch",
+    "PLANNED_TYPES",
     "UnknownArchitectureError",
     "VisionArch",
     "arch_from_hf_config",
     "lora_params",
+    "no_memory_model",
     "resolve_architecture",
     "text_layer_params",
     "vision_params",
@@ -588,13 +590,53 @@ def _local_config(path: str) -> dict | None:
     return None
 
 
+PLANNED_TYPES = ("vlm", "vla", "causal_lm", "diffusion")
+"""The model types :func:`resolve_architecture` sizes itself; any other type is sized by its registered hook."""
+
+
+def no_memory_model(mtype: str) -> str:
+    """The one line for a model type the planner cannot size."""
+    return (
+        f"no memory model for model type {mtype}: the planner cannot size it (its adapter can register one: "
+        "register_model_type(..., memory_model='module:function'), docs/custom_adapter.md)"
+    )
+
+
+def _hooked_architecture(model_cfg: Any) -> Architecture:
+    """The :class:`Architecture` a model type's registered ``memory_model`` hook gives; UnknownArchitectureError
+    (one line) when the type has no hook, the hook returns None, or the hook fails."""
+    from mmrl.models.registry import memory_model
+
+    mtype = model_cfg.type
+    try:
+        hook = memory_model(mtype)
+        arch = hook(model_cfg) if hook is not None else None
+    except Exception as e:  # noqa: BLE001 - an adapter's hook that fails: the planner says so in one line
+        msg = (str(e).splitlines() or [""])[0]
+        raise UnknownArchitectureError(
+            f"model type {mtype}: its memory model failed ({type(e).__name__}: {msg})"
+        ) from None
+    if arch is None:
+        raise UnknownArchitectureError(no_memory_model(mtype))
+    if not isinstance(arch, Architecture):
+        raise UnknownArchitectureError(
+            f"model type {mtype}: its memory model returned {type(arch).__name__}, not a planning Architecture"
+        )
+    return arch
+
+
 def resolve_architecture(model_cfg: Any, *, vocab_hint: int | None = None) -> Architecture:
     """The :class:`Architecture` of a validated model config (``run_cfg.model``), without loading weights.
 
     vlm / vla: a real preset or its HF id -> the table; a tiny preset -> its config; a local folder (or a cached hub
     id) -> its config.json. causal_lm: ``path=tiny`` -> the tiny LM (``vocab_hint`` = the task's vocabulary size, else
-    64, marked approximate); else a config.json. diffusion: the real presets (published component totals)."""
+    64, marked approximate); else a config.json. diffusion: the real presets (published component totals). Any other
+    type: its registered planner hook (:func:`mmrl.models.registry.memory_model`). UnknownArchitectureError, one line,
+    when none of these sizes the model; the type is checked before any other field is read, since another type's
+    config need not have them."""
     mtype = model_cfg.type
+    if mtype not in PLANNED_TYPES:
+        return _hooked_architecture(model_cfg)
     path = str(model_cfg.path)
     name = str(getattr(model_cfg, "name", "") or path)
     if mtype == "vla" and getattr(model_cfg, "architecture", "vlm") != "vlm":
@@ -644,7 +686,7 @@ def resolve_architecture(model_cfg: Any, *, vocab_hint: int | None = None) -> Ar
             )
         d = REAL_DIFFUSION[key]
         return Architecture(name=key, kind="diffusion", diffusion=d, source=d.source)
-    raise UnknownArchitectureError(f"model.type={mtype} is not modelled by the planner")
+    raise UnknownArchitectureError(no_memory_model(mtype))
 
 
 def flow_vla_architecture(model_cfg: Any) -> Architecture:

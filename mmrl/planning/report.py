@@ -12,7 +12,13 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from mmrl.planning.advice import Suggestion, suggest
-from mmrl.planning.architectures import Architecture, image_tokens_for, resolve_architecture
+from mmrl.planning.architectures import (
+    PLANNED_TYPES,
+    Architecture,
+    UnknownArchitectureError,
+    image_tokens_for,
+    resolve_architecture,
+)
 from mmrl.planning.memory import (
     GIB,
     LOGIT_BYTES_PER_ELEMENT,
@@ -131,6 +137,37 @@ def _overhead_gb(cfg, settings: PlanSettings) -> float:
     return 0.0 if cfg.trainer.device == "cpu" or cfg.model.dtype == "float32" else 1.0
 
 
+class _PlannedModel:
+    """The config of a model type sized by its adapter's memory model, as the planner reads it: the config's own
+    fields, and where it lacks one of the fields every core model config has (``path``, ``dtype``,
+    ``gradient_checkpointing``, ``lora``, a token model's ``max_new_tokens``), the core default (float32, no
+    checkpointing, no LoRA, 16 new tokens): an adapter's config need not mirror the core's to be planned."""
+
+    def __init__(self, model_cfg: Any) -> None:
+        self.config = model_cfg
+        """The adapter's own config (what its memory model is given)."""
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return getattr(self.config, name)
+        except AttributeError:
+            from mmrl.models.configs import TokenModelConfig
+
+            if name in ("path", "dtype", "gradient_checkpointing", "lora", "max_new_tokens"):
+                return getattr(TokenModelConfig(), name)
+            raise
+
+
+def planned_config(cfg):
+    """``cfg`` as the planner reads it: unchanged for the model types it sizes itself (:data:`PLANNED_TYPES`), else
+    a copy whose model fills in the core defaults the adapter's config lacks (:class:`_PlannedModel`)."""
+    import dataclasses
+
+    if cfg.model.type in PLANNED_TYPES or isinstance(cfg.model, _PlannedModel):
+        return cfg
+    return dataclasses.replace(cfg, model=_PlannedModel(cfg.model))
+
+
 def plan_inputs(cfg, settings: PlanSettings, arch: Architecture | None = None) -> tuple[PlanInputs, dict]:
     """:class:`PlanInputs` of a validated run config and the ``plan.*`` settings, plus the derived numbers the report
     prints (``info``)."""
@@ -139,7 +176,7 @@ def plan_inputs(cfg, settings: PlanSettings, arch: Architecture | None = None) -
     m, tr, algo = cfg.model, cfg.trainer, cfg.algo
     if arch is None:
         vocab = _vocab_hint(cfg) if m.type == "causal_lm" and m.path == "tiny" else None
-        arch = resolve_architecture(m, vocab_hint=vocab)
+        arch = resolve_architecture(m.config if isinstance(m, _PlannedModel) else m, vocab_hint=vocab)
     world = settings.world_size
     if tr.batch_size % world:
         raise ConfigError(f"trainer.batch_size={tr.batch_size} must be divisible by plan.world_size={world}")
@@ -353,12 +390,11 @@ def _continuous_head(cfg) -> ContinuousHead | None:
 
 
 def build_plan(overrides: list[str]) -> tuple[Any, PlanSettings, PlanInputs, dict, MemoryBreakdown, list[Suggestion]]:
-    """Everything ``mmrl plan`` prints, from its command line."""
+    """Everything ``mmrl plan`` prints, from its command line. ConfigError (one line) when the model cannot be sized."""
     from mmrl.config import ConfigError, load_config
-    from mmrl.planning.architectures import UnknownArchitectureError
 
     settings, rest = split_plan_overrides(overrides)
-    cfg = load_config(rest)
+    cfg = planned_config(load_config(rest))
     try:
         inp, info = plan_inputs(cfg, settings)
     except UnknownArchitectureError as e:
@@ -828,10 +864,11 @@ def _run_plan(
     cfg, *, device_gb: float, world_size: int
 ) -> tuple[PlanSettings, PlanInputs, dict, MemoryBreakdown] | None:
     """The plan of ``cfg`` as the trainer will run it (its own strategy, offload, world size, AdamW moments in the
-    parameter dtype) on a ``device_gb`` device; None when the run is not modelled."""
+    parameter dtype) on a ``device_gb`` device; None when the task's settings cannot be read offline (e.g. a VLA
+    task's simulator is not installed). UnknownArchitectureError (one line) when the model cannot be sized."""
     from mmrl.errors import ConfigError
-    from mmrl.planning.architectures import UnknownArchitectureError
 
+    cfg = planned_config(cfg)
     tr = cfg.trainer
     settings = PlanSettings(
         device_gb=device_gb,
@@ -842,16 +879,65 @@ def _run_plan(
     )
     try:
         inp, info = plan_inputs(cfg, settings)
-    except (UnknownArchitectureError, ConfigError, OSError, ValueError, ImportError):  # e.g. a VLA task's simulator
+    except UnknownArchitectureError:
+        raise
+    except (ConfigError, OSError, ValueError, ImportError):  # e.g. a VLA task's simulator
         return None
     return settings, inp, info, plan_memory(inp)
+
+
+def machine_ram_gb() -> float | None:
+    """Physical memory of this machine in GiB (``os.sysconf``); None where the platform does not say."""
+    import os
+
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GIB
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def check_fits_in_ram(cfg, *, world_size: int, ram_gb: float | None = None) -> str | None:
+    """The CPU counterpart of :func:`start_of_run_warning`, before the model is built: a CPU run that needs more
+    memory than the machine has would otherwise run until the kernel kills it, so this refuses it with a
+    ConfigError (one line). The planner's per-process estimate times the processes on this machine
+    (``LOCAL_WORLD_SIZE``, else ``world_size``) is compared with the physical RAM (``ram_gb``, default
+    :func:`machine_ram_gb`). Returns one line when memory was not checked (a model the planner cannot size), else
+    None."""
+    import os
+
+    from mmrl.errors import ConfigError
+
+    ram = machine_ram_gb() if ram_gb is None else ram_gb
+    if ram is None:
+        return None
+    try:
+        plan = _run_plan(cfg, device_gb=ram, world_size=world_size)
+    except UnknownArchitectureError as e:
+        return f"mmrl plan: {e}; memory not checked against the machine's {ram:.1f} GiB of RAM"
+    if plan is None:
+        return None
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    need = plan[3].total * local / GIB
+    if need <= ram:
+        return None
+    tr = cfg.trainer
+    procs = f" ({local} processes)" if local > 1 else ""
+    raise ConfigError(
+        f"this CPU run needs about {need:,.1f} GiB of memory{procs} and the machine has {ram:.1f} GiB of RAM: "
+        f"it cannot fit (trainer.batch_size={tr.batch_size} x algo.group_size={cfg.algo.group_size} samples per "
+        f"step, trainer.grad_accum={tr.grad_accum}); lower the batch or raise trainer.grad_accum "
+        f"(`mmrl plan <the same overrides> plan.device_gb={ram:.0f}` prints the breakdown and the cheapest changes)"
+    )
 
 
 def run_memory_gb(cfg, *, device_gb: float | None, world_size: int) -> float | None:
     """The planner's per-device estimate (GiB) of ``cfg`` for the start banner; None on CPU or when not modelled."""
     if device_gb is None:
         return None
-    plan = _run_plan(cfg, device_gb=device_gb, world_size=world_size)
+    try:
+        plan = _run_plan(cfg, device_gb=device_gb, world_size=world_size)
+    except UnknownArchitectureError:
+        return None
     return plan[3].total / GIB if plan is not None else None
 
 
@@ -859,11 +945,16 @@ def start_of_run_warning(cfg, *, device_gb: float | None, world_size: int) -> st
     """What ``mmrl train`` warns before loading a run that will not fit: the plan of ``cfg`` (its own strategy, offload,
     world size, AdamW as the trainer builds it: moments in the parameter dtype) against ``device_gb``, with the
     cheapest changes that fit. None when it fits, when there is no device bound (CPU), or when the run is not
-    modelled (an architecture the planner cannot read: no warning rather than a wrong one)."""
+    modelled because the task's settings cannot be read offline. A model the planner cannot size (a model type
+    without a memory model, weights without a readable config.json) gives one line saying that memory was not
+    checked, never an exception."""
     if device_gb is None:
         return None
     tr = cfg.trainer
-    plan = _run_plan(cfg, device_gb=device_gb, world_size=world_size)
+    try:
+        plan = _run_plan(cfg, device_gb=device_gb, world_size=world_size)
+    except UnknownArchitectureError as e:
+        return f"mmrl plan: {e}; memory not checked against the device's {device_gb:.1f} GiB"
     if plan is None:
         return None
     _, inp, info, bd = plan

@@ -1,13 +1,17 @@
-"""examples/minimal_adapter (docs/custom_adapter.md): the smallest complete custom adapter trains, learns, and writes a
-run folder whose checkpoint reloads exactly. Runs in-process (registries restored afterwards), plus a short subprocess
-run of the script as a user starts it."""
+"""examples/minimal_adapter (docs/custom_adapter.md): the smallest complete custom adapter, shipped as the plugin
+package ``mmrl_tone``, trains, learns, and writes a run folder whose checkpoint reloads exactly. Runs in-process
+(registries restored afterwards), plus the script as a user starts it, plus the package installed into a fresh
+virtual environment and driven by the real ``mmrl`` command (train, eval, plan)."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
 import subprocess
 import sys
+import sysconfig
+import time
 from pathlib import Path
 
 import pytest
@@ -28,14 +32,8 @@ MIN_REWARD_RISE = 0.8
 
 
 @pytest.fixture
-def example(monkeypatch):
+def example(plugin_sandbox):
     """The example's train.py as a module, with mmrl's task / model registries restored after the test."""
-    import mmrl.models.registry
-    import mmrl.tasks
-
-    monkeypatch.setattr(mmrl.tasks, "TASKS", dict(mmrl.tasks.TASKS))
-    monkeypatch.setattr(mmrl.models.registry, "MODEL_TYPES", dict(mmrl.models.registry.MODEL_TYPES))
-    monkeypatch.syspath_prepend(str(EXAMPLE))
     spec = importlib.util.spec_from_file_location("minimal_adapter_train", EXAMPLE / "train.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -80,8 +78,19 @@ def test_minimal_adapter_learns_and_its_checkpoint_reloads(example, tmp_path):
     reloaded = _state(fresh)
     assert reloaded.keys() == trained.keys() and all(torch.equal(trained[k], reloaded[k]) for k in trained)
 
-    # `mmrl eval checkpoint=<run>` (with the adapter registered in this process) reads the run and scores the same
+    # the run records its plugin (the package folder, absolute); `mmrl eval checkpoint=<run>` in a process that has
+    # not loaded it (registries and modules forgotten here) imports it again from config.yaml and scores the same
+    assert cfg.plugins == [str(EXAMPLE / "mmrl_tone")]
+    import mmrl.models.registry
+    import mmrl.plugins
+    import mmrl.tasks
+
+    del mmrl.tasks.TASKS["tone_class"], mmrl.models.registry.MODEL_TYPES["tone_mlp"]
+    mmrl.plugins._loaded.clear()
+    for name in [n for n in sys.modules if n.split(".")[0] == "mmrl_tone"]:
+        del sys.modules[name]
     assert mmrl_main(["eval", f"checkpoint={run_dir}"]) == 0
+    assert "tone_class" in mmrl.tasks.TASKS
     results = json.loads((run_dir / "eval" / ckpt.name / "results.json").read_text())
     assert results["metrics"]["eval/score"] == final["eval/score"]
 
@@ -112,3 +121,67 @@ def test_the_script_runs_as_a_user_starts_it(tmp_path):
     assert {"config.yaml", "metrics.jsonl", "curves.png", "tensorboard"} <= {p.name for p in run_dir.iterdir()}
     assert (run_dir / "checkpoints" / "step_000002" / "COMPLETE").is_file()
     assert '"reward/names_a_low_tone"' in (run_dir / "metrics.jsonl").read_text()
+
+
+def _fresh_venv(where: Path) -> Path:
+    """A new virtual environment whose interpreter also sees this environment's packages (torch, mmrl, setuptools,
+    pip) through a .pth file, so nothing is downloaded or rebuilt; returns its python."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(where)], check=True, timeout=60)
+    python = where / "bin" / "python"
+    site = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    ours = sysconfig.get_paths()["purelib"]
+    (Path(site) / "_parent_env.pth").write_text(f"import site; site.addsitedir({ours!r})\n")
+    return python
+
+
+@pytest.mark.slow
+def test_the_plugin_package_installed_in_a_fresh_venv_drives_the_mmrl_command(tmp_path):
+    """The example, copied out of the repository and pip-installed into a new venv, is found by `mmrl` through its
+    `mmrl.plugins` entry point alone: `mmrl train task=tone_class` (no plugins=, no ~task / ~model overrides),
+    `mmrl eval checkpoint=<run>` and `mmrl plan task=tone_class` (one line: no memory model for tone_mlp)."""
+    package = tmp_path / "mmrl_tone_src"
+    shutil.copytree(EXAMPLE, package, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
+    python = _fresh_venv(tmp_path / "venv")
+    install = subprocess.run(
+        [str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", str(package)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert install.returncode == 0, install.stderr[-2000:]
+    shutil.rmtree(package)  # what runs is the installed copy, not a source folder
+
+    def mmrl(*args: str) -> subprocess.CompletedProcess:
+        t0 = time.perf_counter()
+        out = subprocess.run(
+            [str(python), "-m", "mmrl.cli", *args], capture_output=True, text=True, timeout=300, cwd=tmp_path
+        )
+        print(f"mmrl {args[0]}: {time.perf_counter() - t0:.1f} s")
+        return out
+
+    runs = tmp_path / "runs"
+    train = mmrl(
+        "train", "task=tone_class", "trainer.max_steps=3", f"trainer.output_dir={runs}", "trainer.progress=false"
+    )
+    assert train.returncode == 0, train.stderr[-2000:]
+    (run_dir,) = [p for p in runs.iterdir() if p.is_dir()]
+    saved = (run_dir / "config.yaml").read_text()
+    assert "name: tone_class" in saved and "type: tone_mlp" in saved and "max_new_tokens" not in saved
+    assert (run_dir / "checkpoints" / "step_000003" / "pretrained_model" / "model.safetensors").is_file()
+    trained = json.loads(train.stdout.split("\n", 1)[1])  # "run directory: ...", then the last metrics
+
+    ev = mmrl("eval", f"checkpoint={run_dir}")
+    assert ev.returncode == 0, ev.stderr[-2000:]
+    assert json.loads(ev.stdout)["eval/score"] == trained["eval/score"]  # the same greedy eval of the same weights
+
+    plan = mmrl("plan", "task=tone_class")
+    assert plan.returncode == 2 and "Traceback" not in plan.stderr
+    assert plan.stderr.strip().splitlines() == [
+        "mmrl plan: error: no memory model for model type tone_mlp: the planner cannot size it (its adapter can "
+        "register one: register_model_type(..., memory_model='module:function'), docs/custom_adapter.md)"
+    ]
