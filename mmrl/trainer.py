@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import signal
 import sys
 import time
@@ -45,6 +46,9 @@ from mmrl.tracking import Tracker, plot_metrics
 from mmrl.training_checkpoint import TrainingParts, restore_training, save_to_rescue, save_training
 
 log = logging.getLogger(__name__)
+
+REFERENCE_FILE = "reference_model.pt"
+"""In the run folder: the KL reference's weights after the warm start (:meth:`Trainer._reference_from_warm_start`)."""
 
 
 class NothingTrained(RuntimeError):
@@ -333,6 +337,7 @@ class Trainer:
                 raise DamagedCheckpointError(
                     Path(path) / "training_state" / "state.json", f"its warm-start state ('sft') is malformed ({e!r})"
                 ) from None
+        self._restore_warm_start_reference(path)
         self.step = state["step"]
         try:
             self.rollouts.load_state_dict(state)
@@ -738,6 +743,7 @@ class Trainer:
             log.warning("warm start stopped at SFT step %d of %d", warm.step, tr.sft_steps)
             return False
         self.warm_start = None  # done: the next checkpoint holds RL's optimizer
+        self._reference_from_warm_start()
         after = self.evaluate() if evaluates else {}
         self.report.add_eval("after warm start", after)
         row = {**sft, "time/sft": time.perf_counter() - t0, **after}
@@ -751,6 +757,42 @@ class Trainer:
             fmt(after.get("eval/score")),
         )
         return True
+
+    def _reference_from_warm_start(self) -> None:
+        """With a frozen-copy KL reference (``algo.kl_coef > 0``, full fine-tune), the reference becomes the
+        warm-started model: RL's KL then measures how far it moved from the model it started from, not from the model
+        before the warm start (whose action head is untrained: the KL to it is huge and pulls the policy back to it).
+        The main process keeps the reference's weights in ``<run>/reference_model.pt`` so that a resume uses the same
+        reference (:meth:`_restore_warm_start_reference`); under fsdp2 sharding it is not kept (a resume warns)."""
+        ref = getattr(self.policy, "_frozen_ref", None)
+        if ref is None or self.cfg.algo.kl_coef <= 0:
+            return
+        ref.reset()
+        if self.run_dir is None or not self.is_main or self.sharded:
+            return
+        final = self.run_dir / REFERENCE_FILE
+        tmp = final.with_name(final.name + ".tmp")
+        torch.save(ref.frozen.state_dict(), tmp)
+        os.replace(tmp, final)
+
+    def _restore_warm_start_reference(self, ckpt: Path) -> None:
+        """On a resume after the warm start: the KL reference :meth:`_reference_from_warm_start` kept, from the
+        checkpoint's run folder (a warning when it is missing: the reference is then the model before the warm
+        start)."""
+        ref = getattr(self.policy, "_frozen_ref", None)
+        if ref is None or self.cfg.algo.kl_coef <= 0 or self.cfg.trainer.sft_steps <= 0 or self.warm_start is not None:
+            return
+        from mmrl.checkpoint import safe_load
+
+        path = Path(ckpt).parent.parent / REFERENCE_FILE
+        if not path.is_file():
+            log.warning(
+                "%s is missing: the KL reference of this resumed run is the model before the warm start, not the "
+                "warm-started model the run's RL started from",
+                path,
+            )
+            return
+        ref.frozen.load_state_dict(safe_load(path))
 
     def fit(self) -> dict[str, float]:
         """Train for ``trainer.max_steps`` steps; returns the final metrics (with the last eval).

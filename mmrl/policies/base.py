@@ -404,6 +404,12 @@ class FrozenCopyReference:
         """The frozen copy itself (what :meth:`swap` puts in place of the policy's model)."""
         return self._frozen
 
+    def reset(self) -> None:
+        """Make the frozen copy equal to the live model's current weights (the reference becomes the model RL starts
+        from, e.g. after the supervised warm start)."""
+        with torch.no_grad():
+            self._frozen.load_state_dict(_unwrap(self._policy.model).state_dict())
+
     @contextlib.contextmanager
     def swap(self):
         live = self._policy.model

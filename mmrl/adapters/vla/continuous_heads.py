@@ -10,7 +10,9 @@ that every trained computation goes through one forward of the (possibly DDP / F
 :class:`FlowRule` and :class:`GaussianRule` say what a head does with the prefix of ``U`` distinct observations and
 ``index [N]`` (the observation of each of the ``N`` rows, e.g. the G episodes of a group at their first call):
 ``sample`` (one chunk per row, its log-prob and the record that :meth:`log_prob` needs), ``log_prob`` (recomputed
-with gradients) and ``sft_loss`` (flow matching / L1 on demo chunks). Every Gaussian step and density comes from
+with gradients; given the reference weights' ``distribution`` of the same chunks, also the exact KL to it: the
+Gaussian chunk's, or the sum of the chain's Gaussian transitions') and ``sft_loss`` (flow matching / L1 on demo
+chunks). Every Gaussian step and density comes from
 :mod:`mmrl.rollout.sde_math` through :mod:`~mmrl.adapters.vla.flow_chain` and
 :mod:`~mmrl.adapters.vla.gaussian_head`. Per-row noise is drawn from a ``torch.Generator`` seeded by the row's
 seed, so a row's sample does not depend on the batch layout.
@@ -125,6 +127,21 @@ class HeadRule:
         """Normalised chunks ``[N, H, A]``, their log-probs ``[N]`` (0 when greedy) and the per-row record (CPU)."""
         raise NotImplementedError
 
+    def distribution(
+        self,
+        module: ContinuousVLAModule,
+        hidden: Tensor,
+        mask: Tensor,
+        index: Tensor,
+        record: dict[str, Tensor],
+        *,
+        exec_mask: Tensor,
+        dim_mask: Tensor,
+    ) -> Any:
+        """What the weights of ``module`` make of the recorded chunks: the Gaussians the log-prob and the KL are
+        computed from (gaussian: the chunk's ``(mean, log_std)``; flow: the chain's stochastic transitions)."""
+        raise NotImplementedError
+
     def log_prob(
         self,
         module: ContinuousVLAModule,
@@ -136,8 +153,11 @@ class HeadRule:
         exec_mask: Tensor,
         dim_mask: Tensor,
         entropy: bool,
-    ) -> tuple[Tensor, Tensor | None]:
-        """Log-probs ``[N]`` of the recorded chunks under the current weights (and the entropy ``[N]`` or None)."""
+        reference: Any = None,
+    ) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        """Log-probs ``[N]`` of the recorded chunks under the current weights, the entropy ``[N]`` (or None) and,
+        given the reference's :meth:`distribution` of the same chunks, the exact KL ``[N]`` of the policy's
+        distribution to it (or None)."""
         raise NotImplementedError
 
     def sft_loss(
@@ -211,10 +231,10 @@ class FlowRule(HeadRule):
         record = {"chain": out.chain.transpose(0, 1).cpu(), "stochastic": out.stochastic.transpose(0, 1).cpu()}
         return out.actions, out.log_prob, record
 
-    def log_prob(self, module, hidden, mask, index, record, *, exec_mask, dim_mask, entropy):
+    def distribution(self, module, hidden, mask, index, record, *, exec_mask, dim_mask):
         kv = module.head.prefix_kv(hidden, mask).index_select(index)
         dev = mask.device
-        logp = flow_chain.chunk_log_prob(
+        return flow_chain.chain_steps(
             module.head,
             kv,
             record["chain"].to(dev).transpose(0, 1),
@@ -224,8 +244,15 @@ class FlowRule(HeadRule):
             dim_mask=dim_mask,
             noise_level=self.cfg.noise_level,
             noise_head=module.noise_head,
+            where="chunk_log_prob",
         )
-        return logp, None  # the chain's entropy has no closed form: LogProbOutput.entropy None
+
+    def log_prob(self, module, hidden, mask, index, record, *, exec_mask, dim_mask, entropy, reference=None):
+        steps = self.distribution(module, hidden, mask, index, record, exec_mask=exec_mask, dim_mask=dim_mask)
+        rows, dev = int(index.numel()), mask.device
+        logp = flow_chain.steps_log_prob(steps, rows, dev)
+        kl = flow_chain.steps_kl(steps, reference, rows, dev) if reference is not None else None
+        return logp, None, kl  # the chain's entropy has no closed form: LogProbOutput.entropy None
 
     def sft_loss(self, module, hidden, mask, index, actions, *, dim_mask, generator):
         kv = module.head.prefix_kv(hidden, mask).index_select(index)
@@ -272,10 +299,15 @@ class GaussianRule(HeadRule):
             logp = gaussian_head.log_prob(actions, mean, log_std, exec_mask, dim_mask)
         return actions, logp, {"actions": actions.cpu()}
 
-    def log_prob(self, module, hidden, mask, index, record, *, exec_mask, dim_mask, entropy):
+    def distribution(self, module, hidden, mask, index, record, *, exec_mask, dim_mask):
+        return self._mean_log_std(module, hidden, mask, index)
+
+    def log_prob(self, module, hidden, mask, index, record, *, exec_mask, dim_mask, entropy, reference=None):
         mean, log_std = self._mean_log_std(module, hidden, mask, index)
         logp = gaussian_head.log_prob(record["actions"].to(mean.device), mean, log_std, exec_mask, dim_mask)
-        return logp, (gaussian_head.entropy(log_std, exec_mask, dim_mask) if entropy else None)
+        ent = gaussian_head.entropy(log_std, exec_mask, dim_mask) if entropy else None
+        kl = gaussian_head.kl(mean, log_std, *reference, exec_mask, dim_mask) if reference is not None else None
+        return logp, ent, kl
 
     def sft_loss(self, module, hidden, mask, index, actions, *, dim_mask, generator):
         mean, _ = self._mean_log_std(module, hidden, mask, index)

@@ -27,6 +27,14 @@ LoRA and saving of the backbone. What differs:
 * **Warm start.** :meth:`sft_loss`: flow matching (flow) or L1 (gaussian) on the demo chunks of the task's SFT items
   (``Task.sft_target`` writes them as JSON for a continuous head, :meth:`sample_meta`).
 
+* **KL to the reference** (``algo.kl_coef > 0``): the policy owns its KL (``owns_kl``). :meth:`log_probs` runs the
+  frozen reference copy (no gradient) on the same observations and recorded chunks and returns the exact KL of the
+  policy's distribution to the reference's: the Gaussian head's chunk Gaussians, or the sum over the chain's
+  stochastic steps of the flow head's Gaussian transitions (:meth:`HeadRule.log_prob`). A chunk's log-prob sums
+  H x A element densities, so the sampled log-ratio of the chunk (what the trainer's k1/k2/k3 estimators see) leaves
+  k3's [-20, 20] clamp after small per-element moves, where the estimate sticks at 19 and passes no gradient; the
+  closed form stays finite and differentiable.
+
 Limits: the log-prob counts the first ``n_action_steps`` actions of a chunk even when the episode ended inside the
 chunk (those actions changed nothing: zero-mean noise in the gradient, no bias). With LoRA the reference policy
 would share the trained heads, so LoRA with a KL reference is refused.
@@ -275,18 +283,32 @@ class ContinuousVLAPolicy(VLAPolicy):
         return rollout
 
     # ------------------------------------------------------------------ log-probs
+    kl_in_loss: bool = True
+    """False with ``algo.kl_in_reward`` (the trainer's estimator then shapes the reward; no KL in the loss)."""
+
+    @property
+    def owns_kl(self) -> bool:
+        """True with a KL reference (``algo.kl_coef > 0``) and the KL in the loss: :meth:`log_probs` returns the exact
+        KL to the reference in ``LogProbOutput.kl`` (see the module docstring), and the trainer runs no reference
+        pass of its own."""
+        return self._frozen_ref is not None and self.kl_in_loss
+
     def log_probs(self, rollout: Rollout, *, entropy: bool = False, values: bool = False) -> LogProbOutput:
         """Recompute every (episode, call) of ``rollout``: one backbone forward over the distinct observations (with
-        gradients), the head's log-prob of each recorded chunk, scattered to ``[b, T]``."""
+        gradients), the head's log-prob of each recorded chunk, scattered to ``[b, T]``. With gradients on and
+        :attr:`owns_kl`, also the reference's forward (no gradient) and the exact KL of each chunk's distribution to
+        the reference's (``LogProbOutput.kl``)."""
         pay = rollout.payload
         b, T = rollout.batch_size, rollout.mask.shape[1]
         lengths = [int(f.shape[0]) for f in pay["frames"]]
         out_logp = torch.zeros(b, T, device=self.device)
         out_ent = torch.zeros(b, T, device=self.device) if entropy and self.cfg.action_head == "gaussian" else None
         out_val = torch.zeros(b, T, device=self.device) if values else None
+        want_kl = self.owns_kl and torch.is_grad_enabled() and self.module is not self._frozen_ref.frozen
+        out_kl = torch.zeros(b, T, device=self.device) if want_kl else None
         rows = [k for k, L in enumerate(lengths) for _ in range(L)]
         if not rows:
-            return LogProbOutput(logp=out_logp, entropy=out_ent, values=out_val)
+            return LogProbOutput(logp=out_logp, entropy=out_ent, values=out_val, kl=out_kl)
         live = [k for k, L in enumerate(lengths) if L]
         frames = torch.cat([pay["frames"][k] for k in live])
         use_feats = not self.vision_trainable and all(pay["features"][k] is not None for k in live)
@@ -297,15 +319,33 @@ class ContinuousVLAPolicy(VLAPolicy):
             frames, [pay["instruction"][k] for k in rows], feats, states
         )
         exec_mask, dim_mask = self._exec_mask(len(rows)), self.dim_mask.to(self.device)
+        reference = None
+        if want_kl:
+
+            def run_reference(module, hidden, mask):
+                return self.rule.distribution(
+                    module, hidden, mask, index, record, exec_mask=exec_mask, dim_mask=dim_mask
+                )
+
+            with torch.no_grad(), self._frozen_ref.swap():
+                reference = self._prefix_forward(prompts, None, unique_states, run_reference)
 
         def run(module, hidden, mask):
-            logp, ent = self.rule.log_prob(
-                module, hidden, mask, index, record, exec_mask=exec_mask, dim_mask=dim_mask, entropy=entropy
+            logp, ent, kl = self.rule.log_prob(
+                module,
+                hidden,
+                mask,
+                index,
+                record,
+                exec_mask=exec_mask,
+                dim_mask=dim_mask,
+                entropy=entropy,
+                reference=reference,
             )
             v = module.value(hidden, mask).index_select(0, index.to(mask.device)) if values else None
-            return logp, ent, v
+            return logp, ent, v, kl
 
-        logp, ent, v = self._prefix_forward(prompts, None, unique_states, run)
+        logp, ent, v, kl = self._prefix_forward(prompts, None, unique_states, run)
         r = torch.tensor(rows, device=self.device)
         c = torch.cat([torch.arange(L) for L in lengths if L]).to(self.device)
         out_logp = out_logp.index_put((r, c), logp)
@@ -313,7 +353,9 @@ class ContinuousVLAPolicy(VLAPolicy):
             out_ent = out_ent.index_put((r, c), ent)
         if out_val is not None:
             out_val = out_val.index_put((r, c), v)
-        return LogProbOutput(logp=out_logp, entropy=out_ent, values=out_val)
+        if out_kl is not None:
+            out_kl = out_kl.index_put((r, c), kl)
+        return LogProbOutput(logp=out_logp, entropy=out_ent, values=out_val, kl=out_kl)
 
     # ------------------------------------------------------------------ supervised warm start
     def sample_meta(self, items: Sequence[dict]) -> list[dict]:

@@ -40,13 +40,18 @@ __all__ = [
     "TIME_SAMPLINGS",
     "FlowChunkSample",
     "FlowNoiseHead",
+    "ChainStep",
     "action_element_mask",
+    "chain_steps",
     "chunk_log_prob",
     "executed_steps_mask",
     "flow_matching_loss",
     "flow_timesteps",
+    "gaussian_kl",
     "sample_chunk",
     "sample_flow_time",
+    "steps_kl",
+    "steps_log_prob",
 ]
 
 MODES = ("ode", "flow_sde", "flow_sde_one", "flow_noise")
@@ -410,7 +415,19 @@ def _planned_stochastic(
     return planned
 
 
-def chunk_log_prob(
+@dataclass
+class ChainStep:
+    """One stochastic step ``k`` of recorded chains re-evaluated: the Gaussian of ``chain[k + 1]`` given ``chain[k]``
+    (``step.mean``, ``step.std``, ``step.prev_sample``) for the rows in ``index`` (None: every row), and those rows'
+    element mask ``[rows, H, A]`` (executed chunk steps, real action dims)."""
+
+    k: int
+    index: torch.Tensor | None
+    step: sde_math.StepOutput
+    mask: torch.Tensor
+
+
+def chain_steps(
     expert: nn.Module,
     kv: PrefixKV,
     chain: torch.Tensor,
@@ -421,16 +438,12 @@ def chunk_log_prob(
     dim_mask: torch.Tensor | None,
     noise_level: float = 0.5,
     noise_head: nn.Module | None = None,
-) -> torch.Tensor:
-    """Recompute a chunk's log-prob ``[B]`` (with gradients) from its stored chain, as in training.
-
-    Sums, over the steps k with ``stochastic[k, b]``, the log density of ``chain[k + 1]`` given ``chain[k]``
-    under the current expert (and noise head), over executed chunk steps and real action dims only. With
-    unchanged weights it equals ``FlowChunkSample.log_prob``. Each step runs the expert on the rows stochastic at
-    that step only (one pass per chunk in total for "flow_sde_one"). Gradients reach the expert, the noise head
-    and, through ``kv``, the prefix.
-    """
-    where = "chunk_log_prob"
+    where: str = "chain_steps",
+) -> list[ChainStep]:
+    """The stochastic steps of the stored ``chain [K + 1, B, H, A]`` (``stochastic [K, B]``) under the current expert
+    (and noise head): one :class:`ChainStep` per step k with at least one stochastic row, the expert run on those rows
+    only, with the element mask of ``exec_mask [B, H]`` and ``dim_mask [A]``. Gradients reach the expert, the noise
+    head and, through ``kv``, the prefix; the chain is data."""
     _check_mode(mode, where)
     if mode == "ode":
         raise ActionHeadError(f"{where}: mode 'ode' is deterministic and has no log-prob to train")
@@ -450,7 +463,7 @@ def chunk_log_prob(
     mask = action_element_mask(exec_mask, dim_mask, chain32.shape[1:], where).to(chain32.device)
     stochastic = stochastic.to(device=chain32.device, dtype=torch.bool)
     times = flow_timesteps(num_steps).tolist()
-    total = torch.zeros(batch, dtype=torch.float32, device=chain32.device)
+    steps = []
     for k in range(num_steps):
         rows = stochastic[k]
         if not bool(rows.any()):
@@ -480,6 +493,89 @@ def chunk_log_prob(
                 f"{where}: step {k} is marked stochastic but is deterministic under mode {mode!r} "
                 f"(noise_level={noise_level}); it has no density"
             )
-        step_lp = _masked_log_density(step, mask_rows)
-        total = total + (step_lp if index is None else torch.zeros_like(total).index_add(0, index, step_lp))
+        steps.append(ChainStep(k, index, step, mask_rows))
+    return steps
+
+
+def _sum_over_steps(steps: list[ChainStep], per_step, batch: int, device) -> torch.Tensor:
+    """``[batch]``: for each row, the sum over its stochastic steps of ``per_step(step)`` over the step's mask."""
+    total = torch.zeros(batch, dtype=torch.float32, device=device)
+    for s in steps:
+        value = per_step(s.step)
+        value = torch.where(s.mask, value, torch.zeros_like(value)).sum(dim=(1, 2))
+        total = total + (value if s.index is None else torch.zeros_like(total).index_add(0, s.index, value))
     return total
+
+
+def chunk_log_prob(
+    expert: nn.Module,
+    kv: PrefixKV,
+    chain: torch.Tensor,
+    stochastic: torch.Tensor,
+    *,
+    mode: str,
+    exec_mask: torch.Tensor | None,
+    dim_mask: torch.Tensor | None,
+    noise_level: float = 0.5,
+    noise_head: nn.Module | None = None,
+) -> torch.Tensor:
+    """Recompute a chunk's log-prob ``[B]`` (with gradients) from its stored chain, as in training.
+
+    Sums, over the steps k with ``stochastic[k, b]``, the log density of ``chain[k + 1]`` given ``chain[k]``
+    under the current expert (and noise head), over executed chunk steps and real action dims only. With
+    unchanged weights it equals ``FlowChunkSample.log_prob``. Each step runs the expert on the rows stochastic at
+    that step only (one pass per chunk in total for "flow_sde_one"). Gradients reach the expert, the noise head
+    and, through ``kv``, the prefix.
+    """
+    steps = chain_steps(
+        expert,
+        kv,
+        chain,
+        stochastic,
+        mode=mode,
+        exec_mask=exec_mask,
+        dim_mask=dim_mask,
+        noise_level=noise_level,
+        noise_head=noise_head,
+        where="chunk_log_prob",
+    )
+    return steps_log_prob(steps, chain.shape[1], chain.device)
+
+
+def steps_log_prob(steps: list[ChainStep], batch: int, device) -> torch.Tensor:
+    """The chunk log-prob ``[batch]`` of :func:`chain_steps`' output: each step's log density of ``chain[k + 1]``,
+    summed over the executed chunk steps and real action dims."""
+    return _sum_over_steps(
+        steps, lambda st: sde_math.gaussian_log_density(st.prev_sample.detach(), st.mean, st.std), batch, device
+    )
+
+
+def gaussian_kl(mean: torch.Tensor, std: torch.Tensor, mean_ref: torch.Tensor, std_ref: torch.Tensor) -> torch.Tensor:
+    """Per-element KL(N(mean, std²) || N(mean_ref, std_ref²)), float32, broadcast shape:
+    ``log(std_ref / std) + (std² + (mean - mean_ref)²) / (2 std_ref²) - 1/2``.
+
+    The closed form of two Gaussians (no sample, no clamp): >= 0, 0 only when they are equal, finite for positive
+    stds, with gradients to ``mean`` and ``std`` (the reference is detached)."""
+    mean, std = mean.to(torch.float32), torch.as_tensor(std, dtype=torch.float32, device=mean.device)
+    mean_ref = mean_ref.detach().to(torch.float32)
+    std_ref = torch.as_tensor(std_ref, dtype=torch.float32, device=mean.device).detach()
+    var, var_ref = std * std, std_ref * std_ref
+    return torch.log(std_ref) - torch.log(std) + (var + (mean - mean_ref) ** 2) / (2.0 * var_ref) - 0.5
+
+
+def steps_kl(steps: list[ChainStep], ref_steps: list[ChainStep], batch: int, device) -> torch.Tensor:
+    """KL ``[B]`` of the chain's stochastic transitions to the reference's, on the recorded chain: for each row, the
+    sum over its stochastic steps k of KL(p(x_{k+1} | x_k) || p_ref(x_{k+1} | x_k)) (both Gaussian, :func:`gaussian_kl`)
+    over the executed chunk steps and real action dims. ``ref_steps``: :func:`chain_steps` of the same chain under the
+    reference weights (same chain, steps and rows)."""
+    if [(s.k, None if s.index is None else s.index.tolist()) for s in steps] != [
+        (s.k, None if s.index is None else s.index.tolist()) for s in ref_steps
+    ]:
+        raise ActionHeadError("steps_kl: the reference's stochastic steps differ from the policy's (another chain?)")
+    ref = iter(ref_steps)
+
+    def kl(st: sde_math.StepOutput) -> torch.Tensor:
+        r = next(ref).step
+        return gaussian_kl(st.mean, st.std, r.mean, r.std).expand_as(st.mean)
+
+    return _sum_over_steps(steps, kl, batch, device)

@@ -21,11 +21,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mmrl.adapters.vla.flow_chain import action_element_mask
+from mmrl.adapters.vla.flow_chain import action_element_mask, gaussian_kl
 from mmrl.adapters.vla.flow_expert import ActionHeadError
 from mmrl.rollout import sde_math
 
-__all__ = ["LOG_STD_KINDS", "GaussianChunkHead", "entropy", "l1_loss", "log_prob", "sample"]
+__all__ = ["LOG_STD_KINDS", "GaussianChunkHead", "entropy", "kl", "l1_loss", "log_prob", "sample"]
 
 LOG_STD_KINDS = ("learned", "state")
 
@@ -213,4 +213,29 @@ def entropy(log_std: torch.Tensor, exec_mask: torch.Tensor | None, dim_mask: tor
     """Entropy ``[B]`` of the Gaussian over the masked elements: sum of ``log_std + 0.5 log(2πe)``."""
     mask = action_element_mask(exec_mask, dim_mask, log_std.shape, "gaussian_head.entropy").to(log_std.device)
     per_element = log_std.to(torch.float32) + 0.5 + sde_math.LOG_SQRT_2PI
+    return torch.where(mask, per_element, torch.zeros_like(per_element)).sum(dim=(1, 2))
+
+
+def kl(
+    mean: torch.Tensor,
+    log_std: torch.Tensor,
+    mean_ref: torch.Tensor,
+    log_std_ref: torch.Tensor,
+    exec_mask: torch.Tensor | None,
+    dim_mask: torch.Tensor | None,
+) -> torch.Tensor:
+    """KL ``[B]`` of the chunk distribution N(mean, exp(log_std)²) to the reference's N(mean_ref, exp(log_std_ref)²).
+
+    Both are diagonal Gaussians over the same elements, so the KL is the sum of the per-element closed forms
+    (:func:`~mmrl.adapters.vla.flow_chain.gaussian_kl`) over executed chunk steps and real action dims: exact, with no
+    sampled action and no clamp, so it stays finite and passes gradients (to ``mean`` and ``log_std``; the reference
+    is detached) however far the policy moves."""
+    where = "gaussian_head.kl"
+    for a, b, names in ((log_std, mean, "log_std and mean"), (mean_ref, mean, "mean_ref and mean")):
+        _check_same(a, b, names, where)
+    _check_same(log_std_ref, mean, "log_std_ref and mean", where)
+    mask = action_element_mask(exec_mask, dim_mask, mean.shape, where).to(mean.device)
+    per_element = gaussian_kl(
+        mean, torch.exp(log_std.to(torch.float32)), mean_ref, torch.exp(log_std_ref.to(torch.float32))
+    )
     return torch.where(mask, per_element, torch.zeros_like(per_element)).sum(dim=(1, 2))

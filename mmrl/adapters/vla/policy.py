@@ -772,7 +772,7 @@ def build_vla_policy(run_cfg, spec: PolicySpec) -> VLAPolicy:
         from mmrl.adapters.vla.continuous_policy import ContinuousVLAPolicy
 
         policy_cls = ContinuousVLAPolicy
-    return policy_cls(
+    policy = policy_cls(
         lm,
         processor,
         cfg,
@@ -783,3 +783,5 @@ def build_vla_policy(run_cfg, spec: PolicySpec) -> VLAPolicy:
         min_envs=slots,
         check_init_states=run_cfg.task.check_init_states,
     )
+    policy.kl_in_loss = not run_cfg.algo.kl_in_reward  # a continuous head computes its own KL only for the loss
+    return policy

@@ -495,7 +495,7 @@ def build_lerobot_policy(run_cfg, spec: PolicySpec) -> LeRobotFlowPolicy:
         pipeline = load_lerobot_folder(cfg.path, cfg.tokenizer_path)
     pipeline.to(_target_device(run_cfg))
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    return LeRobotFlowPolicy(
+    policy = LeRobotFlowPolicy(
         pipeline,
         cfg,
         stats,
@@ -505,3 +505,5 @@ def build_lerobot_policy(run_cfg, spec: PolicySpec) -> LeRobotFlowPolicy:
         min_envs=max(1, run_cfg.trainer.batch_size // world) * run_cfg.algo.group_size,
         check_init_states=run_cfg.task.check_init_states,
     )
+    policy.kl_in_loss = not run_cfg.algo.kl_in_reward  # the flow head computes its own KL only for the loss
+    return policy
