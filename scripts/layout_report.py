@@ -5,21 +5,28 @@ Reads the source as text (nothing is imported), mapping ``tasks/``, ``simulators
 
 - files and lines per modality adapter (``mmrl/adapters/<name>/`` plus ``tasks/<name>/``);
 - the trainer's lines;
-- import cycles between modules (top-level imports only: the cycles Python meets at import time) and between
-  folders (any import, also inside functions);
+- import cycles between modules, counted twice: top-level imports only (the cycles Python meets at import time) and
+  any import (also inside functions: lazy imports are coupling too), and cycles between folders (any import);
 - upward imports: the core (``mmrl`` outside ``adapters/``) importing an adapter or a task module other than the
   Task contract (``mmrl.tasks.base``, the registry ``mmrl.tasks``), and an adapter importing a task;
 - probes of the policy or task outside the contract (``getattr``/``hasattr`` on them) in the modules that consume
   both (trainer, SFT, evaluation, rollout collection, CLI).
 
 Run it on an older checkout (``git archive <commit> | tar -x -C /tmp/old``) for a before/after.
+
+``--check BASELINE.json`` (tests/contracts/test_layout.py runs it in CI) compares the cycles and upward imports with
+a committed baseline (``--write-baseline`` writes one) and exits 1, naming them, when one is new: a cycle is known
+when all its members lie in one cycle of the baseline (a cycle that shrinks passes), an upward import when the
+baseline lists it. Counts may go down; the baseline is then rewritten to hold the gain.
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import json
 import re
+import sys
 from collections import defaultdict
 from pathlib import Path
 
@@ -148,33 +155,80 @@ def adapter_files(root: Path) -> dict[str, tuple[int, int]]:
     return out
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--root", type=Path, default=Path(__file__).resolve().parents[1])
-    args = ap.parse_args()
-    root = args.root
+def layering(root: Path) -> dict[str, list]:
+    """The layering's faults: ``module_cycles_import_time`` / ``module_cycles_any_import`` / ``folder_cycles`` (each a
+    list of sorted member lists) and ``upward_imports`` (``"src -> dst"`` lines, lazy imports included)."""
     modules, top, every = graph(root)
-    print(f"modules: {len(modules)}")
-    trainer = root / "mmrl" / "trainer.py"
-    print(f"mmrl/trainer.py lines: {len(trainer.read_text().splitlines())}")
-    for name, (n, lines) in adapter_files(root).items():
-        print(f"adapter {name}: {n} files, {lines} lines (mmrl/adapters/{name}/ + tasks/{name}/)")
-    mod_cycles = cycles(top, modules)
-    print(f"import-time cycles between modules: {len(mod_cycles)}")
-    for c in mod_cycles:
-        print("   ", " <-> ".join(c))
     fold_edges = defaultdict(set)
     for src, targets in every.items():
         for dst in targets:
             a, b = folder(src, modules), folder(dst, modules)
             if a != b:
                 fold_edges[a].add(b)
-    fold_cycles = cycles(fold_edges, {folder(m, modules) for m in modules})
-    print(f"cycles between folders (any import): {len(fold_cycles)}")
-    for c in fold_cycles:
-        print("   ", " <-> ".join(c))
-    up = upward(every)
-    print(f"upward imports (core -> adapter/task, adapter -> task): {len(up)}")
+    return {
+        "module_cycles_import_time": cycles(top, modules),
+        "module_cycles_any_import": cycles(every, modules),
+        "folder_cycles": cycles(fold_edges, {folder(m, modules) for m in modules}),
+        "upward_imports": upward(every),
+    }
+
+
+FAULT_NAMES = {
+    "module_cycles_import_time": "import-time module cycle",
+    "module_cycles_any_import": "module cycle (any import)",
+    "folder_cycles": "folder cycle",
+}
+
+
+def new_faults(current: dict[str, list], baseline: dict[str, list]) -> list[str]:
+    """What ``current`` has that ``baseline`` does not: a cycle whose members are not all in one baseline cycle of
+    the same kind, an upward import the baseline does not list (one line each)."""
+    out = []
+    for kind, found in current.items():
+        known = baseline.get(kind, [])
+        for item in found:
+            if kind == "upward_imports":
+                if item not in known:
+                    out.append(f"new upward import: {item}")
+            elif not any(set(item) <= set(k) for k in known):
+                out.append(f"new {FAULT_NAMES[kind]}: {' <-> '.join(item)}")
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--root", type=Path, default=Path(__file__).resolve().parents[1])
+    ap.add_argument("--check", type=Path, metavar="BASELINE", help="exit 1 on a cycle or upward import not in it")
+    ap.add_argument("--write-baseline", type=Path, metavar="BASELINE", help="write the current faults to it")
+    args = ap.parse_args()
+    root = args.root
+    faults = layering(root)
+    if args.write_baseline:
+        args.write_baseline.write_text(json.dumps(faults, indent=1) + "\n")
+    if args.check:
+        new = new_faults(faults, json.loads(args.check.read_text()))
+        for line in new:
+            print(line)
+        counts = ", ".join(f"{k} {len(v)}" for k, v in faults.items())
+        print(f"layout: {counts}; {len(new)} new against {args.check}")
+        sys.exit(1 if new else 0)
+    modules, _, _ = graph(root)
+    print(f"modules: {len(modules)}")
+    trainer = root / "mmrl" / "trainer.py"
+    print(f"mmrl/trainer.py lines: {len(trainer.read_text().splitlines())}")
+    for name, (n, lines) in adapter_files(root).items():
+        print(f"adapter {name}: {n} files, {lines} lines (mmrl/adapters/{name}/ + tasks/{name}/)")
+    titles = {
+        "module_cycles_import_time": "import-time cycles between modules",
+        "module_cycles_any_import": "cycles between modules (any import, lazy ones included)",
+        "folder_cycles": "cycles between folders (any import)",
+    }
+    for kind, title in titles.items():
+        print(f"{title}: {len(faults[kind])} ({sum(len(c) for c in faults[kind])} modules / folders)")
+        for c in faults[kind]:
+            print("   ", " <-> ".join(c))
+    up = faults["upward_imports"]
+    print(f"upward imports (core -> adapter/task, adapter -> task; lazy ones included): {len(up)}")
     for line in up:
         print("   ", line)
     probes = []

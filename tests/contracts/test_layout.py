@@ -1,0 +1,83 @@
+"""The package's layering is checked (issue 40): ``scripts/layout_report.py --check`` counts import cycles (between
+modules at import time, between modules through any import, lazy ones included, and between folders) and upward
+imports (core -> adapter or task, adapter -> task; lazy ones included), and fails on one that
+tests/contracts/layout_baseline.json does not hold. A cycle planted in a copy of the source fails it."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BASELINE = Path(__file__).with_name("layout_baseline.json")
+
+
+@pytest.fixture(scope="module")
+def layout():
+    spec = importlib.util.spec_from_file_location("layout_report", ROOT / "scripts" / "layout_report.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_package_has_no_cycle_or_upward_import_beyond_the_baseline():
+    """The check as CI runs it: the script on this checkout against the committed baseline."""
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "layout_report.py"), "--check", str(BASELINE)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stdout
+    baseline = json.loads(BASELINE.read_text())
+    counts = ", ".join(f"{k} {len(v)}" for k, v in baseline.items())
+    assert out.stdout.strip().splitlines()[-1].startswith(f"layout: {counts}; 0 new")
+
+
+def _copy_source(dest: Path) -> Path:
+    """The Python files the report reads (mmrl/, tasks/, simulators/, configs/), copied under ``dest``."""
+    for top in ("mmrl", "tasks", "simulators", "configs"):
+        shutil.copytree(
+            ROOT / top,
+            dest / top,
+            ignore=lambda d, names: [
+                n for n in names if n == "__pycache__" or (Path(d, n).is_file() and n[-3:] != ".py")
+            ],
+        )
+    return dest
+
+
+def test_planted_cycles_and_upward_imports_fail_the_check(layout, tmp_path):
+    root = _copy_source(tmp_path)
+    baseline = json.loads(BASELINE.read_text())  # the unchanged copy passes: it is the checkout of the test above
+    errors = root / "mmrl" / "errors.py"  # imported by the trainer: importing it back closes an import-time cycle
+    errors.write_text("import mmrl.trainer  # planted\n" + errors.read_text())
+    memory = root / "mmrl" / "planning" / "memory.py"  # the core importing an adapter, lazily
+    memory.write_text(memory.read_text() + "\n\ndef _planted():\n    from mmrl.adapters.vla import policy  # noqa\n")
+    new = layout.new_faults(layout.layering(root), baseline)
+    assert any(line.startswith("new import-time module cycle: ") and "mmrl.errors" in line for line in new)
+    assert any(line.startswith("new folder cycle: ") and "mmrl.errors" in line for line in new)
+    assert "new upward import: mmrl.planning.memory -> mmrl.adapters.vla.policy" in new
+
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "layout_report.py"), "--root", str(root), "--check", str(BASELINE)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 1 and "new upward import: mmrl.planning.memory -> mmrl.adapters.vla.policy" in out.stdout
+
+
+def test_a_cycle_that_shrinks_passes_and_a_new_lazy_one_does_not(layout):
+    baseline = {"module_cycles_any_import": [["a", "b", "c"]], "upward_imports": ["x -> y"]}
+    assert layout.new_faults({"module_cycles_any_import": [["a", "b"]], "upward_imports": []}, baseline) == []
+    assert layout.new_faults({"module_cycles_any_import": [["a", "d"]], "upward_imports": ["x -> z"]}, baseline) == [
+        "new module cycle (any import): a <-> d",
+        "new upward import: x -> z",
+    ]
