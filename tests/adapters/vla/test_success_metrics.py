@@ -1,0 +1,95 @@
+"""Success metrics of VLA episodes with infrastructure failures and time limits (issue 41), by hand.
+
+- ``rollout/success_rate`` and ``rollout/episode_length`` are over the valid episodes only; an episode whose env failed
+  is counted in ``rollout/invalid_frac`` / ``count/failed_episodes`` and nowhere else.
+- An episode that succeeds on the last step its time limit allows is a success (success terminates; the time limit
+  truncates only an episode that has not ended); one that the rollout loop stops (``model.max_policy_calls``) before
+  the env ended it is never a success.
+- ``eval/success_rate`` and ``eval/score`` are over the valid episodes only, even when an invalid one claims success.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from simulators.episode import EpisodeCounter  # noqa: E402
+from tests.adapters.vla.test_vla_policy import batch, make_policy  # noqa: E402
+
+
+def test_success_on_the_time_limits_last_step_terminates_and_is_not_truncated():
+    # max_steps = 3: steps 1 and 2 run on; step 3 ends the episode either way
+    ends = []
+    for success_at_3 in (True, False):
+        c = EpisodeCounter("env")
+        c.start()
+        for step in (1, 2, 3):
+            success = success_at_3 and step == 3
+            terminated, truncated, info = c.finish_step(success=success, sim_error=False, n_clipped=0, max_steps=3)
+            ends.append((step, terminated, truncated, info["success"], c.done))
+    assert ends == [
+        (1, False, False, False, False),
+        (2, False, False, False, False),
+        (3, True, False, True, True),  # succeeded at the limit: terminated (a success), not truncated
+        (1, False, False, False, False),
+        (2, False, False, False, False),
+        (3, False, True, False, True),  # reached the limit without success: truncated
+    ]
+
+
+@pytest.fixture(scope="module")
+def faulty_policy():
+    # every episode succeeds at step 5, which is also the env's time limit (max_steps = 5, one env step per call);
+    # episodes started from init state 1 raise in step 2 (an infrastructure failure: invalid)
+    p = make_policy(
+        "testing/raise", env_kwargs={"fault_step": 2, "fault_init_states": [1], "success_step": 5}, max_steps=5
+    )
+    yield p
+    p.close()
+
+
+def test_rollout_success_rate_counts_valid_episodes_only(faulty_policy):
+    ro = faulty_policy.rollout(batch((0, 1, 2), (1, 2, 3)), 2)  # 6 episodes: states 0, 0, 1, 1, 2, 2
+    assert ro.valid.tolist() == [True, True, False, False, True, True]
+    # the 4 valid episodes each succeeded at step 5, the time limit's last step; the 2 invalid ones stopped at step 2
+    assert [s["success"] for s in ro.samples] == [True, True, False, False, True, True]
+    assert [s["length"] for s in ro.samples] == [5, 5, 2, 2, 5, 5]
+    m = ro.metrics
+    assert m["rollout/success_rate"] == 1.0  # 4 / 4 valid (4 / 6 if the failed episodes counted)
+    assert m["rollout/episode_length"] == 5.0  # (4 * 5) / 4 (not (4 * 5 + 2 * 2) / 6 = 4.0)
+    assert m["rollout/invalid_frac"] == pytest.approx(2 / 6) and m["count/failed_episodes"] == 2.0
+
+
+def test_an_episode_the_rollout_loop_stops_is_never_a_success(faulty_policy):
+    # with at most 4 policy calls, the valid episodes are still running when the loop stops (their success would
+    # come at step 5): valid, not successful
+    faulty_policy.cfg.max_policy_calls = 4
+    try:
+        ro = faulty_policy.rollout(batch((0, 1), (4, 5)), 2)
+    finally:
+        faulty_policy.cfg.max_policy_calls = None
+    assert ro.valid.tolist() == [True, True, False, False]
+    assert [s["success"] for s in ro.samples] == [False] * 4 and [s["length"] for s in ro.samples] == [4, 4, 2, 2]
+    assert ro.metrics["rollout/success_rate"] == 0.0 and ro.metrics["rollout/episode_length"] == 4.0
+
+
+def test_eval_success_rate_and_score_count_valid_episodes_only(tmp_path):
+    pytest.importorskip("mujoco")
+    from mmrl.config import load_config
+    from mmrl.tasks.vla.vla_reach import VLAReachTask
+
+    cfg = load_config(["task=vla_reach", f"trainer.output_dir={tmp_path}", "trainer.run_name=r", "task.eval_videos=0"])
+    task = VLAReachTask(cfg.task, cfg)
+    samples = [
+        {"success": True, "valid": True, "length": 3},
+        {"success": True, "valid": False, "length": 9},  # an invalid episode's claim of success does not count
+        {"success": False, "valid": True, "length": 5},
+        {"success": False, "valid": False, "length": 1},
+    ]
+    items = [{"task": t, "init_state": k} for k, t in enumerate(["reach_red", "reach_red", "reach_blue", "reach_blue"])]
+    out = task.eval_metrics(items, samples, {})
+    # valid: one success of two episodes; their lengths 3 and 5
+    assert out["eval/success_rate"] == 0.5 and out["eval/score"] == 0.5
+    assert out["eval/episode_length"] == 4.0 and out["eval/invalid"] == 2.0
+    assert out["eval/success/reach_red"] == 1.0 and out["eval/success/reach_blue"] == 0.0
