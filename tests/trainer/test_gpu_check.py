@@ -933,10 +933,41 @@ def test_tiny_pi0_folder_is_the_tiny_builders(tmp_path):
     assert json.loads((folder / gc.MODEL_MARKER).read_text()) == marker
 
 
-def test_pi0_builds():
-    from mmrl.planning.lerobot import tiny_arch
+def _published_pi0_params() -> int:
+    """π0's parameters from the published configs (Black et al. 2024, "3.3 billion parameters": PaliGemma's SigLIP
+    So400m/14 at 224 px and Gemma 2B, plus the 300M action expert; LeRobot's PI0Config for the projections), summed
+    here by hand, module by module, as mmrl's PI0Model holds them (no LM heads: no output reads them)."""
+    w, f, patch, depth = 1152, 4304, 14, 27  # SigLIP So400m/14
+    tokens = (224 // patch) ** 2
+    block = 4 * (w * w + w) + (w * f + f) + (f * w + w) + 4 * w  # q/k/v/o + MLP (with biases), 2 LayerNorms
+    siglip = 3 * patch * patch * w + w + tokens * w + depth * block + 2 * w  # patch conv, positions, post-LN
+    projector = 1152 * 2048 + 2048
+    q, kv = 8 * 256, 1 * 256  # 8 query heads, 1 key/value head, head dim 256 (VLM and expert alike)
+    gemma = 257152 * 2048 + 18 * (2048 * q + 2 * 2048 * kv + q * 2048 + 3 * 2048 * 16384 + 2 * 2048)
+    e = 1024  # gemma_300m expert: 18 layers, MLP 4096, + its final norm
+    expert = 18 * (e * q + 2 * e * kv + q * e + 3 * e * 4096 + 2 * e) + e
+    a = s = 32  # max_action_dim, max_state_dim
+    suffix = (a * e + e) + (e * a + a) + (2 * e * e + e) + (e * e + e) + (s * e + e)  # action in/out, time MLP, state
+    return siglip + projector + gemma + expert + suffix
 
-    assert gc.pi0_build_arch("tiny_pi0") == tiny_arch("pi0", chunk=4, num_steps=4, state_dim=7)
+
+def test_pi0_builds():
+    import yaml
+
+    pi0 = gc.pi0_build_arch("pi0")
+    assert (pi0.chunk, pi0.num_steps, pi0.tokenizer_max_length) == (50, 10, 48)  # LeRobot's PI0Config defaults
+    assert pi0.model_params() == _published_pi0_params() == 3_238_046_480
+    assert abs(pi0.model_params() / 3.3e9 - 1) < 0.02  # the paper's "3.3 billion"
+
+    # the tiny build: the tiny_pi0 preset's chunk and Euler steps, and exactly the parameters of the module the tiny
+    # builder makes with them (counted on the module, not by the planner's formula)
+    from mmrl.adapters.vla.lerobot.tiny import build_tiny_pi0
+
+    preset = yaml.safe_load((ROOT / "configs" / "model" / "tiny_pi0.yaml").read_text())
+    tiny = gc.pi0_build_arch("tiny_pi0")
+    assert (tiny.chunk, tiny.num_steps) == (preset["chunk"], preset["num_steps"]) == (4, 4)
+    built = build_tiny_pi0(chunk_size=tiny.chunk, num_steps=tiny.num_steps, state_dim=gc.VLA_TASK_IO["state_dim"])
+    assert tiny.model_params() == sum(p.numel() for p in built.model.parameters()) == 138_400
     with pytest.raises(ValueError, match="tiny_pi05"):
         gc.pi0_build_arch("tiny_pi05")
 
