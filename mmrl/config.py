@@ -113,6 +113,10 @@ class AlgoConfig:
     """DAPO dynamic sampling: drop groups whose rewards are all equal."""
     max_resample: int = 2
     """With filter_groups: at most this many extra rollout rounds to refill the batch."""
+    max_staleness: int = 1
+    """With ``trainer.rollout=async``: eta, how many learner versions older than the current one the weights that
+    sampled a group may be when it trains (0: on-policy, the synchronous run's numbers). A group starts only if it
+    will be consumed within eta versions (AReaL's capacity rule; docs/async.md)."""
     truncated_is: bool = False
     """Weight each token's policy loss by pi_prox / pi_behaviour: the PPO anchor (``old_logp``) over the log-probs
     recorded at sampling (a rollout engine's kernels, or older weights in asynchronous mode), capped by ``is_mode``.
@@ -251,6 +255,12 @@ class TrainerConfig:
     function) to samples.jsonl in the run dir, to read what the policy writes; 0 disables."""
     log_samples_max: int = 16
     """At most this many samples per logged step."""
+    rollout: str = "sync"
+    """sync: each step samples, scores, then updates. async: rollout workers (spawned processes with their own task,
+    policy and rewards) sample groups with published weights while the learner updates, within
+    ``algo.max_staleness`` versions (docs/async.md)."""
+    rollout_workers: int = 1
+    """With ``rollout=async``: rollout worker processes (each holds a copy of the policy)."""
 
 
 @dataclass
@@ -579,6 +589,8 @@ def validate_algo(algo: AlgoConfig) -> None:
         )
     if algo.group_size < 1 or algo.ppo_epochs < 1 or algo.num_minibatches < 1:
         raise ConfigError("algo.group_size, algo.ppo_epochs and algo.num_minibatches must be >= 1")
+    if algo.max_staleness < 0:
+        raise ConfigError(f"algo.max_staleness must be >= 0 (0: on-policy), got {algo.max_staleness}")
 
 
 def validate_trainer(tr: TrainerConfig) -> None:
@@ -596,6 +608,9 @@ def validate_trainer(tr: TrainerConfig) -> None:
         )
     if tr.sft_max_items is not None and tr.sft_max_items < 1:
         raise ConfigError(f"trainer.sft_max_items must be >= 1 (or null for all items), got {tr.sft_max_items}")
+    check_choice(tr.rollout, ("sync", "async"), "trainer.rollout")
+    if tr.rollout_workers < 1:
+        raise ConfigError(f"trainer.rollout_workers must be >= 1, got {tr.rollout_workers}")
 
 
 def validate_sampling(model: Any) -> None:

@@ -51,6 +51,14 @@ REFERENCE_FILE = "reference_model.pt"
 """In the run folder: the KL reference's weights after the warm start (:meth:`Trainer._reference_from_warm_start`)."""
 
 
+_ASYNC_PROGRESS = {
+    "stale": "async/staleness_mean",
+    "idle": "time/learner_idle_frac",
+    "s_idle": "time/sampler_idle_frac",
+}
+"""trainer.rollout=async: the progress line's staleness and idle fractions (name on the line: metric)."""
+
+
 class NothingTrained(RuntimeError):
     """A run whose steps all ended without an update (every item skipped, every group filtered out)."""
 
@@ -150,6 +158,10 @@ class Trainer:
         self.accelerator = accelerator or Accelerator(cpu=(tr.device == "cpu"))
         self.dp = DataParallel(self.accelerator, tr)  # processes, the policy's wrapping, the loop's collectives
         self.rank, self.world, self.is_main = self.dp.rank, self.dp.world, self.dp.is_main
+        if tr.rollout == "async":  # settings asynchronous rollouts cannot run with: one line, before anything is built
+            from mmrl.asynchronous.runtime import check_async_settings
+
+            check_async_settings(cfg, world=self.world, injected=task is not None or policy is not None)
         warn_if_cannot_learn(cfg, enabled=self.is_main)  # valid settings that learn nothing (group_size=1, lr=0, ...)
         if self.is_main:  # a bad run name or an unwritable output folder stops the run before anything is built
             from mmrl.run_dir import check_run_name, check_writable
@@ -201,6 +213,13 @@ class Trainer:
         params = self._params = self.policy.trainable_parameters()
         if not params:
             raise ConfigError("the policy has no trainable parameters")
+        self.async_rollouts = None  # trainer.rollout=async: rollout workers feed collect() (mmrl.asynchronous)
+        if tr.rollout == "async":
+            from mmrl.asynchronous.runtime import AsyncRollouts
+
+            self.async_rollouts = AsyncRollouts(
+                self.rollouts, self.policy, params, cfg, device=str(self.accelerator.device)
+            )
         self.optimizer = torch.optim.AdamW(
             params, lr=tr.lr, betas=tuple(tr.adam_betas), eps=tr.adam_eps, weight_decay=tr.weight_decay
         )
@@ -289,7 +308,7 @@ class Trainer:
     # ------------------------------------------------------------------ checkpoints
     def trainer_state(self) -> dict:
         return {
-            **self.rollouts.state_dict(),
+            **(self.async_rollouts or self.rollouts).state_dict(),
             "wandb_id": self.tracker.wandb_id if self.tracker else None,
             "stop_reason": self.stop_reason,
             **({"sft": self.warm_start.state_dict()} if self.warm_start is not None else {}),
@@ -379,7 +398,10 @@ class Trainer:
         return self.rollouts.next_prompts()
 
     def collect(self) -> tuple[Rollout | None, dict]:
-        """Roll out, score and filter this step's batch (:meth:`mmrl.rollouts.RolloutCollector.collect`)."""
+        """Roll out, score and filter this step's batch (:meth:`mmrl.rollouts.RolloutCollector.collect`); with
+        ``trainer.rollout=async``, the step's groups from the rollout workers (:mod:`mmrl.asynchronous`)."""
+        if self.async_rollouts is not None:
+            return self.async_rollouts.collect(step=self.step, run_dir=self.run_dir)
         return self.rollouts.collect(step=self.step, run_dir=self.run_dir)
 
     # ------------------------------------------------------------------ helpers for the update
@@ -457,7 +479,14 @@ class Trainer:
 
     # ------------------------------------------------------------------ one RL step
     def train_step(self) -> dict[str, float]:
-        """One rollout + update. Returns the step's metrics."""
+        """One rollout + update. Returns the step's metrics. With ``trainer.rollout=async`` the new weights are then
+        published to the rollout workers as version ``step + 1``."""
+        metrics = self._train_step()
+        if self.async_rollouts is not None:
+            metrics.update(self.async_rollouts.after_step(self.step + 1, metrics))
+        return metrics
+
+    def _train_step(self) -> dict[str, float]:
         algo = self.cfg.algo
         t_step = time.perf_counter()
         self.policy.on_train_step(self.step)  # e.g. diffusion's sliding window of trained denoising steps
@@ -852,6 +881,7 @@ class Trainer:
                     1,
                     reward=metrics.get("reward/mean"),
                     **({"eval": metrics["eval/score"]} if "eval/score" in metrics else {}),
+                    **{k: metrics[m] for k, m in _ASYNC_PROGRESS.items() if m in metrics},
                 )
                 if tr.save_every and self.step % tr.save_every == 0 and self.step < tr.max_steps:
                     self.save_checkpoint()
@@ -880,6 +910,8 @@ class Trainer:
                 signal.signal(s, h)
             if self.tracker is not None:
                 self.tracker.close()
+            if self.async_rollouts is not None:
+                self.async_rollouts.close()
         if self._stop_signal is not None:
             log.warning(
                 "stopped by %s at step %d%s; checkpoint saved in %s",

@@ -1,0 +1,94 @@
+"""The rollout worker: a spawned process that builds its own task, policy and reward pipeline from the run's config and
+turns rounds of prompts into scored groups with the newest published weights.
+
+Messages to the learner (one results queue shared by the workers), each a tuple whose first entry names it:
+
+- ``("ready", worker)``: built, weights loaded;
+- ``("round", worker, round_id, version, kept, payload, busy_s, idle_s)``: a round done. ``payload`` is the
+  :class:`~mmrl.rollouts.ScoredRound` serialised with ``torch.save`` (no tensor travels by file descriptor);
+  ``version`` the weights it sampled with; ``kept`` per slot whether a group survived; ``busy_s`` the time the round
+  took and ``idle_s`` the time the worker waited for it;
+- ``("error", worker, round_id, summary, traceback, exception)``: the round raised; the worker exits.
+  ``exception`` is the pickled exception when it pickles (the learner raises it as a synchronous run would), else None.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import pickle
+import time
+import traceback
+
+
+class SingleProcess:
+    """The :class:`~mmrl.parallel.data_parallel.DataParallel` a worker's collector sees: one process, no sharding."""
+
+    rank, world, is_main, sharded = 0, 1, True, False
+
+    def gathered(self, metrics=None):
+        return contextlib.nullcontext()
+
+
+def serialise(obj) -> bytes:
+    import torch
+
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()
+
+
+def deserialise(data: bytes):
+    import torch
+
+    return torch.load(io.BytesIO(data), weights_only=False)
+
+
+def run_worker(worker: int, cfg, board, tasks, results, device: str) -> None:
+    """The worker's main loop (the spawned process's target): build, then take rounds until a None arrives."""
+    round_id = None
+    try:
+        import torch
+
+        from mmrl.builders import build_policy, build_rewards, build_task
+        from mmrl.rollouts import RolloutCollector, prepare_batch
+
+        if cfg.trainer.threads > 0:
+            torch.set_num_threads(cfg.trainer.threads)
+        torch.manual_seed(cfg.trainer.seed)
+        task = build_task(cfg)
+        policy = build_policy(cfg, task)
+        if device != "cpu":
+            policy.to_device(torch.device(device))
+        collector = RolloutCollector(task, policy, build_rewards(cfg, task), cfg, SingleProcess())
+        version = board.load_into(policy.model, None)
+        results.put(("ready", worker))
+        every = cfg.trainer.log_samples_every
+        while True:
+            t_wait = time.perf_counter()
+            msg = tasks.get()
+            if msg is None:
+                break
+            t0 = time.perf_counter()
+            round_id, indices, seeds, step = msg
+            version = board.load_into(policy.model, version)  # weights switch between rounds only
+            policy.on_train_step(step)
+            batch, skipped = prepare_batch(task, indices, seeds, collector.train_items)
+            log = [] if every and (step + 1) % every == 0 else None
+            scored = collector.produce_round(batch, skipped, step=step, log_to=log)
+            groups = set(scored.rollout.group_id.tolist()) if scored.rollout is not None else set()
+            kept = [s in groups for s in seeds]
+            payload = serialise(scored)
+            results.put(("round", worker, round_id, version, kept, payload, time.perf_counter() - t0, t0 - t_wait))
+            round_id = None
+        policy.close()
+    except BaseException as e:  # noqa: BLE001 - every failure is reported to the learner, which decides
+        summary = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}".rstrip(": ")
+        try:
+            exc = pickle.dumps(e)
+            pickle.loads(exc)
+        except Exception:  # noqa: BLE001 - an exception that does not round-trip is reported by its text
+            exc = None
+        results.put(("error", worker, round_id, summary, traceback.format_exc(), exc))
+        results.close()
+        results.join_thread()

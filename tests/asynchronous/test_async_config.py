@@ -1,0 +1,43 @@
+"""The asynchronous settings: bad values and settings asynchronous rollouts cannot run with are one ConfigError line
+naming the key, before anything is built."""
+
+from __future__ import annotations
+
+import pytest
+from helpers import fake_launch_accelerator, toy_overrides
+
+from mmrl.config import load_config
+from mmrl.errors import ConfigError
+from mmrl.trainer import Trainer
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("trainer.rollout=asynchronous", "trainer.rollout"),
+        ("algo.max_staleness=-1", "algo.max_staleness"),
+        ("trainer.rollout_workers=0", "trainer.rollout_workers"),
+    ],
+)
+def test_bad_values_name_their_key(tmp_path, override, key):
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        load_config(toy_overrides(tmp_path, override))
+
+
+def test_the_defaults_are_synchronous_with_a_staleness_bound_of_one(tmp_path):
+    cfg = load_config(toy_overrides(tmp_path))
+    assert (cfg.trainer.rollout, cfg.trainer.rollout_workers, cfg.algo.max_staleness) == ("sync", 1, 1)
+
+
+def test_async_with_two_learner_processes_is_one_line(tmp_path):
+    cfg = load_config(toy_overrides(tmp_path, "trainer.rollout=async"))
+    with pytest.raises(ConfigError, match=r"runs one learner process \(2 were launched\)") as info:
+        Trainer(cfg, accelerator=fake_launch_accelerator())
+    assert "\n" not in str(info.value)
+
+
+def test_async_refuses_a_policy_object_the_workers_cannot_build(tmp_path):
+    sync = Trainer(load_config(toy_overrides(tmp_path)))
+    cfg = load_config(toy_overrides(tmp_path, "trainer.rollout=async", run="async"))
+    with pytest.raises(ConfigError, match="build the task and policy from the config"):
+        Trainer(cfg, task=sync.task, policy=sync.policy)

@@ -1,0 +1,119 @@
+"""trainer.rollout=async end to end on toy_arithmetic (tiny LM, one spawned rollout worker): eta=0 reproduces the
+synchronous run bit for bit, a worker killed with SIGKILL is restarted without losing or repeating a group, a worker
+that raises ends the run as a synchronous run ends, and a stopped run resumes at the first group it had not trained."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import pytest
+import torch
+from helpers import toy_trainer
+
+from mmrl.data.sampler import PromptSampler
+from mmrl.rewards.manager import RewardError
+
+
+def _rows(tr, leave_out=()) -> list[dict]:
+    """metrics.jsonl without the keys that measure time or the asynchronous machinery (and ``leave_out``)."""
+    rows = [json.loads(line) for line in (tr.run_dir / "metrics.jsonl").read_text().splitlines()]
+    drop = ("time/", "async/", *leave_out)
+    return [{k: v for k, v in r.items() if not k.startswith(drop)} for r in rows]
+
+
+def _weights(tr) -> dict[str, torch.Tensor]:
+    return {k: v.clone() for k, v in tr.policy.model.state_dict().items()}
+
+
+@pytest.fixture(scope="module")
+def sync_run(tmp_path_factory):
+    tr = toy_trainer(tmp_path_factory.mktemp("sync"))
+    tr.fit()
+    return _rows(tr), _weights(tr)
+
+
+def _assert_same_run(tr, sync_run, leave_out=()) -> None:
+    rows, weights = sync_run
+    assert _rows(tr, leave_out) == [{k: v for k, v in r.items() if not k.startswith(leave_out)} for r in rows]
+    mine = _weights(tr)
+    assert mine.keys() == weights.keys() and all(torch.equal(mine[k], weights[k]) for k in weights)
+
+
+def test_eta_zero_gives_the_synchronous_numbers_bit_for_bit(tmp_path, sync_run):
+    tr = toy_trainer(tmp_path, "trainer.rollout=async", "algo.max_staleness=0")
+    tr.fit()
+    _assert_same_run(tr, sync_run)
+    last = json.loads((tr.run_dir / "metrics.jsonl").read_text().splitlines()[-1])
+    assert last["async/staleness_max"] == 0.0 and last["async/dropped_groups"] == 0.0
+    assert 0.0 <= last["time/learner_idle_frac"] <= 1.0 and 0.0 <= last["time/sampler_idle_frac"] <= 1.0
+    assert not any(w["proc"].is_alive() for w in tr.async_rollouts.workers)  # fit's end stopped the worker
+
+
+@pytest.mark.slow
+def test_a_worker_killed_mid_run_is_restarted_counted_and_nothing_is_lost(tmp_path, sync_run):
+    tr = toy_trainer(tmp_path, "trainer.rollout=async", "algo.max_staleness=0")
+    killed = []
+
+    def kill_after_step_2(trainer, metrics):
+        if trainer.step == 2:
+            proc = trainer.async_rollouts.workers[0]["proc"]
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.join(10)
+            killed.append(proc.exitcode)
+
+    tr.callbacks.append(kill_after_step_2)
+    tr.fit()
+    assert killed == [-signal.SIGKILL]
+    last = json.loads((tr.run_dir / "metrics.jsonl").read_text().splitlines()[-1])
+    assert last["async/worker_restarts"] == 1.0
+    # the restarted worker regenerated step 3's groups exactly; shared_prefix/check_gap is the policy's one-time check
+    # of its shared-prefix forward, which a new process makes again (on the weights of its first round)
+    _assert_same_run(tr, sync_run, leave_out=("shared_prefix/check_gap",))
+
+
+@pytest.mark.slow
+def test_a_worker_that_raises_ends_the_run_with_a_checkpoint_and_one_line(tmp_path):
+    tr = toy_trainer(
+        tmp_path,
+        "trainer.rollout=async",
+        "algo.max_staleness=0",
+        "reward.fns=[tests.asynchronous.raising_rewards:malformed_on_third_call]",
+        steps=4,
+    )
+    with pytest.raises(RewardError, match="returned a list of 15 values for 16 samples") as info:
+        tr.fit()
+    assert tr.step == 2 and tr.stop_checkpoint is not None and tr.stop_checkpoint.name.endswith("2")
+    assert tr.stop_reason.startswith("reward function") and "\n" not in tr.stop_reason
+    assert any("raised in rollout worker 0 (round 2)" in n for n in info.value.__notes__)
+
+
+@pytest.mark.slow
+def test_a_stopped_run_resumes_at_the_first_group_it_had_not_trained(tmp_path):
+    """eta=1: when the run stops after step 3, step 4's round is already in flight; the checkpoint's sampler points at
+    it, so the resumed run draws it again. Over both runs every item is trained once per epoch, in the sampler's
+    order (25 items, 4 per step: the epoch ends inside step 7)."""
+    consumed: list[list[int]] = []
+
+    def record(tr):
+        real = tr.async_rollouts._assemble
+
+        def assemble(take, depth, run_dir):
+            consumed.append([r.indices[k] for r, k in take.groups])
+            return real(take, depth, run_dir)
+
+        tr.async_rollouts._assemble = assemble
+
+    extra = ("trainer.rollout=async", "algo.max_staleness=1", "algo.truncated_is=true")
+    first = toy_trainer(tmp_path, *extra, steps=8)
+    record(first)
+    first.callbacks.append(lambda t, m: setattr(t, "_stop_signal", signal.SIGTERM) if t.step == 3 else None)
+    first.fit()
+    assert first.step == 3 and len(consumed) == 3
+    resumed = toy_trainer(tmp_path, *extra, "trainer.resume=auto", steps=8)
+    record(resumed)
+    resumed.fit()
+    order = PromptSampler(25, 4, 0)
+    expected = [order.next_batch()[0] for _ in range(8)]
+    assert consumed == expected
