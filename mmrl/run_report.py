@@ -28,6 +28,18 @@ class RunReport:
     """The step this start began at (> 0 after a resume)."""
     wall_s: float = 0.0
     """Wall seconds of the whole ``fit()``."""
+    async_steps: int = 0
+    """Steps trained from asynchronous rollout workers (``trainer.rollout=async``); the fields below count them."""
+    async_wait_s: float = 0.0
+    """Seconds the learner waited for groups."""
+    async_sampling_s: float = 0.0
+    """Seconds the rollout workers spent on the rounds they delivered (summed over workers)."""
+    async_staleness_max: float = 0.0
+    """The most versions between sampling and training of a trained group."""
+    async_dropped: int = 0
+    """Groups dropped as older than ``algo.max_staleness``."""
+    async_restarts: int = 0
+    """Rollout workers restarted after dying."""
 
     def add_time(self, phase: str, seconds: float) -> None:
         self.phase_s[phase] = self.phase_s.get(phase, 0.0) + seconds
@@ -44,6 +56,20 @@ class RunReport:
             self.last_reward = r
         self.add_time("rollouts", float(metrics.get("time/rollout", 0.0)))
         self.add_time("updates", float(metrics.get("time/update", 0.0)) + float(metrics.get("time/prepare", 0.0)))
+        if "async/queue_depth" in metrics:  # asynchronous rollouts: the overlap the end summary reports
+            self.async_steps += 1
+            self.async_wait_s += float(metrics.get("time/rollout", 0.0))
+            self.async_sampling_s += float(metrics.get("async/sampling_s", 0.0))
+            self.async_staleness_max = max(self.async_staleness_max, float(metrics.get("async/staleness_max", 0.0)))
+            self.async_dropped += int(metrics.get("async/dropped_groups", 0))
+            self.async_restarts = int(metrics.get("async/worker_restarts", self.async_restarts))
+
+    def async_overlap(self) -> float | None:
+        """The share of the rollout workers' sampling time the learner did not wait for (hidden behind updates);
+        None without asynchronous steps or sampling time."""
+        if not self.async_steps or self.async_sampling_s <= 0:
+            return None
+        return max(0.0, self.async_sampling_s - self.async_wait_s) / self.async_sampling_s
 
 
 def start_banner(
@@ -95,6 +121,14 @@ def end_summary(
     phases = [(k, v) for k, v in report.phase_s.items() if v > 0]  # every phase that ran, however short
     if phases:
         lines.append("  time: " + ", ".join(f"{k} {fmt_duration(v) if v >= 0.5 else '<1s'}" for k, v in phases))
+    overlap = report.async_overlap()
+    if overlap is not None:
+        lines.append(
+            f"  asynchronous rollouts: {overlap:.0%} of sampling overlapped with updates (workers sampled "
+            f"{fmt_duration(report.async_sampling_s)}, the learner waited {fmt_duration(report.async_wait_s)}); "
+            f"staleness max {report.async_staleness_max:g}, {report.async_dropped} group(s) dropped, "
+            f"{report.async_restarts} worker restart(s)"
+        )
     if checkpoint is not None:
         lines.append(f"  checkpoint: {checkpoint}")
     if plot and (run_dir / "curves.png").exists():

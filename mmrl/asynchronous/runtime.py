@@ -270,6 +270,7 @@ class AsyncRollouts:
             out["time/learner_idle_frac"] = min(1.0, self._wait_s / step_s)
         if self._sampler_busy + self._sampler_idle > 0:
             out["time/sampler_idle_frac"] = self._sampler_idle / (self._sampler_busy + self._sampler_idle)
+        out["async/sampling_s"] = self._sampler_busy
         self._sampler_busy = self._sampler_idle = 0.0
         return out
 

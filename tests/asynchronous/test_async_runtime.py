@@ -117,3 +117,35 @@ def test_a_stopped_run_resumes_at_the_first_group_it_had_not_trained(tmp_path):
     order = PromptSampler(25, 4, 0)
     expected = [order.next_batch()[0] for _ in range(8)]
     assert consumed == expected
+
+
+@pytest.mark.slow
+def test_eta_zero_gives_the_synchronous_numbers_on_the_tiny_vlm(tmp_path):
+    """vqa_grounding's tiny Qwen3-VL (images in the prompt, IoU rewards), 3 steps of 2 prompts x 2 samples."""
+    from mmrl.config import load_config
+    from mmrl.trainer import Trainer
+
+    def run(name, *extra):
+        overrides = [
+            "task=vqa_grounding",
+            f"trainer.output_dir={tmp_path}",
+            f"trainer.run_name={name}",
+            "trainer.sft_steps=0",
+            "trainer.max_steps=3",
+            "trainer.batch_size=2",
+            "algo.group_size=2",
+            "model.max_new_tokens=8",
+            "trainer.eval_every=0",
+            "trainer.eval_at_end=false",
+            "task.num_eval=1",
+            "trainer.progress=false",
+            "trainer.tensorboard=false",
+            "trainer.plot=false",
+            *extra,
+        ]
+        tr = Trainer(load_config(overrides))
+        tr.fit()
+        return tr
+
+    sync = run("sync")
+    _assert_same_run(run("async", "trainer.rollout=async", "algo.max_staleness=0"), (_rows(sync), _weights(sync)))
