@@ -886,9 +886,11 @@ class Trainer:
                 if tr.save_every and self.step % tr.save_every == 0 and self.step < tr.max_steps:
                     self.save_checkpoint()
             if self.step > first_step and not self.updates_done and not warm_started and self._stop_signal is None:
+                cause = self.rewards.unusable_cause()  # the rewards masked every sample: say why
                 self.stop_reason = (
-                    f"trained nothing: {self.step - first_step} step(s) ran and none had a usable batch "
-                    f"({self.skipped_total} of {self.seen_total} data items skipped"
+                    f"trained nothing: {self.step - first_step} step(s) ran and none had a usable batch ("
+                    + (f"{cause}; " if cause else "")
+                    + f"{self.skipped_total} of {self.seen_total} data items skipped"
                     + (", every group filtered out by algo.filter_groups" if self.cfg.algo.filter_groups else "")
                     + "); no checkpoint written"
                 )

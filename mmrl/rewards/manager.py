@@ -21,7 +21,11 @@ Each value a function returns for a sample is one of:
   non-finite number (``reward/<fn>/nonfinite``) or something that is not a number (a string...). A
   failure of a function with a non-zero weight masks the sample (it is never read as 0). Every
   failure is counted in ``reward/<fn>/errors``; the run aborts with :class:`RewardError`, naming the
-  last cause, once a function's failure rate over its last ``window`` samples exceeds the threshold.
+  last cause, once a function's failure rate over its last ``window`` samples exceeds the threshold. A function
+  that knows why it returned NaN for a sample says so in ``last_failures`` (``{sample index: reason}``, e.g. the
+  remote reward's HTTP error): that reason is the cause, not the NaN. A run in which no sample ever got a reward
+  (below the threshold, or every function returning None) names the cause the same way
+  (:meth:`RewardManager.unusable_cause`).
 
 An output that is not a list of one value per sample (a bare float, a string, ``None``, a list of the
 wrong length) is a :class:`RewardError` at once, naming the function and what it returned.
@@ -176,8 +180,10 @@ class _Outcome:
         return [math.isnan(v) and not none for v, none in zip(self.values, self.nones)]
 
 
-def _outcome(raw: list, offset: int = 0) -> _Outcome:
-    """Classify a checked list of values (``offset``: index of its first sample, for messages)."""
+def _outcome(raw: list, offset: int = 0, reasons: Mapping[int, str] | None = None) -> _Outcome:
+    """Classify a checked list of values (``offset``: index of its first sample, for messages). ``reasons``: why the
+    function itself could not score some samples (its ``last_failures``); such a sample's cause is that reason, and
+    it is not counted as a non-finite return."""
     out = _Outcome([], [])
     for i, v in enumerate(raw):
         f, kind = classify(v)
@@ -185,6 +191,10 @@ def _outcome(raw: list, offset: int = 0) -> _Outcome:
         out.nones.append(kind == "none")
         if kind in ("nonfinite", "bad"):
             out.errors += 1
+            reason = (reasons or {}).get(i)
+            if reason is not None:
+                out.cause = f"could not score sample {offset + i}: {reason}"
+                continue
             out.nonfinite += kind == "nonfinite"
             out.cause = f"returned {describe(v)} for sample {offset + i}, expected a finite number or None"
     return out
@@ -200,6 +210,13 @@ def _merge(parts: list[_Outcome]) -> _Outcome:
         out.errors += p.errors
         out.cause = p.cause or out.cause
     return out
+
+
+def _advice(spec: RewardSpec) -> str:
+    """What to look at when ``spec`` fails: the server for a remote reward (it reports ``last_failures``)."""
+    if hasattr(spec.fn, "last_failures"):
+        return f"check the reward server {spec.source or spec.name}"
+    return "check its inputs or fix the function"
 
 
 def combine(values: Tensor, weights: Tensor) -> tuple[Tensor, Tensor]:
@@ -232,6 +249,8 @@ class RewardManager:
         self._trainer_state = None
         self._progress = (0, 0)
         self._warned_all_none = False
+        self._seen = self._scored = self._all_none = 0  # samples over the run: seen, given a reward, all None
+        self._errors: dict[str, int] = {s.name: 0 for s in specs}  # failed samples per function over the run
 
     @property
     def trainer_state(self) -> Any:
@@ -267,7 +286,10 @@ class RewardManager:
                 batch_exc,
             )
         else:
-            return _outcome(as_value_list(raw, n, spec.label))
+            reasons = getattr(spec.fn, "last_failures", None)
+            return _outcome(
+                as_value_list(raw, n, spec.label), reasons=reasons if isinstance(reasons, Mapping) else None
+            )
         parts = []
         for i in range(n):
             cols_i = {k: [v[i]] for k, v in columns.items()}
@@ -297,8 +319,29 @@ class RewardManager:
                 f"reward function {spec.label} failed on {rate:.0%} of the last {len(hist)} samples "
                 f"(threshold {self.error_threshold:.0%}; trainer.reward_error_threshold)"
                 + (f"; last cause: it {cause}" if cause else "")
-                + "; check its inputs or fix the function"
+                + f"; {_advice(spec)}"
             )
+
+    def unusable_cause(self) -> str | None:
+        """Why no sample of the run got a reward, in the words of the reward-failure abort, for the line of a run
+        that trained nothing: the weighted function that failed on the most samples with its last cause, or every
+        function returning None. None when some sample got a reward, or none was scored."""
+        if not self._seen or self._scored:
+            return None
+        failing = [s for s in self.specs if self._errors[s.name]]
+        if failing:
+            spec = max(failing, key=lambda s: self._errors[s.name])
+            cause = self._last_cause.get(spec.name)
+            return (
+                f"no sample got a reward: reward function {spec.label} failed on {self._errors[spec.name]} of "
+                f"{self._seen} samples" + (f"; last cause: it {cause}" if cause else "") + f"; {_advice(spec)}"
+            )
+        if self._all_none == self._seen:
+            return (
+                f"no sample got a reward: every reward function returned None for all {self._seen} samples (masked); "
+                "make sure at least one function scores every sample"
+            )
+        return f"no sample got a reward ({self._seen} samples masked)"
 
     def __call__(self, prompts: list, completions: list, columns: dict[str, list]) -> RewardResult:
         n = len(completions)
@@ -322,6 +365,8 @@ class RewardManager:
             metrics[f"reward/{spec.name}/errors"] = float(out.errors)
             metrics[f"reward/{spec.name}/nonfinite"] = float(out.nonfinite)
             metrics[f"reward/{spec.name}/none"] = float(sum(out.nones))
+            if spec.weight != 0:
+                self._errors[spec.name] += out.errors
             self._check_rate(spec, out.failed)
         total, scored = combine(
             torch.stack([per_fn[s.name] for s in self.specs], dim=1),
@@ -338,6 +383,9 @@ class RewardManager:
                 n,
                 int(all_none.nonzero()[0, 0]),
             )
+        self._seen += n
+        self._scored += int(valid.sum())
+        self._all_none += int(all_none.sum())
         total = torch.where(valid, total, torch.zeros_like(total))
         metrics["reward/mean"] = float(total[valid].mean()) if valid.any() else math.nan
         metrics["reward/std"] = float(total[valid].std()) if valid.sum() > 1 else 0.0

@@ -15,7 +15,8 @@ transport failures (timeout, refused connection, HTTP 5xx or 429); a garbage ans
 every sample of a failed chunk, and every entry that is not a number or null, comes back as NaN, which
 :class:`~mmrl.rewards.manager.RewardManager` masks and counts in ``reward/<name>/errors``. Each call with
 failures logs one warning line naming the URL and the reason; ``failures`` and ``requests`` count them
-over the run.
+over the run, and ``last_failures`` maps each sample the last call could not score to why (the HTTP error, the
+timeout, the garbage answer), which the manager reports as the cause instead of the NaN it sees.
 """
 
 from __future__ import annotations
@@ -122,6 +123,9 @@ class RemoteReward:
         """Samples that came back NaN (failed chunks and non-number scores) over the run."""
         self.requests = 0
         """HTTP requests sent over the run (retries included)."""
+        self.last_failures: dict[int, str] = {}
+        """The samples of the last call that came back NaN, each with the reason (e.g. ``HTTP 500 Internal Server
+        Error (3 attempts)``)."""
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
@@ -177,6 +181,7 @@ class RemoteReward:
 
     def __call__(self, prompts, completions, **columns) -> list[float | None]:
         n = len(completions)
+        self.last_failures = {}
         if n == 0:
             return []
         cols = json_columns(columns)
@@ -192,6 +197,7 @@ class RemoteReward:
 
         out: list[float | None] = [math.nan] * n
         reasons: list[str] = []
+        why: list[str | None] = [None] * n  # the reason of each sample's chunk
         pool = ThreadPoolExecutor(
             max_workers=min(self.max_concurrency, len(chunks)), thread_name_prefix="mmrl-remote-reward"
         )
@@ -205,12 +211,18 @@ class RemoteReward:
                 out[lo:hi] = scores
                 if reason:
                     reasons.append(reason)
+                    why[lo:hi] = [reason] * (hi - lo)
             if pending:
-                reasons.append(f"{len(pending)} requests did not finish within {self.deadline_s() * waves + 1.0:.1f}s")
+                late = f"did not finish within {self.deadline_s() * waves + 1.0:.1f}s"
+                reasons.append(f"{len(pending)} requests {late}")
+                for fut in pending:
+                    lo, hi = futures[fut]
+                    why[lo:hi] = [f"the request {late}"] * (hi - lo)
         finally:
             pool.shutdown(wait=False, cancel_futures=True)
 
         failed = sum(1 for v in out if v is not None and math.isnan(v))
+        self.last_failures = {i: why[i] or "no answer" for i, v in enumerate(out) if v is not None and math.isnan(v)}
         if failed:
             with self._lock:
                 self.failures += failed
