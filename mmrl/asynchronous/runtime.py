@@ -86,6 +86,7 @@ class AsyncRollouts:
         self.restarts = 0
         self._finalizer = None
         self._ctx = torch.multiprocessing.get_context("spawn")
+        self._ready: set[int] = set()  # workers that reported they are built
         self._wait_s = 0.0  # the learner's wait for groups in this step
         self._sampler_busy = self._sampler_idle = 0.0  # of the rounds received since the last step
 
@@ -107,6 +108,8 @@ class AsyncRollouts:
         for w in range(self.cfg.trainer.rollout_workers):
             self.workers.append(self._spawn(w))
         self._finalizer = weakref.finalize(self, _shutdown, self.workers, self.results)
+        while len(self._ready) < len(self.workers):  # building the workers is not waiting for groups
+            self._pump(0.5)
 
     def _spawn(self, w: int) -> dict:
         from mmrl.asynchronous.worker import run_worker
@@ -166,7 +169,9 @@ class AsyncRollouts:
         from mmrl.asynchronous.worker import deserialise
 
         kind = msg[0]
-        if kind == "round":
+        if kind == "ready":
+            self._ready.add(msg[1])
+        elif kind == "round":
             _, w, round_id, version, kept, payload, busy, idle = msg
             r = self.schedule.ledger.rounds.get(round_id)
             if r is None or r.done:  # a round handed out again after its worker died, done twice: the first counts
@@ -212,8 +217,11 @@ class AsyncRollouts:
     # ------------------------------------------------------------------ one step
     def collect(self, *, step: int, run_dir=None) -> tuple[Rollout | None, dict]:
         """The groups of step ``step`` (learner version ``step``), consumed in the order they started."""
+        started = None
         if self.schedule is None:
+            t_start = time.perf_counter()
             self._start(step)
+            started = time.perf_counter() - t_start
         t0 = time.perf_counter()
         s = self.schedule
         s.begin_step(step)
@@ -223,7 +231,10 @@ class AsyncRollouts:
             self._pump(0.5)
             self._dispatch()
         self._wait_s = time.perf_counter() - t0
-        return self._assemble(s.take, depth, run_dir)
+        ro, metrics = self._assemble(s.take, depth, run_dir)
+        if started is not None:
+            metrics["time/worker_start"] = started
+        return ro, metrics
 
     def _assemble(self, take, depth: int, run_dir) -> tuple[Rollout | None, dict]:
         from mmrl.rollouts import write_samples_log
@@ -299,4 +310,4 @@ class AsyncRollouts:
             resume = self.schedule.ledger.resume_point()
             if resume is not None:
                 self.collector.sampler.load_state_dict(resume)
-            self.schedule, self.workers, self.results = None, [], None
+            self.schedule, self.workers, self.results, self._ready = None, [], None, set()
