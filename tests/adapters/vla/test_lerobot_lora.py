@@ -384,8 +384,9 @@ def test_trainer_trains_adapters_with_a_kl_reference_and_resumes_bit_exactly(tmp
     """SFT + GRPO with kl_coef > 0 (the reference is a frozen copy: the suffix projections train too). The language
     model's base weights never move; 3 steps straight == 1 step + save + resume + 2 steps."""
     pytest.importorskip("mujoco")
+    from mmrl.checkpoint import safe_load
     from mmrl.config import load_config
-    from mmrl.trainer import Trainer
+    from mmrl.trainer import REFERENCE_FILE, Trainer
 
     def run(name, steps, *extra):
         cfg = reach_overrides(
@@ -410,7 +411,12 @@ def test_trainer_trains_adapters_with_a_kl_reference_and_resumes_bit_exactly(tmp
         assert {k for k in changed if ".lora_" in k} and "action_in_proj.weight" in changed
         assert not any(k.split(".")[0] in ("vlm_layers", "expert_layers") and ".lora_" not in k for k in changed)
         assert np.isfinite(final["loss/policy"]) and final["rollout/logp_abs_diff"] < 1e-6
-        assert final["policy/kl"] > 0  # the reference differs from the trained policy
+        # the reference is the warm-started model (kept for the resume): the KL measures RL's move away from it, exact
+        # and finite (0 when GRPO's advantages were all 0 and nothing moved)
+        assert np.isfinite(final["policy/kl"]) and final["policy/kl"] >= 0
+        frozen = straight.policy._frozen_ref.frozen.state_dict()
+        kept = safe_load(tmp_path / "straight" / REFERENCE_FILE)
+        assert sorted(kept) == sorted(frozen) and all(torch.equal(kept[k], frozen[k]) for k in kept)
         ckpt = sorted((tmp_path / "straight" / "checkpoints").iterdir())[-1] / "pretrained_model"
         images = {"observation.images.image": torch.rand(1, 32, 32, 3)}
         state = torch.randn(1, straight.policy.pipeline.spec.state_dim)
@@ -432,6 +438,8 @@ def test_trainer_trains_adapters_with_a_kl_reference_and_resumes_bit_exactly(tmp
         assert sorted(ps) == sorted(pr) and all(torch.equal(ps[n], pr[n]) for n in ps)
         os_, or_ = straight.optimizer.state_dict()["state"], resumed.optimizer.state_dict()["state"]
         assert os_ and all(torch.equal(os_[i][s], or_[i][s]) for i in os_ for s in os_[i])
+        rs, rr = straight.policy._frozen_ref.frozen.state_dict(), resumed.policy._frozen_ref.frozen.state_dict()
+        assert all(torch.equal(rs[n], rr[n]) for n in rs)  # the resumed run's KL reference is the same
     finally:
         resumed.policy.close()
 
