@@ -150,9 +150,104 @@ def _read_json(path: Path) -> dict[str, Any]:
             f"{path.parent}: no {path.name} (not a LeRobot policy folder saved by save_pretrained)"
         )
     try:
-        return json.loads(path.read_text())
+        data = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
         raise LeRobotCheckpointError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    if not isinstance(data, dict):
+        raise LeRobotCheckpointError(f"{path}: holds a JSON {_json_kind(data)}, expected a JSON object ({{...}})")
+    return data
+
+
+def _json_kind(value: Any) -> str:
+    """The JSON name of a parsed value's type (for messages)."""
+    if value is None:
+        return "null"
+    for kinds, name in (((bool,), "boolean"), ((int, float), "number"), ((str,), "string"), ((list,), "list")):
+        if isinstance(value, kinds):
+            return name
+    return "object"
+
+
+_INT_KEYS = (
+    "chunk_size",
+    "n_action_steps",
+    "max_state_dim",
+    "max_action_dim",
+    "num_steps",
+    "num_inference_steps",
+    "prefix_length",
+    "self_attn_every_n_layers",
+    "num_vlm_layers",
+    "num_expert_layers",
+    "empty_cameras",
+    "tokenizer_max_length",
+)
+_FLOAT_KEYS = ("min_period", "max_period")
+_STR_KEYS = ("type", "attention_mode", "vlm_model_name")
+_SIZE_KEYS = ("resize_imgs_with_padding", "image_resolution")  # [height, width] (or null)
+
+
+def _check_config(cfg: dict[str, Any], path: Path) -> None:
+    """The config.json values mmrl reads have LeRobot's types, else one line naming the file, the key and the value
+    (a string ``chunk_size``, a feature without a ``shape`` list, ...)."""
+
+    def bad(key: str, value: Any, expected: str) -> LeRobotCheckpointError:
+        shown = json.dumps(value)
+        shown = shown if len(shown) <= 40 else shown[:37] + "..."
+        return LeRobotCheckpointError(f"{path}: '{key}' is {shown} (a JSON {_json_kind(value)}), expected {expected}")
+
+    def is_int(v: Any) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool)
+
+    for key in _INT_KEYS:
+        if key in cfg and not is_int(cfg[key]):
+            raise bad(key, cfg[key], "an integer")
+    for key in _FLOAT_KEYS:
+        if key in cfg and not (isinstance(cfg[key], (int, float)) and not isinstance(cfg[key], bool)):
+            raise bad(key, cfg[key], "a number")
+    for key in _STR_KEYS:
+        if key in cfg and not isinstance(cfg[key], str) and not (key == "vlm_model_name" and cfg[key] is None):
+            raise bad(key, cfg[key], "a string")
+    for key in _SIZE_KEYS:
+        v = cfg.get(key)
+        if v is not None and not (isinstance(v, list) and len(v) == 2 and all(is_int(x) and x > 0 for x in v)):
+            raise bad(key, v, "[height, width] in pixels")
+    for key in ("input_features", "output_features"):
+        features = cfg.get(key)
+        if features is None:
+            continue
+        if not isinstance(features, dict):
+            raise bad(key, features, 'an object {"<feature>": {"type": ..., "shape": [...]}}')
+        for name, ft in features.items():
+            if not isinstance(ft, dict) or not isinstance(ft.get("type"), str):
+                raise bad(f"{key}.{name}", ft, 'an object with a "type" string and a "shape" list')
+            shape = ft.get("shape")
+            if not (isinstance(shape, list) and shape and all(is_int(x) and x > 0 for x in shape)):
+                raise bad(f"{key}.{name}.shape", shape, "a list of positive integers")
+
+
+_WEIGHT_FAMILIES = (
+    ("model.vlm_with_expert.", "smolvla"),
+    ("model.paligemma_with_expert.", "pi0"),
+    ("paligemma_with_expert.", "pi0"),
+)
+"""A tensor-name prefix that only one policy family's weights have -> that family (π0 and π0.5 share PaliGemma's)."""
+
+
+def _check_type_matches_weights(kind: str, names, folder: Path) -> None:
+    """One line when config.json's ``type`` and model.safetensors' tensor names belong to different policies (a
+    SmolVLA folder whose type says "pi0", ...), instead of the first tensor name the other loader does not know."""
+    family = "pi0" if kind in ("pi0", "pi05") else kind
+    for name in names:
+        for prefix, found in _WEIGHT_FAMILIES:
+            if name.startswith(prefix) and found != family:
+                saved = "SmolVLA" if found == "smolvla" else "π0 / π0.5"
+                fix = '"smolvla"' if found == "smolvla" else '"pi0" or "pi05"'
+                raise LeRobotCheckpointError(
+                    f'{folder / "config.json"} says "type": "{kind}" but {folder / "model.safetensors"} holds a '
+                    f"{saved} policy's weights ('{name}'): the type and the weights disagree; set \"type\" to {fix}, "
+                    "the policy the weights were saved from"
+                )
 
 
 def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
@@ -177,16 +272,38 @@ def _count_layers(names, prefix: str) -> int:
     return len(found)
 
 
-def _resolve_vlm(folder: Path, name: str, vlm_path: str | Path | None) -> str:
-    """The VLM config/tokenizer location: ``vlm_path``, a folder ``name`` (as given or next to the checkpoint), else
-    ``name`` as a hub id (from the local cache when offline)."""
+def _hub_id_shaped(name: str) -> bool:
+    """``owner/name``: what the hub takes (a relative path of two parts reads the same; a local folder wins)."""
+    return name.count("/") == 1 and not name.startswith((".", "/", "~")) and all(name.split("/"))
+
+
+def _resolve_vlm(folder: Path, name: Any, vlm_path: str | Path | None, *, key: str = "vlm_model_name") -> str:
+    """The VLM config/tokenizer location: ``vlm_path`` (the Python API's folder), a folder ``name`` (as given or next
+    to the checkpoint), else ``name`` as a hub id (from the local cache when offline). ``name`` is config.json's
+    ``vlm_model_name`` (or the pre-processor's ``tokenizer_name``): null, or a folder that is not here, is one line
+    naming the file and the key, and starts no hub request."""
     if vlm_path is not None:
         if not Path(vlm_path).is_dir():
             raise LeRobotCheckpointError(f"vlm_path {vlm_path} is not a folder")
         return str(vlm_path)
-    for candidate in (Path(name), folder / name, folder / Path(name).name):
+    where = folder / ("config.json" if key == "vlm_model_name" else PREPROCESSOR_FILE)
+    if not isinstance(name, str) or not name.strip():
+        raise LeRobotCheckpointError(
+            f'{where}: {key} is {json.dumps(name)}; set it to the VLM\'s folder (e.g. "vlm", next to config.json, '
+            "holding the VLM's config.json and tokenizer files) or to its hub id (LeRobot's SmolVLA: "
+            "HuggingFaceTB/SmolVLM2-500M-Video-Instruct)"
+        )
+    candidates = (Path(name).expanduser(), folder / name, folder / Path(name).name)
+    for candidate in candidates:
         if (candidate / "config.json").is_file():
             return str(candidate)
+    if not _hub_id_shaped(name):
+        looked = ", ".join(dict.fromkeys(str(c) for c in candidates))
+        raise LeRobotCheckpointError(
+            f"{where}: {key} '{name}' names a VLM folder that is not on this machine (looked in {looked}); put the "
+            f"VLM's config.json and tokenizer files in {folder / Path(name).name}, or set {key} to a folder or hub id "
+            "that is here"
+        )
     return name
 
 
@@ -200,22 +317,24 @@ def _resolve_tokenizer(folder: Path, name: str, tokenizer_path: str | Path | Non
     for candidate in (Path(name), folder / name, folder / Path(name).name):
         if (candidate / "tokenizer_config.json").is_file() or (candidate / "tokenizer.json").is_file():
             return str(candidate)
-    if Path(name).is_absolute() or name.startswith(".") or name.count("/") > 1:  # a folder path, not a hub id
+    if not _hub_id_shaped(name):  # a folder path, not a hub id: no hub request
         raise LeRobotCheckpointError(
-            f"the pre-processor's tokenizer folder '{name}' is not on this machine (pass tokenizer_path=<folder>)"
+            f"the pre-processor's tokenizer folder '{name}' is not on this machine (set model.tokenizer_path=<folder> "
+            f"to a folder with the tokenizer, or put it in {folder / 'tokenizer'})"
         )
     return name
 
 
-def _load_vlm_config(location: str) -> dict[str, Any]:
+def _load_vlm_config(location: str, folder: Path) -> dict[str, Any]:
     from transformers import AutoConfig
 
     try:
         return AutoConfig.from_pretrained(location).to_dict()
     except OSError:
         raise LeRobotCheckpointError(
-            f"the checkpoint's VLM '{location}' is not on this machine: fetch it with "
-            f"`huggingface-cli download {location}` (config and tokenizer suffice) or pass vlm_path=<folder>"
+            f"the checkpoint's VLM '{location}' (vlm_model_name in {folder / 'config.json'}) is not on this machine: "
+            f"fetch it with `hf download {location}` (config and tokenizer suffice) into {folder / 'vlm'} and set "
+            '"vlm_model_name": "vlm" there, or into the Hugging Face cache'
         ) from None
 
 
@@ -393,7 +512,7 @@ def _read_processors(folder: Path, cfg: dict[str, Any]):
             normalizer = _normalizer(folder, step, PREPROCESSOR_FILE)
         elif kind == "tokenizer_processor":
             tokenizer = TokenizerSettings(
-                tokenizer_name=str(conf.get("tokenizer_name") or cfg.get("vlm_model_name")),
+                tokenizer_name=str(conf.get("tokenizer_name") or cfg.get("vlm_model_name") or ""),
                 max_length=int(conf.get("max_length", cfg.get("tokenizer_max_length", 48))),
                 padding=str(conf.get("padding", "longest")),
                 padding_side=str(conf.get("padding_side", "right")),
@@ -472,6 +591,7 @@ def load_smolvla(folder: str | Path, *, vlm_path: str | Path | None = None, devi
     if not folder.is_dir():
         raise LeRobotCheckpointError(f"LeRobot policy folder {folder} does not exist")
     cfg = _read_json(folder / "config.json")
+    _check_config(cfg, folder / "config.json")
     if cfg.get("type") != "smolvla":
         raise LeRobotCheckpointError(f"{folder / 'config.json'}: policy type is {cfg.get('type')!r}, not 'smolvla'")
     if cfg.get("add_image_special_tokens"):
@@ -479,12 +599,14 @@ def load_smolvla(folder: str | Path, *, vlm_path: str | Path | None = None, devi
     if cfg.get("adapt_to_pi_aloha"):
         raise LeRobotCheckpointError("config.json: adapt_to_pi_aloha=true is not supported by mmrl yet")
     spec = _spec(cfg)
-    tensors, unused = to_mmrl_names(_read_tensors(folder / "model.safetensors"))
+    loaded = _read_tensors(folder / "model.safetensors")
+    _check_type_matches_weights("smolvla", loaded, folder)
+    tensors, unused = to_mmrl_names(loaded)
     normalizer, unnormalizer, tok_settings, rename, raw = _read_processors(folder, cfg)
     spec.rename_map = rename
-    location = _resolve_vlm(folder, str(cfg.get("vlm_model_name", "")), vlm_path)
-    vlm = _load_vlm_config(location)
-    tokenizer = _load_tokenizer(_resolve_vlm(folder, tok_settings.tokenizer_name, vlm_path))
+    location = _resolve_vlm(folder, cfg.get("vlm_model_name"), vlm_path)
+    vlm = _load_vlm_config(location, folder)
+    tokenizer = _load_tokenizer(_resolve_vlm(folder, tok_settings.tokenizer_name, vlm_path, key="tokenizer_name"))
     model_config = _model_config(cfg, vlm, tensors)
     model = SmolVLAModel(model_config)
     _load_weights(model, tensors)
@@ -646,6 +768,7 @@ def load_pi0(folder: str | Path, *, tokenizer_path: str | Path | None = None, de
     if not folder.is_dir():
         raise LeRobotCheckpointError(f"LeRobot policy folder {folder} does not exist")
     cfg = _read_json(folder / "config.json")
+    _check_config(cfg, folder / "config.json")
     if cfg.get("type") not in ("pi0", "pi05"):
         raise LeRobotCheckpointError(
             f"{folder / 'config.json'}: policy type is {cfg.get('type')!r}, not 'pi0' or 'pi05'"
@@ -656,7 +779,9 @@ def load_pi0(folder: str | Path, *, tokenizer_path: str | Path | None = None, de
         raise LeRobotCheckpointError("config.json: use_relative_actions=true is not supported by mmrl yet")
     spec = _spec(cfg)
     spec.centre_pad = True
-    raw_tensors = _pi0_tensors(_read_tensors(folder / "model.safetensors"), pi05=pi05)
+    loaded = _read_tensors(folder / "model.safetensors")
+    _check_type_matches_weights(cfg["type"], loaded, folder)
+    raw_tensors = _pi0_tensors(loaded, pi05=pi05)
     label = "π0.5" if pi05 else "π0"
     tensors, unused = to_mmrl_names(raw_tensors, prefixes=prefixes, unused_names=PI0_UNUSED_TENSORS, policy=label)
     normalizer, unnormalizer, tok_settings, rename, raw = _read_processors(folder, cfg)
