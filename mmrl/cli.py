@@ -98,15 +98,10 @@ def resume_command(overrides: list[str], run_dir, output_dir: str, checkpoint=No
 
 def _stopped_line(trainer, overrides: list[str], cfg) -> str:
     """One line for a run that stopped on an error after :meth:`Trainer.fit` saved what it trained."""
+    from mmrl.run_report import checkpoint_outcome
+
     ckpt = trainer.stop_checkpoint
-    where = (
-        (
-            f"checkpoint saved in {ckpt}"
-            + (f" (the run folder {trainer.run_dir} could not be written)" if trainer.rescued else "")
-        )
-        if ckpt
-        else "no checkpoint (nothing trained)"
-    )
+    where = checkpoint_outcome(ckpt, rescued=trainer.rescued, run_dir=trainer.run_dir, lost=trainer.checkpoint_lost)
     line = f"aborted at step {trainer.step}: {trainer.stop_reason}; {where}"
     if trainer.stop_error_log is not None:
         line += f"; traceback in {trainer.stop_error_log}"

@@ -11,14 +11,22 @@ anything mmrl did not create.
 Every start of a run (the first and each resume) leaves its resolved config in ``config_history/`` (see
 :func:`record_start`); ``config.yaml`` is the config of the latest start, the one its newest checkpoint was trained
 with (``mmrl eval`` reads it).
+
+A process that trains in a run folder owns it: :class:`RunLock` (the file :data:`LOCK_FILE`) keeps a second command
+from deleting, resuming or writing the same run while the first trains, and survives ``kill -9``.
 """
 
 from __future__ import annotations
 
+import errno
+import json
 import logging
 import os
 import shutil
+import socket
+import sys
 import tempfile
+from datetime import UTC, datetime
 from pathlib import Path
 
 from mmrl.errors import ConfigError
@@ -30,6 +38,9 @@ RUN_MARKER = ".mmrl_run"
 MAX_NAME_CHARS = 200
 """Longest run name accepted (whole relative path); each component must also fit the filesystem's NAME_MAX."""
 HISTORY_DIR = "config_history"
+LOCK_FILE = ".mmrl_lock"
+"""The run lock's file in a run folder (see :class:`RunLock`); present only while a process owns the folder, or
+after that process was killed (a stale lock, taken over by the next command)."""
 
 
 def _name_max(folder: Path) -> int:
@@ -121,40 +132,257 @@ def create_run_dir(run_dir: Path) -> None:
         marker.write_text("created by mmrl; trainer.overwrite=true may delete this folder\n")
 
 
-def clear_run_dir(run_dir: Path) -> None:
-    """``trainer.overwrite=true``: delete a run folder mmrl created; ConfigError for any other folder."""
+def refuse_unless_mmrl_run(run_dir: Path) -> None:
+    """ConfigError unless ``run_dir`` is a run folder mmrl created (what ``trainer.overwrite=true`` may delete)."""
     if not is_mmrl_run(run_dir):
         raise ConfigError(
             f"trainer.overwrite=true: {run_dir} was not created by mmrl (no {RUN_MARKER} marker); "
             "mmrl deletes only its own run folders. Remove it yourself or choose another trainer.run_name"
         )
-    shutil.rmtree(run_dir)
+
+
+def clear_run_dir(run_dir: Path, *, keep: tuple[str, ...] = ()) -> None:
+    """``trainer.overwrite=true``: delete a run folder mmrl created (but the top-level entries named in ``keep``: the
+    lock of the process that clears it); ConfigError for any other folder."""
+    refuse_unless_mmrl_run(run_dir)
+    if not keep:
+        shutil.rmtree(run_dir)
+        return
+    for entry in run_dir.iterdir():
+        if entry.name in keep:
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
+
+
+# ---------------------------------------------------------------- the run lock: one process owns a run folder
+
+
+class RunLocked(ConfigError):
+    """Another live process owns the run folder (see :class:`RunLock`); one line naming it."""
+
+
+_HELD: dict[str, list] = {}
+"""Locks this process holds: lock file path -> ``[file descriptor, number of holders]``. A POSIX lock belongs to a
+process and closing any descriptor of the file drops it, so each lock file is opened once per process and shared."""
+
+if hasattr(os, "register_at_fork"):  # a forked child (an env worker) holds none of its parent's locks
+    os.register_at_fork(after_in_child=_HELD.clear)
+
+
+def _describe_holder(info: dict) -> str:
+    return f"pid {info.get('pid', '?')} on host {info.get('host', '?')}, started {info.get('started', '?')}" + (
+        f": {info['command']}" if info.get("command") else ""
+    )
+
+
+def _read_lock_info(fd: int) -> dict:
+    """The holder recorded in an open lock file ({} when empty or unreadable: a lock being written or torn)."""
+    try:
+        raw = os.pread(fd, 65536, 0)
+        info = json.loads(raw.decode("utf-8", "replace")) if raw.strip() else {}
+    except (OSError, ValueError):
+        return {}
+    return info if isinstance(info, dict) else {}
+
+
+def _pid_alive(pid) -> bool:
+    """True when ``pid`` is a live process on this host."""
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        return True
+    except (OSError, ValueError, TypeError, OverflowError):
+        return False
+    return True
+
+
+def _try_lock(fd: int) -> bool | None:
+    """Take the POSIX write lock of ``fd`` without waiting: True (taken), False (another process holds it), None (this
+    filesystem has no locks: the caller falls back to the recorded pid)."""
+    import fcntl
+
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except OSError as e:
+        if e.errno in (errno.EACCES, errno.EAGAIN):
+            return False
+        if e.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+            return None
+        raise
+
+
+class RunLock:
+    """Ownership of a run folder (or the rescue folder) by the process that trains in it.
+
+    The file :data:`LOCK_FILE` in the folder carries a POSIX lock (``fcntl.lockf``) of the owning process and records
+    its pid, host, start time and command line. The kernel drops the lock when that process ends, however it ends
+    (``kill -9`` included), so a live run is always refused and a killed one never blocks: the next command finds a
+    stale lock (the file without a lock on it), names its dead owner in a warning and takes it over. On a filesystem
+    without locks the recorded pid decides (a live pid on this host, or any pid on another host, holds the folder).
+
+    Only the main process of a launch takes it (the other ranks write no run files of their own). The lock belongs to
+    the process: a second ``Trainer`` of the same Python process shares it, and it is released when the last of them
+    calls :meth:`release` (the end of ``fit``). Reading a run (``mmrl eval``) takes no lock.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.released = False
+
+    @classmethod
+    def acquire(cls, folder: Path, *, what: str = "run folder") -> RunLock:
+        """Own ``folder`` (created if needed); :class:`RunLocked` (one line naming the owner) when a live process owns
+        it, ConfigError when the lock cannot be written."""
+        folder = Path(folder)
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ConfigError(f"cannot create the {what} {folder} ({e.strerror or type(e).__name__})") from None
+        path = folder / LOCK_FILE
+        key = os.path.realpath(path)
+        if key in _HELD:
+            _HELD[key][1] += 1
+            return cls(path)
+        for _ in range(10):  # another process may remove the file between our open and our lock: open it again
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+            except OSError as e:
+                raise ConfigError(
+                    f"cannot write the lock {path} of the {what} ({e.strerror or type(e).__name__})"
+                ) from None
+            try:
+                if cls._take(fd, path, folder, what):
+                    _HELD[key] = [fd, 1]
+                    return cls(path)
+            except BaseException:
+                os.close(fd)
+                raise
+            os.close(fd)
+        raise RunLocked(f"the {what} {folder} changed owner while mmrl tried to take it; try again")
+
+    @staticmethod
+    def _take(fd: int, path: Path, folder: Path, what: str) -> bool:
+        """Lock ``fd`` and write this process into it; False when the file was replaced meanwhile (retry)."""
+        here = socket.gethostname()
+        locked = _try_lock(fd)
+        previous = _read_lock_info(fd)
+        if locked is False or (
+            locked is None
+            and previous
+            and previous.get("pid") != os.getpid()
+            and (previous.get("host") != here or _pid_alive(previous.get("pid")))
+        ):
+            raise RunLocked(
+                f"the {what} {folder} is in use by another mmrl process ({_describe_holder(previous)}); "
+                "wait for it to end or stop it, or choose another trainer.run_name"
+                + (
+                    ""
+                    if locked is False
+                    else f" (this filesystem has no locks: if that process is gone, delete {path})"
+                )
+            )
+        try:
+            same = os.fstat(fd).st_ino == os.stat(path).st_ino
+        except FileNotFoundError:
+            same = False
+        if not same:
+            return False
+        if locked is None:
+            log.warning("%s has no file locks; the run lock %s relies on the recorded pid", folder, path)
+        if previous and previous.get("pid") != os.getpid():
+            gone = previous.get("host") == here and not _pid_alive(previous.get("pid"))
+            log.warning(
+                "taking over the stale lock of the %s %s: its owner (%s) %s",
+                what,
+                folder,
+                _describe_holder(previous),
+                "is gone (killed?) and left it behind" if gone else "no longer holds it",
+            )
+        info = {
+            "pid": os.getpid(),
+            "host": here,
+            "started": datetime.now(UTC).isoformat(timespec="seconds"),
+            "command": " ".join(sys.argv)[:500],
+        }
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, (json.dumps(info) + "\n").encode(), 0)
+        except OSError as e:
+            raise ConfigError(
+                f"cannot write the lock {path} of the {what} ({e.strerror or type(e).__name__})"
+            ) from None
+        return True
+
+    def release(self) -> None:
+        """Give the folder up (idempotent): the last holder of this process removes the lock file, then unlocks."""
+        if self.released:
+            return
+        self.released = True
+        key = os.path.realpath(self.path)
+        held = _HELD.get(key)
+        if held is None:
+            return
+        held[1] -= 1
+        if held[1] > 0:
+            return
+        del _HELD[key]
+        try:
+            os.unlink(self.path)
+        except OSError:
+            pass  # the folder is gone (deleted by its owner) or unwritable: the lock still ends with the descriptor
+        os.close(held[0])
 
 
 def record_start(run_dir: Path, config_yaml: str, step: int) -> Path:
     """Keep the config of this start: ``config_history/start-NNN-step_SSSSSS.yaml`` (never overwritten) and
     ``config.yaml`` (the latest start's), and what it ran on (:func:`mmrl.versions.environment`: library versions,
     the mmrl commit) as ``start-NNN-step_SSSSSS.environment.json`` beside it and ``environment.json``. Returns the
-    history file."""
+    history file. ``config.yaml`` and ``environment.json`` are replaced whole (written beside, then renamed): a full
+    disk leaves the previous ones, and is a ConfigError naming the folder."""
     import json
 
     from mmrl.versions import environment
 
     hist = run_dir / HISTORY_DIR
-    hist.mkdir(exist_ok=True)
-    n = 1 + sum(1 for p in hist.glob("start-*.yaml"))
-    path = hist / f"start-{n:03d}-step_{step:06d}.yaml"
-    path.write_text(config_yaml)
-    (run_dir / "config.yaml").write_text(config_yaml)
-    env = json.dumps(environment(), indent=1) + "\n"
-    path.with_suffix(".environment.json").write_text(env)
-    (run_dir / "environment.json").write_text(env)
+    try:
+        hist.mkdir(exist_ok=True)
+        n = 1 + sum(1 for p in hist.glob("start-*.yaml"))
+        path = hist / f"start-{n:03d}-step_{step:06d}.yaml"
+        env = json.dumps(environment(), indent=1) + "\n"
+        for target, text in (
+            (path, config_yaml),
+            (path.with_suffix(".environment.json"), env),
+            (run_dir / "config.yaml", config_yaml),
+            (run_dir / "environment.json", env),
+        ):
+            replace_text(target, text)
+    except OSError as e:
+        raise ConfigError(
+            f"cannot write the run folder {run_dir} ({e.strerror or type(e).__name__}); free some space or choose "
+            "another trainer.output_dir"
+        ) from None
     return path
+
+
+def replace_text(path: Path, text: str) -> None:
+    """Write ``path`` whole or not at all (a temporary file beside it, renamed over it)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def rescue_dir(run_name: str) -> Path:
     """Where a checkpoint goes when the run folder cannot be written: ``$MMRL_RESCUE_DIR`` or the system temporary
-    folder, under ``mmrl-rescue/<run name>``."""
+    folder, under ``mmrl-rescue/<run name>`` (locked while written: :func:`mmrl.training_checkpoint.save_to_rescue`)."""
     base = Path(os.environ.get("MMRL_RESCUE_DIR") or tempfile.gettempdir()) / "mmrl-rescue"
     return base / run_name.replace("/", "__")
 
@@ -316,13 +544,18 @@ def auto_resume_checkpoint(run_dir: Path, *, warn: bool = True) -> Path | None:
 # ---------------------------------------------------------------- which folder a run writes, and what it resumes
 
 
-def open_run(trainer_cfg, config: dict, task_name: str, *, is_main: bool) -> tuple[Path, str, Path | None]:
-    """Decide a run's folder and the checkpoint it continues: ``(run_dir, run name, checkpoint or None)``.
+def open_run(
+    trainer_cfg, config: dict, task_name: str, *, is_main: bool
+) -> tuple[Path, str, Path | None, RunLock | None]:
+    """Decide a run's folder and the checkpoint it continues, and own the folder: ``(run_dir, run name, checkpoint or
+    None, the run's lock on the main process)``.
 
     ``trainer.resume``: a checkpoint or run folder (continued), ``auto`` (continue ``trainer.run_name``'s run if it
     exists) or ``never``. An existing run without ``resume`` is refused unless ``trainer.overwrite=true``, which
     clears it only when mmrl created it. A resume is refused when ``config`` (the new run's, as a dict) changes the
-    experiment (:func:`check_same_experiment`), before any weight loads. Nothing is created here."""
+    experiment (:func:`check_same_experiment`), before any weight loads. The main process takes the folder's
+    :class:`RunLock` before anything is deleted (a live run is refused in one line); nothing else is written here,
+    and the lock is released when this raises."""
     from datetime import datetime
 
     from mmrl.checkpoint import resolve_checkpoint
@@ -342,27 +575,38 @@ def open_run(trainer_cfg, config: dict, task_name: str, *, is_main: bool) -> tup
                 "or a run directory"
             ) from None
         run_dir = resume_from.parent.parent
-    elif run_dir.exists() and any(run_dir.iterdir()):
-        if tr.resume == "auto":
-            resume_from = auto_resume_checkpoint(run_dir, warn=is_main)
-        elif not tr.overwrite:
+    # a folder holding only a lock is new (a run killed before it wrote anything): its lock is taken over below
+    exists = run_dir.exists() and any(p.name != LOCK_FILE for p in run_dir.iterdir())
+    if exists and resume_from is None and tr.resume != "auto":
+        if not tr.overwrite:
             raise ConfigError(
                 f"run directory {run_dir} exists; pass trainer.resume=auto to continue it, "
                 "trainer.overwrite=true to start over, or another trainer.run_name"
             )
-        elif is_main:
-            clear_run_dir(run_dir)  # only a folder mmrl created (ConfigError otherwise)
-    elif tr.resume == "auto" and is_main:
-        if tr.run_name:
-            log.info("trainer.resume=auto: no run %s to continue yet; starting it", run_dir)
-        else:  # a timestamped name is new every time: auto can never find a run without trainer.run_name
-            log.warning(
-                "trainer.resume=auto without trainer.run_name: no run to continue (a run without a name gets a "
-                "new timestamped directory, here %s); to continue a run pass trainer.run_name=<its folder "
-                "name in %s> trainer.resume=auto (or trainer.resume=<its run dir>)",
-                run_dir,
-                tr.output_dir,
-            )
-    if resume_from is not None:  # before any weight is loaded
-        check_same_experiment(run_dir, config, accept=tr.resume_accept_changes, log_changes=is_main)
-    return run_dir, name, resume_from
+        if is_main:
+            refuse_unless_mmrl_run(run_dir)  # only a folder mmrl created is deleted, and only once it is owned
+    lock = RunLock.acquire(run_dir) if is_main else None
+    try:
+        if exists and resume_from is None:
+            if tr.resume == "auto":
+                resume_from = auto_resume_checkpoint(run_dir, warn=is_main)
+            elif is_main:
+                clear_run_dir(run_dir, keep=(LOCK_FILE,))
+        elif resume_from is None and tr.resume == "auto" and is_main:
+            if tr.run_name:
+                log.info("trainer.resume=auto: no run %s to continue yet; starting it", run_dir)
+            else:  # a timestamped name is new every time: auto can never find a run without trainer.run_name
+                log.warning(
+                    "trainer.resume=auto without trainer.run_name: no run to continue (a run without a name gets a "
+                    "new timestamped directory, here %s); to continue a run pass trainer.run_name=<its folder "
+                    "name in %s> trainer.resume=auto (or trainer.resume=<its run dir>)",
+                    run_dir,
+                    tr.output_dir,
+                )
+        if resume_from is not None:  # before any weight is loaded
+            check_same_experiment(run_dir, config, accept=tr.resume_accept_changes, log_changes=is_main)
+    except BaseException:
+        if lock is not None:
+            lock.release()
+        raise
+    return run_dir, name, resume_from, lock

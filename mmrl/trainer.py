@@ -43,7 +43,14 @@ from mmrl.rollout.noise import mix_seed
 from mmrl.rollouts import RolloutCollector
 from mmrl.run_report import RunReport, start_banner
 from mmrl.tracking import Tracker, plot_metrics
-from mmrl.training_checkpoint import TrainingParts, restore_training, save_to_rescue, save_training
+from mmrl.training_checkpoint import (
+    CheckpointNotSaved,
+    TrainingParts,
+    restore_training,
+    save_failure_text,
+    save_to_rescue,
+    save_training,
+)
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +67,8 @@ _ASYNC_PROGRESS = {
 
 
 class NothingTrained(RuntimeError):
-    """A run whose steps all ended without an update (every item skipped, every group filtered out)."""
+    """A run whose steps all ended without an update (every item skipped, every group filtered out, every optimizer
+    step skipped for non-finite values)."""
 
 
 @dataclass
@@ -231,6 +239,7 @@ class Trainer:
         self.nonfinite_streak = 0
         self._stop_signal: int | None = None
         self.run_dir: Path | None = None
+        self._run_lock = None  # this process's ownership of the run folder (mmrl.run_dir.RunLock), main process only
         self.resumed = False  # set by setup_run_dir: True when the run continues from a checkpoint
         self._saved_step: int | None = None  # the step of the last checkpoint this process wrote (or resumed from)
         self.updates_done = 0  # steps of this fit() that updated the policy
@@ -238,6 +247,9 @@ class Trainer:
         self.stop_checkpoint: Path | None = None  # the checkpoint written when it stopped early
         self.stop_error_log: Path | None = None  # the full traceback of an unexpected error
         self.rescued = False  # True when the run folder could not be written and the checkpoint went elsewhere
+        self._last_checkpoint: Path | None = None  # the checkpoint this process wrote last (run or rescue folder)
+        self.checkpoint_lost: str | None = None  # when no place could hold the checkpoint: the steps lost and why
+        self.nonfinite_only_steps = 0  # steps of this fit() whose every optimizer step was skipped (non-finite)
         self.warm_start = None  # a supervised warm start in progress (mmrl.sft.WarmStart; None before and after it)
         self.tracker: Tracker | None = None
         self.callbacks: list[Callable[[Trainer, dict], None]] = []
@@ -275,35 +287,50 @@ class Trainer:
     # ------------------------------------------------------------------ run directory
     def setup_run_dir(self) -> Path:
         """Create (or resume) the run directory below ``trainer.output_dir``; refuse to overwrite an existing run, to
-        delete a folder mmrl did not create, or to resume a different experiment (:mod:`mmrl.run_dir`)."""
+        delete a folder mmrl did not create, to resume a different experiment, or to touch a run another live process
+        trains (:mod:`mmrl.run_dir`). The main process owns the folder (:class:`~mmrl.run_dir.RunLock`) until
+        :meth:`fit` ends. A resume loads (and so validates) its checkpoint before anything is written in the folder:
+        a refused resume leaves the run as it was."""
         from mmrl.run_dir import create_run_dir, open_run, record_start
 
         tr = self.cfg.trainer
-        run_dir, name, resume_from = open_run(tr, to_dict(self.cfg), self.cfg.task.name, is_main=self.is_main)
-        self.accelerator.wait_for_everyone()
-        if self.is_main:
-            create_run_dir(run_dir)
-            step = (checkpoint_step(resume_from) or 0) if resume_from is not None else 0
-            record_start(run_dir, config_yaml(self.cfg), step)
-        self.run_dir = run_dir
-        wandb_id = None
-        self.resumed = resume_from is not None
-        if resume_from is not None:
-            state = self.load_checkpoint(resume_from)
-            wandb_id = state.get("wandb_id")
-            self._saved_step = self.step
-        self.tracker = Tracker(
-            run_dir,
-            enabled=self.is_main,
-            tensorboard=tr.tensorboard,
-            wandb=tr.wandb,
-            wandb_project=tr.wandb_project,
-            run_name=name,
-            config=to_dict(self.cfg),
-            resume_step=self.step if resume_from is not None else None,
-            wandb_id=wandb_id,
+        run_dir, name, resume_from, self._run_lock = open_run(
+            tr, to_dict(self.cfg), self.cfg.task.name, is_main=self.is_main
         )
+        try:
+            self.accelerator.wait_for_everyone()
+            wandb_id = None
+            if resume_from is not None:
+                state = self.load_checkpoint(resume_from)
+                wandb_id = state.get("wandb_id")
+                self._saved_step = self.step
+            if self.is_main:
+                create_run_dir(run_dir)
+                step = (checkpoint_step(resume_from) or 0) if resume_from is not None else 0
+                record_start(run_dir, config_yaml(self.cfg), step)
+            self.tracker = Tracker(
+                run_dir,
+                enabled=self.is_main,
+                tensorboard=tr.tensorboard,
+                wandb=tr.wandb,
+                wandb_project=tr.wandb_project,
+                run_name=name,
+                config=to_dict(self.cfg),
+                resume_step=self.step if resume_from is not None else None,
+                wandb_id=wandb_id,
+            )
+        except BaseException:
+            self.release_run_dir()
+            raise
+        self.run_dir = run_dir
+        self.resumed = resume_from is not None
         return run_dir
+
+    def release_run_dir(self) -> None:
+        """Give up this process's ownership of the run folder (the end of :meth:`fit`; idempotent)."""
+        if self._run_lock is not None:
+            self._run_lock.release()
+            self._run_lock = None
 
     # ------------------------------------------------------------------ checkpoints
     def trainer_state(self) -> dict:
@@ -325,7 +352,6 @@ class Trainer:
         if self.run_dir is None:
             raise RuntimeError("call setup_run_dir() (or fit()) before saving")
         t0 = time.perf_counter()
-        self._saved_step = self.step
         path = save_training(
             self.run_dir,
             self.step,
@@ -335,6 +361,7 @@ class Trainer:
             dp=self.dp,
             sharded_format=self.cfg.trainer.strategy == "fsdp2",
         )
+        self._saved_step, self._last_checkpoint = self.step, path  # only once it is written
         self.report.add_time("checkpoints", time.perf_counter() - t0)
         return path
 
@@ -547,7 +574,10 @@ class Trainer:
         t0 = time.perf_counter()
         self._abort_after_step = None
         stats = self._update(ro, mask, adv, returns, old_logp, current_old=(mode == "current"))
-        self.updates_done += 1
+        if stats.get("train/nonfinite_skipped", 0) < algo.ppo_epochs * algo.num_minibatches:
+            self.updates_done += 1
+        else:  # every optimizer step of it was skipped for non-finite values: it updated nothing
+            self.nonfinite_only_steps += 1
         metrics.update(stats)
         metrics["time/update"] = time.perf_counter() - t0
         self._advance_schedule()
@@ -833,6 +863,10 @@ class Trainer:
         tr = self.cfg.trainer
         if self.run_dir is None:
             self.setup_run_dir()
+        elif self.is_main and self._run_lock is None:  # a later fit() of this trainer owns the folder again
+            from mmrl.run_dir import RunLock
+
+            self._run_lock = RunLock.acquire(self.run_dir)
         previous = {}
         import threading
 
@@ -884,19 +918,28 @@ class Trainer:
                     **{k: metrics[m] for k, m in _ASYNC_PROGRESS.items() if m in metrics},
                 )
                 if tr.save_every and self.step % tr.save_every == 0 and self.step < tr.max_steps:
-                    self.save_checkpoint()
+                    self._save_or_rescue(f"the checkpoint of step {self.step}")
             if self.step > first_step and not self.updates_done and not warm_started and self._stop_signal is None:
-                cause = self.rewards.unusable_cause()  # the rewards masked every sample: say why
+                why = f"{self.skipped_total} of {self.seen_total} data items skipped" + (
+                    ", every group filtered out by algo.filter_groups" if self.cfg.algo.filter_groups else ""
+                )
+                if (cause := self.rewards.unusable_cause()) is not None:  # the rewards masked every sample
+                    why = f"{cause}; {why}"
+                if self.nonfinite_only_steps:
+                    why = (
+                        f"{self.nonfinite_only_steps} had every optimizer step skipped for non-finite losses or "
+                        f"gradients: lower trainer.lr, check the rewards and the model's settings; {why}"
+                    )
                 self.stop_reason = (
-                    f"trained nothing: {self.step - first_step} step(s) ran and none had a usable batch ("
-                    + (f"{cause}; " if cause else "")
-                    + f"{self.skipped_total} of {self.seen_total} data items skipped"
-                    + (", every group filtered out by algo.filter_groups" if self.cfg.algo.filter_groups else "")
-                    + "); no checkpoint written"
+                    f"trained nothing: {self.step - first_step} step(s) ran and none "
+                    f"{'updated the policy' if self.nonfinite_only_steps else 'had a usable batch'} ({why}); "
+                    "no checkpoint written"
                 )
                 raise NothingTrained(self.stop_reason)
             if self._saved_step != self.step:
                 self._save_or_rescue("the final save")
+            if tr.plot and self.is_main:  # while the folder is still this process's
+                plot_metrics(self.run_dir / "metrics.jsonl", self.run_dir / "curves.png", title=self.cfg.task.name)
         except (KeyboardInterrupt, NothingTrained):
             raise
         except Exception as e:
@@ -914,6 +957,7 @@ class Trainer:
                 self.tracker.close()
             if self.async_rollouts is not None:
                 self.async_rollouts.close()
+            self.release_run_dir()
         if self._stop_signal is not None:
             log.warning(
                 "stopped by %s at step %d%s; checkpoint saved in %s",
@@ -922,14 +966,13 @@ class Trainer:
                 f" (in the warm start, after SFT step {self.warm_start.step})" if self.warm_start is not None else "",
                 self.run_dir,
             )
-        if tr.plot and self.is_main:
-            plot_metrics(self.run_dir / "metrics.jsonl", self.run_dir / "curves.png", title=self.cfg.task.name)
         return {**last, **self.last_eval}
 
     def _save_after_stop(self, error: BaseException) -> None:
         """Before an error leaves :meth:`fit`: record why (``stop_reason``; the traceback of an unexpected error in
         ``<run>/error.log``) and, when steps were trained since the last checkpoint, write one (falling back to
-        :func:`mmrl.run_dir.rescue_dir` when the run folder cannot be written)."""
+        :func:`mmrl.run_dir.rescue_dir` when the run folder cannot be written). When no place can hold it,
+        ``checkpoint_lost`` says how many trained steps are lost and why."""
         import traceback
 
         expected = isinstance(error, (RunStopped, ConfigError))
@@ -941,34 +984,62 @@ class Trainer:
                 self.stop_error_log.write_text("".join(traceback.format_exception(error)))
             except OSError:
                 self.stop_error_log = None
-        if self.step > 0 and self._saved_step != self.step:
+        if isinstance(error, CheckpointNotSaved):  # the save itself failed everywhere: trying again would too
+            self.checkpoint_lost = error.lost
+        elif self.step > 0 and self._saved_step != self.step:
             try:
                 self._save_or_rescue(f"the checkpoint after the stop at step {self.step}")
             except Exception as save_error:  # noqa: BLE001 - the original error is the one to report
                 log.error("could not save a checkpoint after the stop: %s", save_error)
-        elif self._saved_step == self.step:  # only a save or a resume sets it, both in a run folder
+                self.checkpoint_lost = getattr(save_error, "lost", None) or self._lost_steps(
+                    f"the save failed: {save_failure_text(save_error, self.run_dir)}"
+                )
+        elif self._saved_step == self.step:  # a save or a resume at this step
             from mmrl.checkpoint import latest_checkpoint
 
-            self.stop_checkpoint = latest_checkpoint(self.run_dir)
+            self.stop_checkpoint = self._last_checkpoint or latest_checkpoint(self.run_dir)
+
+    def _lost_steps(self, why: str) -> str:
+        """``N trained step(s) lost (steps A-B; why)``: the steps since the last checkpoint this run wrote or resumed."""
+        base = self._saved_step or 0
+        span = f"step {self.step}" if self.step == base + 1 else f"steps {base + 1}-{self.step}"
+        return f"{self.step - base} trained step(s) lost ({span}; {why})"
 
     def _save_or_rescue(self, what: str) -> Path | None:
-        """:meth:`save_checkpoint`; when the run folder cannot be written (disk full, permission), save the same
-        checkpoint under :func:`mmrl.run_dir.rescue_dir` instead and log both places. Sets ``stop_checkpoint``."""
+        """:meth:`save_checkpoint`; when that fails for any reason (a full disk raises ``RuntimeError`` from
+        ``torch.save`` and ``SafetensorError`` from safetensors, a permission ``OSError``), save the same checkpoint
+        under :func:`mmrl.run_dir.rescue_dir` instead and log both places. Sets ``stop_checkpoint``; raises
+        :class:`CheckpointNotSaved` (how many steps are lost, both causes) when the rescue folder fails too."""
         try:
             self.stop_checkpoint = self.save_checkpoint()
+            self.rescued = False
             return self.stop_checkpoint
-        except OSError as e:
+        except Exception as e:  # noqa: BLE001 - whatever stops the save, the trained steps go elsewhere
             if self.sharded or not self.is_main:
                 raise
-            from mmrl.run_dir import rescue_dir
+            failed = e
+        import gc
+        import traceback
 
-            log.error(
-                "%s could not be written in %s (%s); saving it to %s instead",
-                what,
-                self.run_dir,
-                e.strerror or type(e).__name__,
-                rescue_dir(self.run_dir.name),
-            )
+        from mmrl.run_dir import rescue_dir
+
+        # a writer the error left open (torch.save's, on a full disk) keeps the deleted file's space until it is
+        # collected, and the rescue folder is often on the same disk: drop the failed save's frames, then collect
+        error: BaseException | None = failed
+        while error is not None:  # torch.save's error carries the first one (its context), with the writer's frames
+            traceback.clear_frames(error.__traceback__)
+            error = error.__context__
+        gc.collect()
+
+        rescue = rescue_dir(self.run_dir.name)
+        log.error(
+            "%s could not be written in %s (%s); saving it to %s instead",
+            what,
+            self.run_dir,
+            save_failure_text(failed, self.run_dir),
+            rescue,
+        )
+        try:
             self.stop_checkpoint = save_to_rescue(
                 self.run_dir.name,
                 config_yaml(self.cfg),
@@ -977,5 +1048,14 @@ class Trainer:
                 self.trainer_state(),
                 keep_last=self.cfg.trainer.keep_last,
             )
-            self.rescued = True
-            return self.stop_checkpoint
+        except Exception as e:  # noqa: BLE001 - every place failed: say what is lost and why, in one line
+            raise CheckpointNotSaved(
+                f"{what} could not be written anywhere",
+                lost=self._lost_steps(
+                    f"run folder {self.run_dir}: {save_failure_text(failed, self.run_dir)}; rescue folder "
+                    f"{rescue}: {save_failure_text(e, rescue)}"
+                ),
+            ) from e
+        self._saved_step, self._last_checkpoint = self.step, self.stop_checkpoint
+        self.rescued = True
+        return self.stop_checkpoint

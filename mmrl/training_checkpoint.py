@@ -10,6 +10,7 @@ atomic publishing are :mod:`mmrl.checkpoint`'s.
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,31 @@ from typing import Any
 import torch
 
 from mmrl.checkpoint import load_training_state, save_checkpoint
-from mmrl.errors import ConfigError
+from mmrl.errors import ConfigError, RunStopped
+
+
+class CheckpointNotSaved(RunStopped):
+    """Neither the run folder nor the rescue folder could hold a checkpoint; ``lost`` says how many trained steps that
+    loses and both causes (:meth:`mmrl.trainer.Trainer._save_or_rescue`)."""
+
+    def __init__(self, message: str, *, lost: str) -> None:
+        super().__init__(message)
+        self.lost = lost
+
+
+def save_failure_text(error: BaseException, folder: Path) -> str:
+    """One line for a failed save: the error's type and first line, plus the free space of ``folder``'s disk when it
+    is nearly full (``torch.save`` on a full disk says only "unexpected pos")."""
+    text = error.strerror if isinstance(error, OSError) and error.strerror else None
+    text = text or f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0]}".rstrip(": ")
+    probe = Path(folder)
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    try:
+        free = shutil.disk_usage(probe).free
+    except OSError:
+        return text
+    return text + (f" ({free // 1024} KiB free on that disk)" if free < 64 * 2**20 else "")
 
 
 @dataclass
@@ -106,18 +131,30 @@ def save_to_rescue(
     run_name: str, config_yaml: str, step: int, parts: TrainingParts, state: dict, *, keep_last: int | None
 ) -> Path:
     """Write the checkpoint of ``step`` (single-file format) with the run's config into
-    :func:`mmrl.run_dir.rescue_dir` ``(run_name)``, for when the run folder cannot be written; returns its folder."""
-    from mmrl.run_dir import create_run_dir, record_start, rescue_dir
+    :func:`mmrl.run_dir.rescue_dir` ``(run_name)``, for when the run folder cannot be written; returns its folder.
+    The rescue folder is owned (:class:`mmrl.run_dir.RunLock`) while it is written; when another live process writes
+    a rescue of the same run name, this one goes to ``<run name>-pid<pid>`` beside it."""
+    import os
+
+    from mmrl.run_dir import RunLock, RunLocked, create_run_dir, record_start, rescue_dir
 
     rescue = rescue_dir(run_name)
-    create_run_dir(rescue)
-    record_start(rescue, config_yaml, step)
-    return save_checkpoint(
-        rescue,
-        step,
-        policy=parts.policy,
-        optimizer=parts.optimizer,
-        scheduler=parts.scheduler,
-        state=state,
-        keep_last=keep_last,
-    )
+    try:
+        lock = RunLock.acquire(rescue, what="rescue folder")
+    except RunLocked:
+        rescue = rescue.with_name(f"{rescue.name}-pid{os.getpid()}")
+        lock = RunLock.acquire(rescue, what="rescue folder")
+    try:
+        create_run_dir(rescue)
+        record_start(rescue, config_yaml, step)
+        return save_checkpoint(
+            rescue,
+            step,
+            policy=parts.policy,
+            optimizer=parts.optimizer,
+            scheduler=parts.scheduler,
+            state=state,
+            keep_last=keep_last,
+        )
+    finally:
+        lock.release()

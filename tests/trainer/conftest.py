@@ -29,6 +29,13 @@ class Bar:
         self.closed = True
 
 
+@pytest.fixture(autouse=True)
+def rescue_dir_in_tmp(tmp_path, monkeypatch):
+    """A checkpoint that cannot be saved in its run folder goes to ``$MMRL_RESCUE_DIR``: in tests, below the test's
+    own temporary folder, never the machine's shared one."""
+    monkeypatch.setenv("MMRL_RESCUE_DIR", str(tmp_path / "rescue-default"))
+
+
 @pytest.fixture
 def bars(monkeypatch):
     Bar.made = []

@@ -405,15 +405,21 @@ def test_an_unwritable_error_log_and_a_failing_save_do_not_hide_the_error(tmp_pa
     (tr.run_dir / "error.log").mkdir()  # writing the traceback fails with an OSError
     tr.step = 2
 
-    def broken_save():
+    def broken_save(*args, **kwargs):
         raise ValueError("the policy cannot be serialised")
 
     monkeypatch.setattr(tr, "save_checkpoint", broken_save)
+    monkeypatch.setattr(trainer_module, "save_to_rescue", broken_save)  # the rescue folder fails the same way
     with caplog.at_level(logging.ERROR, logger="mmrl.trainer"):
         tr._save_after_stop(_raised(RuntimeError("boom")))
     assert tr.stop_error_log is None
     assert tr.stop_reason == "RuntimeError: boom"
-    assert "could not save a checkpoint after the stop: the policy cannot be serialised" in caplog.text
+    assert "could not save a checkpoint after the stop: the checkpoint after the stop at step 2 could not be " in (
+        caplog.text
+    )
+    assert tr.stop_checkpoint is None
+    assert tr.checkpoint_lost.startswith("2 trained step(s) lost (steps 1-2; run folder ")
+    assert tr.checkpoint_lost.count("ValueError: the policy cannot be serialised") == 2
 
 
 def test_a_stop_whose_run_dir_is_full_rescues_the_checkpoint_and_says_which(tmp_path, monkeypatch, caplog):
