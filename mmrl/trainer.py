@@ -199,6 +199,8 @@ class Trainer:
         if self.is_main and policy is None:
             self._warn_if_out_of_memory()
         self.policy: Policy = policy if policy is not None else build_policy(cfg, task)
+        if self.is_main and policy is None and self.accelerator.device.type == "cpu":
+            self._refuse_if_over_ram()
         if cfg.algo.advantage == algos.CRITIC_ESTIMATOR and not self.policy.has_value_head:
             raise ConfigError(
                 f"algo.advantage={algos.CRITIC_ESTIMATOR} needs a critic, and the {type(self.policy).__name__} policy "
@@ -258,15 +260,22 @@ class Trainer:
 
     def _warn_if_out_of_memory(self) -> None:
         """``mmrl plan``'s verdict for this run on this device, before the model is loaded: a warning with the
-        cheapest fixes when it will not fit (:func:`mmrl.planning.report.start_of_run_warning`); on a CPU, a
-        ConfigError when it cannot fit the machine's RAM (:func:`mmrl.planning.report.check_fits_in_ram`)."""
-        from mmrl.planning.report import check_fits_in_ram, device_memory_gb, start_of_run_warning
+        cheapest fixes when it will not fit (:func:`mmrl.planning.report.start_of_run_warning`)."""
+        from mmrl.planning.report import device_memory_gb, start_of_run_warning
 
-        if self.accelerator.device.type == "cpu" and (note := check_fits_in_ram(self.cfg, world_size=self.world)):
-            log.info(note)
         msg = start_of_run_warning(self.cfg, device_gb=device_memory_gb(self.accelerator.device), world_size=self.world)
         if msg:
             log.warning(msg)
+
+    def _refuse_if_over_ram(self) -> None:
+        """On a CPU, a ConfigError when the run cannot fit the machine's RAM
+        (:func:`mmrl.planning.report.check_fits_in_ram`): after the model is built (weights that are not on this
+        machine say so first), before the first rollout, which would otherwise run until the kernel kills it."""
+        from mmrl.planning.report import check_fits_in_ram
+
+        note = check_fits_in_ram(self.cfg, world_size=self.world)
+        if note:
+            log.info(note)
 
     def _no_sync(self, sync: bool):
         return self.dp.no_sync(sync)

@@ -897,9 +897,9 @@ def machine_ram_gb() -> float | None:
 
 
 def check_fits_in_ram(cfg, *, world_size: int, ram_gb: float | None = None) -> str | None:
-    """The CPU counterpart of :func:`start_of_run_warning`, before the model is built: a CPU run that needs more
-    memory than the machine has would otherwise run until the kernel kills it, so this refuses it with a
-    ConfigError (one line). The planner's per-process estimate times the processes on this machine
+    """The CPU counterpart of :func:`start_of_run_warning`, called by the trainer before the first rollout: a CPU run
+    that needs more memory than the machine has would otherwise run until the kernel kills it, so this refuses it
+    with a ConfigError (one line). The planner's per-process estimate times the processes on this machine
     (``LOCAL_WORLD_SIZE``, else ``world_size``) is compared with the physical RAM (``ram_gb``, default
     :func:`machine_ram_gb`). Returns one line when memory was not checked (a model the planner cannot size), else
     None."""

@@ -158,17 +158,15 @@ def test_start_of_run_warning_uses_a_registered_memory_model(hooked_plugin):
 
 
 # ---------------------------------------------------------------------------------------------- CPU: the RAM
-def test_a_cpu_run_that_cannot_fit_the_ram_is_refused_before_the_model_is_built(tmp_path, monkeypatch):
-    """The planner's estimate against the machine's RAM (here 1 MiB): a one-line ConfigError, raised before the
-    policy is built (before: the run went on until the kernel killed it)."""
+def test_a_cpu_run_that_cannot_fit_the_ram_is_refused_before_the_first_rollout(tmp_path, monkeypatch):
+    """The planner's estimate against the machine's RAM (here 1 MiB): a one-line ConfigError when the trainer is
+    built, before any rollout (before: the run went on until the kernel killed it)."""
     import mmrl.planning.report as report
-    import mmrl.trainer
     from mmrl.errors import ConfigError
     from mmrl.planning.report import build_plan
     from tests.helpers import toy_overrides, toy_trainer
 
     monkeypatch.setattr(report, "machine_ram_gb", lambda: 2**-10)
-    monkeypatch.setattr(mmrl.trainer, "build_policy", lambda cfg, task: pytest.fail("the policy was built"))
     with pytest.raises(ConfigError) as err:
         toy_trainer(tmp_path)
     # the trainer's plan: its strategy, one process, AdamW moments in the parameter dtype, no GPU overhead
@@ -179,10 +177,14 @@ def test_a_cpu_run_that_cannot_fit_the_ram_is_refused_before_the_model_is_built(
     assert "trainer.batch_size=4 x algo.group_size=4 samples per step" in msg
 
 
-def test_mmrl_train_with_a_batch_of_1e8_on_cpu_exits_in_one_line(tmp_path, capsys):
-    """issue 42 item 5 as the user typed it, against the real RAM of this machine: refused at once, nothing written."""
+def test_mmrl_train_with_a_batch_of_1e8_on_cpu_exits_in_one_line(tmp_path, capsys, monkeypatch):
+    """issue 42 item 5 as the user typed it, against the real RAM of this machine: refused at once, nothing written.
+    Training is stubbed to fail the test: without the check, the first rollout takes all the machine's memory."""
     from mmrl.cli import main
     from mmrl.planning.report import machine_ram_gb
+    from mmrl.trainer import Trainer
+
+    monkeypatch.setattr(Trainer, "fit", lambda self: pytest.fail("the run started training"))
 
     assert main(["train", "trainer.batch_size=100000000", "trainer.device=cpu", f"trainer.output_dir={tmp_path}"]) == 2
     assert not any(tmp_path.iterdir())
