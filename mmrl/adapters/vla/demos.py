@@ -30,6 +30,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from mmrl.errors import ConfigError
 from mmrl.simulators.registry import make_env
 
 __all__ = [
@@ -48,8 +49,9 @@ SWITCHABLE_TABLETOP = "tabletop/switchable"
 """Registered name of the task-switchable tabletop env (``TabletopEnv`` + ``set_task``)."""
 
 
-class DemoError(ValueError):
-    """Bad demo request (no expert for the env, bad init states) or a broken demo file."""
+class DemoError(ConfigError):
+    """Bad demo request (no expert for the env, bad init states), a demo path that cannot be written or a broken demo
+    file: something the user fixes, so a :class:`~mmrl.errors.ConfigError` (one line from the CLI, exit 2)."""
 
 
 @dataclass
@@ -190,6 +192,8 @@ def collect_demos(
     segfaults), so trainers collect this way. ``progress``: a progress display over the episodes
     (:class:`mmrl.progress.PhaseProgress`, on the same stderr from the child process).
     """
+    if path is not None:  # before minutes of episodes: a path that cannot be written is one line now
+        check_demos_path(path)
     opts = {
         "env_kwargs": env_kwargs,
         "noise_std": noise_std,
@@ -255,12 +259,30 @@ def demo_paths(path: str | Path) -> tuple[Path, Path]:
     return p.with_name(p.name + ".npz"), p.with_name(p.name + ".jsonl")
 
 
+def check_demos_path(path: str | Path) -> None:
+    """A :class:`DemoError` when the demo files of ``path`` cannot be created: a component of its folder is a file
+    (``task.demos_path`` under an existing file), or the folder cannot be made. Creates the folder."""
+    npz, _ = demo_paths(path)
+    for parent in reversed(npz.parents):
+        if parent.exists() and not parent.is_dir():
+            raise DemoError(
+                f"task.demos_path={path}: {parent} is a file, not a folder, so {npz.name} cannot be written under it; "
+                "choose another task.demos_path"
+            )
+    try:
+        npz.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise DemoError(
+            f"task.demos_path={path}: its folder {npz.parent} cannot be created ({e.strerror or e})"
+        ) from None
+
+
 def save_demos(demos: Sequence[Demo], path: str | Path) -> tuple[Path, Path]:
     """Write demos as ``path.npz`` (arrays, concatenated) + ``path.jsonl`` (one line per episode)."""
     if not demos:
         raise DemoError("save_demos: nothing to save")
     npz, jsonl = demo_paths(path)
-    npz.parent.mkdir(parents=True, exist_ok=True)
+    check_demos_path(path)
     offsets = np.concatenate([[0], np.cumsum([d.length for d in demos])]).astype(np.int64)
     np.savez_compressed(
         npz,
@@ -292,9 +314,19 @@ def load_demos(path: str | Path) -> list[Demo]:
     for f in (npz, jsonl):
         if not f.exists():
             raise DemoError(f"demo file {f} does not exist (collect it with `mmrl collect` or collect_demos)")
-    meta = [json.loads(line) for line in jsonl.read_text().splitlines() if line.strip()]
-    with np.load(npz) as data:
-        arrays = {k: data[k] for k in ("frames", "proprio", "actions", "offsets")}
+    redo = f"delete {npz} and {jsonl} to collect the demos again (mmrl collect, or a run with task.demos_path)"
+    try:
+        meta = [json.loads(line) for line in jsonl.read_text().splitlines() if line.strip()]
+    except (ValueError, UnicodeDecodeError) as e:
+        raise DemoError(f"{jsonl}: not a demo list written by mmrl ({type(e).__name__}: {e}); {redo}") from None
+    import zipfile
+
+    try:  # never unpickled (allow_pickle=False): a file holding Python objects is refused, not run
+        with np.load(npz, allow_pickle=False) as data:
+            arrays = {k: data[k] for k in ("frames", "proprio", "actions", "offsets")}
+    except (ValueError, OSError, EOFError, KeyError, zipfile.BadZipFile, AttributeError) as e:
+        why = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise DemoError(f"{npz}: not a demo file written by mmrl ({why}); {redo}") from None
     off = arrays["offsets"]
     if len(off) != len(meta) + 1 or off[-1] != len(arrays["actions"]):
         raise DemoError(
