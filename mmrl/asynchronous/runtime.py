@@ -64,6 +64,9 @@ def _shutdown(workers: list, results) -> None:
         if w["proc"].is_alive():
             w["proc"].terminate()
             w["proc"].join(5.0)
+        if w["proc"].is_alive():
+            w["proc"].kill()
+            w["proc"].join(5.0)
     for q in [w["tasks"] for w in workers] + ([results] if results is not None else []):
         q.cancel_join_thread()
         q.close()

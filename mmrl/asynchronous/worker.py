@@ -46,6 +46,11 @@ def deserialise(data: bytes):
 
 def run_worker(worker: int, cfg, board, tasks, results, device: str) -> None:
     """The worker's main loop (the spawned process's target): build, then take rounds until a None arrives."""
+    import signal
+
+    # Ctrl-C reaches the whole process group: the learner alone decides how the run stops (it finishes its step and
+    # checkpoints), so a worker ignores it and is stopped by the learner
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     round_id = None
     try:
         import torch

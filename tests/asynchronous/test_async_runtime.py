@@ -57,6 +57,8 @@ def test_a_worker_killed_mid_run_is_restarted_counted_and_nothing_is_lost(tmp_pa
     killed = []
 
     def kill_after_step_2(trainer, metrics):
+        if trainer.step == 1:  # Ctrl-C reaches the workers too: they ignore it (the learner stops the run)
+            os.kill(trainer.async_rollouts.workers[0]["proc"].pid, signal.SIGINT)
         if trainer.step == 2:
             proc = trainer.async_rollouts.workers[0]["proc"]
             os.kill(proc.pid, signal.SIGKILL)
