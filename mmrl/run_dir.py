@@ -125,11 +125,21 @@ def is_mmrl_run(run_dir: Path) -> bool:
 
 
 def create_run_dir(run_dir: Path) -> None:
-    """Make ``run_dir`` and mark it as mmrl's (idempotent)."""
-    run_dir.mkdir(parents=True, exist_ok=True)
+    """Make ``run_dir`` and mark it as mmrl's (idempotent); ConfigError when it cannot be written (a full disk)."""
     marker = run_dir / RUN_MARKER
-    if not marker.exists():
-        marker.write_text("created by mmrl; trainer.overwrite=true may delete this folder\n")
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        if not marker.exists():
+            marker.write_text("created by mmrl; trainer.overwrite=true may delete this folder\n")
+    except OSError as e:
+        raise _unwritable(run_dir, e) from None
+
+
+def _unwritable(run_dir: Path, error: OSError) -> ConfigError:
+    return ConfigError(
+        f"cannot write the run folder {run_dir} ({error.strerror or type(error).__name__}); free some space or "
+        "choose another trainer.output_dir"
+    )
 
 
 def refuse_unless_mmrl_run(run_dir: Path) -> None:
@@ -314,8 +324,13 @@ class RunLock:
             os.ftruncate(fd, 0)
             os.pwrite(fd, (json.dumps(info) + "\n").encode(), 0)
         except OSError as e:
+            try:  # ours now: leave no empty lock behind (a full disk)
+                os.unlink(path)
+            except OSError:
+                pass
             raise ConfigError(
-                f"cannot write the lock {path} of the {what} ({e.strerror or type(e).__name__})"
+                f"cannot write the {what} {folder}: its lock {LOCK_FILE} cannot be written "
+                f"({e.strerror or type(e).__name__}); free some space or choose another trainer.output_dir"
             ) from None
         return True
 
@@ -363,10 +378,7 @@ def record_start(run_dir: Path, config_yaml: str, step: int) -> Path:
         ):
             replace_text(target, text)
     except OSError as e:
-        raise ConfigError(
-            f"cannot write the run folder {run_dir} ({e.strerror or type(e).__name__}); free some space or choose "
-            "another trainer.output_dir"
-        ) from None
+        raise _unwritable(run_dir, e) from None
     return path
 
 

@@ -18,6 +18,8 @@ import queue
 import threading
 from pathlib import Path
 
+from mmrl.errors import ConfigError
+
 log = logging.getLogger(__name__)
 
 
@@ -68,7 +70,13 @@ class Tracker:
         if not enabled:
             return
         if resume_step is not None:
-            truncate_metrics(self.path, resume_step)
+            try:
+                truncate_metrics(self.path, resume_step)
+            except OSError as e:  # the old file is kept whole (truncate_metrics): the resume can be retried
+                raise ConfigError(
+                    f"cannot rewrite {self.path} for the resume ({e.strerror or type(e).__name__}); free some space "
+                    "and resume again"
+                ) from None
         if tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter

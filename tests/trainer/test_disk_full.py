@@ -20,7 +20,7 @@ from safetensors import SafetensorError
 
 from mmrl.checkpoint import latest_checkpoint
 from tests.helpers import toy_overrides, toy_trainer
-from tests.trainer.test_run_safety import _one_line, cli  # noqa: F401 - cli is a fixture
+from tests.trainer.test_run_safety import _one_line, _tree, cli  # noqa: F401 - cli is a fixture
 
 REAL_TORCH_SAVE = torch.save
 REAL_SAFE_SAVE = hf_modeling.safe_save_file
@@ -187,3 +187,20 @@ def test_metrics_rows_are_whole_or_absent_on_a_full_filesystem(small_fs):
     with pytest.raises(OSError) as e:
         (run / "probe").write_bytes(b"x" * 8192)
     assert e.value.errno == errno.ENOSPC
+
+
+def test_a_resume_on_a_full_filesystem_is_one_line_and_changes_nothing(cli, small_fs, tmp_path):  # noqa: F811
+    runs = small_fs("runs", "2m")
+    args = toy_overrides(runs, steps=1, run="r")
+    assert cli(tmp_path, "train", *args).returncode == 0
+    before = _tree(runs / "r")
+    with pytest.raises(OSError) as e, (runs / "filler").open("wb") as f:
+        while True:
+            f.write(b"\0" * 4096)
+            f.flush()
+    assert e.value.errno == errno.ENOSPC
+    p = cli(tmp_path, "train", *args, "trainer.resume=auto", "trainer.max_steps=2")
+    assert p.returncode == 2, p.stderr
+    line = _one_line(p.stderr)
+    assert line.startswith(f"mmrl train: error: cannot write the run folder {runs / 'r'}") and "No space left" in line
+    assert _tree(runs / "r") == before
