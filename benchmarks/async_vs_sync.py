@@ -38,8 +38,8 @@ def run(overrides: list[str], steps: int, warmup: int, out: Path) -> dict[str, f
     from mmrl.config import load_config
     from mmrl.trainer import Trainer
 
-    base = [
-        "task=toy_arithmetic",
+    task = [] if any(o.startswith("task=") for o in overrides) else ["task=toy_arithmetic"]
+    base = task + [
         f"trainer.output_dir={out}",
         "trainer.run_name=run",
         f"trainer.max_steps={steps}",
@@ -55,6 +55,7 @@ def run(overrides: list[str], steps: int, warmup: int, out: Path) -> dict[str, f
     rows: list[dict] = []
     tr.callbacks.append(lambda t, m: (ends.append(time.perf_counter()), rows.append(dict(m))))
     tr.fit()
+    tr.policy.close()
     steady = rows[warmup:]
 
     def med(key: str) -> float:
