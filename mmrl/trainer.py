@@ -894,7 +894,8 @@ class Trainer:
             if (tr.sft_steps > 0 and self.step == 0 and not self.resumed) or self.warm_start is not None:
                 if self._warm_start():
                     warm_started = True
-                    self.save_checkpoint()  # step 0 = the warm-started weights: a resume never redoes or loses SFT
+                    # step 0 = the warm-started weights: a resume never redoes or loses SFT
+                    self._save_or_rescue("the checkpoint of the warm start")
                 else:  # stopped inside it: step 0 with the SFT step, optimizer and data position to continue from
                     self._save_or_rescue(f"the checkpoint of the warm start stopped at SFT step {self.warm_start.step}")
             elif tr.eval_at_start and self.step == 0 and not self.resumed:
@@ -1011,6 +1012,8 @@ class Trainer:
     def _lost_steps(self, why: str) -> str:
         """``N trained step(s) lost (steps A-B; why)``: the steps since the last checkpoint this run wrote or resumed."""
         base = self._saved_step or 0
+        if self.step == base:  # step 0: what was trained is the supervised warm start
+            return f"the warm start's training lost ({why})"
         span = f"step {self.step}" if self.step == base + 1 else f"steps {base + 1}-{self.step}"
         return f"{self.step - base} trained step(s) lost ({span}; {why})"
 

@@ -204,3 +204,22 @@ def test_a_resume_on_a_full_filesystem_is_one_line_and_changes_nothing(cli, smal
     line = _one_line(p.stderr)
     assert line.startswith(f"mmrl train: error: cannot write the run folder {runs / 'r'}") and "No space left" in line
     assert _tree(runs / "r") == before
+
+
+def test_a_full_disk_after_the_warm_start_rescues_it_or_says_it_is_lost(cli, tmp_path, monkeypatch):  # noqa: F811
+    """The step-0 checkpoint of a finished warm start goes to the rescue folder like any other; when that fails too,
+    the line says the warm start's training is lost (not "nothing trained")."""
+    warm = ["trainer.sft_steps=2", "trainer.sft_batch_size=4"]
+    _full_disk(monkeypatch, [tmp_path / "runs"], "torch")
+    args = toy_overrides(tmp_path / "runs", *warm, steps=2, run="w")
+    p = cli(tmp_path, "train", *args, env={"MMRL_RESCUE_DIR": str(tmp_path / "ok")})
+    assert p.returncode == 1, p.stderr
+    assert latest_checkpoint(tmp_path / "ok" / "mmrl-rescue" / "w").name == "step_000002"  # rescued at 0, then at 2
+
+    _full_disk(monkeypatch, [tmp_path / "runs", tmp_path / "full"], "torch")
+    args = toy_overrides(tmp_path / "runs", *warm, steps=2, run="w2")
+    p = cli(tmp_path, "train", *args, env={"MMRL_RESCUE_DIR": str(tmp_path / "full")})
+    assert p.returncode == 1, p.stderr
+    line = _one_line(p.stderr)
+    assert line.startswith("mmrl train: aborted at step 0: the checkpoint of the warm start could not be written")
+    assert "no checkpoint: the warm start's training lost (run folder " in line and "nothing trained" not in line
