@@ -7,6 +7,7 @@ the rest goes to :func:`mmrl.config.load_config`, exactly as ``mmrl train`` woul
 from __future__ import annotations
 
 import json
+import logging
 import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any
@@ -28,6 +29,8 @@ from mmrl.planning.memory import (
     dtype_bytes,
     plan_memory,
 )
+
+log = logging.getLogger(__name__)
 
 __all__ = ["PlanSettings", "build_plan", "format_report", "plan_inputs", "report_json", "split_plan_overrides"]
 
@@ -865,9 +868,8 @@ def _run_plan(
 ) -> tuple[PlanSettings, PlanInputs, dict, MemoryBreakdown] | None:
     """The plan of ``cfg`` as the trainer will run it (its own strategy, offload, world size, AdamW moments in the
     parameter dtype) on a ``device_gb`` device; None when the task's settings cannot be read offline (e.g. a VLA
-    task's simulator is not installed). UnknownArchitectureError (one line) when the model cannot be sized."""
-    from mmrl.errors import ConfigError
-
+    task's simulator is not installed, or any other failure of the planner: it runs at the start of every run and
+    must never stop one). UnknownArchitectureError (one line) when the model cannot be sized."""
     cfg = planned_config(cfg)
     tr = cfg.trainer
     settings = PlanSettings(
@@ -879,11 +881,12 @@ def _run_plan(
     )
     try:
         inp, info = plan_inputs(cfg, settings)
+        return settings, inp, info, plan_memory(inp)
     except UnknownArchitectureError:
         raise
-    except (ConfigError, OSError, ValueError, ImportError):  # e.g. a VLA task's simulator
+    except Exception as e:  # noqa: BLE001 - e.g. a VLA task's simulator: a check at the start of every run never fails it
+        log.debug("memory plan skipped: %s: %s", type(e).__name__, e)
         return None
-    return settings, inp, info, plan_memory(inp)
 
 
 def machine_ram_gb() -> float | None:
