@@ -238,3 +238,32 @@ def test_a_live_mmrl_train_refuses_a_second_command_and_its_kill_9_leaves_a_stal
     assert p.returncode == 0, p.stderr
     assert f"taking over the stale lock of the run folder {run}: its owner (pid {first.pid} on host" in p.stderr
     assert latest_checkpoint(run).name == f"step_{done + 1:06d}" and not (run / LOCK_FILE).exists()
+
+
+def test_without_file_locks_the_recorded_pid_decides(tmp_path, monkeypatch, caplog):
+    """On a filesystem without POSIX locks (``lockf`` fails with ENOLCK, as some network mounts do), a lock naming a
+    live pid on this host is refused, one naming a dead pid is taken over with the warning."""
+    import errno
+    import fcntl
+
+    def no_locks(fd, cmd, *args):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "lockf", no_locks)
+    run = tmp_path / "nfs"
+    run.mkdir()
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    for pid, refused in ((os.getppid(), True), (int(dead.stdout), False)):
+        info = {"pid": pid, "host": socket.gethostname(), "started": "2026-12-05T08:00:00+00:00", "command": "x"}
+        (run / LOCK_FILE).write_text(json.dumps(info))
+        if refused:
+            with pytest.raises(RunLocked, match=f"pid {pid} on host .*this filesystem has no locks: if that process"):
+                RunLock.acquire(run)
+            assert json.loads((run / LOCK_FILE).read_text()) == info
+            continue
+        with caplog.at_level(logging.WARNING, logger="mmrl.run_dir"):
+            lock = RunLock.acquire(run)
+        assert json.loads((run / LOCK_FILE).read_text())["pid"] == os.getpid()
+        assert f"its owner (pid {pid} on host {socket.gethostname()}" in caplog.text and "is gone" in caplog.text
+        lock.release()
+        assert not (run / LOCK_FILE).exists()
