@@ -14,7 +14,7 @@ import pytest
 from tests.contracts.conftest import EXAMPLE
 
 # A task with no preset file that takes only its own model type (whose config has none of tiny_lm's fields).
-PLUGIN = '''
+PLUGIN = """
 from dataclasses import dataclass
 
 from mmrl.models.registry import register_model_type
@@ -59,7 +59,7 @@ def register():
     CALLS.append("register")
     register_task("echo", f"{__name__}:EchoTask")
     register_model_type("echo_model", f"{__name__}:EchoModelConfig", f"{__name__}:build")
-'''
+"""
 
 
 @pytest.fixture
@@ -141,7 +141,7 @@ def _entry_points(*eps: EntryPoint):
     return entry_points
 
 
-def test_installed_entry_points_are_loaded_module_or_callable(plugin_sandbox, tmp_path, monkeypatch):
+def test_installed_entry_points_are_loaded_module_or_callable(plugin_sandbox, tmp_path, monkeypatch, capsys):
     """A package's ``mmrl.plugins`` entry point: a module is imported, a callable is called; then ``task=`` finds its
     task with no ``plugins=`` key, and ``mmrl tasks`` lists it."""
     import importlib.metadata
@@ -168,7 +168,10 @@ def test_installed_entry_points_are_loaded_module_or_callable(plugin_sandbox, tm
     assert sys.modules["echo_pkg"].CALLS == ["register"]
     tone = load_config(["task=tone_class"])  # the module entry point: its preset folder too
     assert tone.model.type == "tone_mlp" and tone.trainer.max_steps == 100 and tone.plugins == []
+    capsys.readouterr()
     assert main(["tasks"]) == 0
+    listed = {line.split()[0] for line in capsys.readouterr().out.splitlines()}
+    assert {"echo", "tone_class", "toy_arithmetic"} <= listed
 
 
 def test_a_broken_installed_plugin_is_a_warning_and_named_in_unknown_task(plugin_sandbox, monkeypatch, caplog):
