@@ -8,6 +8,7 @@ of the first slot not consumed (:meth:`AsyncRollouts.state_dict`).
 
 from __future__ import annotations
 
+import json
 import logging
 import pickle
 import queue
@@ -20,6 +21,10 @@ from mmrl.errors import ConfigError
 from mmrl.policies.base import Rollout
 
 log = logging.getLogger(__name__)
+
+CONSUMED_LOG = "consumed_items.jsonl"
+"""In the run folder: one line per step, ``{"step": s, "items": [dataset index of each trained group]}`` (a step
+that was cut short by a crash may appear twice: the line after its resume is the one that trained)."""
 
 MAX_RESTARTS = 3
 """A worker that dies more often than this in one run ends the run (it is not a passing accident)."""
@@ -235,6 +240,9 @@ class AsyncRollouts:
             self._dispatch()
         self._wait_s = time.perf_counter() - t0
         ro, metrics = self._assemble(s.take, depth, run_dir)
+        if run_dir is not None:  # which items each step trained on: a resumed run can be checked against it
+            with open(run_dir / CONSUMED_LOG, "a") as f:
+                f.write(json.dumps({"step": step, "items": [r.indices[k] for r, k in s.take.groups]}) + "\n")
         if started is not None:
             metrics["time/worker_start"] = started
         return ro, metrics

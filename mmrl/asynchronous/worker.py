@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import contextlib
 import io
+import multiprocessing
 import pickle
+import queue
 import time
 import traceback
 
@@ -44,6 +46,17 @@ def deserialise(data: bytes):
     return torch.load(io.BytesIO(data), weights_only=False)
 
 
+def _next_task(tasks, parent):
+    """The next message from the learner; None (stop) when the learner process is gone (killed: nobody would stop
+    this worker otherwise)."""
+    while True:
+        try:
+            return tasks.get(timeout=1.0)
+        except queue.Empty:
+            if parent is not None and not parent.is_alive():
+                return None
+
+
 def run_worker(worker: int, cfg, board, tasks, results, device: str) -> None:
     """The worker's main loop (the spawned process's target): build, then take rounds until a None arrives."""
     import signal
@@ -69,9 +82,10 @@ def run_worker(worker: int, cfg, board, tasks, results, device: str) -> None:
         version = board.load_into(policy.model, None)
         results.put(("ready", worker))
         every = cfg.trainer.log_samples_every
+        parent = multiprocessing.parent_process()
         while True:
             t_wait = time.perf_counter()
-            msg = tasks.get()
+            msg = _next_task(tasks, parent)
             if msg is None:
                 break
             t0 = time.perf_counter()
@@ -87,6 +101,8 @@ def run_worker(worker: int, cfg, board, tasks, results, device: str) -> None:
             results.put(("round", worker, round_id, version, kept, payload, time.perf_counter() - t0, t0 - t_wait))
             round_id = None
         policy.close()
+        if parent is not None and not parent.is_alive():
+            results.cancel_join_thread()  # nobody reads the results any more: do not wait to flush them
     except BaseException as e:  # noqa: BLE001 - every failure is reported to the learner, which decides
         summary = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}".rstrip(": ")
         try:

@@ -151,3 +151,47 @@ def test_eta_zero_gives_the_synchronous_numbers_on_the_tiny_vlm(tmp_path):
 
     sync = run("sync")
     _assert_same_run(run("async", "trainer.rollout=async", "algo.max_staleness=0"), (_rows(sync), _weights(sync)))
+
+
+@pytest.mark.slow
+def test_the_learner_killed_mid_run_resumes_with_every_item_once_per_epoch(tmp_path):
+    """kill -9 of the learner (the mmrl command) after its step-4 checkpoint, with eta=1 rounds in flight: its worker
+    exits on its own, and the resumed run trains every item once per epoch in the sampler's order, as
+    consumed_items.jsonl records (25 items, 4 per step: the epoch ends inside step 7)."""
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    import psutil
+    from helpers import toy_overrides
+
+    from mmrl.asynchronous.runtime import CONSUMED_LOG
+
+    extra = ("trainer.rollout=async", "algo.max_staleness=1", "algo.truncated_is=true", "trainer.save_every=2")
+    mmrl = Path(sys.executable).with_name("mmrl")
+    proc = subprocess.Popen(
+        [str(mmrl), "train", *toy_overrides(tmp_path, *extra, steps=10)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    run = tmp_path / "run"
+    deadline = time.monotonic() + 120
+    while not (run / "checkpoints" / "step_000004").exists() or len((run / CONSUMED_LOG).read_text().splitlines()) < 6:
+        assert proc.poll() is None and time.monotonic() < deadline, "the run ended or stalled before step 6"
+        time.sleep(0.05)
+    workers = psutil.Process(proc.pid).children()
+    assert workers  # the rollout worker
+    proc.kill()
+    proc.wait(10)
+    _, alive = psutil.wait_procs(workers, timeout=15)
+    assert not alive  # a worker whose learner is gone stops by itself
+    resumed = toy_trainer(tmp_path, *extra, "trainer.resume=auto", steps=10)
+    resumed.fit()
+    assert resumed.step == 10
+    trained: dict[int, list[int]] = {}
+    for line in (run / CONSUMED_LOG).read_text().splitlines():  # a step cut short by the kill: its resumed line
+        row = json.loads(line)
+        trained[row["step"]] = row["items"]
+    order = PromptSampler(25, 4, 0)
+    assert [trained[s] for s in range(10)] == [order.next_batch()[0] for _ in range(10)]
