@@ -85,7 +85,10 @@ class AsyncRollouts:
         from mmrl.asynchronous.weights import trainable_names
 
         self.collector, self.policy, self.cfg, self.device = collector, policy, cfg, device
-        self.trainable = trainable_names(policy.model, params)
+        try:
+            self.trainable = trainable_names(policy.model, params)
+        except ValueError as e:
+            raise ConfigError(f"trainer.rollout=async with the {type(policy).__name__} policy: {e}") from None
         self.batch_groups = cfg.trainer.batch_size
         self.schedule = None  # built at the first step (after a warm start or a resume)
         self.board = None

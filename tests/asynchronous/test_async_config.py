@@ -41,3 +41,16 @@ def test_async_refuses_a_policy_object_the_workers_cannot_build(tmp_path):
     cfg = load_config(toy_overrides(tmp_path, "trainer.rollout=async", run="async"))
     with pytest.raises(ConfigError, match="build the task and policy from the config"):
         Trainer(cfg, task=sync.task, policy=sync.policy)
+
+
+def test_async_refuses_a_policy_whose_trained_weights_are_outside_its_model(tmp_path, monkeypatch):
+    import torch
+
+    from mmrl.policies.causal_lm import CausalLMPolicy
+
+    extra = torch.nn.Parameter(torch.zeros(3))  # a head the workers' copy of the model would not receive
+    real = CausalLMPolicy.trainable_parameters
+    monkeypatch.setattr(CausalLMPolicy, "trainable_parameters", lambda self: [*real(self), extra])
+    cfg = load_config(toy_overrides(tmp_path, "trainer.rollout=async"))
+    with pytest.raises(ConfigError, match="1 trainable parameter\\(s\\) are not in the policy's model"):
+        Trainer(cfg)
