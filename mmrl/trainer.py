@@ -929,7 +929,10 @@ class Trainer:
                 )
                 if tr.save_every and self.step % tr.save_every == 0 and self.step < tr.max_steps:
                     self._save_or_rescue(f"the checkpoint of step {self.step}")
-            if self.step > first_step and not self.updates_done and not warm_started and self._stop_signal is None:
+            # after a warm start, RL steps without a usable batch are no error (e.g. a warm start that solved the
+            # task leaves groups without reward variance); RL steps that were all non-finite are a broken run
+            nothing_rl = not self.updates_done and (not warm_started or self.nonfinite_only_steps)
+            if self.step > first_step and nothing_rl and self._stop_signal is None:
                 why = f"{self.skipped_total} of {self.seen_total} data items skipped" + (
                     ", every group filtered out by algo.filter_groups" if self.cfg.algo.filter_groups else ""
                 )
@@ -943,7 +946,11 @@ class Trainer:
                 self.stop_reason = (
                     f"trained nothing: {self.step - first_step} step(s) ran and none "
                     f"{'updated the policy' if self.nonfinite_only_steps else 'had a usable batch'} ({why}); "
-                    "no checkpoint written"
+                    + (
+                        "only the warm start's checkpoint (step 0) was written"
+                        if warm_started
+                        else "no checkpoint written"
+                    )
                 )
                 raise NothingTrained(self.stop_reason)
             if self._saved_step != self.step:

@@ -62,3 +62,16 @@ def test_a_step_counts_as_an_update_when_one_optimizer_step_was_taken(
     assert [r["train/nonfinite_skipped"] for r in read_metrics(tmp_path / "some" / "metrics.jsonl")] == skipped
     assert (tr.updates_done, tr.nonfinite_only_steps) == (updates, 2 - updates)
     assert latest_checkpoint(tmp_path / "some").name == "step_000002"
+
+
+def test_after_a_warm_start_rl_steps_that_were_all_non_finite_are_still_an_error(cli, tmp_path, monkeypatch):  # noqa: F811
+    """The flow head with ``model.noise_level=1e6`` after its warm start: the warm start's step-0 checkpoint is kept,
+    but a run whose RL steps all skipped their update for non-finite values is not "done"."""
+    _nan_on_calls(monkeypatch, lambda n: True)
+    args = toy_overrides(tmp_path, "trainer.sft_steps=1", "trainer.sft_batch_size=4", steps=2, run="warm")
+    p = cli(tmp_path, "train", *args)
+    assert p.returncode == 1, p.stderr
+    line = _one_line(p.stderr)
+    assert line.startswith("mmrl train: error: trained nothing: 2 step(s) ran and none updated the policy (2 had ")
+    assert line.endswith("only the warm start's checkpoint (step 0) was written")
+    assert latest_checkpoint(tmp_path / "warm").name == "step_000000"
