@@ -326,6 +326,60 @@ class RewardConfig:
             raise ConfigError("reward.max_retries must be >= 0, reward.max_concurrency and reward.batch_size >= 1")
 
 
+OVER_TURN_MODES: tuple[str, ...] = ("mask", "penalize")
+
+
+@dataclass
+class AgentConfig:
+    """Multi-turn tool use (read by ``model.type=vlm_agent``; ignored by the other model types). See docs/agents.md."""
+
+    tools: list[str] = field(default_factory=list)
+    """Tools the model may call: built-in names (``zoom``) and your own functions as ``FILE.py:FUNCTION`` or
+    ``MODULE:FUNCTION`` (loaded like ``reward.fns``). Each is a plain or async Python function whose JSON schema comes
+    from its type hints and docstring (``transformers.utils.get_json_schema``, TRL's convention). Empty: the task's
+    own tools (``task=visual_search``: ``[zoom]``)."""
+    max_turns: int = 4
+    """Most policy turns per trajectory. A trajectory that still calls a tool on its last turn is over-turn (it gave
+    no final answer): see ``over_turn``."""
+    max_tokens: int = 1024
+    """Token budget of one trajectory after its prompt: generated tokens plus tool / observation tokens. A turn is cut
+    at the budget; an observation that does not fit ends the trajectory (counted in ``agent/over_budget_frac``)."""
+    tool_timeout_s: float = 10.0
+    """Seconds a tool call may run. A call that takes longer becomes an error message to the model (counted in
+    ``count/agent/error_timeout``); the hung call is abandoned, never waited for."""
+    over_turn: str = "mask"
+    """What trains on an over-turn trajectory (turn limit hit while still calling tools): ``mask`` (Mini-o3: its
+    tokens leave the loss, it still counts in its group's reward statistics) or ``penalize`` (it trains, and its
+    reward gets ``-over_turn_penalty``)."""
+    over_turn_penalty: float = 1.0
+    """Magnitude of the reward penalty of an over-turn trajectory with ``over_turn=penalize``."""
+    max_tool_chars: int = 2000
+    """A tool's text result longer than this is cut (and says so) before it reaches the model."""
+
+    def validate(self) -> None:
+        """ConfigError (one line naming the field) for values that cannot work."""
+        import math
+
+        if self.max_turns < 1:
+            raise ConfigError(f"agent.max_turns must be >= 1, got {self.max_turns}")
+        if self.max_tokens < 1:
+            raise ConfigError(f"agent.max_tokens must be >= 1, got {self.max_tokens}")
+        if not (math.isfinite(self.tool_timeout_s) and self.tool_timeout_s > 0):
+            raise ConfigError(f"agent.tool_timeout_s must be a positive number of seconds, got {self.tool_timeout_s}")
+        if self.over_turn not in OVER_TURN_MODES:
+            raise ConfigError(f"agent.over_turn: {self.over_turn!r} is not valid; choose from mask, penalize")
+        if not (math.isfinite(self.over_turn_penalty) and self.over_turn_penalty >= 0):
+            raise ConfigError(
+                f"agent.over_turn_penalty is a magnitude: give a finite value >= 0, got {self.over_turn_penalty}"
+            )
+        if self.max_tool_chars < 1:
+            raise ConfigError(f"agent.max_tool_chars must be >= 1, got {self.max_tool_chars}")
+        if any(not isinstance(t, str) or not t for t in self.tools):
+            raise ConfigError(
+                f"agent.tools: give tool names or FILE.py:FUNCTION / MODULE:FUNCTION strings, got {self.tools}"
+            )
+
+
 @dataclass
 class RunConfig:
     """A whole run: task, model, algorithm and trainer settings."""
@@ -342,6 +396,8 @@ class RunConfig:
     """Checkpoint to evaluate (`mmrl eval`) or to initialise the policy from."""
     reward: RewardConfig = field(default_factory=RewardConfig)
     """User reward functions (file, module or remote URL) added to or replacing the task's."""
+    agent: AgentConfig = field(default_factory=AgentConfig)
+    """Multi-turn tool use: tools, turn and token limits, over-turn handling (``model.type=vlm_agent``, docs/agents.md)."""
     plugins: list[str] = field(default_factory=list)
     """Modules (``my_pkg.audio``) or ``.py`` files to import before the task and model are looked up: code that
     registers tasks, model types, estimators or losses (:mod:`mmrl.plugins`; installed packages' ``mmrl.plugins``
@@ -869,9 +925,9 @@ def build_run_config(raw: dict, *, texts: dict[str, str] | None = None) -> RunCo
             f"a run config is a mapping of task, model, algo, trainer, reward, checkpoint, plugins; got {_show(raw)}"
         )
     for key in raw:
-        if key not in ("task", "model", "algo", "trainer", "reward", "checkpoint", "plugins"):
+        if key not in ("task", "model", "algo", "trainer", "reward", "agent", "checkpoint", "plugins"):
             raise ConfigError(
-                f"unknown key '{key}'; valid top-level keys: task, model, algo, trainer, reward, checkpoint, plugins"
+                f"unknown key '{key}'; valid top-level keys: task, model, algo, trainer, reward, agent, checkpoint, plugins"
             )
     plugins = [plugin_path(p) for p in _coerce(raw.get("plugins") or [], list[str], "plugins")]
     load_plugins(plugins)  # before the task name and model type are looked up (mmrl eval of a plugin's run)
@@ -900,6 +956,7 @@ def build_run_config(raw: dict, *, texts: dict[str, str] | None = None) -> RunCo
             trainer=from_dict(TrainerConfig, raw.get("trainer"), "trainer"),
             checkpoint=_coerce(raw.get("checkpoint"), typing.get_type_hints(RunConfig)["checkpoint"], "checkpoint"),
             reward=from_dict(RewardConfig, raw.get("reward"), "reward"),
+            agent=from_dict(AgentConfig, raw.get("agent"), "agent"),
             plugins=plugins,
         )
     finally:

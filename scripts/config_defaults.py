@@ -33,6 +33,7 @@ from typing import Any
 import yaml
 
 from mmrl.config import (
+    AgentConfig,
     AlgoConfig,
     RewardConfig,
     RunConfig,
@@ -47,7 +48,7 @@ SKIP_DIRS = ("accelerate",)
 """Folders of ``configs/`` that are not mmrl configs (accelerate's launcher files)."""
 SELECTORS = {("model", "type"), ("task", "name")}
 """(section, key) the loader requires to choose the dataclass; they restate their class's default by design."""
-SECTIONS = {"algo": AlgoConfig, "trainer": TrainerConfig, "reward": RewardConfig}
+SECTIONS = {"algo": AlgoConfig, "trainer": TrainerConfig, "reward": RewardConfig, "agent": AgentConfig}
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from mmrl.errors import ConfigError
 CORE_MODEL_TYPES: dict[str, tuple[str, ...]] = {
     "causal_lm": ("mmrl.models.configs:CausalLMConfig", "mmrl.policies.causal_lm:build_causal_lm_policy"),
     "vlm": ("mmrl.models.configs:VLMConfig", "mmrl.policies.vlm:build_vlm_policy"),
+    "vlm_agent": ("mmrl.agents.config:AgentVLMConfig", "mmrl.agents.policy:build_agent_policy"),
 }
 
 
