@@ -180,8 +180,8 @@ def test_the_plugin_package_installed_in_a_fresh_venv_drives_the_mmrl_command(tm
     assert json.loads(ev.stdout)["eval/score"] == trained["eval/score"]  # the same greedy eval of the same weights
 
     plan = mmrl("plan", "task=tone_class")
-    assert plan.returncode == 2 and "Traceback" not in plan.stderr
-    assert plan.stderr.strip().splitlines() == [
+    assert plan.returncode == 2 and "Traceback" not in plan.stderr and not plan.stdout
+    assert plan.stderr.strip().splitlines()[-1] == (  # the line, after any warning a library may print at import
         "mmrl plan: error: no memory model for model type tone_mlp: the planner cannot size it (its adapter can "
         "register one: register_model_type(..., memory_model='module:function'), docs/custom_adapter.md)"
-    ]
+    )
