@@ -12,9 +12,11 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "minimal_adapter"
 
 @pytest.fixture
 def plugin_sandbox(monkeypatch, tmp_path):
-    """mmrl's task / model-type registries, the plugin loader's state and ``sys.path`` as they were before the test;
+    """mmrl's task / model-type / algorithm registries, the plugin loader's state and ``sys.path`` as they were before
+    the test;
     modules imported from the example or from ``tmp_path`` are dropped afterwards, so the next test imports (and
     registers) them again."""
+    import mmrl.algos.registry as algos
     import mmrl.models.registry
     import mmrl.plugins
     import mmrl.tasks
@@ -26,6 +28,8 @@ def plugin_sandbox(monkeypatch, tmp_path):
     monkeypatch.setattr(mmrl.plugins, "_config_dirs", list(mmrl.plugins._config_dirs))
     monkeypatch.setattr(mmrl.plugins, "_entry_points_done", mmrl.plugins._entry_points_done)
     monkeypatch.setattr(sys, "path", list(sys.path))
+    for registry in (algos.ADVANTAGE_ESTIMATORS, algos.POLICY_LOSSES, algos.AGGREGATIONS, algos.KL_ESTIMATORS):
+        monkeypatch.setattr(registry, "_entries", dict(registry._entries))
     yield
     roots = (str(EXAMPLE), str(tmp_path))
     for name, module in list(sys.modules.items()):

@@ -189,3 +189,29 @@ def test_a_broken_installed_plugin_is_a_warning_and_named_in_unknown_task(plugin
         get_task_class("echo")
     assert "mmrl plugin broken = no_such_pkg_xyz could not be loaded: ModuleNotFoundError" in caplog.text
     assert "plugins that failed to load: broken = no_such_pkg_xyz (ModuleNotFoundError" in str(err.value)
+
+
+LOSS_PLUGIN = """
+from mmrl.algos.losses import ppo_clip
+from mmrl.algos.registry import POLICY_LOSSES
+
+CALLS = []
+
+
+@POLICY_LOSSES.register("counted_clip")
+def counted_clip(*args, **kwargs):
+    CALLS.append(1)
+    return ppo_clip(*args, **kwargs)
+"""
+
+
+def test_a_plugin_registers_a_policy_loss_the_run_uses(plugin_sandbox, tmp_path):
+    """A loss registered by a plugin passes config validation (algo.policy_loss is checked against the registry
+    after plugins load) and is the one the trainer calls."""
+    from tests.helpers import toy_trainer
+
+    path = tmp_path / "loss_plugin.py"
+    path.write_text(LOSS_PLUGIN)
+    trainer = toy_trainer(tmp_path, f"plugins=[{path}]", "algo.policy_loss=counted_clip", steps=1)
+    trainer.fit()
+    assert trainer.updates_done == 1 and len(sys.modules["loss_plugin"].CALLS) >= 1
