@@ -88,10 +88,12 @@ def _import_file(path: Path) -> str:
         raise ConfigError(f"plugins: {path}: the name must be a Python module name")
     have = sys.modules.get(name)
     if have is not None:
-        if Path(getattr(have, "__file__", "") or "").resolve() == path:
+        where = Path(getattr(have, "__file__", "") or "").resolve()
+        if where in (path, path / "__init__.py"):
             return name
         raise ConfigError(
-            f"plugins: {path}: a module named {name!r} is already imported from elsewhere; rename the file"
+            f"plugins: {path}: a module named {name!r} is already imported from {where} (an installed copy of this "
+            f"plugin?); name the module instead (plugins=[{name}]) or rename the file"
         )
     folder = str(path.parent)
     if folder not in sys.path:

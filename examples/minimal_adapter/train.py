@@ -7,9 +7,9 @@ the plain command runs it with no script at all::
     mmrl eval checkpoint=runs/<run>
     mmrl plan task=tone_class
 
-Without installing it, this script names the package folder in ``plugins=`` (so the run's config.yaml records where it
-is, and ``mmrl eval checkpoint=runs/tone_class`` imports it again), evaluates the untrained policy, trains, and
-prints the eval score and the mean reward start -> end::
+This script names the package folder in ``plugins=`` when the package is not installed (so the run's config.yaml
+records where it is, and ``mmrl eval checkpoint=runs/tone_class`` imports it again), evaluates the untrained policy,
+trains, and prints the eval score and the mean reward start -> end::
 
     python examples/minimal_adapter/train.py                       # run folder runs/tone_class
     python examples/minimal_adapter/train.py trainer.seed=1 algo=rloo task.noise=1.0   # any `mmrl train` override
@@ -34,9 +34,13 @@ DEFAULTS = ["trainer.seed=0", "trainer.run_name=tone_class", "trainer.overwrite=
 def make_config(overrides: list[str]):
     """The validated run config: the plugin, ``task=tone_class`` (its preset selects ``model=tone_mlp``), DEFAULTS,
     then ``overrides``, composed and checked as ``mmrl train`` does."""
+    from importlib.metadata import entry_points
+
     from mmrl.config import load_config
 
-    return load_config([f"plugins=[{PLUGIN}]", "task=tone_class", *DEFAULTS, *overrides])
+    installed = any(ep.value == PLUGIN.name for ep in entry_points(group="mmrl.plugins"))  # its entry point loads it
+    plugins = [] if installed else [f"plugins=[{PLUGIN}]"]
+    return load_config([*plugins, "task=tone_class", *DEFAULTS, *overrides])
 
 
 def train(overrides: list[str]) -> tuple:

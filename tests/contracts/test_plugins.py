@@ -215,3 +215,12 @@ def test_a_plugin_registers_a_policy_loss_the_run_uses(plugin_sandbox, tmp_path)
     trainer = toy_trainer(tmp_path, f"plugins=[{path}]", "algo.policy_loss=counted_clip", steps=1)
     trainer.fit()
     assert trainer.updates_done == 1 and len(sys.modules["loss_plugin"].CALLS) >= 1
+
+
+def test_a_plugin_file_named_like_an_imported_module_is_one_line(plugin_sandbox, tmp_path):
+    """``plugins=[.../json.py]`` would silently be the standard library's json: refused, naming both."""
+    from mmrl.config import ConfigError, load_config
+
+    (tmp_path / "json.py").write_text("raise RuntimeError('never imported')\n")
+    with pytest.raises(ConfigError, match=r"a module named 'json' is already imported from .*json.*; name the module"):
+        load_config([f"plugins=[{tmp_path / 'json.py'}]"])
