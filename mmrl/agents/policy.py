@@ -274,6 +274,8 @@ class AgentVLMPolicy(VLMPolicy):
         with their errors and results' info, how it ended) and the VLM sample fields (sizes, frame)."""
         last = traj.turns[-1] if traj.turns else {"text": "", "truncated": True}
         sample = self._sample_dict(last["text"], traj.length, bool(last["truncated"]), traj.prompt, False)
+        final_ids = next((s.ids for s in reversed(traj.segments) if s.kind == GEN), None)
+        sample["completion_ids"] = final_ids.tolist() if final_ids is not None else []  # TRL's: the final turn's
         calls = [c for t in traj.turns for c in t.get("tool_calls", [])]
         sample.update(
             turns=[{k: v for k, v in t.items()} for t in traj.turns],
