@@ -355,6 +355,10 @@ class AgentConfig:
     """Magnitude of the reward penalty of an over-turn trajectory with ``over_turn=penalize``."""
     max_tool_chars: int = 2000
     """A tool's text result longer than this is cut (and says so) before it reaches the model."""
+    environment: str | None = None
+    """Your own environment as ``FILE.py:NAME`` or ``MODULE:NAME``: a callable ``(item, tools) -> Environment`` (an
+    :class:`mmrl.agents.environment.Environment` subclass whose constructor takes those two), called once per
+    trajectory. None: the task's environment, else the tool-running default (docs/agents.md)."""
 
     def validate(self) -> None:
         """ConfigError (one line naming the field) for values that cannot work."""
@@ -374,6 +378,8 @@ class AgentConfig:
             )
         if self.max_tool_chars < 1:
             raise ConfigError(f"agent.max_tool_chars must be >= 1, got {self.max_tool_chars}")
+        if self.environment is not None and ":" not in self.environment:
+            raise ConfigError(f"agent.environment: give FILE.py:NAME or MODULE:NAME, got {self.environment!r}")
         if any(not isinstance(t, str) or not t for t in self.tools):
             raise ConfigError(
                 f"agent.tools: give tool names or FILE.py:FUNCTION / MODULE:FUNCTION strings, got {self.tools}"

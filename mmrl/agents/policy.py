@@ -390,10 +390,24 @@ def agent_metrics(samples: Sequence[dict], *, mask_total: float, mask: Tensor) -
     return out
 
 
+def load_environment(spec: str) -> EnvironmentFactory:
+    """The environment factory of ``agent.environment`` (``FILE.py:NAME`` / ``MODULE:NAME``, loaded like reward
+    functions); ConfigError naming ``agent.environment`` when it cannot be loaded or is not callable."""
+    from mmrl.errors import ConfigError
+    from mmrl.rewards.user import resolve_fn
+
+    try:
+        _, factory = resolve_fn(spec)
+    except ConfigError as e:
+        raise ConfigError(str(e).replace("reward.fns", "agent.environment")) from None
+    return factory
+
+
 def build_agent_policy(run_cfg, spec: PolicySpec | None = None) -> AgentVLMPolicy:
     """Policy builder of ``model.type=vlm_agent``: the VLM of ``model``, the limits of ``agent``, the tools of
-    ``agent.tools`` (or the task's ``spec.extras["agent_tools"]``), and the task's environment factory
-    (``spec.extras["agent_environment"]``: ``(item, tools) -> Environment``; default :class:`ToolEnvironment`)."""
+    ``agent.tools`` (or the task's ``spec.extras["agent_tools"]``), and the environment factory ``(item, tools) ->
+    Environment`` of ``agent.environment``, else the task's (``spec.extras["agent_environment"]``), else
+    :class:`ToolEnvironment`."""
     from mmrl.models.presets import resolve_vlm
     from mmrl.models.tiny_vlm import load_vlm
     from mmrl.policies.vlm import _target_device
@@ -402,6 +416,9 @@ def build_agent_policy(run_cfg, spec: PolicySpec | None = None) -> AgentVLMPolic
     agent: AgentConfig = run_cfg.agent
     extras = spec.extras if spec is not None else {}
     tools = load_tools(list(agent.tools or extras.get("agent_tools", [])))
+    make_env = extras.get("agent_environment")
+    if agent.environment:
+        make_env = load_environment(agent.environment)
     lm, processor = load_vlm(
         resolve_vlm(cfg.path),
         dtype=cfg.dtype,
@@ -414,7 +431,7 @@ def build_agent_policy(run_cfg, spec: PolicySpec | None = None) -> AgentVLMPolic
         cfg,
         agent,
         tools=tools,
-        make_env=extras.get("agent_environment"),
+        make_env=make_env,
         value_head=run_cfg.algo.advantage == "gae",
         reference=run_cfg.algo.kl_coef > 0,
     )
