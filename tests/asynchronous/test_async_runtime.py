@@ -195,3 +195,23 @@ def test_the_learner_killed_mid_run_resumes_with_every_item_once_per_epoch(tmp_p
         trained[row["step"]] = row["items"]
     order = PromptSampler(25, 4, 0)
     assert [trained[s] for s in range(10)] == [order.next_batch()[0] for _ in range(10)]
+
+
+@pytest.mark.slow
+def test_group_filtering_runs_in_the_worker_and_steps_train_groups_in_start_order(tmp_path):
+    """algo.filter_groups with eta=1: the worker drops all-equal groups; each step trains at most batch_size groups,
+    never one older than eta, and the items trained over the run are the sampler's order with the filtered ones left
+    out (each slot at most once)."""
+    tr = toy_trainer(
+        tmp_path, "trainer.rollout=async", "algo.max_staleness=1", "algo.filter_groups=true", "algo.max_resample=1"
+    )
+    tr.fit()
+    rows = [json.loads(line) for line in (tr.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert all(r["filter/kept_groups"] <= 4 and r.get("async/staleness_max", 0.0) <= 1.0 for r in rows)
+    trained = [
+        i for line in (tr.run_dir / "consumed_items.jsonl").read_text().splitlines() for i in json.loads(line)["items"]
+    ]
+    order = PromptSampler(25, 4, 0)
+    drawn = iter([i for _ in range(20) for i in order.next_batch()[0]])
+    assert all(any(i == j for j in drawn) for i in trained)  # a subsequence of the sampler's order
+    assert sum(r["filter/kept_groups"] for r in rows) == len(trained) > 0
