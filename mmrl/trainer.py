@@ -208,6 +208,8 @@ class Trainer:
             )
         if init_from is not None:
             self.policy.load_pretrained(Path(init_from) / "pretrained_model")
+            if self.policy.frozen_reference is not None:  # the KL reference is the model RL starts from
+                self.policy.frozen_reference.reset()
         if self.accelerator.device.type != "cpu":
             self.policy.to_device(self.accelerator.device)
 
@@ -832,7 +834,7 @@ class Trainer:
         before the warm start (whose action head is untrained: the KL to it is huge and pulls the policy back to it).
         The main process keeps the reference's weights in ``<run>/reference_model.pt`` so that a resume uses the same
         reference (:meth:`_restore_warm_start_reference`); under fsdp2 sharding it is not kept (a resume warns)."""
-        ref = getattr(self.policy, "_frozen_ref", None)
+        ref = self.policy.frozen_reference
         if ref is None or self.cfg.algo.kl_coef <= 0:
             return
         ref.reset()
@@ -847,7 +849,7 @@ class Trainer:
         """On a resume after the warm start: the KL reference :meth:`_reference_from_warm_start` kept, from the
         checkpoint's run folder (a warning when it is missing: the reference is then the model before the warm
         start)."""
-        ref = getattr(self.policy, "_frozen_ref", None)
+        ref = self.policy.frozen_reference
         if ref is None or self.cfg.algo.kl_coef <= 0 or self.cfg.trainer.sft_steps <= 0 or self.warm_start is not None:
             return
         from mmrl.checkpoint import safe_load

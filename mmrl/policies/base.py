@@ -377,6 +377,13 @@ class Policy(abc.ABC):
     A policy that keeps a :class:`FrozenCopyReference` stores it here, so that :meth:`shardable_modules` hands it to
     fsdp2 with the trained model."""
 
+    @property
+    def frozen_reference(self) -> FrozenCopyReference | None:
+        """The frozen copy the KL reference is computed with (a full fine-tune), or None (LoRA: the reference is the
+        model with adapters off). The trainer resets it to the weights RL starts from (after a warm start, or the
+        ``checkpoint=`` weights) and keeps it across a resume."""
+        return self._frozen_ref
+
     def shardable_modules(self) -> list[torch.nn.Module]:
         """The modules a sharding strategy (``trainer.strategy=fsdp2``) wraps: the trained ``model`` and, when the
         policy keeps one, its frozen reference copy. Default: exactly those."""
