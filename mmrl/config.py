@@ -355,6 +355,9 @@ class AgentConfig:
     """Magnitude of the reward penalty of an over-turn trajectory with ``over_turn=penalize``."""
     max_tool_chars: int = 2000
     """A tool's text result longer than this is cut (and says so) before it reaches the model."""
+    reuse_cache: bool = True
+    """Continue each turn from the previous turn's KV cache (Qwen-VL families; earlier text and images are not encoded
+    again). False: each turn prefills the whole sequence so far (image features are reused either way)."""
     environment: str | None = None
     """Your own environment as ``FILE.py:NAME`` or ``MODULE:NAME``: a callable ``(item, tools) -> Environment`` (an
     :class:`mmrl.agents.environment.Environment` subclass whose constructor takes those two), called once per

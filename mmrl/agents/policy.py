@@ -9,9 +9,10 @@ Rollout, for a batch of trajectories (``G`` per prompt, each with its own :class
         env.step(turn text) -> done (final answer), or an observation (tool results: text and/or images)
         observation -> chat template (a tool message + the next assistant header) -> processor -> appended as context
 
-Each turn re-encodes the TEXT of the sequence so far (one prefill per turn); images are never re-encoded: every image's
-vision features are computed once, when it enters the trajectory, and reused by every later turn and by training
-(frozen vision tower). Continuing each turn from the previous turn's KV cache is not done (docs/agents.md, Limits).
+Each turn continues from the previous turn's KV cache (``agent.reuse_cache``, Qwen-VL families,
+:mod:`mmrl.agents.kv_cache`): only the tokens the cache does not hold (the observation, its new images) are run; other
+families, or ``agent.reuse_cache=false``, prefill the whole sequence so far each turn. Every image's vision features
+are computed once, when it enters the trajectory, and reused by later turns and by training (frozen vision tower).
 
 Training (:meth:`AgentVLMPolicy.log_probs`) runs ONE forward per trajectory over the whole sequence with all its images
 (those added mid-trajectory by tools included), at the positions generation used, and reads the log-probs of every
@@ -30,6 +31,7 @@ from torch import Tensor
 
 from mmrl.agents.config import AgentConfig
 from mmrl.agents.environment import Environment, Observation, ToolEnvironment
+from mmrl.agents.kv_cache import TurnCache
 from mmrl.agents.tools import Tool, ToolContext, load_tools
 from mmrl.agents.trajectory import GEN, OBS, Segment, Trajectory
 from mmrl.policies.base import LogProbOutput, PolicyCapabilityError, PolicySpec, PromptBatch, Rollout
@@ -95,6 +97,8 @@ class AgentVLMPolicy(VLMPolicy):
         policy writes Qwen's tool instructions into the system turn and tool results as ``<tool_response>`` user
         turns (what Qwen's templates render)."""
         self._turn_sep = self._separator_after_turn()
+        self.turn_counts = {"continued": 0, "prefilled": 0}
+        """Row-turns continued from the previous turn's KV cache vs prefilled from the whole sequence (cumulative)."""
 
     # ------------------------------------------------------------------ templates
     def _render(self, messages: list[dict], *, generation_prompt: bool, **kw: Any) -> str:
@@ -222,16 +226,26 @@ class AgentVLMPolicy(VLMPolicy):
         """The turn loop: batched generation over the unfinished trajectories, then each one's environment turn."""
         agent, image_dim = self.agent, self.family_layer.image_dim
         lm = self.module.lm
+        state: TurnCache | None = None
         for turn in range(agent.max_turns):
             active = [k for k, t in enumerate(trajs) if not t.done]
             if not active:
                 return
-            prefixes = [trajs[k].full_inputs(image_dim) for k in active]
-            feats = [q.features for q in prefixes]
-            cached = all(f is not None or not q.num_images for f, q in zip(feats, prefixes))
             remaining = [agent.max_tokens - trajs[k].length for k in active]
-            with torch.no_grad():
+            inputs = state.continue_inputs(self, active, trajs) if state is not None else None
+            self.turn_counts["continued" if inputs is not None else "prefilled"] += len(active)
+            if inputs is None:  # the first turn, or the cache cannot continue: the whole sequence so far
+                prefixes = [trajs[k].full_inputs(image_dim) for k in active]
+                feats = [q.features for q in prefixes]
+                cached = all(f is not None or not q.num_images for f, q in zip(feats, prefixes))
                 inputs = self._prompt_inputs(prefixes, feats if cached else None)
+                if self._reuses_cache(prefixes):
+                    from transformers import DynamicCache
+
+                    from mmrl.rollout.token_sampler import cache_kwarg
+
+                    inputs[cache_kwarg(lm)] = DynamicCache(config=self._base_lm().config)
+            with torch.no_grad():
                 comp = generate_completions(
                     lm,
                     inputs,
@@ -245,6 +259,12 @@ class AgentVLMPolicy(VLMPolicy):
                     greedy=greedy,
                 )
             ids, lengths = comp.ids.cpu(), comp.mask.sum(1).long().tolist()
+            cache = next((v for key, v in inputs.items() if key in ("cache", "past_key_values")), None)
+            state = None
+            if cache is not None:
+                kept = [min(n, r) for n, r in zip(lengths, remaining)]
+                deltas = getattr(getattr(self._base_lm(), "model", None), "rope_deltas", None)
+                state = TurnCache.after_generate(cache, active, inputs, ids, kept, deltas)
             for row, k in enumerate(active):
                 traj, n = trajs[k], min(lengths[row], remaining[row])
                 turn_ids = ids[row, :n].clone()
@@ -268,6 +288,21 @@ class AgentVLMPolicy(VLMPolicy):
                 traj.add(Segment(OBS, chunk.input_ids, chunk=chunk))
                 record["observation"] = obs.text
                 record["num_images"] = len(obs.images)
+
+    def _base_lm(self):
+        lm = self.module.lm
+        return lm.get_base_model() if hasattr(lm, "get_base_model") else lm
+
+    def _reuses_cache(self, prefixes: Sequence[PromptInputs]) -> bool:
+        """Whether later turns continue from this turn's KV cache (:mod:`mmrl.agents.kv_cache`): ``agent.reuse_cache``,
+        a Qwen-VL family (its positions come from ``get_rope_index`` over the masked sequence), cached features."""
+        return (
+            self.agent.reuse_cache
+            and self.agent.max_turns > 1
+            and hasattr(getattr(self._base_lm(), "model", None), "get_rope_index")
+            and all(q.features is not None or not q.num_images for q in prefixes)
+            and not any(q.num_videos for q in prefixes)
+        )
 
     def _sample(self, traj: Trajectory) -> dict:
         """What rewards read of a trajectory: the final turn's ``text`` plus the whole trajectory (turns, tool calls
