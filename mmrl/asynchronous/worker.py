@@ -69,7 +69,10 @@ def run_worker(worker: int, cfg, board, tasks, results, device: str) -> None:
         import torch
 
         from mmrl.builders import build_policy, build_rewards, build_task
+        from mmrl.plugins import load_plugins
         from mmrl.rollouts import RolloutCollector, prepare_batch
+
+        load_plugins(cfg.plugins)  # a spawned process starts with empty registries: a plugin's task and model type
 
         if cfg.trainer.threads > 0:
             torch.set_num_threads(cfg.trainer.threads)

@@ -10,6 +10,7 @@ import textwrap
 from importlib.metadata import EntryPoint
 
 import pytest
+import torch
 
 from tests.contracts.conftest import EXAMPLE
 
@@ -224,3 +225,56 @@ def test_a_plugin_file_named_like_an_imported_module_is_one_line(plugin_sandbox,
     (tmp_path / "json.py").write_text("raise RuntimeError('never imported')\n")
     with pytest.raises(ConfigError, match=r"a module named 'json' is already imported from .*json.*; name the module"):
         load_config([f"plugins=[{tmp_path / 'json.py'}]"])
+
+
+def test_a_plugin_task_trains_with_asynchronous_rollout_workers(plugin_sandbox, tmp_path):
+    """``trainer.rollout=async``: the spawned rollout worker starts with empty registries, so it loads the run's
+    ``plugins=[...]`` before it builds the task and model. The task here is registered only by the plugin's
+    ``register`` function (unpickling the config in the worker imports mmrl_tone, which registers ``tone_class``
+    but not ``quiet_tone``): without the worker's plugin loading it fails there with "unknown task"."""
+    from mmrl.config import load_config
+    from mmrl.trainer import Trainer
+
+    plugin = tmp_path / "quiet_tone.py"
+    plugin.write_text(
+        textwrap.dedent(
+            """
+            from mmrl.tasks import register_task
+            from mmrl_tone.tone_task import ToneTask
+
+
+            class QuietTone(ToneTask):
+                name = "quiet_tone"
+
+
+            def register():
+                register_task("quiet_tone", f"{__name__}:QuietTone")
+            """
+        )
+    )
+    cfg = load_config(
+        [
+            f"plugins=[{EXAMPLE / 'mmrl_tone'},{plugin}:register]",
+            "task=quiet_tone",
+            "model=tone_mlp",
+            f"trainer.output_dir={tmp_path / 'runs'}",
+            "trainer.max_steps=2",
+            "trainer.batch_size=4",
+            "algo.group_size=4",
+            "trainer.lr=0.003",
+            "trainer.threads=1",
+            "trainer.rollout=async",
+            "algo.max_staleness=1",
+            "trainer.eval_every=0",
+            "trainer.eval_at_end=false",
+            "trainer.progress=false",
+            "trainer.tensorboard=false",
+            "trainer.plot=false",
+        ]
+    )
+    trainer = Trainer(cfg)
+    before = {k: v.clone() for k, v in trainer.policy.model.state_dict().items()}
+    trainer.fit()
+    after = trainer.policy.model.state_dict()
+    assert trainer.task.name == "quiet_tone" and trainer.step == 2 and trainer.updates_done == 2
+    assert any(not torch.equal(before[k], after[k]) for k in before)
