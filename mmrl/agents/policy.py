@@ -34,9 +34,10 @@ from mmrl.agents.environment import Environment, Observation, ToolEnvironment
 from mmrl.agents.kv_cache import TurnCache
 from mmrl.agents.tools import Tool, ToolContext, load_tools
 from mmrl.agents.trajectory import GEN, OBS, Segment, Trajectory
-from mmrl.policies.base import LogProbOutput, PolicyCapabilityError, PolicySpec, PromptBatch, Rollout
+from mmrl.policies.base import LogProbOutput, PolicySpec, PromptBatch, Rollout
 from mmrl.policies.token_policy import left_pad, right_pad, token_logp_and_entropy
 from mmrl.policies.vlm import VLMPolicy, _item_images, build_messages, encode_images
+from mmrl.policies.vlm_errors import PromptTooLongError
 from mmrl.policies.vlm_inputs import PromptInputs
 from mmrl.rollout.noise import mix_seed
 from mmrl.rollout.token_sampler import generate_completions
@@ -372,35 +373,70 @@ class AgentVLMPolicy(VLMPolicy):
         inputs.update(media)
         return inputs, p_ids.shape[1]
 
-    def log_probs(self, rollout: Rollout, *, entropy: bool = False, values: bool = False) -> LogProbOutput:
-        trajs: list[Trajectory] = rollout.payload["trajectories"]
-        T = rollout.mask.shape[1]
+    def _trajectory_logits(self, trajs: Sequence[Trajectory], T: int, *, want_values: bool):
+        """ONE forward over whole trajectories: logits [b, T, V] predicting each token after the prompt, those tokens'
+        ids [b, T], the values [b, T] (or None) and the ``GEN`` mask [b, T] (True on sampled tokens)."""
         inputs, P = self.trajectory_inputs(trajs, T)
         self._set_train_mode(torch.is_grad_enabled())
-        logits, vals = self.model(**inputs, logits_to_keep=T + 1, want_values=values)
+        logits, vals = self.model(**inputs, logits_to_keep=T + 1, want_values=want_values)
         comp_logits = logits[:, -(T + 1) : -1] if T > 0 else logits[:, :0]
         ids = right_pad([t.rest_ids() for t in trajs], self.pad_id, T).to(comp_logits.device)
+        gen = right_pad([t.kinds() for t in trajs], 0, T).to(comp_logits.device) == GEN
+        v = vals[:, P - 1 : P - 1 + T] if vals is not None else None
+        return comp_logits, ids, v, gen
+
+    def log_probs(self, rollout: Rollout, *, entropy: bool = False, values: bool = False) -> LogProbOutput:
+        trajs: list[Trajectory] = rollout.payload["trajectories"]
+        comp_logits, ids, v, gen = self._trajectory_logits(trajs, rollout.mask.shape[1], want_values=values)
         logp, ent = token_logp_and_entropy(
             comp_logits, ids, temperature=self.cfg.temperature, entropy=entropy, suppress_ids=self.suppress_ids
         )
         # observation tokens (and padding) are context: a finite 0 there, whatever the mask says (an image placeholder
         # is a suppressed id: its log-prob is -inf, and -inf * 0 in a masked sum is NaN)
-        gen = right_pad([t.kinds() for t in trajs], 0, T).to(logp.device) == GEN
         zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
         logp = torch.where(gen, logp, zero)
         ent = torch.where(gen, ent, zero) if ent is not None else None
-        v = vals[:, P - 1 : P - 1 + T] if vals is not None else None
         return LogProbOutput(logp=logp, entropy=ent, values=v)
 
-    def sft_loss(self, batch: PromptBatch, targets: Sequence[str]) -> Tensor:
-        """Not available yet: a multi-turn warm start needs whole target trajectories (docs/agents.md, Limits)."""
-        raise PolicyCapabilityError(
-            "the agent policy (model.type=vlm_agent) has no supervised warm start yet; set trainer.sft_steps=0"
-        )
+    def teacher_trajectory(self, item: dict, turns: Sequence[str]) -> Trajectory:
+        """The trajectory of ``item`` whose policy turns are ``turns`` (each + the end-of-turn token), with the
+        environment's real observations in between (a target zoom call gets its real crop)."""
+        env = self.make_env(item, self.tools)
+        prompt = self._prompt(item, [t.schema for t in env.tools.values()])
+        if prompt is None:
+            raise PromptTooLongError(f"SFT item {item.get('id', '?')} is over model.max_prompt_tokens")
+        if prompt.num_images and not self.vision_trainable:
+            with torch.no_grad():
+                prompt.features = encode_images(self.module.lm, [prompt], self.device)[0]
+        env.reset(item, ToolContext(item, list(prompt.images), list(prompt.input_sizes), self.box_frame))
+        traj = Trajectory(prompt=prompt)
+        eos = self.tokenizer.eos_token_id
+        for k, text in enumerate(turns):
+            ids = torch.tensor(self.tokenizer(text, add_special_tokens=False)["input_ids"] + [eos], dtype=torch.long)
+            traj.add(Segment(GEN, ids, logp=torch.zeros(ids.numel())))
+            if k == len(turns) - 1:
+                break
+            result = env.step(text)
+            if result.done:
+                raise ValueError(f"SFT target turn {k + 1} of {len(turns)} ends the trajectory (it calls no tool)")
+            chunk = self._observation_chunk(result.observation or Observation(), after_eos=True)
+            traj.add(Segment(OBS, chunk.input_ids, chunk=chunk))
+        traj.finished = True
+        return traj
 
-    @property
-    def supports_sft(self) -> bool:
-        return False
+    def sft_loss(self, batch: PromptBatch, targets: Sequence[str | Sequence[str]]) -> Tensor:
+        """Mean token cross-entropy of the target turns (a str: one turn; a list: the turns, with the environment's
+        observations in between as context, :meth:`teacher_trajectory`) over their tokens only."""
+        if len(targets) != len(batch):
+            raise ValueError(f"sft_loss: {len(targets)} targets for {len(batch)} prompts")
+        trajs = [
+            self.teacher_trajectory(item, [t] if isinstance(t, str) else list(t))
+            for item, t in zip(batch.items, targets)
+        ]
+        comp_logits, ids, _, gen = self._trajectory_logits(trajs, max(t.length for t in trajs), want_values=False)
+        logp, _ = token_logp_and_entropy(comp_logits, ids, temperature=1.0)  # the full softmax, as VLMPolicy's SFT
+        m = gen.float()
+        return -(torch.where(gen, logp, torch.zeros((), dtype=logp.dtype, device=logp.device)) * m).sum() / m.sum()
 
 
 def agent_metrics(samples: Sequence[dict], *, mask_total: float, mask: Tensor) -> dict[str, float]:

@@ -61,6 +61,11 @@ class VisualSearchConfig:
     """Ask for <think>...</think> before the answer."""
     answer_weight: float = 1.0
     """Weight of the final-answer reward (reward/answer)."""
+    sft_zoom: bool = True
+    """Warm start (trainer.sft_steps): the target trajectory zooms on the target's box, then answers; false: it answers
+    at once (the no-tool baseline's warm start)."""
+    zoom_margin: float = 1.0
+    """Warm start: the target zoom box is the target's box grown by this many box sizes on each side (clipped)."""
     zoom_iou_weight: float = 0.0
     """Weight of the tool-use shaping reward (reward/zoom_iou: best IoU of a zoom box with the target's box). Off by
     default: the answer alone is the objective."""
@@ -82,6 +87,8 @@ class VisualSearchConfig:
             raise ConfigError(f"task.tile_size must be in 8..{min(self.image_size) // 3} pixels, got {self.tile_size}")
         if self.num_train < 1 or self.num_eval < 0:
             raise ConfigError("task.num_train must be >= 1 and task.num_eval >= 0")
+        if not 0.0 <= self.zoom_margin <= 10.0:
+            raise ConfigError(f"task.zoom_margin must be in [0, 10] box sizes, got {self.zoom_margin}")
 
 
 # ----------------------------------------------------------------------------- synthetic scenes
@@ -347,6 +354,28 @@ class VisualSearchTask(Task):
         except MediaError as exc:
             raise SkipItem(f"{exc.path}: {exc.reason}") from exc
         return out
+
+    def sft_target(self, item: dict, meta: dict | None = None) -> str | list[str]:
+        """The warm-start target of a prepared item: ``[zoom call on the target, "<answer>...</answer>"]`` with the box
+        in the model's frame (``meta``: ``box_frame``, ``input_size`` from the policy), or only the answer turn
+        (``task.sft_zoom=false``, or no target box)."""
+        final = f"<answer>{item['answer']}</answer>"
+        if self.cfg.think:
+            final = "<think>I read it in the zoomed view.</think>" + final
+        box = item.get("target_box")
+        if not self.cfg.sft_zoom or box is None:
+            return final
+        from mmrl.adapters.grounding.coords import clip_boxes, convert_boxes, format_box
+
+        meta = dict(meta or {})
+        frame = meta.get("box_frame") or "pixels"
+        size = item["image"].size
+        x1, y1, x2, y2 = box
+        m = self.cfg.zoom_margin
+        grown = clip_boxes([[x1 - m * (x2 - x1), y1 - m * (y2 - y1), x2 + m * (x2 - x1), y2 + m * (y2 - y1)]], size)
+        in_frame = convert_boxes(grown, "pixels", frame, orig_size=size, input_size=meta.get("input_size"))
+        call = json.dumps({"name": "zoom", "arguments": {"bbox_2d": format_box(in_frame[0], frame)}})
+        return [f"<tool_call>{call}</tool_call>", final]
 
     def reward_specs(self) -> list[RewardSpec]:
         """answer (answer_weight), zoom_iou (zoom_iou_weight, when > 0), over_turn (agent.over_turn=penalize)."""

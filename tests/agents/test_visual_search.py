@@ -141,6 +141,8 @@ def test_visual_search_trains_on_the_tiny_vlm(tmp_path):
             "model.max_new_tokens=10",
             "agent.max_turns=2",
             "reward.fns=[tests/agents/length_reward.py:text_length]",
+            "trainer.sft_steps=2",
+            "trainer.sft_batch_size=2",
         ]
     )
     tr = Trainer(cfg)
@@ -160,3 +162,55 @@ def test_visual_search_trains_on_the_tiny_vlm(tmp_path):
     ):
         assert key in final
     assert final["eval/n"] == 2.0 and 1.0 <= final["agent/turns"] <= 2.0
+    sft = [json.loads(line) for line in (tmp_path / "r" / "sft_metrics.jsonl").read_text().splitlines()]
+    assert [r["sft/step"] for r in sft] == [1, 2] and all(math.isfinite(r["sft/loss"]) for r in sft)
+
+
+def test_warm_start_target_zooms_on_the_target_in_the_models_frame_and_trains_only_its_turns():
+    """The SFT target of an item: a zoom call on the target's box grown by one box size (0-1000 numbers of the
+    tiny Qwen3-VL, hand-computed), then the answer; its teacher trajectory holds the real crop as context, and the
+    loss is the mean cross-entropy of the two turns' tokens only (equal to the log-probs of the same trajectory)."""
+    from mmrl.builders import build_policy, build_task
+    from mmrl.policies.base import PromptBatch, Rollout
+
+    cfg = load_config(["task=visual_search", "task.num_train=4"])
+    task = build_task(cfg)
+    policy = build_policy(cfg, task)
+    items = [task.prepare_item(it) for it in task.train_items()[:2]]
+    metas = policy.sample_meta(items)
+    targets = [task.sft_target(it, m) for it, m in zip(items, metas)]
+    for item, target in zip(items, targets):
+        x1, y1, x2, y2 = item["target_box"]
+        w, h = x2 - x1, y2 - y1
+        grown = [max(0, x1 - w), max(0, y1 - h), min(384, x2 + w), min(384, y2 + h)]
+        want = [int(math.floor(v * 1000 / 384 + 0.5)) for v in grown]
+        assert target == [
+            '<tool_call>{"name": "zoom", "arguments": {"bbox_2d": ' + json.dumps(want) + "}}</tool_call>",
+            f"<answer>{item['answer']}</answer>",
+        ]
+        traj = policy.teacher_trajectory(item, target)
+        assert [s.kind for s in traj.segments] == [1, 2, 1] and len(traj.full_inputs().images) == 2
+        px = [v * 384 / 1000 for v in want]
+        crop = traj.full_inputs().images[1]
+        assert crop.size == (round(px[2]) - int(px[0]), round(px[3]) - int(px[1]))
+    no_zoom = load_config(["task=visual_search", "task.sft_zoom=false"])
+    assert build_task(no_zoom).sft_target(items[0], metas[0]) == f"<answer>{items[0]['answer']}</answer>"
+    batch = PromptBatch(items=items, indices=[0, 1], seeds=[0, 1])
+    loss = policy.sft_loss(batch, targets)
+    trajs = [policy.teacher_trajectory(it, t) for it, t in zip(items, targets)]
+    T = max(t.length for t in trajs)
+    mask = torch.stack([torch.nn.functional.pad((t.kinds() == 1).float(), (0, T - t.length)) for t in trajs])
+    ro = Rollout(
+        rollout_logp=torch.zeros_like(mask),
+        mask=mask,
+        group_id=torch.zeros(2, dtype=torch.long),
+        samples=[{}, {}],
+        payload={"trajectories": trajs},
+    )
+    suppressed, policy.suppress_ids = policy.suppress_ids, []  # SFT is the plain cross-entropy (full softmax)
+    with torch.no_grad():
+        ref = -(policy.log_probs(ro).logp * mask).sum() / mask.sum()
+    policy.suppress_ids = suppressed
+    assert policy.cfg.temperature == 1.0 and float(loss.detach()) == pytest.approx(float(ref), rel=1e-5)
+    loss.backward()
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in policy.trainable_parameters())
