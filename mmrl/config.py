@@ -337,7 +337,7 @@ class AgentConfig:
     """Tools the model may call: built-in names (``zoom``) and your own functions as ``FILE.py:FUNCTION`` or
     ``MODULE:FUNCTION`` (loaded like ``reward.fns``). Each is a plain or async Python function whose JSON schema comes
     from its type hints and docstring (``transformers.utils.get_json_schema``, TRL's convention). Empty: the task's
-    own tools (``task=visual_search``: ``[zoom]``)."""
+    own tools (``task=visual_search``: ``[zoom]``); ``[none]``: no tools (a no-tool baseline)."""
     max_turns: int = 4
     """Most policy turns per trajectory. A trajectory that still calls a tool on its last turn is over-turn (it gave
     no final answer): see ``over_turn``."""

@@ -486,7 +486,8 @@ def build_agent_policy(run_cfg, spec: PolicySpec | None = None) -> AgentVLMPolic
     cfg = run_cfg.model
     agent: AgentConfig = run_cfg.agent
     extras = spec.extras if spec is not None else {}
-    tools = load_tools(list(agent.tools or extras.get("agent_tools", [])))
+    specs = list(agent.tools or extras.get("agent_tools", []))
+    tools = load_tools([] if specs == ["none"] else specs)
     make_env = extras.get("agent_environment")
     if agent.environment:
         make_env = load_environment(agent.environment)

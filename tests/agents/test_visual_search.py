@@ -117,6 +117,12 @@ def test_answer_reward_and_zoom_iou_by_hand():
 def test_task_config_selects_the_agent_policy_for_any_qwen_vl_preset():
     cfg = load_config(["task=visual_search", "model=tiny_qwen2_5_vl"])
     assert cfg.model.type == "vlm_agent" and cfg.agent.max_turns == 3 and cfg.model.max_pixels == 16384
+    from mmrl.builders import build_policy, build_task
+
+    plain = load_config(["task=visual_search", "agent.tools=[none]"])
+    policy = build_policy(plain, build_task(plain))
+    assert policy.tools == {}  # the no-tool baseline: no schemas in the prompt, every turn is a final answer
+    assert policy.make_env({}, policy.tools).tools == {}
     with pytest.raises(ConfigError, match="agent.over_turn: 'sometimes' is not valid"):
         load_config(["task=visual_search", "agent.over_turn=sometimes"])
 
