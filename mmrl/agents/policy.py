@@ -22,9 +22,10 @@ the ratio to the behaviour log-probs is 1 (tested within 1e-6 in fp32).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 from torch import Tensor
@@ -98,6 +99,9 @@ class AgentVLMPolicy(VLMPolicy):
         policy writes Qwen's tool instructions into the system turn and tool results as ``<tool_response>`` user
         turns (what Qwen's templates render)."""
         self._turn_sep = self._separator_after_turn()
+        self.record_images = False
+        """Keep each trajectory's observation images in its sample (``observation_images``, per turn) for the
+        evaluation outputs; on inside :meth:`evaluation_outputs`."""
         self.turn_counts = {"continued": 0, "prefilled": 0}
         """Row-turns continued from the previous turn's KV cache vs prefilled from the whole sequence (cumulative)."""
 
@@ -290,6 +294,16 @@ class AgentVLMPolicy(VLMPolicy):
                 record["observation"] = obs.text
                 record["num_images"] = len(obs.images)
 
+    @contextlib.contextmanager
+    def evaluation_outputs(self) -> Iterator[None]:
+        """Samples keep their observation images inside this context (written by :mod:`mmrl.agents.outputs`)."""
+        before = self.record_images
+        self.record_images = True
+        try:
+            yield
+        finally:
+            self.record_images = before
+
     def _base_lm(self):
         lm = self.module.lm
         return lm.get_base_model() if hasattr(lm, "get_base_model") else lm
@@ -324,6 +338,11 @@ class AgentVLMPolicy(VLMPolicy):
             over_budget=traj.over_budget,
             generated_tokens=int((traj.kinds() == GEN).sum()),
         )
+        if self.record_images:  # per turn, the images its observation added (none after the last turn)
+            chunks = iter(traj.chunks())
+            sample["observation_images"] = [
+                list(next(chunks).images) if t.get("observation") is not None else [] for t in traj.turns
+            ]
         return sample
 
     def _to_rollout(self, batch: PromptBatch, plan: list, trajs: list[Trajectory], n_too_long: float) -> Rollout:

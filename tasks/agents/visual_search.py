@@ -410,6 +410,11 @@ class VisualSearchTask(Task):
         return search_metrics(self._per_sample(items, samples), samples, "search") if samples else {}
 
     def eval_metrics(self, items: Sequence[dict], samples: list, per_fn: dict) -> dict[str, float]:
-        out = search_metrics(self._per_sample(items, samples), samples, "eval")
+        per_sample = self._per_sample(items, samples)
+        out = search_metrics(per_sample, samples, "eval")
         out["eval/score"] = out["eval/accuracy"]
+        if self.output_dir is not None:  # mmrl eval: the trajectories and their crops beside predictions.jsonl
+            from mmrl.agents.outputs import write_trajectories
+
+            write_trajectories(self.output_dir, per_sample, samples)
         return out
