@@ -30,7 +30,7 @@ commands:
 
 
 def _help(command: str) -> str:
-    from mmrl.config import AlgoConfig, RewardConfig, TrainerConfig, describe_fields, group_options
+    from mmrl.config import AgentConfig, AlgoConfig, RewardConfig, TrainerConfig, describe_fields, group_options
     from mmrl.models.registry import model_config_class, model_types
     from mmrl.tasks import get_task_class, task_names
 
@@ -44,6 +44,8 @@ def _help(command: str) -> str:
     lines += describe_fields(TrainerConfig, "trainer")
     lines += ["", "reward fields (your own reward functions, docs/rewards.md):"]
     lines += describe_fields(RewardConfig, "reward")
+    lines += ["", "agent fields (multi-turn tool use, model.type=vlm_agent, docs/agents.md):"]
+    lines += describe_fields(AgentConfig, "agent")
     for t in model_types():
         lines += ["", f"model fields (model.type={t}):"]
         lines += describe_fields(model_config_class(t), "model")
