@@ -199,6 +199,9 @@ def test_warm_start_target_zooms_on_the_target_in_the_models_frame_and_trains_on
         px = [v * 384 / 1000 for v in want]
         crop = traj.full_inputs().images[1]
         assert crop.size == (round(px[2]) - int(px[0]), round(px[3]) - int(px[1]))
+        turn_tokens = [len(policy.tokenizer(t, add_special_tokens=False)["input_ids"]) + 1 for t in target]
+        assert max(turn_tokens) <= cfg.model.max_new_tokens  # the default turn limit fits a zoom call
+        assert traj.length < cfg.agent.max_tokens  # and the budget the whole target trajectory
     no_zoom = load_config(["task=visual_search", "task.sft_zoom=false"])
     assert build_task(no_zoom).sft_target(items[0], metas[0]) == f"<answer>{items[0]['answer']}</answer>"
     batch = PromptBatch(items=items, indices=[0, 1], seeds=[0, 1])
