@@ -136,18 +136,18 @@ def test_visual_search_trains_on_the_tiny_vlm(tmp_path):
             f"trainer.output_dir={tmp_path}",
             "trainer.run_name=r",
             "task.num_train=4",
-            "task.num_eval=2",
+            "task.num_eval=1",
             "trainer.batch_size=2",
-            "algo.group_size=3",
-            "trainer.max_steps=2",
+            "algo.group_size=2",
+            "trainer.max_steps=1",
             "trainer.eval_every=0",
             "trainer.progress=false",
             "trainer.tensorboard=false",
             "trainer.plot=false",
-            "model.max_new_tokens=10",
+            "model.max_new_tokens=8",
             "agent.max_turns=2",
             "reward.fns=[tests/agents/length_reward.py:text_length]",
-            "trainer.sft_steps=2",
+            "trainer.sft_steps=1",
             "trainer.sft_batch_size=2",
         ]
     )
@@ -167,9 +167,9 @@ def test_visual_search_trains_on_the_tiny_vlm(tmp_path):
         "eval/turns",
     ):
         assert key in final
-    assert final["eval/n"] == 2.0 and 1.0 <= final["agent/turns"] <= 2.0
+    assert final["eval/n"] == 1.0 and 1.0 <= final["agent/turns"] <= 2.0
     sft = [json.loads(line) for line in (tmp_path / "r" / "sft_metrics.jsonl").read_text().splitlines()]
-    assert [r["sft/step"] for r in sft] == [1, 2] and all(math.isfinite(r["sft/loss"]) for r in sft)
+    assert [r["sft/step"] for r in sft] == [1] and all(math.isfinite(r["sft/loss"]) for r in sft)
 
 
 def test_warm_start_target_zooms_on_the_target_in_the_models_frame_and_trains_only_its_turns():
