@@ -143,8 +143,9 @@ def test_metaworld_trainer_steps_from_expert_demos(tmp_path):
     warm_start = tr._warm_start
 
     def snapshot_after_warm_start():
-        warm_start()
+        finished = warm_start()  # True: the warm start ran to its end (fit saves its step-0 checkpoint then)
         snapshots.append({k: v.clone() for k, v in tr.policy.module.state_dict().items()})
+        return finished
 
     tr._warm_start = snapshot_after_warm_start
     final = tr.fit()
