@@ -13,6 +13,16 @@ from typing import Any
 from mmrl.config import load_config
 from mmrl.trainer import Trainer
 
+CLI_ENV = {
+    **os.environ,
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "OMP_NUM_THREADS": "1",
+    "MMRL_LOG_LEVEL": "WARNING",
+    "PYTHONWARNINGS": "ignore",
+}
+"""The environment of a real ``mmrl`` command started by a test: offline, one thread, warnings and info logs quiet."""
+
 
 def toy_overrides(tmp_path: Path, *extra: str, steps: int = 4, run: str = "run") -> list[str]:
     return [

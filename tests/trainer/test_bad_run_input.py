@@ -20,16 +20,9 @@ from mmrl.cli import main
 from mmrl.config import load_config
 from mmrl.models.availability import ModelNotAvailableError
 from mmrl.preflight import learning_warnings
-from tests.helpers import toy_overrides, toy_trainer
+from tests.helpers import CLI_ENV, toy_overrides, toy_trainer
 
-ENV = {
-    **os.environ,
-    "HF_HUB_OFFLINE": "1",
-    "TRANSFORMERS_OFFLINE": "1",
-    "OMP_NUM_THREADS": "1",
-    "MMRL_LOG_LEVEL": "WARNING",
-    "PYTHONWARNINGS": "ignore",
-}
+ENV = CLI_ENV
 
 
 def _cli(tmp_path, *args, timeout=120):

@@ -32,16 +32,9 @@ from mmrl.checkpoint import (
 )
 from mmrl.cli import main
 from mmrl.tracking import read_metrics
-from tests.helpers import toy_overrides, toy_trainer
+from tests.helpers import CLI_ENV, toy_overrides, toy_trainer
 
-ENV = {
-    **os.environ,
-    "HF_HUB_OFFLINE": "1",
-    "TRANSFORMERS_OFFLINE": "1",
-    "OMP_NUM_THREADS": "1",
-    "MMRL_LOG_LEVEL": "WARNING",
-    "PYTHONWARNINGS": "ignore",
-}
+ENV = CLI_ENV
 SAVE = ("trainer.save_every=1", "trainer.keep_last=3")
 
 

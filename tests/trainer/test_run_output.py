@@ -20,17 +20,9 @@ import pytest
 
 from mmrl.progress import PhaseProgress, fmt, fmt_duration
 from mmrl.run_report import RunReport, end_summary
-from tests.helpers import toy_overrides
+from tests.helpers import CLI_ENV, toy_overrides
 
-ENV = {
-    **os.environ,
-    "HF_HUB_OFFLINE": "1",
-    "TRANSFORMERS_OFFLINE": "1",
-    "OMP_NUM_THREADS": "1",
-    "MMRL_LOG_LEVEL": "WARNING",
-    "PYTHONWARNINGS": "ignore",
-    "MMRL_PROGRESS_EVERY": "0",
-}
+ENV = {**CLI_ENV, "MMRL_PROGRESS_EVERY": "0"}
 
 
 def _args(tmp_path: Path, *extra: str, steps: int = 3) -> list[str]:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import errno
 import json
-import os
 import shlex
 import subprocess
 import sys
@@ -21,16 +20,9 @@ import yaml
 from mmrl.checkpoint import latest_checkpoint
 from mmrl.cli import main
 from mmrl.run_dir import RUN_MARKER
-from tests.helpers import toy_overrides
+from tests.helpers import CLI_ENV, toy_overrides
 
-ENV = {
-    **os.environ,
-    "HF_HUB_OFFLINE": "1",
-    "TRANSFORMERS_OFFLINE": "1",
-    "OMP_NUM_THREADS": "1",
-    "MMRL_LOG_LEVEL": "WARNING",
-    "PYTHONWARNINGS": "ignore",
-}
+ENV = CLI_ENV
 
 
 def _mmrl(cwd: Path, *args: str, patch: str = "", env: dict | None = None, timeout: float = 240):

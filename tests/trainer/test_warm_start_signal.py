@@ -16,16 +16,9 @@ import torch
 
 from mmrl.checkpoint import MARKER, latest_checkpoint, safe_load
 from mmrl.tracking import read_metrics
-from tests.helpers import toy_overrides, toy_trainer
+from tests.helpers import CLI_ENV, toy_overrides, toy_trainer
 
-ENV = {
-    **os.environ,
-    "HF_HUB_OFFLINE": "1",
-    "TRANSFORMERS_OFFLINE": "1",
-    "OMP_NUM_THREADS": "1",
-    "MMRL_LOG_LEVEL": "WARNING",
-    "PYTHONWARNINGS": "ignore",
-}
+ENV = CLI_ENV
 
 
 def _sft_steps(run_dir) -> list[int]:
