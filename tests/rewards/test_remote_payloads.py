@@ -17,7 +17,6 @@ import time
 import pytest
 
 from mmrl.rewards.remote import RemoteReward
-from tests.rewards.test_user_rewards import _Server
 
 N = 10
 PROMPTS = [f"p{i}" for i in range(N)]
@@ -58,19 +57,6 @@ def chunk_key(payload: dict) -> str:
     return json.dumps(payload, sort_keys=True)
 
 
-@pytest.fixture
-def serve():
-    made = []
-
-    def make(respond):
-        made.append(_Server(respond))
-        return made[-1]
-
-    yield make
-    for s in made:
-        s.close()
-
-
 @pytest.mark.parametrize(
     "batch_size, concurrency, bounds",
     [
@@ -80,8 +66,8 @@ def serve():
         (64, 4, [(0, N)]),
     ],
 )
-def test_every_request_carries_exactly_its_own_slice(serve, batch_size, concurrency, bounds):
-    srv = serve(answer)
+def test_every_request_carries_exactly_its_own_slice(server, batch_size, concurrency, bounds):
+    srv = server(answer)
     fn = RemoteReward(srv.url, batch_size=batch_size, max_concurrency=concurrency, timeout_s=10)
     scores = fn(PROMPTS, COMPLETIONS, **COLUMNS)
     assert scores == [1011.0 * i for i in range(N)]
@@ -90,7 +76,7 @@ def test_every_request_carries_exactly_its_own_slice(serve, batch_size, concurre
     assert fn.failures == 0 and fn.requests == len(bounds)
 
 
-def test_answers_arriving_out_of_order_land_on_their_own_samples(serve):
+def test_answers_arriving_out_of_order_land_on_their_own_samples(server):
     # the first chunk is answered only after the second one was: its scores must still go to samples 0..2
     second_answered = threading.Event()
 
@@ -103,13 +89,13 @@ def test_answers_arriving_out_of_order_land_on_their_own_samples(serve):
             threading.Timer(0.05, second_answered.set).start()  # set once this answer is on its way
         return status, body
 
-    srv = serve(respond)
+    srv = server(respond)
     fn = RemoteReward(srv.url, batch_size=3, max_concurrency=2, timeout_s=10)
     assert fn(PROMPTS, COMPLETIONS, **COLUMNS) == [1011.0 * i for i in range(N)]
     assert srv.max_in_flight == 2
 
 
-def test_a_retry_resends_the_same_slice(serve):
+def test_a_retry_resends_the_same_slice(server):
     # every chunk fails once with 503 (retried) and then succeeds: each slice is sent exactly twice, unchanged
     seen: dict[str, int] = {}
     lock = threading.Lock()
@@ -121,7 +107,7 @@ def test_a_retry_resends_the_same_slice(serve):
             first = seen[key] == 1
         return (503, b"busy") if first else answer(payload)
 
-    srv = serve(respond)
+    srv = server(respond)
     fn = RemoteReward(srv.url, batch_size=3, max_concurrency=2, timeout_s=10, max_retries=2, backoff_s=0.01)
     assert fn(PROMPTS, COMPLETIONS, **COLUMNS) == [1011.0 * i for i in range(N)]
     bounds = [(0, 3), (3, 6), (6, 9), (9, 10)]
@@ -129,12 +115,12 @@ def test_a_retry_resends_the_same_slice(serve):
     assert fn.requests == 8 and fn.failures == 0
 
 
-def test_a_failed_chunk_masks_only_its_own_samples(serve):
+def test_a_failed_chunk_masks_only_its_own_samples(server):
     # the chunk holding samples 3..5 always fails (HTTP 500, retried, then given up): NaN there, scores elsewhere
     def respond(payload):
         return (500, b"boom") if payload["idx"][0] == 3 else answer(payload)
 
-    srv = serve(respond)
+    srv = server(respond)
     fn = RemoteReward(srv.url, batch_size=3, max_concurrency=2, timeout_s=10, max_retries=1, backoff_s=0.01)
     scores = fn(PROMPTS, COMPLETIONS, **COLUMNS)
     assert [math.isnan(s) for s in scores] == [i in (3, 4, 5) for i in range(N)]
@@ -154,7 +140,7 @@ def _wait_until(condition, timeout_s: float) -> bool:
 
 
 @pytest.mark.parametrize("concurrency", [1, 3])
-def test_concurrency_reaches_its_bound_and_never_passes_it(serve, concurrency):
+def test_concurrency_reaches_its_bound_and_never_passes_it(server, concurrency):
     # each request is held until `concurrency` requests are in flight together (the client must send that many at
     # once: after 5 s the handler gives up and the request fails), then for 0.3 s more, in which a client sending
     # more than `concurrency` at once would push the server's in-flight count (recorded as max_in_flight) past it
@@ -167,7 +153,7 @@ def test_concurrency_reaches_its_bound_and_never_passes_it(serve, concurrency):
         _wait_until(lambda: srv.in_flight > concurrency, 0.3)
         return answer(payload)
 
-    holder["srv"] = srv = serve(respond)
+    holder["srv"] = srv = server(respond)
     fn = RemoteReward(srv.url, batch_size=2, max_concurrency=concurrency, timeout_s=10, max_retries=0)
     # 6 chunks of 2 samples: full waves for both 1 and 3
     scores = fn(PROMPTS[:6] * 2, COMPLETIONS[:6] * 2, idx=list(range(6)) * 2)

@@ -10,7 +10,7 @@ from mmrl.cli import main
 from mmrl.rewards.manager import RewardError, RewardManager, RewardSpec
 from mmrl.rewards.remote import RemoteReward
 from tests.helpers import toy_overrides
-from tests.rewards.test_user_rewards import _Server
+from tests.rewards.reward_server import RewardServer
 
 USER_REWARDS = """
 def boom(prompts, completions, **kw):
@@ -23,7 +23,7 @@ def nothing(prompts, completions, **kw):
 
 @pytest.fixture
 def failing_server():
-    srv = _Server(lambda payload: (500, b"internal error"))
+    srv = RewardServer(lambda payload: (500, b"internal error"))
     yield srv
     srv.close()
 
