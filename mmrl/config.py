@@ -633,6 +633,26 @@ def to_dict(obj: Any) -> Any:
     return obj
 
 
+def field_defaults(cfg: Any) -> dict:
+    """The defaults of ``cfg``'s config sections as :func:`to_dict` writes them: every dataclass section rebuilt from
+    its class (a class with a field without a default is left out), every plain top-level field's own default. A
+    resume compares a run's saved config.yaml with the new config; a key the saved file lacks (a field added in a
+    newer mmrl) is no change when the new value is this default."""
+    out: dict = {}
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        if dataclasses.is_dataclass(value):
+            try:
+                out[f.name] = to_dict(type(value)())
+            except TypeError:  # a section whose class needs arguments: no defaults known
+                continue
+        elif f.default is not dataclasses.MISSING:
+            out[f.name] = to_dict(f.default)
+        elif f.default_factory is not dataclasses.MISSING:
+            out[f.name] = to_dict(f.default_factory())
+    return out
+
+
 def validate_algo(algo: AlgoConfig) -> None:
     """Cross-check algorithm names against the registries."""
     from mmrl.algos import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, advantage_choices

@@ -464,13 +464,18 @@ def is_harmless_change(key: str) -> bool:
     return key == "checkpoint"
 
 
-def config_changes(saved: dict, new: dict) -> tuple[dict, dict]:
+def config_changes(saved: dict, new: dict, defaults: dict | None = None) -> tuple[dict, dict]:
     """``(significant, harmless)``: ``{key: (saved value, new value)}`` for every dotted key that differs between two
-    config dicts (as :func:`mmrl.config.to_dict` writes them); significant changes make it another experiment."""
+    config dicts (as :func:`mmrl.config.to_dict` writes them); significant changes make it another experiment.
+    ``defaults`` (:func:`mmrl.config.field_defaults`): a key the saved config lacks (a field added by a newer mmrl
+    than the one that wrote it) set to its default is no change, so upgrading mmrl does not block a resume."""
     a, b = _flatten(saved), _flatten(new)
+    d = _flatten(defaults or {})
     significant, harmless = {}, {}
     for key in sorted(set(a) | set(b)):
         old, cur = a.get(key, "<unset>"), b.get(key, "<unset>")
+        if key not in a and key in d and _same_value(cur, d[key]):
+            continue
         if isinstance(old, tuple):
             old = list(old)
         if isinstance(cur, tuple):
@@ -478,6 +483,11 @@ def config_changes(saved: dict, new: dict) -> tuple[dict, dict]:
         if old != cur:
             (harmless if is_harmless_change(key) else significant)[key] = (old, cur)
     return significant, harmless
+
+
+def _same_value(a, b) -> bool:
+    """Equal config values, lists and tuples alike (YAML reads a tuple back as a list)."""
+    return (list(a) if isinstance(a, tuple) else a) == (list(b) if isinstance(b, tuple) else b)
 
 
 def describe_changes(changes: dict, limit: int = 6) -> str:
@@ -488,7 +498,9 @@ def describe_changes(changes: dict, limit: int = 6) -> str:
     return ", ".join(items)
 
 
-def check_same_experiment(run_dir: Path, new: dict, *, accept: bool, log_changes: bool = True) -> None:
+def check_same_experiment(
+    run_dir: Path, new: dict, *, accept: bool, log_changes: bool = True, defaults: dict | None = None
+) -> None:
     """Compare a resume's config (``new``, as :func:`mmrl.config.to_dict` gives it) with the run's ``config.yaml``
     before any weight is loaded: keys that make it another experiment are a ConfigError listing them unless
     ``accept`` (``trainer.resume_accept_changes=true``: logged as a warning); harmless changes are logged."""
@@ -504,7 +516,7 @@ def check_same_experiment(run_dir: Path, new: dict, *, accept: bool, log_changes
         ) from None
     if not isinstance(saved, dict):
         raise ConfigError(f"cannot resume {run_dir}: {path} is not a run config written by mmrl")
-    significant, harmless = config_changes(saved, new)
+    significant, harmless = config_changes(saved, new, defaults)
     if harmless and log_changes:
         log.info("resuming %s with changed settings: %s", run_dir, describe_changes(harmless, limit=20))
     if not significant:
@@ -557,7 +569,7 @@ def auto_resume_checkpoint(run_dir: Path, *, warn: bool = True) -> Path | None:
 
 
 def open_run(
-    trainer_cfg, config: dict, task_name: str, *, is_main: bool
+    trainer_cfg, config: dict, task_name: str, *, is_main: bool, defaults: dict | None = None
 ) -> tuple[Path, str, Path | None, RunLock | None]:
     """Decide a run's folder and the checkpoint it continues, and own the folder: ``(run_dir, run name, checkpoint or
     None, the run's lock on the main process)``.
@@ -616,7 +628,9 @@ def open_run(
                     tr.output_dir,
                 )
         if resume_from is not None:  # before any weight is loaded
-            check_same_experiment(run_dir, config, accept=tr.resume_accept_changes, log_changes=is_main)
+            check_same_experiment(
+                run_dir, config, accept=tr.resume_accept_changes, log_changes=is_main, defaults=defaults
+            )
     except BaseException:
         if lock is not None:
             lock.release()

@@ -32,7 +32,7 @@ from torch import Tensor
 from mmrl import algos
 from mmrl.builders import build_policy, build_rewards, build_task
 from mmrl.checkpoint import checkpoint_step, resolve_checkpoint
-from mmrl.config import RunConfig, config_yaml, load_config, to_dict
+from mmrl.config import RunConfig, config_yaml, field_defaults, load_config, to_dict
 from mmrl.errors import ConfigError, RunStopped, TrainingAborted
 from mmrl.evaluation import evaluate_policy
 from mmrl.parallel.data_parallel import DataParallel
@@ -306,7 +306,7 @@ class Trainer:
 
         tr = self.cfg.trainer
         run_dir, name, resume_from, self._run_lock = open_run(
-            tr, to_dict(self.cfg), self.cfg.task.name, is_main=self.is_main
+            tr, to_dict(self.cfg), self.cfg.task.name, is_main=self.is_main, defaults=field_defaults(self.cfg)
         )
         try:
             self.accelerator.wait_for_everyone()
