@@ -54,6 +54,19 @@ class TrainingParts:
     scheduler: Any
 
 
+def _save_single_file(folder: Path, step: int, parts: TrainingParts, state: dict, keep_last: int | None) -> Path:
+    """:func:`mmrl.checkpoint.save_checkpoint` of ``parts`` (single-file format) under ``folder/checkpoints``."""
+    return save_checkpoint(
+        folder,
+        step,
+        policy=parts.policy,
+        optimizer=parts.optimizer,
+        scheduler=parts.scheduler,
+        state=state,
+        keep_last=keep_last,
+    )
+
+
 def save_training(
     run_dir: Path, step: int, parts: TrainingParts, state: dict, *, keep_last: int | None, dp, sharded_format: bool
 ) -> Path | None:
@@ -64,15 +77,7 @@ def save_training(
     if not sharded_format:
         path = None
         if dp.is_main:
-            path = save_checkpoint(
-                run_dir,
-                step,
-                policy=parts.policy,
-                optimizer=parts.optimizer,
-                scheduler=parts.scheduler,
-                state=state,
-                keep_last=keep_last,
-            )
+            path = _save_single_file(run_dir, step, parts, state, keep_last)
         dp.barrier()
         return path
     from mmrl.checkpoint import publish_checkpoint, rng_state, staging_dir, start_staging, write_training_files
@@ -147,14 +152,6 @@ def save_to_rescue(
     try:
         create_run_dir(rescue)
         record_start(rescue, config_yaml, step)
-        return save_checkpoint(
-            rescue,
-            step,
-            policy=parts.policy,
-            optimizer=parts.optimizer,
-            scheduler=parts.scheduler,
-            state=state,
-            keep_last=keep_last,
-        )
+        return _save_single_file(rescue, step, parts, state, keep_last)
     finally:
         lock.release()
