@@ -360,8 +360,6 @@ def record_start(run_dir: Path, config_yaml: str, step: int) -> Path:
     the mmrl commit) as ``start-NNN-step_SSSSSS.environment.json`` beside it and ``environment.json``. Returns the
     history file. ``config.yaml`` and ``environment.json`` are replaced whole (written beside, then renamed): a full
     disk leaves the previous ones, and is a ConfigError naming the folder."""
-    import json
-
     from mmrl.versions import environment
 
     hist = run_dir / HISTORY_DIR
@@ -580,8 +578,6 @@ def open_run(
     experiment (:func:`check_same_experiment`), before any weight loads. The main process takes the folder's
     :class:`RunLock` before anything is deleted (a live run is refused in one line); nothing else is written here,
     and the lock is released when this raises."""
-    from datetime import datetime
-
     from mmrl.checkpoint import resolve_checkpoint
 
     tr = trainer_cfg
