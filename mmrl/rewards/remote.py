@@ -204,7 +204,8 @@ class RemoteReward:
         try:
             futures = {pool.submit(self._score_chunk, payload, hi - lo): (lo, hi) for lo, hi, payload in chunks}
             waves = math.ceil(len(chunks) / self.max_concurrency)
-            done, pending = wait(futures, timeout=self.deadline_s() * waves + 1.0)
+            deadline = self.deadline_s() * waves + 1.0
+            done, pending = wait(futures, timeout=deadline)
             for fut in done:
                 lo, hi = futures[fut]
                 scores, reason = fut.result()
@@ -213,7 +214,7 @@ class RemoteReward:
                     reasons.append(reason)
                     why[lo:hi] = [reason] * (hi - lo)
             if pending:
-                late = f"did not finish within {self.deadline_s() * waves + 1.0:.1f}s"
+                late = f"did not finish within {deadline:.1f}s"
                 reasons.append(f"{len(pending)} requests {late}")
                 for fut in pending:
                     lo, hi = futures[fut]
@@ -221,8 +222,8 @@ class RemoteReward:
         finally:
             pool.shutdown(wait=False, cancel_futures=True)
 
-        failed = sum(1 for v in out if v is not None and math.isnan(v))
         self.last_failures = {i: why[i] or "no answer" for i, v in enumerate(out) if v is not None and math.isnan(v)}
+        failed = len(self.last_failures)
         if failed:
             with self._lock:
                 self.failures += failed
