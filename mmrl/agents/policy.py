@@ -498,9 +498,7 @@ def build_agent_policy(run_cfg, spec: PolicySpec | None = None) -> AgentVLMPolic
     ``agent.tools`` (or the task's ``spec.extras["agent_tools"]``), and the environment factory ``(item, tools) ->
     Environment`` of ``agent.environment``, else the task's (``spec.extras["agent_environment"]``), else
     :class:`ToolEnvironment`."""
-    from mmrl.models.presets import resolve_vlm
-    from mmrl.models.tiny_vlm import load_vlm
-    from mmrl.policies.vlm import _target_device
+    from mmrl.policies.vlm import load_run_vlm
 
     cfg = run_cfg.model
     agent: AgentConfig = run_cfg.agent
@@ -510,12 +508,7 @@ def build_agent_policy(run_cfg, spec: PolicySpec | None = None) -> AgentVLMPolic
     make_env = extras.get("agent_environment")
     if agent.environment:
         make_env = load_environment(agent.environment)
-    lm, processor = load_vlm(
-        resolve_vlm(cfg.path),
-        dtype=cfg.dtype,
-        device=_target_device(run_cfg),
-        attn_implementation=cfg.attn_implementation,
-    )
+    lm, processor = load_run_vlm(run_cfg)
     return AgentVLMPolicy(
         lm,
         processor,

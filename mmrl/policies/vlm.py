@@ -721,18 +721,25 @@ def _target_device(run_cfg) -> str:
     return f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
 
 
-def build_vlm_policy(run_cfg, spec: PolicySpec | None = None) -> VLMPolicy:
-    """Policy builder registered for ``model.type=vlm``."""
+def load_run_vlm(run_cfg):
+    """``(model, processor)`` of ``run_cfg.model`` (path resolved through the presets, its dtype and attention
+    implementation) on the run's device: the loading every VLM-backed builder (vlm, vlm_agent, vla) shares."""
     from mmrl.models.presets import resolve_vlm
     from mmrl.models.tiny_vlm import load_vlm
 
     cfg = run_cfg.model
-    lm, processor = load_vlm(
+    return load_vlm(
         resolve_vlm(cfg.path),
         dtype=cfg.dtype,
         device=_target_device(run_cfg),
         attn_implementation=cfg.attn_implementation,
     )
+
+
+def build_vlm_policy(run_cfg, spec: PolicySpec | None = None) -> VLMPolicy:
+    """Policy builder registered for ``model.type=vlm``."""
+    cfg = run_cfg.model
+    lm, processor = load_run_vlm(run_cfg)
     return VLMPolicy(
         lm,
         processor,

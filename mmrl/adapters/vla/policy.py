@@ -745,9 +745,7 @@ def build_vla_policy(run_cfg, spec: PolicySpec) -> VLAPolicy:
     """Policy builder registered for ``model.type=vla``; the task's spec gives the env and the action statistics.
     ``model.action_head=flow|gaussian`` builds a :class:`~mmrl.adapters.vla.continuous_policy.ContinuousVLAPolicy`,
     ``model.architecture=smolvla|pi0|pi05`` a :class:`~mmrl.adapters.vla.lerobot.policy.LeRobotFlowPolicy`."""
-    from mmrl.models.presets import resolve_vlm
-    from mmrl.models.tiny_vlm import load_vlm
-    from mmrl.policies.vlm import _target_device
+    from mmrl.policies.vlm import load_run_vlm
 
     for name in ("env_spec", "action_stats"):
         if getattr(spec, name) is None:
@@ -759,12 +757,7 @@ def build_vla_policy(run_cfg, spec: PolicySpec) -> VLAPolicy:
         from mmrl.adapters.vla.lerobot.policy import build_lerobot_policy
 
         return build_lerobot_policy(run_cfg, spec)
-    lm, processor = load_vlm(
-        resolve_vlm(cfg.path),
-        dtype=cfg.dtype,
-        device=_target_device(run_cfg),
-        attn_implementation=cfg.attn_implementation,
-    )
+    lm, processor = load_run_vlm(run_cfg)
     world = int(__import__("os").environ.get("WORLD_SIZE", "1"))
     slots = max(1, run_cfg.trainer.batch_size // world) * run_cfg.algo.group_size
     policy_cls = VLAPolicy
