@@ -109,11 +109,12 @@ class RoundLedger:
         return [r for r in self.rounds.values() if not r.done and (worker is None or r.worker == worker)]
 
     def head(self) -> tuple[Round, int] | None:
-        """The round holding the next slot to consume and the slot's offset in it; None when no slot is outstanding."""
-        for r in self.rounds.values():  # at most the first one holds next_slot: consumed rounds are removed
-            if r.first_slot <= self.next_slot < r.first_slot + len(r):
-                return r, self.next_slot - r.first_slot
-        return None
+        """The round holding the next slot to consume and the slot's offset in it; None when no slot is outstanding.
+        Rounds are added in slot order and forgotten once their last slot is consumed, so it is the first one."""
+        if self.next_slot >= self.end_slot:
+            return None
+        r = next(iter(self.rounds.values()))
+        return r, self.next_slot - r.first_slot
 
     def ready(self) -> bool:
         """The next slot is outstanding and its round is back."""
