@@ -84,7 +84,6 @@ def run_worker(worker: int, cfg, board, tasks, results, device: str) -> None:
         collector = RolloutCollector(task, policy, build_rewards(cfg, task), cfg, SingleProcess())
         version = board.load_into(policy.model, None)
         results.put(("ready", worker))
-        every = cfg.trainer.log_samples_every
         parent = multiprocessing.parent_process()
         while True:
             t_wait = time.perf_counter()
@@ -96,8 +95,8 @@ def run_worker(worker: int, cfg, board, tasks, results, device: str) -> None:
             version = board.load_into(policy.model, version)  # weights switch between rounds only
             policy.on_train_step(step)
             batch, skipped = prepare_batch(task, indices, seeds, collector.train_items)
-            log = [] if every and (step + 1) % every == 0 else None
-            scored = collector.produce_round(batch, skipped, step=step, log_to=log)
+            # score() appends the samples log rows on the steps trainer.log_samples_every names, else none
+            scored = collector.produce_round(batch, skipped, step=step, log_to=[])
             groups = set(scored.rollout.group_id.tolist()) if scored.rollout is not None else set()
             kept = [s in groups for s in seeds]
             payload = serialise(scored)
