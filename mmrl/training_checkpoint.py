@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from mmrl.checkpoint import load_training_state, save_checkpoint
+from mmrl.checkpoint import _first_line, load_training_state, save_checkpoint
 from mmrl.errors import ConfigError, RunStopped
 
 
@@ -33,8 +33,7 @@ class CheckpointNotSaved(RunStopped):
 def save_failure_text(error: BaseException, folder: Path) -> str:
     """One line for a failed save: the error's type and first line, plus the free space of ``folder``'s disk when it
     is nearly full (``torch.save`` on a full disk says only "unexpected pos")."""
-    text = error.strerror if isinstance(error, OSError) and error.strerror else None
-    text = text or f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0]}".rstrip(": ")
+    text = error.strerror if isinstance(error, OSError) and error.strerror else _first_line(error)
     probe = Path(folder)
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent
