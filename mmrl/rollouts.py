@@ -253,24 +253,29 @@ class RolloutCollector:
                 if not algo.filter_groups or n_groups_kept >= target_groups:
                     break
         metrics["time/rollout"] = time.perf_counter() - t0
-        self._count_skipped(skipped, seen, metrics)
-        if too_long_total:
-            metrics["data/too_long"] = float(too_long_total)  # every resampling round, not only the first
-        if algo.filter_groups:
-            metrics["filter/rounds"] = float(rounds)
-            metrics["filter/kept_groups"] = float(n_groups_kept)
+        self.count_step(metrics, skipped=skipped, seen=seen, too_long=too_long_total, rounds=rounds, kept=n_groups_kept)
         if not kept:
             if last is None:
                 return None, metrics
-            ballast = last
-            ballast.valid = torch.zeros_like(ballast.valid)
-            return ballast, metrics
+            last.valid = torch.zeros_like(last.valid)  # ballast
+            return last, metrics
         ro = Rollout.concat(kept)
         if algo.filter_groups and n_groups_kept > target_groups:  # resampling kept more groups than the batch takes
             groups = list(dict.fromkeys(ro.group_id.tolist()))[:target_groups]
             sel = torch.isin(ro.group_id, torch.tensor(groups))
             ro = ro.index(torch.nonzero(sel).flatten())
         return ro, metrics
+
+    def count_step(self, metrics: dict, *, skipped: int, seen: int, too_long: int, rounds: int, kept: int) -> None:
+        """A step's data and filter metrics from its rounds' counts (``too_long``: of every resampling round, not only
+        the first; ``kept``: groups kept by ``algo.filter_groups``), the skipped items counted against
+        ``trainer.data_skip_threshold``: the same for a synchronous step and an asynchronous one."""
+        self._count_skipped(skipped, seen, metrics)
+        if too_long:
+            metrics["data/too_long"] = float(too_long)
+        if self.cfg.algo.filter_groups:
+            metrics["filter/rounds"] = float(rounds)
+            metrics["filter/kept_groups"] = float(kept)
 
     def _count_skipped(self, skipped: int, seen: int, metrics: dict) -> None:
         """Add a step's skipped / seen items to the totals; :class:`~mmrl.errors.TrainingAborted` past the threshold."""

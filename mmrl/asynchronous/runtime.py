@@ -253,7 +253,6 @@ class AsyncRollouts:
     def _assemble(self, take, depth: int, run_dir) -> tuple[Rollout | None, dict]:
         from mmrl.rollouts import write_samples_log
 
-        algo = self.cfg.algo
         metrics: dict[str, float] = {}
         skipped = seen = too_long = 0
         for r in take.rounds:  # the per-round counts belong to the step that opened the round
@@ -272,12 +271,9 @@ class AsyncRollouts:
             sel = torch.isin(ro.group_id, torch.tensor(seeds, dtype=ro.group_id.dtype))
             parts.append(ro if bool(sel.all()) else ro.index(torch.nonzero(sel).flatten()))
         metrics["time/rollout"] = self._wait_s
-        self.collector._count_skipped(skipped, seen, metrics)
-        if too_long:
-            metrics["data/too_long"] = float(too_long)
-        if algo.filter_groups:
-            metrics["filter/rounds"] = float(len(take.rounds))
-            metrics["filter/kept_groups"] = float(len(take.groups))
+        self.collector.count_step(
+            metrics, skipped=skipped, seen=seen, too_long=too_long, rounds=len(take.rounds), kept=len(take.groups)
+        )
         if take.staleness:
             metrics["async/staleness_mean"] = sum(take.staleness) / len(take.staleness)
             metrics["async/staleness_max"] = float(max(take.staleness))
