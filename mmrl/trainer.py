@@ -346,7 +346,7 @@ class Trainer:
     # ------------------------------------------------------------------ checkpoints
     def trainer_state(self) -> dict:
         return {
-            **(self.async_rollouts or self.rollouts).state_dict(),
+            **(self.async_rollouts if self.async_rollouts is not None else self.rollouts).state_dict(),
             "wandb_id": self.tracker.wandb_id if self.tracker else None,
             "stop_reason": self.stop_reason,
             **({"sft": self.warm_start.state_dict()} if self.warm_start is not None else {}),
@@ -1010,8 +1010,10 @@ class Trainer:
                 self._save_or_rescue(f"the checkpoint after the stop at step {self.step}")
             except Exception as save_error:  # noqa: BLE001 - the original error is the one to report
                 log.error("could not save a checkpoint after the stop: %s", save_error)
-                self.checkpoint_lost = getattr(save_error, "lost", None) or self._lost_steps(
-                    f"the save failed: {save_failure_text(save_error, self.run_dir)}"
+                self.checkpoint_lost = (
+                    save_error.lost
+                    if isinstance(save_error, CheckpointNotSaved)
+                    else self._lost_steps(f"the save failed: {save_failure_text(save_error, self.run_dir)}")
                 )
         elif self._saved_step == self.step:  # a save or a resume at this step
             from mmrl.checkpoint import latest_checkpoint
