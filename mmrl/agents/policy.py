@@ -51,6 +51,7 @@ EnvironmentFactory = Callable[[dict, dict], Environment]
 _TURN_SEED = 0xA6E47
 _SYSTEM_PROBE = "mmrl-system-probe"
 _ASSISTANT_PROBE = "mmrl-assistant-probe"
+_PROBE_SYSTEM = [{"role": "system", "content": [{"type": "text", "text": _SYSTEM_PROBE}]}]
 
 
 def tools_system_text(schemas: Sequence[dict]) -> str:
@@ -99,6 +100,8 @@ class AgentVLMPolicy(VLMPolicy):
         policy writes Qwen's tool instructions into the system turn and tool results as ``<tool_response>`` user
         turns (what Qwen's templates render)."""
         self._turn_sep = self._separator_after_turn()
+        self._probe_base = self._render(_PROBE_SYSTEM, generation_prompt=False)
+        """The probe system turn alone; :meth:`observation_text` renders a message after it and keeps the delta."""
         self.record_images = False
         """Keep each trajectory's observation images in its sample (``observation_images``, per turn) for the
         evaluation outputs; on inside :meth:`evaluation_outputs`."""
@@ -113,9 +116,8 @@ class AgentVLMPolicy(VLMPolicy):
 
     def _separator_after_turn(self) -> str:
         """What the template writes after an assistant turn's text (e.g. ``<|im_end|>\\n``)."""
-        sys_msg = [{"role": "system", "content": [{"type": "text", "text": _SYSTEM_PROBE}]}]
         text = self._render(
-            sys_msg + [{"role": "assistant", "content": [{"type": "text", "text": _ASSISTANT_PROBE}]}],
+            _PROBE_SYSTEM + [{"role": "assistant", "content": [{"type": "text", "text": _ASSISTANT_PROBE}]}],
             generation_prompt=False,
         )
         return text[text.rindex(_ASSISTANT_PROBE) + len(_ASSISTANT_PROBE) :]
@@ -159,9 +161,8 @@ class AgentVLMPolicy(VLMPolicy):
                 + images
                 + [{"type": "text", "text": f"{obs.text}\n</tool_response>"}],
             }
-        sys_msg = [{"role": "system", "content": [{"type": "text", "text": _SYSTEM_PROBE}]}]
-        base = self._render(sys_msg, generation_prompt=False)
-        full = self._render(sys_msg + [msg], generation_prompt=True)
+        base = self._probe_base
+        full = self._render(_PROBE_SYSTEM + [msg], generation_prompt=True)
         if not full.startswith(base):
             raise ValueError("the chat template renders a system turn differently when a tool message follows it")
         sep = self._turn_sep
