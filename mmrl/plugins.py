@@ -80,6 +80,12 @@ def _is_path(spec: str) -> bool:
     return spec.endswith(".py") or "/" in spec or "\\" in spec
 
 
+def _split_spec(spec: str) -> tuple[str, str, str]:
+    """``(target, ":", attr)`` of a ``module:attr`` / ``path:attr`` entry, ``(spec, "", "")`` without a callable (a
+    ``.py`` file names none)."""
+    return spec.rpartition(":") if ":" in spec and not spec.endswith(".py") else (spec, "", "")
+
+
 def _import_file(path: Path) -> str:
     """Import ``path`` (a ``.py`` file or a package folder) as the module named after it, with its parent folder
     first on ``sys.path``."""
@@ -110,7 +116,7 @@ def load_plugin(spec: str) -> str:
         return _loaded[spec]
     if not isinstance(spec, str) or not spec.strip():
         raise ConfigError(f"plugins: each entry is a module name or a .py file, got {spec!r}")
-    target, _, attr = spec.rpartition(":") if ":" in spec and not spec.endswith(".py") else (spec, "", "")
+    target, _, attr = _split_spec(spec)
     try:
         if _is_path(target):
             path = Path(target).expanduser().resolve()
@@ -149,7 +155,7 @@ def plugin_path(spec: str) -> str:
     """A ``plugins=`` entry as a run folder records it: a file or folder made absolute (``mmrl eval`` may run from
     another folder), a module name unchanged."""
     if isinstance(spec, str) and _is_path(spec):
-        target, colon, attr = spec.rpartition(":") if not spec.endswith(".py") and ":" in spec else (spec, "", "")
+        target, colon, attr = _split_spec(spec)
         return str(Path(target).expanduser().resolve()) + colon + attr
     return spec
 
