@@ -401,10 +401,9 @@ class VisualSearchTask(Task):
 
     @staticmethod
     def _per_sample(items: Sequence[dict], samples: Sequence) -> list[dict]:
-        if len(items) == len(samples):
-            return list(items)
-        group = len(samples) // max(1, len(items))
-        return [it for it in items for _ in range(group)]
+        from tasks.video.common import per_sample_items
+
+        return per_sample_items(items, samples)
 
     def rollout_metrics(self, items: Sequence[dict], samples: list) -> dict[str, float]:
         return search_metrics(self._per_sample(items, samples), samples, "search") if samples else {}
