@@ -941,6 +941,10 @@ def _section(raw: dict, key: str) -> dict:
     return dict(value)
 
 
+_TOP_KEYS = ("task", "model", "algo", "trainer", "reward", "agent", "checkpoint", "plugins")
+"""The sections and keys of a run config (:class:`RunConfig`), in the order the errors list them."""
+
+
 def build_run_config(raw: dict, *, texts: dict[str, str] | None = None) -> RunConfig:
     """Validate a composed dict into a :class:`RunConfig`: every value is checked against its field's type before
     any of it is used (the task name and model type are registry keys, so they are checked first). ``texts``: the
@@ -950,14 +954,10 @@ def build_run_config(raw: dict, *, texts: dict[str, str] | None = None) -> RunCo
     from mmrl.tasks import get_task_class
 
     if not isinstance(raw, dict):
-        raise ConfigError(
-            f"a run config is a mapping of task, model, algo, trainer, reward, checkpoint, plugins; got {_show(raw)}"
-        )
+        raise ConfigError(f"a run config is a mapping of {', '.join(_TOP_KEYS)}; got {_show(raw)}")
     for key in raw:
-        if key not in ("task", "model", "algo", "trainer", "reward", "agent", "checkpoint", "plugins"):
-            raise ConfigError(
-                f"unknown key '{key}'; valid top-level keys: task, model, algo, trainer, reward, agent, checkpoint, plugins"
-            )
+        if key not in _TOP_KEYS:
+            raise ConfigError(f"unknown key '{key}'; valid top-level keys: {', '.join(_TOP_KEYS)}")
     plugins = [plugin_path(p) for p in _coerce(raw.get("plugins") or [], list[str], "plugins")]
     load_plugins(plugins)  # before the task name and model type are looked up (mmrl eval of a plugin's run)
     token = _OVERRIDE_TEXT.set(dict(texts or {}))
