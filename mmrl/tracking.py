@@ -105,9 +105,9 @@ class Tracker:
         """Count a failed metric write; the first one is a warning, later ones only counted."""
         self.write_failures += 1
         if self._first_failure is None:
-            why = (
-                error.strerror if isinstance(error, OSError) and error.strerror else f"{type(error).__name__}: {error}"
-            )
+            from mmrl.checkpoint import _first_line
+
+            why = error.strerror if isinstance(error, OSError) and error.strerror else _first_line(error)
             self._first_failure = f"{where}: {why}"
             log.warning(
                 "metrics could not be written (%s); training goes on, later failures are counted", self._first_failure
