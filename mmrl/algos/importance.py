@@ -97,10 +97,21 @@ def behaviour_weights(
     if mode == "truncate":
         weights = truncated_is_weights(prox_logp, behaviour_logp, mask, cap=cap)
         return weights, as_bool_mask(mask, weights, "behaviour_weights: mask")
-    log_ratio, m = _log_ratio(prox_logp, behaviour_logp, mask, "behaviour_weights")
-    ratio = torch.exp(log_ratio.clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP))
+    ratio, m = _clamped_ratio(prox_logp, behaviour_logp, mask, "behaviour_weights")
     kept = m & ~(ratio > cap)
     return torch.where(kept, ratio, torch.zeros_like(ratio)), kept
+
+
+def above_cap(prox_logp: Tensor, behaviour_logp: Tensor, mask: Tensor, *, cap: float) -> Tensor:
+    """[B, T] bool: the valid tokens whose ratio pi_prox / pi_behaviour exceeds ``cap`` (the tokens ``mode="mask"``
+    drops and ``mode="truncate"`` caps; the ``policy/is_capped`` statistic)."""
+    ratio, m = _clamped_ratio(prox_logp, behaviour_logp, mask, "above_cap")
+    return m & (ratio > cap)
+
+
+def _clamped_ratio(prox_logp: Tensor, behaviour_logp: Tensor, mask: Tensor, where: str) -> tuple[Tensor, Tensor]:
+    log_ratio, m = _log_ratio(prox_logp, behaviour_logp, mask, where)
+    return torch.exp(log_ratio.clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)), m
 
 
 def importance_stats(

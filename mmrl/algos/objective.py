@@ -36,7 +36,7 @@ from torch import Tensor
 
 from .aggregation import token_weights
 from .estimators import CRITIC_ESTIMATOR
-from .importance import behaviour_weights
+from .importance import above_cap, behaviour_weights
 from .kl import kl_estimate
 from .losses import value_loss
 from .registry import POLICY_LOSSES
@@ -93,7 +93,7 @@ def rl_objective(
     loss = (tok_loss * w).sum()
     stats: dict[str, Tensor] = {"loss/policy": loss.detach()}
     if is_w is not None:  # the share of the policy loss's weight that the cap truncated or dropped
-        capped = (mask != 0) & ((old_logp - rollout_logp).detach().clamp(max=20.0).exp() > cfg.is_cap)
+        capped = above_cap(old_logp, rollout_logp, mask, cap=cfg.is_cap)
         stats["policy/is_capped"] = (capped.float() * w).sum().detach()
     if cfg.kl_coef > 0 and not cfg.kl_in_reward:
         if policy_kl is None and ref_logp is None:
