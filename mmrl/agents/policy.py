@@ -484,13 +484,14 @@ def agent_metrics(samples: Sequence[dict], *, mask_total: float, mask: Tensor) -
 def load_environment(spec: str) -> EnvironmentFactory:
     """The environment factory of ``agent.environment`` (``FILE.py:NAME`` / ``MODULE:NAME``, loaded like reward
     functions); ConfigError naming ``agent.environment`` when it cannot be loaded or is not callable."""
-    from mmrl.errors import ConfigError
     from mmrl.rewards.user import resolve_fn
 
-    try:
-        _, factory = resolve_fn(spec)
-    except ConfigError as e:
-        raise ConfigError(str(e).replace("reward.fns", "agent.environment")) from None
+    _, factory = resolve_fn(
+        spec,
+        key="agent.environment",
+        forms="give FILE.py:NAME or MODULE:NAME",
+        wants="a callable that returns an environment (reset / step, docs/agents.md)",
+    )
     return factory
 
 

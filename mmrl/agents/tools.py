@@ -118,10 +118,12 @@ def load_tools(specs: list[str]) -> dict[str, Tool]:
                 "function; give FILE.py:FUNCTION or MODULE:FUNCTION"
             )
         else:
-            try:
-                _, fn = resolve_fn(spec)
-            except ConfigError as e:
-                raise ConfigError(str(e).replace("reward.fns", "agent.tools")) from None
+            _, fn = resolve_fn(
+                spec,
+                key="agent.tools",
+                forms="give FILE.py:FUNCTION or MODULE:FUNCTION",
+                wants="a function with type hints and a docstring (a TRL tool)",
+            )
         tool = Tool.from_function(fn, spec)
         if tool.name in tools:
             raise ConfigError(f"agent.tools: two tools are named '{tool.name}' ({spec} and another); rename one")

@@ -39,6 +39,8 @@ if TYPE_CHECKING:
 _FORMS = "give FILE.py:FUNCTION (a path relative to the working directory), MODULE:FUNCTION, or an http(s):// URL"
 
 
+_REWARD_FN = "a function fn(completions, **kwargs) -> list[float | None] (TRL's protocol)"
+
 _REWARD_INPUTS = ("prompts", "completions", "completion_ids")  # a callable taking none of these is a factory
 _NOT_COLUMNS = ("prompt", "completion", "completion_ids")  # TRL never passes these item keys as columns
 
@@ -305,13 +307,13 @@ def url_name(url: str) -> str:
     return name.strip("_") or "remote"
 
 
-def _load_file(path_text: str, spec: str):
+def _load_file(path_text: str, spec: str, key: str = "reward.fns", forms: str = _FORMS):
     path = Path(os.path.expanduser(path_text))
     full = Path.cwd() / path  # an absolute path stays as it is
     if not full.is_file():
         raise ConfigError(
-            f"reward.fns: '{spec}': file '{path_text}' not found (looked for {full}; relative paths are "
-            f"taken from the working directory {Path.cwd()}); fix the path or {_FORMS}"
+            f"{key}: '{spec}': file '{path_text}' not found (looked for {full}; relative paths are "
+            f"taken from the working directory {Path.cwd()}); fix the path or {forms}"
         )
     full = full.resolve()
     mod_name = f"mmrl_user_reward_{re.sub(r'[^0-9A-Za-z_]', '_', full.stem)}_{hashlib.sha1(str(full).encode()).hexdigest()[:8]}"
@@ -319,7 +321,7 @@ def _load_file(path_text: str, spec: str):
         return sys.modules[mod_name]
     mspec = importlib.util.spec_from_file_location(mod_name, full)
     if mspec is None or mspec.loader is None:
-        raise ConfigError(f"reward.fns: '{spec}': '{path_text}' cannot be loaded as Python; give a .py file")
+        raise ConfigError(f"{key}: '{spec}': '{path_text}' cannot be loaded as Python; give a .py file")
     module = importlib.util.module_from_spec(mspec)
     sys.modules[mod_name] = module
     try:
@@ -327,36 +329,38 @@ def _load_file(path_text: str, spec: str):
     except Exception as e:
         del sys.modules[mod_name]
         raise ConfigError(
-            f"reward.fns: '{spec}': running {full} failed ({type(e).__name__}: {e}); fix the file (try `python <file>`)"
+            f"{key}: '{spec}': running {full} failed ({type(e).__name__}: {e}); fix the file (try `python <file>`)"
         ) from e
     return module
 
 
-def _load_module(mod_text: str, spec: str):
+def _load_module(mod_text: str, spec: str, key: str = "reward.fns"):
     try:
         return importlib.import_module(mod_text)
     except ModuleNotFoundError as e:
         raise ConfigError(
-            f"reward.fns: '{spec}': module '{mod_text}' is not importable ({e}); install it or put its "
+            f"{key}: '{spec}': module '{mod_text}' is not importable ({e}); install it or put its "
             f"folder on PYTHONPATH, or give a file path like ./{mod_text.replace('.', '/')}.py:FUNCTION"
         ) from e
     except Exception as e:
-        raise ConfigError(
-            f"reward.fns: '{spec}': importing module '{mod_text}' failed ({type(e).__name__}: {e})"
-        ) from e
+        raise ConfigError(f"{key}: '{spec}': importing module '{mod_text}' failed ({type(e).__name__}: {e})") from e
 
 
-def resolve_fn(spec: str) -> tuple[str, Callable]:
-    """``(name, callable)`` of a ``FILE.py:FUNCTION`` or ``MODULE:FUNCTION`` spec; ConfigError if it is bad."""
+def resolve_fn(
+    spec: str, *, key: str = "reward.fns", forms: str = _FORMS, wants: str = _REWARD_FN
+) -> tuple[str, Callable]:
+    """``(name, callable)`` of a ``FILE.py:FUNCTION`` or ``MODULE:FUNCTION`` spec; ConfigError if it is bad. The
+    loader of every user callable named in a config: ``key`` is the config key the errors name, ``forms`` how to
+    write a spec, ``wants`` what the callable must be (defaults: a reward function of ``reward.fns``)."""
     if ":" not in spec:
-        raise ConfigError(f"reward.fns: '{spec}' names no function; {_FORMS}")
+        raise ConfigError(f"{key}: '{spec}' names no function; {forms}")
     target, fn_name = spec.rsplit(":", 1)
     if not target:
-        raise ConfigError(f"reward.fns: '{spec}' names no file or module before the ':'; {_FORMS}")
+        raise ConfigError(f"{key}: '{spec}' names no file or module before the ':'; {forms}")
     if not fn_name.isidentifier():
-        raise ConfigError(f"reward.fns: '{spec}': '{fn_name}' is not a function name; {_FORMS}")
+        raise ConfigError(f"{key}: '{spec}': '{fn_name}' is not a function name; {forms}")
     is_file = target.endswith(".py") or "/" in target or os.sep in target or target.startswith(("~", "."))
-    module = _load_file(target, spec) if is_file else _load_module(target, spec)
+    module = _load_file(target, spec, key, forms) if is_file else _load_module(target, spec, key)
     if not hasattr(module, fn_name):
         funcs = sorted(
             k
@@ -364,14 +368,13 @@ def resolve_fn(spec: str) -> tuple[str, Callable]:
             if inspect.isfunction(v) and not k.startswith("_") and v.__module__ == module.__name__
         )
         raise ConfigError(
-            f"reward.fns: '{spec}': {target} has no function '{fn_name}'"
+            f"{key}: '{spec}': {target} has no function '{fn_name}'"
             + (f"; functions defined there: {', '.join(funcs)}" if funcs else "")
         )
     fn = getattr(module, fn_name)
     if not callable(fn):
         raise ConfigError(
-            f"reward.fns: '{spec}': '{fn_name}' in {target} is a {type(fn).__name__}, not a function; "
-            "give a function fn(completions, **kwargs) -> list[float | None] (TRL's protocol)"
+            f"{key}: '{spec}': '{fn_name}' in {target} is a {type(fn).__name__}, not a function; give {wants}"
         )
     return fn_name, fn
 

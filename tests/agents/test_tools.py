@@ -144,3 +144,14 @@ def test_a_turn_without_a_call_is_the_final_answer_and_long_results_are_cut():
     assert env.step("<answer>4</answer>").done
     r = env.step(call("lookup", word="cat"))
     assert r.observation.text == "a sma\n[cut: 9 more characters]"
+
+
+def test_a_tool_spec_that_is_not_a_function_names_agent_tools_and_what_a_tool_is(tmp_path):
+    """The user-callable loader is the reward loader's; its errors name the config key of the tool (never
+    reward.fns) and say what a tool must be (not the reward protocol)."""
+    (tmp_path / "not_tools.py").write_text("limit = 3\n")
+    with pytest.raises(ConfigError) as err:
+        load_tools([f"{tmp_path / 'not_tools.py'}:limit"])
+    msg = str(err.value)
+    assert msg.startswith("agent.tools: ") and "a TRL tool" in msg
+    assert "reward.fns" not in msg and "list[float | None]" not in msg
