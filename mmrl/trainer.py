@@ -305,8 +305,9 @@ class Trainer:
         from mmrl.run_dir import create_run_dir, open_run, record_start
 
         tr = self.cfg.trainer
+        config = to_dict(self.cfg)
         run_dir, name, resume_from, self._run_lock = open_run(
-            tr, to_dict(self.cfg), self.cfg.task.name, is_main=self.is_main, defaults=field_defaults(self.cfg)
+            tr, config, self.cfg.task.name, is_main=self.is_main, defaults=field_defaults(self.cfg)
         )
         try:
             self.accelerator.wait_for_everyone()
@@ -326,7 +327,7 @@ class Trainer:
                 wandb=tr.wandb,
                 wandb_project=tr.wandb_project,
                 run_name=name,
-                config=to_dict(self.cfg),
+                config=config,
                 resume_step=self.step if resume_from is not None else None,
                 wandb_id=wandb_id,
             )

@@ -75,9 +75,11 @@ def save_training(
     and the state, then publishes atomically."""
     if not sharded_format:
         path = None
-        if dp.is_main:
-            path = _save_single_file(run_dir, step, parts, state, keep_last)
-        dp.barrier()
+        try:
+            if dp.is_main:
+                path = _save_single_file(run_dir, step, parts, state, keep_last)
+        finally:  # a failed save (full disk) still meets the other processes at the barrier: they must not hang
+            dp.barrier()
         return path
     from mmrl.checkpoint import publish_checkpoint, rng_state, staging_dir, start_staging, write_training_files
     from mmrl.parallel.fsdp import full_state_dict_view

@@ -223,3 +223,26 @@ def test_a_full_disk_after_the_warm_start_rescues_it_or_says_it_is_lost(cli, tmp
     line = _one_line(p.stderr)
     assert line.startswith("mmrl train: aborted at step 0: the checkpoint of the warm start could not be written")
     assert "no checkpoint: the warm start's training lost (run folder " in line and "nothing trained" not in line
+
+
+def test_a_failed_single_file_save_still_meets_the_other_processes_at_the_barrier(monkeypatch, tmp_path):
+    """Under DDP the main process writes the checkpoint and every process meets at a barrier: when the main process's
+    save raises (a full disk), it must still reach the barrier, or the other processes wait there forever while it
+    goes on to the rescue folder."""
+    import mmrl.training_checkpoint as tc
+
+    calls = []
+
+    class DP:
+        is_main = True
+
+        def barrier(self):
+            calls.append("barrier")
+
+    def full_disk(*args, **kwargs):
+        raise RuntimeError("[enforce fail at inline_container.cc] . unexpected pos 64 vs 0")
+
+    monkeypatch.setattr(tc, "_save_single_file", full_disk)
+    with pytest.raises(RuntimeError, match="unexpected pos"):
+        tc.save_training(tmp_path, 1, None, {}, keep_last=None, dp=DP(), sharded_format=False)
+    assert calls == ["barrier"]
