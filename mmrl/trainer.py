@@ -46,6 +46,7 @@ from mmrl.tracking import Tracker, plot_metrics
 from mmrl.training_checkpoint import (
     CheckpointNotSaved,
     TrainingParts,
+    release_failed_save,
     restore_training,
     save_failure_text,
     save_to_rescue,
@@ -1042,19 +1043,9 @@ class Trainer:
             if self.sharded or not self.is_main:
                 raise
             failed = e
-        import gc
-        import traceback
-
         from mmrl.run_dir import rescue_dir
 
-        # a writer the error left open (torch.save's, on a full disk) keeps the deleted file's space until it is
-        # collected, and the rescue folder is often on the same disk: drop the failed save's frames, then collect
-        error: BaseException | None = failed
-        while error is not None:  # torch.save's error carries the first one (its context), with the writer's frames
-            traceback.clear_frames(error.__traceback__)
-            error = error.__context__
-        gc.collect()
-
+        release_failed_save(failed)  # the space a half-written file holds, before the rescue tries the same disk
         rescue = rescue_dir(self.run_dir.name)
         log.error(
             "%s could not be written in %s (%s); saving it to %s instead",

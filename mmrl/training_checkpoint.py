@@ -66,6 +66,20 @@ def _save_single_file(folder: Path, step: int, parts: TrainingParts, state: dict
     )
 
 
+def release_failed_save(error: BaseException) -> None:
+    """Free what a failed save still holds. A writer the error left open (``torch.save``'s, on a full disk) keeps
+    the deleted file's space until it is collected, and the rescue folder is often on the same disk: drop the
+    frames of the error and of its context chain (``torch.save``'s error carries the first one, with the writer's
+    frames), then collect."""
+    import gc
+    import traceback
+
+    while error is not None:
+        traceback.clear_frames(error.__traceback__)
+        error = error.__context__
+    gc.collect()
+
+
 def save_training(
     run_dir: Path, step: int, parts: TrainingParts, state: dict, *, keep_last: int | None, dp, sharded_format: bool
 ) -> Path | None:
