@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 from typing import Any, Callable, Iterator, Sequence
 
 import torch
@@ -37,13 +36,11 @@ from mmrl.agents.tools import Tool, ToolContext, load_tools
 from mmrl.agents.trajectory import GEN, OBS, Segment, Trajectory
 from mmrl.policies.base import LogProbOutput, PolicySpec, PromptBatch, Rollout
 from mmrl.policies.token_policy import left_pad, right_pad, token_logp_and_entropy
-from mmrl.policies.vlm import VLMPolicy, _item_images, build_messages, encode_images
+from mmrl.policies.vlm import VLMPolicy, encode_images
 from mmrl.policies.vlm_errors import PromptTooLongError
 from mmrl.policies.vlm_inputs import PromptInputs
 from mmrl.rollout.noise import mix_seed
 from mmrl.rollout.token_sampler import generate_completions
-
-log = logging.getLogger(__name__)
 
 EnvironmentFactory = Callable[[dict, dict], Environment]
 """``(item, tools) -> Environment``: a fresh environment for one trajectory on ``item``."""
@@ -123,29 +120,16 @@ class AgentVLMPolicy(VLMPolicy):
         return text[text.rindex(_ASSISTANT_PROBE) + len(_ASSISTANT_PROBE) :]
 
     def _prompt(self, item: dict, schemas: list[dict]) -> PromptInputs | None:
-        """The first prompt of a trajectory (tools in the template or in the system turn); None when it is over
-        ``model.max_prompt_tokens`` (skipped and counted, as the VLM policy does)."""
-        images, orig_sizes = _item_images(item)
+        """The first prompt of a trajectory: the VLM policy's preprocessing with the tools in the template
+        (``tools=``) or in the system turn; None when it is over ``model.max_prompt_tokens`` (skipped and counted, as
+        the VLM policy does)."""
         item = dict(item)
         kw: dict[str, Any] = {}
         if schemas and self.template_takes_tools:
             kw["tools"] = schemas
         elif schemas:
             item["system"] = "\n\n".join(s for s in (item.get("system"), tools_system_text(schemas)) if s)
-        text = self._render(build_messages(item, len(images)), generation_prompt=True, **kw)
-        enc = self.processor(text=[text], images=images or None, return_tensors="pt")
-        ids = enc["input_ids"][0]
-        limit = self.cfg.max_prompt_tokens
-        if limit is not None and ids.numel() > limit:
-            log.warning(
-                "skipping prompt (id %s): %d tokens > model.max_prompt_tokens=%d",
-                item.get("id", "?"),
-                ids.numel(),
-                limit,
-            )
-            return None
-        fields = self.family_layer.prompt_fields(self.processor, enc, len(images), 0)
-        return PromptInputs(text=text, images=images, input_ids=ids.long(), orig_sizes=orig_sizes, **fields)
+        return self.preprocess([item], skip_too_long=True, template_kwargs=kw)[0]
 
     def observation_text(self, obs: Observation, *, after_eos: bool) -> str:
         """The text that follows a policy turn: the end of that turn (the template's separator; the end-of-turn token

@@ -132,8 +132,10 @@ def preprocess(
     max_prompt_tokens: int | None = None,
     skip_too_long: bool = False,
     family: VLMFamily | None = None,
+    template_kwargs: dict[str, Any] | None = None,
 ) -> list[PromptInputs | None]:
-    """Chat template + one processor call per item; see :class:`PromptInputs`.
+    """Chat template + one processor call per item; see :class:`PromptInputs`. ``template_kwargs`` go to the chat
+    template (e.g. ``tools=`` of the agent policy).
 
     A prompt over ``max_prompt_tokens`` raises :class:`PromptTooLongError`, or with ``skip_too_long`` gives None
     in its place (the rollout leaves it out and counts it in ``data/too_long``). ``family`` (default: the one of the
@@ -155,7 +157,10 @@ def preprocess(
             clips = video.item_clips(item, processor)
             video_kw = video.video_processor_kwargs(clips)
         text = processor.apply_chat_template(
-            build_messages(item, len(images), len(clips)), add_generation_prompt=True, tokenize=False
+            build_messages(item, len(images), len(clips)),
+            add_generation_prompt=True,
+            tokenize=False,
+            **(template_kwargs or {}),
         )
         enc = processor(text=[text], images=images or None, **video_kw, return_tensors="pt")
         ids = enc["input_ids"][0]
@@ -329,15 +334,19 @@ class VLMPolicy(HFTokenPolicy):
         """True when some vision-tower parameter gets gradients (features must then be recomputed)."""
         return any(p.requires_grad for m in vision_modules(self.module.lm) for p in m.parameters())
 
-    def preprocess(self, items: Sequence[dict], *, skip_too_long: bool = False) -> list[PromptInputs | None]:
+    def preprocess(
+        self, items: Sequence[dict], *, skip_too_long: bool = False, template_kwargs: dict[str, Any] | None = None
+    ) -> list[PromptInputs | None]:
         """Chat template + one processor call per item (reusable by a rollout engine); ``skip_too_long``: None for a
-        prompt over ``model.max_prompt_tokens`` instead of :class:`PromptTooLongError`."""
+        prompt over ``model.max_prompt_tokens`` instead of :class:`PromptTooLongError`; ``template_kwargs`` go to
+        the chat template."""
         return preprocess(
             self.processor,
             items,
             max_prompt_tokens=self.cfg.max_prompt_tokens,
             skip_too_long=skip_too_long,
             family=self.family_layer,
+            template_kwargs=template_kwargs,
         )
 
     def sample_meta(self, items: Sequence[dict]) -> list[dict]:
