@@ -179,10 +179,11 @@ class AgentVLMPolicy(VLMPolicy):
         return self.tokenizer.decode(ids.tolist(), skip_special_tokens=True)
 
     def rollout(self, batch: PromptBatch, group_size: int, *, greedy: bool = False) -> Rollout:
-        envs_by_item = [self.make_env(item, self.tools) for item in batch.items]
-        prompts = []
-        for item, env in zip(batch.items, envs_by_item):
-            prompts.append(self._prompt(item, [t.schema for t in env.tools.values()]))
+        # one environment per trajectory, built once; a prompt's tool schemas are its first trajectory's
+        groups = [[self.make_env(item, self.tools) for _ in range(group_size)] for item in batch.items]
+        prompts = [
+            self._prompt(item, [t.schema for t in envs[0].tools.values()]) for item, envs in zip(batch.items, groups)
+        ]
         n_too_long = float(sum(p is None for p in prompts))
         plan = [(i, p, j) for i, p in enumerate(prompts) if p is not None for j in range(group_size)]
         if not plan:  # every prompt too long: an empty rollout (the trainer logs an empty step, evaluation skips it)
@@ -205,7 +206,7 @@ class AgentVLMPolicy(VLMPolicy):
         trajs, envs, seeds = [], [], []
         for i, p, j in plan:
             trajs.append(Trajectory(prompt=p))
-            env = self.make_env(batch.items[i], self.tools)
+            env = groups[i][j]
             env.reset(batch.items[i], ToolContext(batch.items[i], list(p.images), list(p.input_sizes), self.box_frame))
             envs.append(env)
             seeds.append(mix_seed(batch.seeds[i], j))

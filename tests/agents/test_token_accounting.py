@@ -193,3 +193,28 @@ def test_token_budget_cuts_turns_and_ends_trajectories(folder):
         assert traj.length <= 30 and s["over_budget"] and not s["finished"]
         assert [seg.kind for seg in traj.segments] == [GEN]  # the crop's tokens did not fit after the first turn
     assert ro.metrics["agent/over_budget_frac"] == 1.0
+
+
+def test_each_trajectory_gets_one_environment_built_once(folder):
+    """A rollout of B prompts x G trajectories builds B*G environments, one per trajectory and each reset once: the
+    prompt's tool schemas come from its first trajectory's environment, not from an extra one."""
+    from tests.agents.agent_helpers import ScriptedToolEnv
+
+    class Counted(ScriptedToolEnv):
+        def reset(self, item, context):
+            self.resets += 1
+            super().reset(item, context)
+
+    built = []
+
+    def make(item, tools):
+        env = Counted(tools, [])
+        env.resets = 0
+        built.append(env)
+        return env
+
+    policy = make_policy(folder, [], max_turns=1)
+    policy.make_env = make
+    ro = policy.rollout(batch(), 3)
+    assert len(ro.samples) == 6 and len(built) == 6
+    assert [e.resets for e in built] == [1] * 6
