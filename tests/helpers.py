@@ -137,14 +137,14 @@ def run_results(out: Path):
     return torch.load(out / "params.pt"), norms
 
 
-def run_embedded_default(task: str, tmp_path: Path) -> tuple[Any, dict, list[dict], dict]:
-    """Train ``task`` on its embedded default into ``tmp_path/r``; returns (config, final metrics, the metric rows,
-    the warm-start row with ``sft/eval_score_before`` and the post-SFT ``eval/success_rate``). For the slow
-    learning tests."""
+def run_embedded_default(task: str, tmp_path: Path, *extra: str) -> tuple[Any, dict, list[dict], dict]:
+    """Train ``task`` on its embedded default (plus ``extra`` overrides) into ``tmp_path/r``; returns (config, final
+    metrics, the metric rows, the warm-start row with ``sft/eval_score_before`` and the post-SFT
+    ``eval/success_rate``). For the slow learning tests."""
     from mmrl.tracking import read_metrics
 
     cfg = load_config(
-        [f"task={task}", f"trainer.output_dir={tmp_path}", "trainer.run_name=r", "trainer.progress=false"]
+        [f"task={task}", f"trainer.output_dir={tmp_path}", "trainer.run_name=r", "trainer.progress=false", *extra]
     )
     tr = Trainer(cfg)
     tr.setup_run_dir()

@@ -57,17 +57,25 @@ def _mean(xs: list[float]) -> float:
     return sum(xs) / len(xs)
 
 
-@pytest.mark.slow
-def test_vla_reach_default_grpo_beats_sft(tmp_path):
-    cfg, final, rows, sft_row = run_embedded_default("vla_reach", tmp_path)
+def vla_reach_grpo_beats_sft(tmp_path, *extra):
+    """The vla_reach default (plus ``extra``) passes the bars below: (eval success before SFT, after SFT, after GRPO,
+    sampled success of the first 10 steps, of the last 10)."""
+    cfg, final, rows, sft_row = run_embedded_default("vla_reach", tmp_path, *extra)
     before_sft, after_sft = sft_row["sft/eval_score_before"], sft_row["eval/success_rate"]
     rollout = [r["rollout/success_rate"] for r in rows if "rollout/success_rate" in r]
     assert final["eval/n"] == 128 and len(rollout) == cfg.trainer.max_steps
+    numbers = before_sft, after_sft, final["eval/success_rate"], _mean(rollout[:10]), _mean(rollout[-10:])
     # the demos matter: the SFT policy, sampled, succeeds more often than the random-init one (measured +0.10 / +0.12
     # / +0.14 on seeds 0-2, binomial standard error of the difference ~0.05)
-    assert after_sft >= before_sft + 0.08
+    assert after_sft >= before_sft + 0.08, numbers
     # GRPO's own objective: sampled success on the RL items rises from the first to the last 10 steps (measured +0.05 /
     # +0.14 / +0.23; 320 episodes per mean)
-    assert _mean(rollout[-10:]) >= _mean(rollout[:10]) + 0.03
+    assert _mean(rollout[-10:]) >= _mean(rollout[:10]) + 0.03, numbers
     # the sampled evaluation (same items, 128 episodes) ends well above the SFT level (measured +0.17 / +0.31 / +0.24)
-    assert final["eval/success_rate"] >= after_sft + 0.1
+    assert final["eval/success_rate"] >= after_sft + 0.1, numbers
+    return numbers
+
+
+@pytest.mark.slow
+def test_vla_reach_default_grpo_beats_sft(tmp_path):
+    vla_reach_grpo_beats_sft(tmp_path)
