@@ -63,7 +63,7 @@ def _ckpt(inp: PlanInputs):
 
 
 def _fsdp(inp: PlanInputs):
-    if inp.strategy == "fsdp2" or inp.world_size <= 1:
+    if inp.strategy == "fsdp2" or inp.world_size <= 1 or inp.rollout_workers:  # async learners: ddp only (for now)
         return None
     return (lambda i: i.with_(strategy="fsdp2")), "plan.strategy=fsdp2"
 

@@ -27,6 +27,13 @@ Conventions (docs/scaling.md, "Conventions"):
   + activations + logits of one micro-batch, rollout = KV cache + prefill working set of the rollout batch (or vLLM's
   reservation with sleep mode). Gradients are freed after every optimizer step (``zero_grad(set_to_none=True)``), so
   they never coexist with the rollout; the optimizer state persists from the first step on.
+* ``trainer.rollout=async`` (``PlanInputs.rollout_workers`` = N > 0): each rollout worker is a process with its own
+  policy built from the config (:func:`sampling_copy_inputs`): the model's weights unsharded in their own dtypes (and
+  the KL reference copy its policy builds), plus the rollout peak of one round, a step's global batch, plus its own
+  runtime overhead. The workers run on the device of rank 0 and sample while the learner trains, so rank 0's device
+  holds total = learner (the synchronous total above: the learner still evaluates, with its own rollouts) + N x the
+  worker. The learner keeps a CPU shared-memory copy of the policy model's ``state_dict`` (the weight board,
+  mmrl/asynchronous/weights.py): host memory, counted by :meth:`MemoryBreakdown.host_ram`.
 """
 
 from __future__ import annotations
@@ -68,6 +75,8 @@ __all__ = [
     "param_counts",
     "plan_memory",
     "prefill_bytes",
+    "sampling_copy_inputs",
+    "weight_board_bytes",
 ]
 
 GIB = 1024**3
@@ -604,6 +613,8 @@ class PlanInputs:
     cfg_branches: int = 1
     # VLA continuous action head (model.action_head=flow|gaussian); None: the tokens head
     head: ContinuousHead | None = None
+    # trainer.rollout=async: rollout worker processes on rank 0's device, each a sampling copy of the policy (0: sync)
+    rollout_workers: int = 0
 
     def with_(self, **kw) -> PlanInputs:
         return replace(self, **kw)
@@ -642,6 +653,13 @@ class MemoryBreakdown:
     hidden_states: int = 0  # part of ``rollout``: the backbone's hidden states of every layer (output_hidden_states)
     notes: list[str] = field(default_factory=list)
     detail: dict[str, int] = field(default_factory=dict)  # LeRobot flow VLAs: the named terms (``_plan_flow_vla``)
+    # trainer.rollout=async (0 when synchronous): the worker processes on rank 0's device and ONE worker's terms
+    rollout_workers: int = 0
+    worker_weights: int = 0  # its policy's weights as it builds them from the config (unsharded, their own dtypes)
+    worker_reference: int = 0  # the KL reference copy its policy builds (full fine-tuning with algo.kl_coef > 0)
+    worker_rollout: int = 0  # the rollout peak of one round (a step's global batch; vLLM: its reservation)
+    worker_overhead: int = 0  # its own runtime overhead (a process: its own CUDA context)
+    weight_board: int = 0  # host memory of the learner: the shared-memory CPU copy of the policy model's state_dict
 
     @property
     def persistent(self) -> int:
@@ -652,8 +670,28 @@ class MemoryBreakdown:
         return self.grads + self.activations + self.logits
 
     @property
-    def total(self) -> int:
+    def learner(self) -> int:
+        """The learner's part of a device: persistent + max(training, rollout) (the whole total when synchronous)."""
         return self.persistent + max(self.training, self.rollout)
+
+    @property
+    def worker(self) -> int:
+        """One rollout worker's sampling copy: weights + KL reference + rollout peak + overhead (0 when synchronous)."""
+        return self.worker_weights + self.worker_reference + self.worker_rollout + self.worker_overhead
+
+    @property
+    def workers(self) -> int:
+        return self.rollout_workers * self.worker
+
+    @property
+    def total(self) -> int:
+        """The busiest device: the learner + every rollout worker (they run on rank 0's device)."""
+        return self.learner + self.workers
+
+    def host_ram(self, processes: int) -> int:
+        """The RAM a CPU run needs on one machine with ``processes`` learner processes: each its learner part, plus
+        the rollout workers (rank 0's) and the learner's weight board."""
+        return self.learner * processes + self.workers + self.weight_board
 
     def fits(self, device_bytes: int) -> bool:
         return self.total <= device_bytes
@@ -693,8 +731,49 @@ def _vision_root(arch: Architecture) -> int:
     return v.params() - v.depth * one_block
 
 
+def sampling_copy_inputs(inp: PlanInputs) -> PlanInputs:
+    """The inputs of one asynchronous rollout worker's policy copy: the run's model as the worker builds it from the
+    config, in its own process (unsharded, nothing offloaded), rolling out one round: at most a step's global batch,
+    since rank 0 samples every rank's groups (the per-device rollout x world size)."""
+    return inp.with_(
+        rollout_workers=0,
+        strategy="ddp",
+        world_size=1,
+        offload="none",
+        rollout_samples=inp.rollout_samples * inp.world_size,
+    )
+
+
+def weight_board_bytes(inp: PlanInputs, copy: MemoryBreakdown) -> int:
+    """The learner's weight board (mmrl/asynchronous/weights.py): a CPU copy of every ``state_dict`` entry of the
+    policy's model, each in its own dtype, from the unsharded parameters of a sampling copy (``copy``). The model is
+    the policy's trained module: a diffusion pipeline's text encoders and VAE are not in it. Tied embeddings are two
+    ``state_dict`` entries sharing one tensor, copied one by one: the board holds the embedding twice."""
+    board = copy.params
+    if inp.arch.diffusion is not None:
+        board -= inp.arch.diffusion.frozen_params * inp.dtype_bytes
+    elif inp.arch.text is not None and inp.arch.text.tie_embeddings:
+        board += inp.arch.text.vocab * inp.arch.text.hidden * inp.dtype_bytes
+    return board
+
+
+def _with_rollout_workers(inp: PlanInputs) -> MemoryBreakdown:
+    """The learner's plan (as synchronous) with the rollout workers' sampling copies and the weight board added."""
+    bd = plan_memory(inp.with_(rollout_workers=0))
+    copy = plan_memory(sampling_copy_inputs(inp))
+    bd.rollout_workers = inp.rollout_workers
+    bd.worker_weights = copy.params
+    bd.worker_reference = copy.reference
+    bd.worker_rollout = copy.rollout + copy.vllm_persistent
+    bd.worker_overhead = inp.overhead_bytes
+    bd.weight_board = weight_board_bytes(inp, copy)
+    return bd
+
+
 def plan_memory(inp: PlanInputs) -> MemoryBreakdown:
     """The per-device memory of one training run (bytes per term; see the module docstring for the conventions)."""
+    if inp.rollout_workers:
+        return _with_rollout_workers(inp)
     arch = inp.arch
     head = inp.head
     if arch.flow_vla is not None:

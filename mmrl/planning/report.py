@@ -211,6 +211,7 @@ def plan_inputs(cfg, settings: PlanSettings, arch: Architecture | None = None) -
         device_bytes=int(settings.device_gb * GIB),
         overhead_bytes=int(_overhead_gb(cfg, settings) * GIB),
         value_head=algo.advantage == "gae",
+        rollout_workers=tr.rollout_workers if tr.rollout == "async" else 0,
     )
     if arch.flow_vla is not None:
         return _flow_vla_inputs(cfg, settings, arch, common, samples, info)
@@ -223,7 +224,7 @@ def plan_inputs(cfg, settings: PlanSettings, arch: Architecture | None = None) -
         inp = PlanInputs(
             **common,
             rollout_samples=samples,
-            rollout_forward_batch=m.sample_batch_size or samples,
+            rollout_forward_batch=m.sample_batch_size or 0,  # 0: every rollout sample at once
             image_latent_tokens=(latent_side // d.patch) ** 2,
             latent_elements=d.latent_channels * latent_side * latent_side,
             num_steps=m.num_steps,
@@ -553,7 +554,8 @@ def format_report(
                     "rollout (latents + no-grad block)",
                     bd.rollout,
                     f"{inp.rollout_samples} x {inp.num_steps + 1} "
-                    f"latents x {inp.latent_elements} x 4 B + {inp.cfg_branches} x {inp.rollout_forward_batch} rows "
+                    f"latents x {inp.latent_elements} x 4 B + {inp.cfg_branches} x "
+                    f"{inp.rollout_forward_batch or inp.rollout_samples} rows "
                     "x one block",
                 )
             )
@@ -655,11 +657,6 @@ def format_report(
         )
         rows.append(("fsdp2 gathered units", bd.fsdp_buffers, what))
     rows.append(("runtime overhead", bd.overhead, "plan.overhead_gb"))
-    w = max(len(r[0]) for r in rows) + 2
-    lines.append(f"  {'term'.ljust(w)}{unit:>8}  how")
-    for name, val, how in rows:
-        lines.append(f"  {name.ljust(w)}{_g(val):>8}  {how}")
-    lines.append("  " + "-" * (w + 8))
     rollout_name = (
         "max(prefix phase: k/v cache + prefix forward, expert phase: k/v cache + per-row gather + step + chain)"
         if arch.flow_vla is not None
@@ -671,6 +668,13 @@ def format_report(
         if inp.engine == "vllm"
         else "KV cache + prefill"
     )
+    if bd.rollout_workers:
+        rows += _worker_rows(inp, bd, rollout_name)
+    w = max(len(r[0]) for r in rows) + 2
+    lines.append(f"  {'term'.ljust(w)}{unit:>8}  how")
+    for name, val, how in rows:
+        lines.append(f"  {name.ljust(w)}{_g(val):>8}  {how}")
+    lines.append("  " + "-" * (w + 8))
     lines.append(
         f"  {'persistent'.ljust(w)}{_g(bd.persistent):>8}  parameters + optimizer + reference"
         + (" + gathered units" if bd.fsdp_buffers else "")
@@ -684,10 +688,26 @@ def format_report(
     lines.append(f"  {'rollout peak'.ljust(w)}{_g(bd.rollout):>8}  {rollout_name}")
     device = inp.device_bytes
     verdict = "fits" if bd.fits(device) else f"does NOT fit ({_g(bd.total - device)} {unit} over)"
-    lines.append(
-        f"  {'total per device'.ljust(w)}{_g(bd.total):>8}  persistent + max(training, rollout): {verdict} "
-        f"{settings.device_gb:g} GiB"
-    )
+    sum_how = "persistent + max(training, rollout)"
+    if bd.rollout_workers:
+        n = bd.rollout_workers
+        lines.append(f"  {'learner'.ljust(w)}{_g(bd.learner):>8}  {sum_how}")
+        lines.append(
+            f"  {'rollout workers'.ljust(w)}{_g(bd.workers):>8}  {n} x {_g(bd.worker)} {unit} (trainer.rollout=async, "
+            f"trainer.rollout_workers={n}: each worker process holds its own policy copy, on rank 0's device)"
+        )
+        sum_how = "learner + rollout workers (rank 0's device)"
+    lines.append(f"  {'total per device'.ljust(w)}{_g(bd.total):>8}  {sum_how}: {verdict} {settings.device_gb:g} GiB")
+    if bd.rollout_workers:
+        lines.append(
+            f"  {'weight board (CPU RAM)'.ljust(w)}{_g(bd.weight_board):>8}  host memory of the learner: the "
+            "shared-memory copy of the policy's weights the workers load from (not on the device)"
+        )
+        procs = inp.world_size
+        lines.append(
+            f"  {'RAM of a CPU run'.ljust(w)}{_g(bd.host_ram(procs)):>8}  learner x {procs} process(es) + rollout "
+            "workers + weight board, on one machine (what `mmrl train` checks on a CPU)"
+        )
     for note in list(arch.notes) + list(info.get("flow_vla_notes", ())) + bd.notes:
         lines.append(f"  note: {note}")
     if not bd.fits(device):
@@ -706,6 +726,34 @@ def format_report(
             if not suggestions[-1].fits:
                 lines.append("  even all of these do not fit: more devices (plan.world_size) or a smaller model")
     return "\n".join(lines)
+
+
+def _worker_rows(inp: PlanInputs, bd: MemoryBreakdown, rollout_name: str) -> list[tuple[str, int, str]]:
+    """The table rows of ONE asynchronous rollout worker's sampling copy (trainer.rollout=async)."""
+    rows = [
+        (
+            "rollout worker: weights",
+            bd.worker_weights,
+            "the policy's parameters, unsharded, in their own dtypes: each worker builds the policy from the config",
+        )
+    ]
+    if bd.worker_reference:
+        rows.append(
+            (
+                "rollout worker: KL reference",
+                bd.worker_reference,
+                "the frozen reference copy the worker's policy builds (algo.kl_coef > 0, full fine-tuning)",
+            )
+        )
+    rows.append(
+        (
+            "rollout worker: rollout peak",
+            bd.worker_rollout,
+            f"one round, at most a step's global batch: {inp.rollout_samples * inp.world_size} samples ({rollout_name})",
+        )
+    )
+    rows.append(("rollout worker: overhead", bd.worker_overhead, "plan.overhead_gb: a process of its own"))
+    return rows
 
 
 def _flow_vla_lines(
@@ -828,12 +876,15 @@ def _flow_vla_lines(
 
 
 def report_json(inp: PlanInputs, info: dict, bd: MemoryBreakdown, suggestions: list[Suggestion]) -> str:
-    terms = {f.name: getattr(bd, f.name) for f in fields(bd) if f.name not in ("counts", "notes")}
+    terms = {f.name: getattr(bd, f.name) for f in fields(bd) if f.name not in ("counts", "notes", "rollout_workers")}
     out = {
         "terms_bytes": terms,
         "persistent": bd.persistent,
         "training": bd.training,
         "total": bd.total,
+        "learner": bd.learner,
+        "workers": bd.workers,
+        "rollout_workers": bd.rollout_workers,
         "fits": bd.fits(inp.device_bytes),
         "device_bytes": inp.device_bytes,
         "counts": asdict(bd.counts),
@@ -903,9 +954,10 @@ def check_fits_in_ram(cfg, *, world_size: int, ram_gb: float | None = None) -> s
     """The CPU counterpart of :func:`start_of_run_warning`, called by the trainer before the first rollout: a CPU run
     that needs more memory than the machine has would otherwise run until the kernel kills it, so this refuses it
     with a ConfigError (one line). The planner's per-process estimate times the processes on this machine
-    (``LOCAL_WORLD_SIZE``, else ``world_size``) is compared with the physical RAM (``ram_gb``, default
-    :func:`machine_ram_gb`). Returns one line when memory was not checked (a model the planner cannot size), else
-    None."""
+    (``LOCAL_WORLD_SIZE``, else ``world_size``), plus with ``trainer.rollout=async`` the rollout workers' policy copies
+    and the learner's weight board (:meth:`~mmrl.planning.memory.MemoryBreakdown.host_ram`), is compared with the
+    physical RAM (``ram_gb``, default :func:`machine_ram_gb`). Returns one line when memory was not checked (a model the
+    planner cannot size), else None."""
     import os
 
     from mmrl.errors import ConfigError
@@ -920,15 +972,20 @@ def check_fits_in_ram(cfg, *, world_size: int, ram_gb: float | None = None) -> s
     if plan is None:
         return None
     local = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
-    need = plan[3].total * local / GIB
+    bd = plan[3]
+    need = bd.host_ram(local) / GIB
     if need <= ram:
         return None
     tr = cfg.trainer
-    procs = f" ({local} processes)" if local > 1 else ""
+    who = [f"{local} processes"] if local > 1 else []
+    if bd.rollout_workers:  # trainer.rollout=async: each worker holds a policy copy, the learner the weight board
+        who.append(f"with {bd.rollout_workers} rollout worker(s) of {bd.worker / GIB:,.2f} GiB each")
+    procs = f" ({', '.join(who)})" if who else ""
+    fewer = ", or run fewer trainer.rollout_workers" if bd.rollout_workers else ""
     raise ConfigError(
         f"this CPU run needs about {need:,.1f} GiB of memory{procs} and the machine has {ram:.1f} GiB of RAM: "
         f"it cannot fit (trainer.batch_size={tr.batch_size} x algo.group_size={cfg.algo.group_size} samples per "
-        f"step, trainer.grad_accum={tr.grad_accum}); lower the batch or raise trainer.grad_accum "
+        f"step, trainer.grad_accum={tr.grad_accum}); lower the batch or raise trainer.grad_accum{fewer} "
         f"(`mmrl plan <the same overrides> plan.device_gb={ram:.0f}` prints the breakdown and the cheapest changes)"
     )
 
@@ -970,7 +1027,9 @@ def start_of_run_warning(cfg, *, device_gb: float | None, world_size: int) -> st
     lines = [
         f"mmrl plan: this run needs about {bd.total / GIB:.1f} GiB per device and the device has "
         f"{device_gb:.1f} GiB: it will likely run out of memory (strategy={tr.strategy}, {world_size} "
-        "process(es)). Cheapest changes, in order:"
+        "process(es)"
+        + (f", {bd.rollout_workers} rollout worker(s) on this device" if bd.rollout_workers else "")
+        + "). Cheapest changes, in order:"
     ]
     lines += [
         f"  {k}. {_TRAINER_OVERRIDE.get(s.override, s.override):<40s} -> {s.total / GIB:.1f} GiB ({'fits' if s.fits else 'still over'})"
