@@ -10,7 +10,9 @@ It measures two real-size models with random weights, built offline (nothing is 
       python -m torch.distributed.run --standalone --nproc_per_node N -m mmrl.cli train ... trainer.strategy=ddp|fsdp2
 
   with HF ``generate`` and, where ``import vllm`` works, the colocated vLLM engine (its weight-sync canary and the
-  importance ratios are read from the run's metrics), under DDP and FSDP2 on all visible GPUs;
+  importance ratios are read from the run's metrics), under DDP and FSDP2 on all visible GPUs; and one asynchronous
+  sub-run (``hf/ddp xN async``: ``trainer.rollout=async algo.max_staleness=1 algo.truncated_is=true``, a rollout
+  worker process on rank 0's GPU), whose row also checks ``async/staleness_max <= 1`` in its ``metrics.jsonl``;
 * **flow VLA**: a LeRobot-format π0 folder at π0's published size (:func:`mmrl.planning.lerobot.published_arch`:
   SigLIP So400m + Gemma 2B + the 300M action expert, 3,238,046,480 parameters; weights stored in bf16, trained in
   float32 as the LeRobot policies do) with the tiny builder's byte-level Gemma tokenizer and processor files, for
@@ -26,8 +28,8 @@ Time: everything runs under one budget (``--budget-s``, default 450 s, so the ch
 sub-run has its own timeout (``--sub-timeout-s``, π0's ``--vla-timeout-s``), a sub-run is stopped as soon as its last
 step is logged (the final checkpoint of a 3B model is not what is measured), and what cannot run (no GPU, no vLLM, no
 time left, a failure) is one row of the table saying why. Order, for when the time runs out first: the VLM's model
-and its hf/ddp row, then π0's model and its row, then the VLM's other (engine, strategy) rows, then π0's FSDP2 row
-(several GPUs only): one measurement of each model before the variants of either. ``--only vla`` (``--only vlm``)
+and its hf/ddp row, then π0's model and its row, then the VLM's asynchronous row, its other (engine, strategy) rows,
+then π0's FSDP2 row (several GPUs only): one measurement of each model before the variants of either. ``--only vla`` (``--only vlm``)
 runs one part alone, e.g. in a short device session. ``--cpu-smoke`` runs the same path on CPU, 1 step each: the tiny
 offline VLM, and π0 at the tiny builder's sizes written by the same folder builder (``model=tiny_pi0
 model.path=<folder>``): the test of this script (tests/trainer/test_gpu_check.py).
@@ -124,12 +126,22 @@ class SubRun:
     """Processes (GPUs) of the run."""
     kind: str = "vlm"
     """vlm (Qwen2.5-VL, task=vqa_grounding) or vla (π0, task=vla_reach)."""
+    rollout: str = "sync"
+    """sync, or async (``trainer.rollout=async``: rollout worker processes on rank 0's GPU, :data:`ASYNC_OVERRIDES`)."""
 
     @property
     def name(self) -> str:
         if self.kind == "vla":
             return f"pi0/{self.strategy} x{self.world}"
-        return f"{self.engine}/{self.strategy} x{self.world}"
+        return f"{self.engine}/{self.strategy} x{self.world}" + (" async" if self.rollout == "async" else "")
+
+
+ASYNC_MAX_STALENESS = 1
+ASYNC_OVERRIDES = ["trainer.rollout=async", f"algo.max_staleness={ASYNC_MAX_STALENESS}", "algo.truncated_is=true"]
+"""The asynchronous sub-run's settings (docs/async.md): one rollout worker (the default), samples at most one version
+old, weighted by the decoupled objective's truncated importance weights. Its row fails when ``async/staleness_max``
+is missing from the run's metrics or exceeds the bound (:func:`staleness_check`); the workers' memory is in the
+device peak (nvidia-smi), not in the allocator peak (the hook records the learner ranks only)."""
 
 
 @dataclass
@@ -191,6 +203,8 @@ def train_overrides(sub: SubRun, s: Settings, run_root: Path) -> list[str]:
         ov.append("trainer.device=cpu")
     if sub.engine == "vllm":
         ov += ["model.vllm_gpu_memory_utilization=0.3", "model.vllm_sleep=true", "model.max_prompt_tokens=1024"]
+    if sub.rollout == "async":
+        ov += ASYNC_OVERRIDES
     return ov + list(s.extra)
 
 
@@ -237,7 +251,7 @@ def run_name(sub: SubRun) -> str:
     """The run directory name of a sub-run (letters, digits, '-')."""
     if sub.kind == "vla":
         return f"gpu-check-pi0-{sub.strategy}-x{sub.world}"
-    return f"gpu-check-{sub.engine}-{sub.strategy}-x{sub.world}"
+    return f"gpu-check-{sub.engine}-{sub.strategy}-x{sub.world}" + ("-async" if sub.rollout == "async" else "")
 
 
 def plan_overrides(sub: SubRun, s: Settings) -> list[str]:
@@ -314,6 +328,18 @@ def summarise(rows: Sequence[dict], world: int, kind: str = "vlm") -> dict:
         notes.append(f"|dlogp| {max(gap):.2g}")
     out["notes"] = ", ".join(notes)
     return out
+
+
+def staleness_check(rows: Sequence[dict], bound: int = ASYNC_MAX_STALENESS) -> str:
+    """Why an asynchronous run's ``metrics.jsonl`` rows break the staleness bound ('' when they keep it): a step that
+    trained groups logs ``async/staleness_max``, the versions between the weights that sampled a trained group and the
+    learner's; at least one step must have, and none may exceed ``algo.max_staleness``."""
+    seen = [r["async/staleness_max"] for r in rows if r.get("async/staleness_max") is not None]
+    if not seen:
+        return "no async/staleness_max in metrics.jsonl (not an asynchronous run?)"
+    if max(seen) > bound:
+        return f"async/staleness_max {max(seen):g} > algo.max_staleness={bound}"
+    return ""
 
 
 def read_memory(folder: Path) -> tuple[float | None, float | None]:
@@ -497,7 +523,15 @@ def run_sub(sub: SubRun, s: Settings, work: Path, timeout_s: float) -> Row:
         finally:
             if proc.poll() is None:
                 _kill(proc)  # past the last step only the final checkpoint is left: not part of the check
-    summary = summarise(_metrics(run_dir), sub.world, sub.kind)
+    metrics = _metrics(run_dir)
+    summary = summarise(metrics, sub.world, sub.kind)
+    if sub.rollout == "async":
+        broken = staleness_check(metrics)
+        if status == "ok" and broken:
+            status, detail = "failed", broken
+        elif status == "ok":
+            worst = max(r["async/staleness_max"] for r in metrics if r.get("async/staleness_max") is not None)
+            detail = f"staleness max {worst:g} <= {ASYNC_MAX_STALENESS}; peak alloc: learner ranks only"
     alloc, rss = read_memory(memory_dir)
     notes = [n for n in (summary.get("notes", ""), detail, plan_note) if n]
     if s.cpu and rss is not None:
@@ -833,6 +867,15 @@ def _vllm_importable() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
+def vlm_sub_runs(world: int, engines: Sequence[str], strategies: Sequence[str], *, asynchronous: bool) -> list[SubRun]:
+    """The VLM's sub-runs: every (engine, strategy), and the asynchronous one (hf, ddp over ``world`` processes, its
+    workers on rank 0's GPU) second, right after the first: it is the only check of ``trainer.rollout=async``."""
+    subs = [SubRun(e, x, world) for e in engines for x in strategies]
+    if asynchronous:
+        subs.insert(min(1, len(subs)), SubRun("hf", "ddp", world, rollout="async"))
+    return subs
+
+
 def vla_sub_runs(world: int) -> list[SubRun]:
     """π0's sub-runs: GRPO in one process (DDP), and FSDP2 over ``world`` processes when there are several."""
     subs = [SubRun("flow", "ddp", 1, kind="vla")]
@@ -869,6 +912,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--nproc", type=int, default=None, help="processes per sub-run (default: the visible GPUs)")
     ap.add_argument("--engines", default="hf,vllm", help="VLM rollout engines")
     ap.add_argument("--strategies", default="ddp,fsdp2", help="VLM training strategies")
+    ap.add_argument(
+        "--no-async",
+        action="store_true",
+        help="leave out the VLM's asynchronous sub-run (hf/ddp, trainer.rollout=async)",
+    )
     ap.add_argument("--build-model", type=Path, default=None, help=argparse.SUPPRESS)  # the build's own process
     ap.add_argument("--build-preset", default="qwen2_5_vl_3b", help=argparse.SUPPRESS)
     ap.add_argument("--build-device", default="cuda", help=argparse.SUPPRESS)
@@ -905,7 +953,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     vlm_subs = (
         []
         if args.only == "vla"
-        else [SubRun(e, x, world) for e in _names(args.engines) for x in _names(args.strategies)]
+        else vlm_sub_runs(world, _names(args.engines), _names(args.strategies), asynchronous=not args.no_async)
     )
     vla_subs = [] if args.only == "vlm" else vla_sub_runs(world)
     model_rows: dict[str, Row] = {}

@@ -5,7 +5,9 @@
 # a Qwen2.5-VL-3B (3,754,622,976 parameters, bf16) and a LeRobot-format π0 (SigLIP So400m + Gemma 2B + the 300M
 # action expert, 3,238,046,480 parameters; bf16 on disk, trained in float32). The VLM runs a few GRPO steps of
 # task=vqa_grounding through torchrun for every (rollout engine hf|vllm) x (trainer.strategy ddp|fsdp2) on all visible
-# GPUs; π0 a few GRPO steps of task=vla_reach (model=pi0 model.path=<the folder> model.chunk=50, one process; FSDP2
+# GPUs, plus one asynchronous sub-run (hf/ddp with trainer.rollout=async algo.max_staleness=1
+# algo.truncated_is=true: its row also checks async/staleness_max <= 1 in metrics.jsonl; --no-async leaves it out);
+# π0 a few GRPO steps of task=vla_reach (model=pi0 model.path=<the folder> model.chunk=50, one process; FSDP2
 # over the GPUs when there are several). It prints one summary table: step time, completion tokens/s (VLM; the π0
 # rows give env actions/s in their notes), peak memory (torch allocator and nvidia-smi) and `mmrl plan`'s prediction.
 # What cannot run (no GPU, no vLLM, out of time, a failure) is a table row saying why.

@@ -83,11 +83,12 @@ def test_cpu_smoke_through_the_wrapper(tmp_path):
         "hf/ddp x1",
         "model: pi0 at tiny sizes, random weights (CPU)",
         "pi0/ddp x1",
+        "hf/ddp x1 async",
         "hf/fsdp2 x1",
         "vllm/ddp x1",
         "vllm/fsdp2 x1",
     ]
-    for c in ("hf/ddp x1", "hf/fsdp2 x1"):
+    for c in ("hf/ddp x1", "hf/fsdp2 x1", "hf/ddp x1 async"):
         row = table[c]
         assert row["status"] == "ok", row
         assert row["steps"] == "1"
@@ -98,6 +99,9 @@ def test_cpu_smoke_through_the_wrapper(tmp_path):
         assert 0 < float(row["plan GiB"]) < 1  # mmrl plan's total for the ~0.7M-parameter tiny VLM
         assert "CPU: peak alloc = peak RSS" in row["notes"]
         assert "IS ratio" in row["notes"]  # read from the run's metrics.jsonl
+    # the asynchronous row: the staleness bound read from its metrics.jsonl; its plan counts the worker's copy
+    assert "staleness max 0 <= 1" in table["hf/ddp x1 async"]["notes"]
+    assert float(table["hf/ddp x1 async"]["plan GiB"]) > float(table["hf/ddp x1"]["plan GiB"])
     for c in ("vllm/ddp x1", "vllm/fsdp2 x1"):
         row = table[c]
         assert row["status"] == "skipped"
@@ -147,6 +151,7 @@ def test_cpu_smoke_through_the_wrapper(tmp_path):
     # the run directories are removed, the logs are kept
     assert not any((work / "runs").iterdir())
     assert sorted(f.name for f in (work / "logs").iterdir()) == [
+        "gpu-check-hf-ddp-x1-async.log",
         "gpu-check-hf-ddp-x1.log",
         "gpu-check-hf-fsdp2-x1.log",
         "gpu-check-pi0-ddp-x1.log",
@@ -165,6 +170,7 @@ def test_without_gpus_every_row_says_why(tmp_path, monkeypatch, capsys):
         "hf/ddp x1",
         vla_model,
         "pi0/ddp x1",
+        "hf/ddp x1 async",
         "hf/fsdp2 x1",
         "vllm/ddp x1",
         "vllm/fsdp2 x1",
@@ -172,10 +178,10 @@ def test_without_gpus_every_row_says_why(tmp_path, monkeypatch, capsys):
     for m in (vlm_model, vla_model):
         assert table[m]["status"] == "skipped"
         assert "no GPU visible" in table[m]["notes"]
-    for c in ("hf/ddp x1", "pi0/ddp x1", "hf/fsdp2 x1", "vllm/ddp x1", "vllm/fsdp2 x1"):
+    for c in ("hf/ddp x1", "pi0/ddp x1", "hf/ddp x1 async", "hf/fsdp2 x1", "vllm/ddp x1", "vllm/fsdp2 x1"):
         assert table[c]["status"] == "skipped"
         assert table[c]["notes"] == "no model (see the model row)"
-    assert [r["status"] for r in json.loads(report.read_text())] == ["skipped"] * 7
+    assert [r["status"] for r in json.loads(report.read_text())] == ["skipped"] * 8
     assert not (tmp_path / "work" / "qwen2_5_vl_3b-random").exists()
     assert not (tmp_path / "work" / "pi0-random").exists()
 
@@ -191,10 +197,13 @@ def test_only_one_part(tmp_path, monkeypatch, capsys):
     assert list(table) == [
         "model: qwen2_5_vl_3b, random bf16 weights",
         "hf/ddp x1",
+        "hf/ddp x1 async",
         "hf/fsdp2 x1",
         "vllm/ddp x1",
         "vllm/fsdp2 x1",
     ]
+    assert gc.main(["--only", "vlm", "--no-async", "--work", str(tmp_path / "work")]) == 0
+    assert "hf/ddp x1 async" not in parse_table(capsys.readouterr().out)
 
 
 def test_gpu_path_runs_each_part_with_its_model_and_timeout(tmp_path, monkeypatch, capsys):
@@ -222,6 +231,7 @@ def test_gpu_path_runs_each_part_with_its_model_and_timeout(tmp_path, monkeypatc
         "hf/ddp x1",
         "model: pi0, random weights (bf16 on disk)",
         "pi0/ddp x1",
+        "hf/ddp x1 async",
         "hf/fsdp2 x1",
         "vllm/ddp x1",
         "vllm/fsdp2 x1",
@@ -233,6 +243,7 @@ def test_gpu_path_runs_each_part_with_its_model_and_timeout(tmp_path, monkeypatc
     assert ran == [
         ("hf/ddp x1", 170, vlm_model, ["model.max_pixels=200704"], gb),
         ("pi0/ddp x1", 150, pi0_model, [], gb),
+        ("hf/ddp x1 async", 170, vlm_model, ["model.max_pixels=200704"], gb),
         ("hf/fsdp2 x1", 170, vlm_model, ["model.max_pixels=200704"], gb),
     ]
     assert table["vllm/ddp x1"]["notes"].startswith("vLLM not importable here")
@@ -246,6 +257,20 @@ def test_run_order_puts_one_row_of_each_model_first():
     assert gc.vla_sub_runs(1) == [gc.SubRun("flow", "ddp", 1, kind="vla")]  # FSDP2 over one GPU: the same numbers
     assert gc.run_order([], gc.vla_sub_runs(1)) == ["vla", gc.SubRun("flow", "ddp", 1, kind="vla")]
     assert gc.run_order(vlm[:1], []) == ["vlm", vlm[0]]
+
+
+def test_vlm_sub_runs_put_the_async_one_second():
+    subs = gc.vlm_sub_runs(2, ["hf", "vllm"], ["ddp", "fsdp2"], asynchronous=True)
+    assert [s.name for s in subs] == [
+        "hf/ddp x2",
+        "hf/ddp x2 async",
+        "hf/fsdp2 x2",
+        "vllm/ddp x2",
+        "vllm/fsdp2 x2",
+    ]
+    assert subs[1] == gc.SubRun("hf", "ddp", 2, rollout="async")  # DDP learners, the workers on rank 0's GPU
+    assert gc.vlm_sub_runs(1, ["hf"], ["ddp"], asynchronous=False) == [gc.SubRun("hf", "ddp", 1)]
+    assert gc.vlm_sub_runs(1, [], [], asynchronous=True) == [gc.SubRun("hf", "ddp", 1, rollout="async")]
 
 
 def test_wrapper_is_executable_and_strict():
@@ -324,6 +349,18 @@ def test_summarise_a_vla_run_counts_env_actions():
     assert (out["steps"], out["step_s"]) == (3, 3.0)
     assert out["notes"] == "22 env actions/s, IS ratio [0.99, 1.01], |dlogp| 0.002"
     assert "actions_per_s" not in gc.summarise(rows, world=2)  # a VLM run: tokens
+
+
+def test_staleness_check_of_an_async_run():
+    """The async row's extra check on its metrics.jsonl rows: async/staleness_max present, never above 1."""
+    step = {"time/step": 1.0}
+    assert gc.staleness_check([{**step, "async/staleness_max": 0.0}, {**step, "async/staleness_max": 1.0}]) == ""
+    # a step that trained no group logs no staleness; the others still count
+    assert gc.staleness_check([step, {**step, "async/staleness_max": 1.0}]) == ""
+    assert gc.staleness_check([{**step, "async/staleness_max": 2.0}]) == "async/staleness_max 2 > algo.max_staleness=1"
+    assert gc.staleness_check([{**step, "async/staleness_max": 2.0}], bound=2) == ""
+    assert gc.staleness_check([step, step]).startswith("no async/staleness_max in metrics.jsonl")
+    assert gc.staleness_check([]).startswith("no async/staleness_max")
 
 
 def test_read_memory_takes_the_max_over_ranks(tmp_path):
@@ -531,6 +568,16 @@ def test_train_overrides_load_as_a_config():
     assert (cfg.trainer.max_steps, cfg.trainer.batch_size, cfg.algo.group_size) == (1, 1, 2)
     assert (cfg.model.name, cfg.model.rollout_engine, cfg.trainer.device) == ("tiny_qwen2_5_vl", "hf", "cpu")
     assert cfg.trainer.run_name == "gpu-check-hf-ddp-x1"
+    assert (cfg.trainer.rollout, cfg.algo.truncated_is) == ("sync", False)
+    # the asynchronous sub-run: the same run with the async settings, also valid config (a typo fails here)
+    ov_async = gc.train_overrides(gc.SubRun("hf", "ddp", 1, rollout="async"), s, Path("/tmp/r"))
+    assert ov_async[-3:] == ["trainer.rollout=async", "algo.max_staleness=1", "algo.truncated_is=true"]
+    cfg = load_config(ov_async)
+    assert (cfg.trainer.rollout, cfg.trainer.rollout_workers) == ("async", 1)
+    assert (cfg.algo.max_staleness, cfg.algo.truncated_is) == (gc.ASYNC_MAX_STALENESS, True) == (1, True)
+    assert cfg.trainer.run_name == "gpu-check-hf-ddp-x1-async"
+    # otherwise the sync sub-run's overrides, with its own run folder
+    assert ov_async[:-3] == [o + "-async" if o.startswith("trainer.run_name=") else o for o in ov]
 
 
 def test_plan_overrides():
@@ -561,6 +608,8 @@ def test_sub_run_names():
     sub = gc.SubRun("vllm", "fsdp2", 8)
     assert sub.name == "vllm/fsdp2 x8"
     assert gc.run_name(sub) == "gpu-check-vllm-fsdp2-x8"
+    asynchronous = gc.SubRun("hf", "ddp", 2, rollout="async")
+    assert (asynchronous.name, gc.run_name(asynchronous)) == ("hf/ddp x2 async", "gpu-check-hf-ddp-x2-async")
     vla = gc.SubRun("flow", "ddp", 1, kind="vla")
     assert vla.name == "pi0/ddp x1"
     assert gc.run_name(vla) == "gpu-check-pi0-ddp-x1"
