@@ -703,6 +703,7 @@ def format_report(
             f"  {'weight board (CPU RAM)'.ljust(w)}{_g(bd.weight_board):>8}  host memory of the learner: the "
             "shared-memory copy of the policy's weights the workers load from (not on the device)"
         )
+    if bd.rollout_workers and not inp.overhead_bytes:  # a CPU run (the planner's convention: no device overhead)
         procs = inp.world_size
         lines.append(
             f"  {'RAM of a CPU run'.ljust(w)}{_g(bd.host_ram(procs)):>8}  learner x {procs} process(es) + rollout "

@@ -218,3 +218,34 @@ def test_weight_board_bytes_equal_the_real_board(tmp_path):
     unique = {id(p): p for p in policy.model.parameters()}.values()
     assert bd.worker_weights == sum(p.numel() * p.element_size() for p in unique) < bd.weight_board
     policy.close()
+
+
+def test_docs_scaling_example_is_what_mmrl_plan_prints():
+    """docs/scaling.md, "What `mmrl plan` reports": every line of the example is a line of the report (a line cut
+    with '...' is its start), and the numbers of the text around it."""
+    import re
+    from pathlib import Path
+
+    from mmrl.planning.report import build_plan, format_report
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "scaling.md").read_text()
+    section = doc[doc.index("**What `mmrl plan` reports.**") : doc.index("## `plan.*` keys")]
+    command = re.search(r"Example, `mmrl plan ([^`]+)`", section.replace("\n", " ")).group(1).split()
+    report = format_report(*build_plan(command)).splitlines()
+    block = section.split("```")[3].strip("\n").splitlines()
+    assert len(block) > 8
+    for line in block:
+        if line.strip() in ("", "..."):
+            continue
+        if line.endswith("...)") or line.endswith("..."):
+            head = line[: line.index("...")]
+            assert any(r.startswith(head) for r in report), line
+        else:
+            assert line in report, line
+    assert not any("RAM of a CPU run" in r for r in report)  # a GPU run (1 GiB overhead): no CPU RAM line
+    *_, sync, _ = build_plan([c for c in command if not c.startswith("trainer.rollout")])
+    *_, bd, _ = build_plan(command)
+    assert f"The synchronous run fits ({sync.total / GIB:.2f} GiB per device)" in section
+    assert f"(KV cache {2 * sync.kv_cache / GIB:.2f} + prefill {2 * sync.prefill / GIB:.2f} GiB" in section
+    assert bd.worker_rollout == 2 * sync.rollout and bd.worker_weights == sync.params
+    assert f"= {bd.weight_board / GIB:.2f} GiB" in section and bd.weight_board == sync.params + 151936 * 2048 * 2
