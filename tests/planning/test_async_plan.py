@@ -249,3 +249,24 @@ def test_docs_scaling_example_is_what_mmrl_plan_prints():
     assert f"(KV cache {2 * sync.kv_cache / GIB:.2f} + prefill {2 * sync.prefill / GIB:.2f} GiB" in section
     assert bd.worker_rollout == 2 * sync.rollout and bd.worker_weights == sync.params
     assert f"= {bd.weight_board / GIB:.2f} GiB" in section and bd.weight_board == sync.params + 151936 * 2048 * 2
+
+
+@pytest.mark.parametrize("eta", [0, 1, 3])
+def test_docs_sizing_rule_at_most_eta_plus_one_rounds_in_flight(eta):
+    """docs/scaling.md, "Sizing N": without group filtering, at most eta + 1 rounds of B groups are handed out before
+    the learner moves on, and each new version frees exactly one more: a worker beyond eta + 1 gets no round."""
+    from mmrl.asynchronous.schedule import Schedule
+
+    b = 4
+    schedule = Schedule(b, eta, filter_groups=False, max_slots=b)
+
+    def start_all() -> list[int]:
+        sizes = []
+        while (n := schedule.next_round_size()) > 0:
+            schedule.start_round(list(range(n)), list(range(n)), [(0, i) for i in range(n)], sampler_step=0)
+            sizes.append(n)
+        return sizes
+
+    assert start_all() == [b] * (eta + 1)
+    schedule.controller.advance(1)
+    assert start_all() == [b]
