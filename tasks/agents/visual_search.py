@@ -401,7 +401,7 @@ class VisualSearchTask(Task):
 
     @staticmethod
     def _per_sample(items: Sequence[dict], samples: Sequence) -> list[dict]:
-        from tasks.video.common import per_sample_items
+        from mmrl.tasks.video.common import per_sample_items
 
         return per_sample_items(items, samples)
 

@@ -223,3 +223,20 @@ def test_warm_start_target_zooms_on_the_target_in_the_models_frame_and_trains_on
     assert policy.cfg.temperature == 1.0 and float(loss.detach()) == pytest.approx(float(ref), rel=1e-5)
     loss.backward()
     assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in policy.trainable_parameters())
+
+
+def test_items_match_samples_outside_the_repository_root(tmp_path):
+    """The task's modules import each other as ``mmrl.tasks.*``: a run started outside the repository root (the
+    ``mmrl`` console script, where ``tasks`` is no top-level package) matches items to samples too (it once imported
+    ``tasks.video.common`` and every evaluation of an installed ``mmrl train task=visual_search`` stopped there)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.path = [p for p in sys.path if p not in ('', '.')]\n"
+        "from mmrl.tasks.agents.visual_search import VisualSearchTask\n"
+        "print(VisualSearchTask._per_sample([{'id': 'a'}, {'id': 'b'}], [{}] * 4))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-400:]
+    assert out.stdout.strip() == "[{'id': 'a'}, {'id': 'a'}, {'id': 'b'}, {'id': 'b'}]"
