@@ -82,11 +82,16 @@ class AlgoConfig:
     group_size: int = 8
     """Samples per prompt (G)."""
     policy_loss: str = "ppo_clip"
-    """Policy loss: ppo_clip (token ratio) or gspo (sequence ratio)."""
-    clip_low: float = 0.2
-    """Lower clip range: ratios below 1 - clip_low are clipped."""
-    clip_high: float = 0.2
-    """Upper clip range: ratios above 1 + clip_high are clipped (DAPO clip-higher: 0.28)."""
+    """Policy loss: ppo_clip (token ratio) or gspo (sequence ratio). Its clip range follows it unless set: ``algo.
+    policy_loss=gspo`` alone clips at GSPO's 3e-4 / 4e-4, not PPO's 0.2 (see clip_low)."""
+    clip_low: float | None = None
+    """Lower clip range: ratios below 1 - clip_low are clipped. None (unset): the policy loss's own value from
+    ``mmrl.algos.losses.DEFAULT_CLIP`` (ppo_clip 0.2; gspo 3e-4, the GSPO paper's range for its sequence ratio, on
+    which 0.2 would rarely clip), filled in when the config is built, so config.yaml records the number used. A loss
+    with no entry there (a plugin's) gets ppo_clip's, with a one-line warning naming it."""
+    clip_high: float | None = None
+    """Upper clip range: ratios above 1 + clip_high are clipped (DAPO clip-higher: 0.28). None: the policy loss's own
+    value, as for clip_low (ppo_clip 0.2, gspo 4e-4); each side is filled on its own."""
     dual_clip: float | None = None
     """Dual-clip constant c > 1 bounding the loss of negative-advantage tokens (e.g. 3); None disables."""
     loss_agg: str = "token_mean"
@@ -142,6 +147,30 @@ class AlgoConfig:
     def tgrpo_enabled(self) -> bool:
         """T-GRPO is configured and draws probes."""
         return self.tgrpo is not None and self.tgrpo.enabled
+
+    def __post_init__(self) -> None:
+        """Fill an unset clip_low / clip_high with the policy loss's default (``DEFAULT_CLIP``, the one table the loss
+        functions' own defaults read), so a run never clips a sequence ratio with a token-ratio range by omission."""
+        if self.clip_low is not None and self.clip_high is not None:
+            return
+        from mmrl.algos import DEFAULT_CLIP, POLICY_LOSSES
+
+        if self.policy_loss in DEFAULT_CLIP:
+            low, high = DEFAULT_CLIP[self.policy_loss]
+        elif self.policy_loss in POLICY_LOSSES:
+            low, high = DEFAULT_CLIP["ppo_clip"]
+            import logging
+
+            logging.getLogger(__name__).warning(
+                f"algo.policy_loss={self.policy_loss} has no default clip range in mmrl.algos.losses.DEFAULT_CLIP: "
+                f"clipping at ppo_clip's {low} / {high}; set algo.clip_low and algo.clip_high to choose"
+            )
+        else:
+            return  # an unknown loss name: validate_algo rejects it with the valid choices
+        if self.clip_low is None:
+            self.clip_low = low
+        if self.clip_high is None:
+            self.clip_high = high
 
 
 @dataclass

@@ -18,7 +18,7 @@ from .estimators import (
 from .filtering import group_moments, group_stats, nonzero_variance_groups, success_rate_band
 from .importance import importance_stats, truncated_is_weights
 from .kl import kl_estimate
-from .losses import PolicyLossOutput, gspo, ppo_clip, value_loss
+from .losses import DEFAULT_CLIP, PolicyLossOutput, gspo, ppo_clip, value_loss
 from .masked import AlgoInputError, masked_mean, masked_sum, masked_var, masked_whiten
 from .objective import rl_objective
 from .registry import (
@@ -60,6 +60,7 @@ __all__ = [
     "gae",
     "broadcast_to_tokens",
     # losses
+    "DEFAULT_CLIP",
     "PolicyLossOutput",
     "ppo_clip",
     "gspo",

@@ -5,13 +5,13 @@ Clipped surrogate, written as a loss to minimise, with ratio w and advantage A:
     L = max(-A w, -A clip(w, 1 - clip_low, 1 + clip_high))
 
 - ``ppo_clip`` (Schulman et al. 2017): w_t = exp(logp_t - old_logp_t), the log-ratio clamped
-  to [-20, 20] before exp. Defaults clip_low = clip_high = 0.2 (PPO); DAPO "clip-higher" uses
+  to [-20, 20] before exp. Default clip_low = clip_high = 0.2 (PPO); DAPO "clip-higher" uses
   clip_low = 0.2, clip_high = 0.28.
 - Dual clip (Ye et al. 2020), c > 1 (typically 3): for A < 0 the loss is min(L, -A c), which
   bounds the loss of tokens whose ratio exploded.
 - ``gspo`` (Zheng et al. 2025), GSPO-token form: s_i = exp(mean over valid t of (logp - old_logp)),
   s_it = sg[s_i] * exp(logp_t - sg[logp_t]) (value s_i, gradient per token), then the same clipped
-  surrogate with s_it as the ratio. Paper defaults clip_low = 3e-4, clip_high = 4e-4. With a
+  surrogate with s_it as the ratio. Default clip_low = 3e-4, clip_high = 4e-4 (the paper's). With a
   per-sequence advantage and ``seq_mean_token_mean`` aggregation it equals sequence-level GSPO.
 - ``value_loss``: 0.5 (v - R)^2, or with clip c: 0.5 max((v - R)^2, (v_old + clamp(v - v_old, -c, c) - R)^2).
 
@@ -19,6 +19,9 @@ Flags: ``clipped`` marks tokens where the clipped branch is strictly active, so 
 (A > 0 and w > 1 + clip_high, or A < 0 and w < 1 - clip_low); ``dual_clipped`` marks A < 0 tokens
 where the dual-clip bound -A c is active (also zero gradient). The two never overlap.
 All outputs are 0 / False where the mask is 0.
+
+Each loss's default clip range is its entry in :data:`DEFAULT_CLIP`, the one table both the functions' keyword
+defaults and ``mmrl.config.AlgoConfig`` (an unset ``algo.clip_low`` / ``algo.clip_high``) read.
 """
 
 from __future__ import annotations
@@ -31,9 +34,14 @@ from torch import Tensor
 from .masked import AlgoInputError, as_bool_mask, as_float, masked_mean
 from .registry import POLICY_LOSSES
 
-__all__ = ["PolicyLossOutput", "ppo_clip", "gspo", "value_loss", "LOG_RATIO_CLAMP"]
+__all__ = ["PolicyLossOutput", "ppo_clip", "gspo", "value_loss", "LOG_RATIO_CLAMP", "DEFAULT_CLIP"]
 
 LOG_RATIO_CLAMP = 20.0
+
+DEFAULT_CLIP: dict[str, tuple[float, float]] = {"ppo_clip": (0.2, 0.2), "gspo": (3e-4, 4e-4)}
+"""``(clip_low, clip_high)`` of each registered policy loss: PPO's 0.2 band on the token ratio; GSPO's 3e-4 / 4e-4
+(Zheng et al. 2025) on the sequence ratio, a geometric mean of token ratios that moves far less than one of them
+(PPO's band would rarely clip it). A plugin's loss adds its own entry (``DEFAULT_CLIP["my_loss"] = (lo, hi)``)."""
 
 
 @dataclass
@@ -116,11 +124,11 @@ def ppo_clip(
     advantages: Tensor,
     mask: Tensor,
     *,
-    clip_low: float = 0.2,
-    clip_high: float = 0.2,
+    clip_low: float = DEFAULT_CLIP["ppo_clip"][0],
+    clip_high: float = DEFAULT_CLIP["ppo_clip"][1],
     dual_clip: float | None = None,
 ) -> PolicyLossOutput:
-    """PPO clipped surrogate per token (PPO default 0.2/0.2; DAPO clip-higher 0.2/0.28; dual clip c = 3).
+    """PPO clipped surrogate per token (default 0.2/0.2; DAPO clip-higher 0.2/0.28; dual clip c = 3).
 
     ``advantages`` may be [B, T] or per-sequence [B]. ``old_logp`` and ``advantages`` are detached.
     """
@@ -140,11 +148,11 @@ def gspo(
     advantages: Tensor,
     mask: Tensor,
     *,
-    clip_low: float = 3e-4,
-    clip_high: float = 4e-4,
+    clip_low: float = DEFAULT_CLIP["gspo"][0],
+    clip_high: float = DEFAULT_CLIP["gspo"][1],
     dual_clip: float | None = None,
 ) -> PolicyLossOutput:
-    """GSPO-token loss with the sequence-level ratio exp(mean_t log-ratio) (paper defaults 3e-4 / 4e-4).
+    """GSPO-token loss with the sequence-level ratio exp(mean_t log-ratio) (default 3e-4 / 4e-4, the paper's).
 
     ``advantages`` may be [B, T] or [B]. Rows with an empty mask get loss 0.
     """

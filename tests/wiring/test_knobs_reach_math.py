@@ -119,7 +119,12 @@ def overrides_of(settings: dict) -> list[str]:
     """``key=value`` overrides for the settings that differ from the preset (Hydra parses every override, and the
     fewer there are the faster a run builds); :func:`assert_configured` checks that the built run has all of them."""
     preset = _preset()
-    return [f"{k}={_fmt(v)}" for k, v in settings.items() if k.startswith("reward.") or _configured(preset, k) != v]
+    given = ("algo.clip_low", "algo.clip_high")  # unset, they follow algo.policy_loss (gspo: 3e-4 / 4e-4): always given
+    return [
+        f"{k}={_fmt(v)}"
+        for k, v in settings.items()
+        if k.startswith("reward.") or k in given or _configured(preset, k) != v
+    ]
 
 
 def assert_configured(cfg, settings: dict) -> None:
