@@ -6,9 +6,8 @@ episodes from the same (task, seeded initial state); the reward is Meta-World's 
 one rendered camera image and the task's instruction; the 4-D action (hand xyz delta + gripper) goes through the
 action tokenizer. ``task.tasks`` picks Meta-World tasks by name, or ``mt10`` / ``mt50``.
 
-The embedded default is three easy tasks, small enough for a CPU (~12 min on 2 cores): the SFT warm start learns
-them from the demos (held-out success 0.06-0.08 -> 0.34-0.42) and 20 GRPO steps raise held-out success above that on
-every tested seed (+0.05 to +0.18; docs/tasks/metaworld.md has the measurements).
+The embedded default is three easy tasks, small enough for a CPU run: the SFT warm start learns them from the demos
+and 20 GRPO steps then raise held-out success above the warm start's (numbers: docs/results.md, docs/tasks/metaworld.md).
 """
 
 from __future__ import annotations
