@@ -4,7 +4,8 @@
 #
 #   bash scripts/mutation.sh [TARGET ...]   TARGET: algos (default), wiring (algos/objective.py + estimators.py, the
 #                                           config-to-math layer), trainer, rewards, sde, shared_prefix,
-#                                           lerobot_lora, all
+#                                           lerobot_lora, vla_gaussian, vla_flow, lerobot_policy, vla_episodes,
+#                                           run_dir, remote_rewards, progress, all
 #
 # Environment: PYTHON (default .venv/bin/python; mutmut must be installed in it: pip install -e ".[mutation]"),
 # MUTATION_DIR (scratch folder, default /tmp/mmrl-mutation-<target>; kept afterwards so `mutmut show NAME` works
@@ -24,7 +25,8 @@ CHILDREN="${MUTATION_CHILDREN:-1}"
 
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=(algos)
-[ "${targets[0]}" != all ] || targets=(algos trainer rewards sde shared_prefix lerobot_lora)
+[ "${targets[0]}" != all ] || targets=(algos trainer rewards sde shared_prefix lerobot_lora vla_gaussian vla_flow lerobot_policy
+                                                 vla_episodes run_dir remote_rewards progress)
 
 # what to mutate, and the tests that are meant to kill its mutants
 spec() {
@@ -64,7 +66,38 @@ spec() {
                   TESTS='"tests/adapters/vla/test_lerobot_lora.py", "tests/trainer/test_planner_lerobot.py"'
                   DESELECT="not resumes_bit_exactly"  # the Trainer run (env workers in subprocesses): on the survivors only
                   RECHECK="tests/adapters/vla/test_lerobot_lora.py::test_trainer_trains_adapters_with_a_kl_reference_and_resumes_bit_exactly" ;;
-    *) echo "unknown target '$1'; choose from algos wiring trainer rewards sde shared_prefix lerobot_lora all" >&2; exit 2 ;;
+    # the VLA continuous heads (issue 41): the Gaussian chunk head and the head rules / critic plumbing around it
+    vla_gaussian) ONLY='"mmrl/adapters/vla/gaussian_head.py", "mmrl/adapters/vla/continuous_heads.py"'
+                  TESTS='"tests/adapters/vla/test_gaussian_head_distribution.py", "tests/adapters/vla/test_vla_action_heads.py",
+                         "tests/adapters/vla/test_vla_critic_inputs.py"'
+                  # KL, head knobs through a Trainer, the policies on tiny VLMs: 20 s to a minute each
+                  RECHECK="tests/adapters/vla/test_vla_kl.py tests/wiring/test_vla_head_knobs.py tests/adapters/vla/test_vla_continuous.py" ;;
+    vla_flow) ONLY='"mmrl/adapters/vla/flow_chain.py", "mmrl/adapters/vla/flow_expert.py"'  # the flow head's chain and expert
+              TESTS='"tests/adapters/vla/test_vla_action_heads.py", "tests/adapters/vla/test_vla_critic_inputs.py"'
+              RECHECK="tests/adapters/vla/test_vla_kl.py tests/wiring/test_vla_head_knobs.py tests/adapters/vla/test_lerobot_smolvla.py
+                       tests/adapters/vla/test_lerobot_pi0.py tests/adapters/vla/test_vla_continuous.py" ;;
+    lerobot_policy) ONLY='"mmrl/adapters/vla/lerobot/policy.py"'  # LeRobot flow VLAs as mmrl policies
+                    TESTS='"tests/adapters/vla/test_vla_critic_inputs.py", "tests/adapters/vla/test_lerobot_folder_errors.py"'
+                    # rollouts and log-probs of tiny LeRobot policies (a minute each): on the survivors only
+                    RECHECK="tests/adapters/vla/test_lerobot_flow_policy.py tests/adapters/vla/test_smolvla_policy.py tests/adapters/vla/test_lerobot_pi0.py" ;;
+    vla_episodes) ONLY='"mmrl/adapters/vla/episodes.py", "mmrl/tasks/vla/base.py"'  # the episode loop; success metrics
+                  TESTS='"tests/adapters/vla/test_episode_loop.py", "tests/adapters/vla/test_success_metrics.py"'
+                  RECHECK="tests/adapters/vla/test_vla_tasks.py" ;;
+    run_dir) ONLY='"mmrl/run_dir.py"'  # run folders: containment, overwrite, the lock, resume checks
+             TESTS='"tests/trainer/test_run_dir_containment.py", "tests/trainer/test_run_dir_mutants.py", "tests/trainer/test_run_lock.py",
+                    "tests/trainer/test_refused_resume.py"'
+             RECHECK="tests/trainer/test_disk_full.py tests/trainer/test_run_safety.py" ;;
+    remote_rewards) ONLY='"mmrl/rewards/remote.py"'  # HTTP reward servers: payloads, batching, retries, concurrency
+                    TESTS='"tests/rewards/test_remote_payloads.py", "tests/rewards/test_reward_failure_causes.py",
+                           "tests/rewards/test_reward_specs_contract.py", "tests/rewards/test_user_rewards.py"' ;;
+    progress) ONLY='"mmrl/progress.py"'  # progress bars / lines and the numbers shown to people
+              TESTS='"tests/trainer/test_progress_mutants.py", "tests/trainer/test_run_output.py"'
+              DESELECT="not log_output and not json_on_stdout and not terminal_output"  # the three `mmrl train` runs
+              RECHECK="tests/trainer/test_run_output.py::test_log_output_banner_bars_eta_and_summary
+                       tests/trainer/test_run_output.py::test_json_on_stdout_when_asked_and_quiet_mode
+                       tests/trainer/test_run_output.py::test_terminal_output_has_bars" ;;
+    *) echo "unknown target '$1'; choose from algos wiring trainer rewards sde shared_prefix lerobot_lora vla_gaussian vla_flow" \
+            "lerobot_policy vla_episodes run_dir remote_rewards progress all" >&2; exit 2 ;;
   esac
 }
 
