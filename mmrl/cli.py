@@ -155,7 +155,7 @@ def cmd_train(overrides: list[str]) -> int:
         if trainer.is_main:
             import signal
 
-            from mmrl.checkpoint import latest_checkpoint
+            from mmrl.checkpoint_files import latest_checkpoint
 
             print(
                 f"mmrl train: stopped by {signal.Signals(signum).name} at step {trainer.step}; checkpoint saved in "
@@ -178,7 +178,7 @@ def cmd_train(overrides: list[str]) -> int:
             k: round(v, 4) for k, v in final.items() if k.startswith(("eval/", "reward/mean")) and isinstance(v, float)
         }
         if cfg.trainer.progress:  # for people: the end summary on stderr; stdout gets the JSON only with --json
-            from mmrl.checkpoint import latest_checkpoint
+            from mmrl.checkpoint_files import latest_checkpoint
             from mmrl.run_report import end_summary
 
             print(

@@ -304,7 +304,7 @@ def evaluate_checkpoint(overrides: list[str]) -> CheckpointEval:
     ``results.json`` and ``predictions.jsonl`` into ``<run>/eval/<NAME>/``. A checkpoint that does not fit the
     requested task / model raises a one-line :class:`~mmrl.errors.ConfigError`.
     """
-    from mmrl.checkpoint import checkpoint_step, resolve_checkpoint
+    from mmrl.checkpoint_files import checkpoint_step, resolve_checkpoint
     from mmrl.config import ConfigError, load_config
 
     checkpoint, name, rest = _split_eval_overrides(list(overrides))
@@ -420,8 +420,8 @@ def _eval_config(checkpoint: str, ckpt: Path, run_dir: Path | None, overrides: l
 def _load_weights_or_explain(policy: Policy, ckpt: Path, cfg: Any, saved_desc: str | None) -> None:
     """Load the checkpoint's weights; weights that do not fit the built model are one ConfigError line saying what
     the checkpoint was trained with and the first differing weight (not a list of ~100 weight names). A damaged
-    file is reported as damaged (:class:`~mmrl.checkpoint.DamagedCheckpointError`), never as a mismatch."""
-    from mmrl.checkpoint import CheckpointMismatchError
+    file is reported as damaged (:class:`~mmrl.checkpoint_files.DamagedCheckpointError`), never as a mismatch."""
+    from mmrl.checkpoint_files import CheckpointMismatchError
     from mmrl.config import ConfigError
 
     try:

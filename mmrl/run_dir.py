@@ -536,8 +536,8 @@ def check_same_experiment(
 def auto_resume_checkpoint(run_dir: Path, *, warn: bool = True) -> Path | None:
     """``trainer.resume=auto``: the newest complete checkpoint of ``run_dir`` that is not damaged (a damaged newest one
     is skipped for the previous one, with a warning naming both); None when there is none. When every checkpoint is
-    damaged, :class:`~mmrl.checkpoint.DamagedCheckpointError`: training over them would prune them."""
-    from mmrl.checkpoint import DamagedCheckpointError, latest_loadable_checkpoint
+    damaged, :class:`~mmrl.checkpoint_files.DamagedCheckpointError`: training over them would prune them."""
+    from mmrl.checkpoint_files import DamagedCheckpointError, latest_loadable_checkpoint
 
     found, skipped = latest_loadable_checkpoint(run_dir)
     if found is None and skipped:
@@ -578,7 +578,7 @@ def open_run(
     experiment (:func:`check_same_experiment`), before any weight loads. The main process takes the folder's
     :class:`RunLock` before anything is deleted (a live run is refused in one line); nothing else is written here,
     and the lock is released when this raises."""
-    from mmrl.checkpoint import resolve_checkpoint
+    from mmrl.checkpoint_files import resolve_checkpoint
 
     tr = trainer_cfg
     name = tr.run_name or f"{task_name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"

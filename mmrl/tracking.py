@@ -105,7 +105,7 @@ class Tracker:
         """Count a failed metric write; the first one is a warning, later ones only counted."""
         self.write_failures += 1
         if self._first_failure is None:
-            from mmrl.checkpoint import _first_line
+            from mmrl.checkpoint_files import _first_line
 
             why = error.strerror if isinstance(error, OSError) and error.strerror else _first_line(error)
             self._first_failure = f"{where}: {why}"

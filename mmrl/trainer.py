@@ -31,7 +31,7 @@ from torch import Tensor
 
 from mmrl import algos
 from mmrl.builders import build_policy, build_rewards, build_task
-from mmrl.checkpoint import checkpoint_step, resolve_checkpoint
+from mmrl.checkpoint_files import checkpoint_step, resolve_checkpoint
 from mmrl.config import RunConfig, config_yaml, field_defaults, load_config, to_dict
 from mmrl.errors import ConfigError, RunStopped, TrainingAborted
 from mmrl.evaluation import evaluate_policy
@@ -381,7 +381,7 @@ class Trainer:
     def load_checkpoint(self, path: Path) -> dict:
         """Continue from a checkpoint: weights, optimizer, scheduler, RNG (:func:`mmrl.training_checkpoint.
         restore_training`) and the data position."""
-        from mmrl.checkpoint import DamagedCheckpointError, read_state_json
+        from mmrl.checkpoint_files import DamagedCheckpointError, read_state_json
 
         sft = read_state_json(Path(path) / "training_state" / "state.json").get("sft")
         if sft is not None:  # stopped inside the warm start: its optimizer state is the SFT optimizer's
@@ -854,7 +854,7 @@ class Trainer:
         ref = self.policy.frozen_reference
         if ref is None or self.cfg.algo.kl_coef <= 0 or self.cfg.trainer.sft_steps <= 0 or self.warm_start is not None:
             return
-        from mmrl.checkpoint import safe_load
+        from mmrl.checkpoint_files import safe_load
 
         path = Path(ckpt).parent.parent / REFERENCE_FILE
         if not path.is_file():
@@ -1018,7 +1018,7 @@ class Trainer:
                     else self._lost_steps(f"the save failed: {save_failure_text(save_error, self.run_dir)}")
                 )
         elif self._saved_step == self.step:  # a save or a resume at this step
-            from mmrl.checkpoint import latest_checkpoint
+            from mmrl.checkpoint_files import latest_checkpoint
 
             self.stop_checkpoint = self._last_checkpoint or latest_checkpoint(self.run_dir)
 

@@ -5,7 +5,7 @@ the trainer's state (data position, counters, why the run stopped): :func:`save_
 single-file format or, under ``trainer.strategy=fsdp2``, with the trained parameters and optimizer state sharded
 (:mod:`mmrl.parallel.sharded_checkpoint`); :func:`restore_training` validates and loads either format at any world
 size; :func:`save_to_rescue` writes one outside the run folder when that cannot be written. The file layout and the
-atomic publishing are :mod:`mmrl.checkpoint`'s.
+atomic publishing are :mod:`mmrl.checkpoint_files`'s.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from mmrl.checkpoint import _first_line, load_training_state, save_checkpoint
+from mmrl.checkpoint_files import _first_line, load_training_state, save_checkpoint
 from mmrl.errors import ConfigError, RunStopped
 
 
@@ -54,7 +54,7 @@ class TrainingParts:
 
 
 def _save_single_file(folder: Path, step: int, parts: TrainingParts, state: dict, keep_last: int | None) -> Path:
-    """:func:`mmrl.checkpoint.save_checkpoint` of ``parts`` (single-file format) under ``folder/checkpoints``."""
+    """:func:`mmrl.checkpoint_files.save_checkpoint` of ``parts`` (single-file format) under ``folder/checkpoints``."""
     return save_checkpoint(
         folder,
         step,
@@ -95,7 +95,7 @@ def save_training(
         finally:  # a failed save (full disk) still meets the other processes at the barrier: they must not hang
             dp.barrier()
         return path
-    from mmrl.checkpoint import publish_checkpoint, rng_state, staging_dir, start_staging, write_training_files
+    from mmrl.checkpoint_files import publish_checkpoint, rng_state, staging_dir, start_staging, write_training_files
     from mmrl.parallel.fsdp import full_state_dict_view
     from mmrl.parallel.sharded_checkpoint import SHARDED_DIR, rank_rng_file, save_sharded_state
 
@@ -123,7 +123,7 @@ def restore_training(path: Path, parts: TrainingParts, *, sharded: bool, rank: i
     file is one DamagedCheckpointError line before the policy is touched); weights for another model are a
     CheckpointMismatchError. ``sharded``: the policy is sharded over processes (fsdp2), so its trained parameters
     come from the shards and frozen ones from the model's own build."""
-    from mmrl.checkpoint import check_checkpoint
+    from mmrl.checkpoint_files import check_checkpoint
     from mmrl.parallel.sharded_checkpoint import SHARDED_DIR, load_sharded_state, rank_rng_file
 
     path = Path(path)

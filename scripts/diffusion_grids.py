@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     import torch
 
-    from mmrl.checkpoint import latest_checkpoint
+    from mmrl.checkpoint_files import latest_checkpoint
     from mmrl.config import load_saved_config
     from mmrl.models.registry import policy_builder
     from mmrl.tasks import get_task_class

@@ -314,14 +314,14 @@ class Policy(abc.ABC):
     @abc.abstractmethod
     def save_pretrained(self, path: str) -> None:
         """Write the model in its ecosystem's format. Checkpoints are validated before loading
-        (:func:`mmrl.checkpoint.check_pretrained_folder`), which accepts ``model.safetensors``, a sharded
+        (:func:`mmrl.checkpoint_files.check_pretrained_folder`), which accepts ``model.safetensors``, a sharded
         safetensors index, a PEFT adapter or a diffusion pipeline folder (``mmrl_diffusion.json``): write one of
         those, or resume, ``checkpoint=`` and ``mmrl eval`` cannot read it."""
 
     @abc.abstractmethod
     def load_pretrained(self, path: str) -> None:
         """Load what :meth:`save_pretrained` wrote, exactly. Weights written for another model (other names or
-        shapes) raise :class:`mmrl.checkpoint.CheckpointMismatchError` naming the first differing weight: the CLI
+        shapes) raise :class:`mmrl.checkpoint_files.CheckpointMismatchError` naming the first differing weight: the CLI
         reports it as one line."""
 
     # ------------------------------------------------------------------ optional, with defaults

@@ -175,7 +175,7 @@ def save_value_head(module: LMWithValueHead, path: Path) -> None:
 def load_value_head(module: LMWithValueHead, path: Path) -> None:
     """The value head from ``path/value_head.safetensors`` when both the module and the checkpoint have one (a
     damaged file or one of another shape is one line)."""
-    from mmrl.checkpoint import load_state_checked, read_safetensors
+    from mmrl.checkpoint_files import load_state_checked, read_safetensors
 
     f = path / "value_head.safetensors"
     if module.value_head is not None and f.exists():
@@ -358,9 +358,9 @@ class HFTokenPolicy(Policy):
 
     def load_pretrained(self, path) -> None:
         """Load exactly what :meth:`save_pretrained` wrote into the live model. A damaged file is a
-        :class:`~mmrl.checkpoint.DamagedCheckpointError`, weights of another shape or name set a
-        :class:`~mmrl.checkpoint.CheckpointMismatchError` (both one line, nothing half-loaded by a shape error)."""
-        from mmrl.checkpoint import check_state_fits, read_safetensors
+        :class:`~mmrl.checkpoint_files.DamagedCheckpointError`, weights of another shape or name set a
+        :class:`~mmrl.checkpoint_files.CheckpointMismatchError` (both one line, nothing half-loaded by a shape error)."""
+        from mmrl.checkpoint_files import check_state_fits, read_safetensors
 
         path = Path(path)
         lm = self.module.lm
@@ -377,7 +377,7 @@ class HFTokenPolicy(Policy):
 
     def _load_full_weights(self, lm: nn.Module, path: Path) -> None:
         """Load a full (non-PEFT) checkpoint; strict except for tied output embeddings."""
-        from mmrl.checkpoint import load_state_checked, read_safetensors
+        from mmrl.checkpoint_files import load_state_checked, read_safetensors
 
         tied = getattr(lm.config, "tie_word_embeddings", False)
         f = path / "model.safetensors"

@@ -654,7 +654,7 @@ class VLMPolicy(HFTokenPolicy):
 
 def _safetensors_files(path: Path) -> list[Path]:
     """The weight files of a saved HF folder (the shards its index lists, or ``model.safetensors``)."""
-    from mmrl.checkpoint import DamagedCheckpointError, read_json
+    from mmrl.checkpoint_files import DamagedCheckpointError, read_json
 
     index = path / "model.safetensors.index.json"
     if index.exists():
@@ -680,7 +680,7 @@ def load_hf_weights(lm, path: str | Path) -> None:
     from safetensors import safe_open
     from transformers.core_model_loading import revert_weight_conversion
 
-    from mmrl.checkpoint import CheckpointMismatchError, DamagedCheckpointError, check_safetensors
+    from mmrl.checkpoint_files import CheckpointMismatchError, DamagedCheckpointError, check_safetensors
 
     live = lm.state_dict()
     saved_names = revert_weight_conversion(lm, dict(live))

@@ -374,7 +374,7 @@ class VLATask(Task):
             return None
         if getattr(rc, "checkpoint", None):
             try:
-                from mmrl.checkpoint import resolve_checkpoint
+                from mmrl.checkpoint_files import resolve_checkpoint
 
                 return Path(resolve_checkpoint(rc.checkpoint)).parent.parent
             except Exception:  # noqa: BLE001 - a checkpoint given as a model folder: no run dir

@@ -46,7 +46,7 @@ def _state(policy) -> dict[str, torch.Tensor]:
 
 def test_minimal_adapter_learns_and_its_checkpoint_reloads(example, tmp_path):
     from mmrl.builders import build_policy, build_task
-    from mmrl.checkpoint import latest_checkpoint
+    from mmrl.checkpoint_files import latest_checkpoint
     from mmrl.cli import main as mmrl_main
     from mmrl.config import load_saved_config
     from mmrl.trainer import Trainer

@@ -381,7 +381,7 @@ def test_load_rejects_mismatched_checkpoint(folders, tmp_path):
     a = make_policy(folders["tiny_qwen2_vl"])
     a.save_pretrained(tmp_path / "a")
     b = make_policy(folders["tiny_qwen3_vl"])
-    from mmrl.checkpoint import CheckpointMismatchError
+    from mmrl.checkpoint_files import CheckpointMismatchError
 
     with pytest.raises(CheckpointMismatchError, match="different model/task config: weight .* in the checkpoint"):
         b.load_pretrained(tmp_path / "a")

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mmrl.checkpoint import MARKER, UnsafeCheckpointError, latest_checkpoint, load_training_state, safe_load
+from mmrl.checkpoint_files import MARKER, UnsafeCheckpointError, latest_checkpoint, load_training_state, safe_load
 from mmrl.cli import main
 from mmrl.config import load_config
 from mmrl.models.availability import ModelNotAvailableError
@@ -216,7 +216,7 @@ def test_rng_state_is_plain_data_and_old_numpy_format_still_loads(tmp_path):
 
     import numpy as np
 
-    from mmrl.checkpoint import _LEGACY_RNG_GLOBALS, rng_state, set_rng_state
+    from mmrl.checkpoint_files import _LEGACY_RNG_GLOBALS, rng_state, set_rng_state
 
     torch.save(rng_state(), tmp_path / "rng.pt")
     assert torch.serialization.get_unsafe_globals_in_checkpoint(tmp_path / "rng.pt") == []

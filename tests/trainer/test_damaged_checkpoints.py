@@ -20,7 +20,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from mmrl.checkpoint import (
+from mmrl.checkpoint_files import (
     CheckpointMismatchError,
     DamagedCheckpointError,
     UnsafeCheckpointError,

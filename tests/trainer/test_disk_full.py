@@ -18,7 +18,7 @@ import torch
 import transformers.modeling_utils as hf_modeling
 from safetensors import SafetensorError
 
-from mmrl.checkpoint import latest_checkpoint
+from mmrl.checkpoint_files import latest_checkpoint
 from tests.helpers import toy_overrides, toy_trainer
 from tests.trainer.test_run_safety import _one_line, _tree, cli  # noqa: F401 - cli is a fixture
 

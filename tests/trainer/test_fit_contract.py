@@ -12,7 +12,7 @@ import time
 import pytest
 
 import mmrl.trainer as trainer_module
-from mmrl.checkpoint import checkpoint_step, latest_checkpoint
+from mmrl.checkpoint_files import checkpoint_step, latest_checkpoint
 from mmrl.errors import TrainingAborted
 from mmrl.tracking import read_metrics
 from mmrl.trainer import NothingTrained

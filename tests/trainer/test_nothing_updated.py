@@ -9,7 +9,7 @@ from functools import partial
 import pytest
 import torch
 
-from mmrl.checkpoint import latest_checkpoint
+from mmrl.checkpoint_files import latest_checkpoint
 from mmrl.policies.causal_lm import CausalLMPolicy
 from tests.helpers import nan_log_probs, toy_overrides
 from tests.trainer.test_run_safety import _one_line, cli  # noqa: F401 - cli is a fixture

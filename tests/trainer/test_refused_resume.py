@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import yaml
 
-from mmrl.checkpoint import latest_checkpoint
+from mmrl.checkpoint_files import latest_checkpoint
 from mmrl.run_dir import LOCK_FILE
 from tests.helpers import toy_overrides
 from tests.trainer.test_run_safety import _one_line, _tree, cli  # noqa: F401 - cli is a fixture

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 import mmrl.training_checkpoint as training_checkpoint
-from mmrl.checkpoint import latest_checkpoint
+from mmrl.checkpoint_files import latest_checkpoint
 from mmrl.config import load_config
 from mmrl.run_dir import LOCK_FILE, RunLock, RunLocked, open_run, rescue_dir
 from tests.helpers import toy_overrides, toy_trainer

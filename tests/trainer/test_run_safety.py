@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mmrl.checkpoint import latest_checkpoint
+from mmrl.checkpoint_files import latest_checkpoint
 from mmrl.cli import main
 from mmrl.run_dir import RUN_MARKER
 from tests.helpers import CLI_ENV, toy_overrides
@@ -254,7 +254,7 @@ def test_nonfinite_limit_counts_the_step_that_tripped_it(cli, tmp_path, monkeypa
 def test_unwritable_run_folder_at_the_final_save_goes_to_the_rescue_folder(cli, tmp_path, monkeypatch):
     """The run folder's checkpoints cannot be written at the end (disk full): the checkpoint goes to the rescue
     folder named in one line, exit 1, and it holds the run's config."""
-    import mmrl.checkpoint as ckpt_mod
+    import mmrl.checkpoint_files as ckpt_mod
 
     real = ckpt_mod.start_staging
 

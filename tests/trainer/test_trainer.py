@@ -7,7 +7,7 @@ import signal
 import pytest
 import torch
 
-from mmrl.checkpoint import MARKER, latest_checkpoint
+from mmrl.checkpoint_files import MARKER, latest_checkpoint
 from mmrl.config import ConfigError
 from mmrl.rewards.manager import RewardError, RewardSpec
 from mmrl.tracking import read_metrics

@@ -20,7 +20,7 @@ import torch
 
 import mmrl.trainer as trainer_module
 from mmrl import algos
-from mmrl.checkpoint import latest_checkpoint
+from mmrl.checkpoint_files import latest_checkpoint
 from mmrl.errors import RunStopped
 from mmrl.policies.base import PromptBatch, Rollout
 from mmrl.rewards.manager import RewardResult

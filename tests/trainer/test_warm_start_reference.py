@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from mmrl.checkpoint import safe_load
+from mmrl.checkpoint_files import safe_load
 from mmrl.trainer import REFERENCE_FILE
 from tests.helpers import toy_trainer
 

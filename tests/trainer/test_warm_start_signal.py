@@ -14,7 +14,7 @@ import time
 import pytest
 import torch
 
-from mmrl.checkpoint import MARKER, latest_checkpoint, safe_load
+from mmrl.checkpoint_files import MARKER, latest_checkpoint, safe_load
 from mmrl.tracking import read_metrics
 from tests.helpers import CLI_ENV, toy_overrides, toy_trainer
 

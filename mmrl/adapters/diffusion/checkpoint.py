@@ -32,10 +32,10 @@ def save_lora(module: torch.nn.Module, pipe: Any, denoiser_name: str, path: Path
 
 def load_lora(module: torch.nn.Module, path: Path) -> None:
     """Set the LoRA adapters of ``module`` from ``path/adapter_model.safetensors``: names and shapes must match
-    (a damaged file or adapters of another shape are one line, see :mod:`mmrl.checkpoint`)."""
+    (a damaged file or adapters of another shape are one line, see :mod:`mmrl.checkpoint_files`)."""
     from peft.utils import get_peft_model_state_dict, set_peft_model_state_dict
 
-    from mmrl.checkpoint import check_state_fits, read_safetensors
+    from mmrl.checkpoint_files import check_state_fits, read_safetensors
 
     f = path / ADAPTER_FILE
     if not f.exists():
@@ -47,7 +47,7 @@ def load_lora(module: torch.nn.Module, path: Path) -> None:
 
 def load_denoiser(module: torch.nn.Module, folder: Path) -> None:
     """A fully fine-tuned denoiser from ``folder`` (all ``*.safetensors`` shards, strictly)."""
-    from mmrl.checkpoint import load_state_checked, read_safetensors
+    from mmrl.checkpoint_files import load_state_checked, read_safetensors
 
     files = sorted(folder.glob("*.safetensors"))
     if not files:
@@ -66,7 +66,7 @@ def save_ema(ema: ParamEMA, path: Path) -> None:
 
 def load_ema(ema: ParamEMA, path: Path) -> None:
     """The EMA shadow from ``path/ema.safetensors`` when the checkpoint has one (else left as is)."""
-    from mmrl.checkpoint import check_state_fits, read_safetensors
+    from mmrl.checkpoint_files import check_state_fits, read_safetensors
 
     ema_f = path / EMA_FILE
     if ema_f.exists():

@@ -424,9 +424,9 @@ class ContinuousVLAPolicy(VLAPolicy):
 
     def load_pretrained(self, path: str | Path) -> None:
         """Load what :meth:`save_pretrained` wrote; a folder of another head kind or shape is a
-        :class:`~mmrl.checkpoint.CheckpointMismatchError`. A folder without heads (a token-head or plain VLM
+        :class:`~mmrl.checkpoint_files.CheckpointMismatchError`. A folder without heads (a token-head or plain VLM
         checkpoint) loads the backbone only, keeping the freshly initialised heads."""
-        from mmrl.checkpoint import CheckpointMismatchError, load_state_checked, read_json, read_safetensors
+        from mmrl.checkpoint_files import CheckpointMismatchError, load_state_checked, read_json, read_safetensors
 
         super().load_pretrained(path)
         meta_file, head_file = Path(path) / HEAD_META_FILE, Path(path) / HEAD_FILE

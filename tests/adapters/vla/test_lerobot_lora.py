@@ -34,7 +34,7 @@ from mmrl.adapters.vla.lerobot.lora import (  # noqa: E402
 )
 from mmrl.adapters.vla.lerobot.policy import LeRobotFlowPolicy, tiny_for_task  # noqa: E402
 from mmrl.adapters.vla.policy import VLASetupError  # noqa: E402
-from mmrl.checkpoint import CheckpointMismatchError  # noqa: E402
+from mmrl.checkpoint_files import CheckpointMismatchError  # noqa: E402
 from mmrl.models.configs import LoraConfig  # noqa: E402
 from mmrl.policies.base import PromptBatch  # noqa: E402
 from tests.adapters.vla.test_lerobot_flow_policy import CHUNK, SPEC, STATS, make_cfg, reach_overrides  # noqa: E402
@@ -384,7 +384,7 @@ def test_trainer_trains_adapters_with_a_kl_reference_and_resumes_bit_exactly(tmp
     """SFT + GRPO with kl_coef > 0 (the reference is a frozen copy: the suffix projections train too). The language
     model's base weights never move; 3 steps straight == 1 step + save + resume + 2 steps."""
     pytest.importorskip("mujoco")
-    from mmrl.checkpoint import safe_load
+    from mmrl.checkpoint_files import safe_load
     from mmrl.config import load_config
     from mmrl.trainer import REFERENCE_FILE, Trainer
 

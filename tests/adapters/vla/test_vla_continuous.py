@@ -17,7 +17,7 @@ import mmrl.simulators.testing_envs  # noqa: E402,F401  (registers testing/*)
 from mmrl.adapters.vla.action_tokenizer import ActionTokenizer  # noqa: E402
 from mmrl.adapters.vla.continuous_policy import HEAD_FILE, ContinuousVLAPolicy  # noqa: E402
 from mmrl.adapters.vla.policy import VLAEnvSpec, VLAInputError  # noqa: E402
-from mmrl.checkpoint import CheckpointMismatchError  # noqa: E402
+from mmrl.checkpoint_files import CheckpointMismatchError  # noqa: E402
 from mmrl.errors import ConfigError  # noqa: E402
 from mmrl.models.configs import LoraConfig, VLAConfig  # noqa: E402
 from mmrl.models.presets import resolve_vlm  # noqa: E402

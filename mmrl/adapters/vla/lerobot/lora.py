@@ -152,9 +152,9 @@ def load_into_lora_model(model: nn.Module, plain: dict[str, Tensor], adapters: d
     values (a fresh adapter's B is zero: the same function). With ``adapters``: the adapted layers keep the live base
     weights and get the saved adapters, after checking that each merged weight of the file is that base plus the saved
     adapter (else the run was trained from another base model: a one-line
-    :class:`~mmrl.checkpoint.CheckpointMismatchError`); every other tensor is loaded from ``plain``. Shapes and names
-    are checked first (:func:`~mmrl.checkpoint.check_state_fits`)."""
-    from mmrl.checkpoint import CheckpointMismatchError, check_state_fits
+    :class:`~mmrl.checkpoint_files.CheckpointMismatchError`); every other tensor is loaded from ``plain``. Shapes and names
+    are checked first (:func:`~mmrl.checkpoint_files.check_state_fits`)."""
+    from mmrl.checkpoint_files import CheckpointMismatchError, check_state_fits
 
     layers = lora_layers(model)
     live = {}

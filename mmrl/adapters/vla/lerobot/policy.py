@@ -335,10 +335,10 @@ class LeRobotFlowPolicy(ContinuousVLAPolicy):
 
     def load_pretrained(self, path: str | Path) -> None:
         """Load what :meth:`save_pretrained` wrote (or any LeRobot folder of the same type and shapes) into the live
-        model; a folder of other shapes is a :class:`~mmrl.checkpoint.CheckpointMismatchError` naming the tensor."""
+        model; a folder of other shapes is a :class:`~mmrl.checkpoint_files.CheckpointMismatchError` naming the tensor."""
         from mmrl.adapters.vla.action_tokenizer import ActionTokenizer
         from mmrl.adapters.vla.lerobot.lora import LORA_FILE, load_into_lora_model, lora_layers
-        from mmrl.checkpoint import load_state_checked, read_safetensors
+        from mmrl.checkpoint_files import load_state_checked, read_safetensors
 
         path = Path(path)
         weights = path / "model.safetensors"

@@ -1,4 +1,7 @@
-"""Atomic, resumable checkpoints.
+"""The files of a checkpoint folder: their layout, atomic writing, defensive reading and validation.
+
+What a training run puts in them and restores from them is :mod:`mmrl.training_checkpoint`'s; ``mmrl eval
+checkpoint=...`` and a run's initial ``checkpoint`` read the same folders through the readers here.
 
 Layout (LeRobot-style)::
 
