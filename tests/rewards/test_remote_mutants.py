@@ -1,0 +1,34 @@
+"""``mmrl.rewards.remote``'s answer parsing and retry timing, by hand (issue 41: the `remote_rewards` target)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from mmrl.rewards.remote import RemoteReward, RemoteRewardFailure, parse_scores
+
+
+@pytest.mark.parametrize("body", [b"[0.5, 1.0]", b'"scores"', b"3"])
+def test_an_answer_that_is_json_but_not_an_object_is_a_garbage_answer(body):
+    with pytest.raises(RemoteRewardFailure, match="no 'scores' list") as e:
+        parse_scores(body, 2)
+    assert e.value.retry is False
+
+
+def test_every_entry_that_is_not_a_number_or_null_is_nan_and_counted():
+    body = b'{"scores": [1, "x", true, Infinity, null, 2.5, "y", -0.0]}'
+    scores, bad = parse_scores(body, 8)
+    assert bad == 4  # "x", true, Infinity, "y"
+    assert [("nan" if s is not None and math.isnan(s) else s) for s in scores] == [
+        1.0, "nan", "nan", "nan", None, 2.5, "nan", 0.0,
+    ]  # fmt: skip
+
+
+def test_backoff_doubles_from_backoff_s_up_to_five_seconds_and_bounds_the_deadline():
+    r = RemoteReward("http://localhost:1/score", backoff_s=0.25, timeout_s=30.0, max_retries=2)
+    assert [r._backoff(a) for a in range(7)] == [0.25, 0.5, 1.0, 2.0, 4.0, 5.0, 5.0]
+    # three attempts of 30 s and the two waits between them
+    assert r.deadline_s() == 30.0 * 3 + 0.25 + 0.5
+    r = RemoteReward("http://localhost:1/score", backoff_s=3.0, timeout_s=1.0, max_retries=3)
+    assert [r._backoff(a) for a in range(3)] == [3.0, 5.0, 5.0] and r.deadline_s() == 4.0 + 13.0
