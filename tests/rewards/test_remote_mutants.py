@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from mmrl.rewards.remote import RemoteReward, RemoteRewardFailure, parse_scores
+from mmrl.rewards.remote import RemoteReward, RemoteRewardFailure, _completion_payload, json_columns, parse_scores
 
 
 @pytest.mark.parametrize("body", [b"[0.5, 1.0]", b'"scores"', b"3"])
@@ -32,3 +32,20 @@ def test_backoff_doubles_from_backoff_s_up_to_five_seconds_and_bounds_the_deadli
     assert r.deadline_s() == 30.0 * 3 + 0.25 + 0.5
     r = RemoteReward("http://localhost:1/score", backoff_s=3.0, timeout_s=1.0, max_retries=3)
     assert [r._backoff(a) for a in range(3)] == [3.0, 5.0, 5.0] and r.deadline_s() == 4.0 + 13.0
+
+
+def test_columns_sent_are_the_json_scalar_ones_whatever_comes_before_them():
+    columns = {
+        "prompts": ["p", "q"],  # reserved: the request's own fields
+        7: [1, 2],  # not a name
+        "meta": [{"a": 1}, None],  # not all JSON scalars
+        "answer": [3, None],
+        "score": [0.5, float("nan")],  # NaN is not JSON: sent as null
+    }
+    assert json_columns(columns) == {"answer": [3, None], "score": [0.5, None]}
+
+
+def test_a_non_text_completion_is_sent_as_its_json_scalar_fields():
+    sample = {"success": True, "length": 12, "return": float("inf"), "frames": object(), "task": "reach"}
+    assert _completion_payload(sample) == {"success": True, "length": 12, "return": None, "task": "reach"}
+    assert _completion_payload({"text": "hi", "length": 2}) == "hi" and _completion_payload(3) is None
