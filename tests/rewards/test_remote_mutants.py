@@ -49,3 +49,36 @@ def test_a_non_text_completion_is_sent_as_its_json_scalar_fields():
     sample = {"success": True, "length": 12, "return": float("inf"), "frames": object(), "task": "reach"}
     assert _completion_payload(sample) == {"success": True, "length": 12, "return": None, "task": "reach"}
     assert _completion_payload({"text": "hi", "length": 2}) == "hi" and _completion_payload(3) is None
+
+
+def test_each_request_is_a_json_post_with_the_timeout_and_a_timeout_is_named(monkeypatch):
+    import urllib.request
+
+    seen = []
+
+    class Answer:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def read(self):
+            return b'{"scores": [1.0]}'
+
+    def urlopen(req, timeout):
+        seen.append((req.get_method(), req.full_url, req.headers, req.data, timeout))
+        if len(seen) > 1:
+            raise TimeoutError("timed out")
+        return Answer()
+
+    monkeypatch.setattr(urllib.request, "urlopen", urlopen)
+    r = RemoteReward("http://reward.test/score", timeout_s=2.5, max_retries=0)
+    assert r(["p"], ["c"]) == [1.0]
+    method, url, headers, data, timeout = seen[0]
+    assert (method, url, timeout) == ("POST", "http://reward.test/score", 2.5)
+    # urllib stores header names capitalised (HTTP header names are case-insensitive)
+    assert headers == {"Content-type": "application/json", "Accept": "application/json"}
+    assert data == b'{"prompts": ["p"], "completions": ["c"]}'
+    out = r(["p"], ["c"])
+    assert math.isnan(out[0]) and r.last_failures == {0: "timed out after 2.5s"}
