@@ -51,7 +51,7 @@ def test_a_non_text_completion_is_sent_as_its_json_scalar_fields():
     assert _completion_payload({"text": "hi", "length": 2}) == "hi" and _completion_payload(3) is None
 
 
-def test_each_request_is_a_json_post_with_the_timeout_and_a_timeout_is_named(monkeypatch):
+def test_each_request_is_a_json_post_with_the_timeout_and_failures_are_named(monkeypatch):
     import urllib.request
 
     seen = []
@@ -68,8 +68,10 @@ def test_each_request_is_a_json_post_with_the_timeout_and_a_timeout_is_named(mon
 
     def urlopen(req, timeout):
         seen.append((req.get_method(), req.full_url, req.headers, req.data, timeout))
-        if len(seen) > 1:
+        if len(seen) == 2:
             raise TimeoutError("timed out")
+        if len(seen) == 3:
+            raise ConnectionResetError("reset by peer")
         return Answer()
 
     monkeypatch.setattr(urllib.request, "urlopen", urlopen)
@@ -82,3 +84,5 @@ def test_each_request_is_a_json_post_with_the_timeout_and_a_timeout_is_named(mon
     assert data == b'{"prompts": ["p"], "completions": ["c"]}'
     out = r(["p"], ["c"])
     assert math.isnan(out[0]) and r.last_failures == {0: "timed out after 2.5s"}
+    r(["p"], ["c"])  # a connection reset while reading is not a timeout
+    assert r.last_failures == {0: "ConnectionResetError: reset by peer"}
