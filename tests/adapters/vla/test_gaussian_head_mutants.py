@@ -13,7 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from mmrl.adapters.vla.flow_expert import ActionHeadError  # noqa: E402
-from mmrl.adapters.vla.gaussian_head import entropy, l1_loss  # noqa: E402
+from mmrl.adapters.vla.gaussian_head import GaussianChunkHead, entropy, l1_loss  # noqa: E402
 
 
 def test_refused_inputs_name_the_function_and_argument():
@@ -44,3 +44,44 @@ def test_entropy_per_row_by_hand(dtype):
     c = 0.5 + 0.5 * math.log(2 * math.pi)
     assert ent.dtype == torch.float32 and ent.shape == (2,)
     assert ent.tolist() == pytest.approx([(-1.0 + c) + (0.0 + c), -2.0 + c], abs=1e-6)
+
+
+def test_head_defaults_and_initial_scale():
+    torch.manual_seed(0)
+    head = GaussianChunkHead(8, 4, 3)
+    assert head.log_std_kind == "learned" and head.chunk_size == 4 and head.action_dim == 3
+    assert head.queries.shape == (4, 64) and len(head.layers) == 1 and head.layers[0].cross.num_heads == 4
+    assert 0.01 < float(head.queries.detach().std()) < 0.03  # initialised with std 0.02
+    assert head.log_std.tolist() == [-1.0] * 3
+
+
+@pytest.mark.parametrize("init", [-5.0, 1.0])
+def test_an_initial_log_std_on_a_bound_is_refused(init):
+    with pytest.raises(ActionHeadError, match="log_std_bounds"):
+        GaussianChunkHead(8, 4, 3, log_std="state", init_log_std=init, log_std_bounds=(-5.0, 1.0))
+
+
+def test_forward_refuses_bad_prefixes_by_name():
+    head = GaussianChunkHead(8, 4, 3)
+    with pytest.raises(ActionHeadError, match=r"^GaussianChunkHead\.forward: need prefix_hidden \[B, P, D\]"):
+        head(torch.zeros(2, 5), torch.ones(2, 5, dtype=torch.bool))  # 2-D hidden, a mask of its shape
+    mask = torch.tensor([[True, False, False], [False, False, False]])
+    with pytest.raises(ActionHeadError, match=r"^GaussianChunkHead\.forward: every row of prefix_mask"):
+        head(torch.zeros(2, 3, 8), mask)
+
+
+@pytest.mark.parametrize("kind", ["learned", "state"])
+def test_outputs_are_float32_and_the_mask_may_be_integers(kind):
+    torch.manual_seed(1)
+    head = GaussianChunkHead(8, 4, 3, log_std=kind, width=16, num_heads=2)
+    hidden = torch.randn(2, 5, 8)
+    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])
+    with torch.no_grad():
+        mean, log_std = head(hidden, mask.bool())
+        mean_int, log_std_int = head(hidden, mask)  # 0 / 1 integers mean the same as False / True
+        mean64, log_std64 = head(hidden.double(), mask.bool())  # cast to the head's dtype
+        half = GaussianChunkHead(8, 4, 3, log_std=kind, width=16, num_heads=2).to(torch.bfloat16)
+        mean_bf, log_std_bf = half(hidden, mask.bool())
+    torch.testing.assert_close((mean_int, log_std_int), (mean, log_std), rtol=0, atol=0)
+    torch.testing.assert_close((mean64, log_std64), (mean, log_std), rtol=0, atol=0)
+    assert {mean64.dtype, log_std64.dtype, mean_bf.dtype, log_std_bf.dtype} == {torch.float32}
