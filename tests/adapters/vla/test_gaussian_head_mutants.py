@@ -13,7 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from mmrl.adapters.vla.flow_expert import ActionHeadError  # noqa: E402
-from mmrl.adapters.vla.gaussian_head import GaussianChunkHead, entropy, l1_loss  # noqa: E402
+from mmrl.adapters.vla.gaussian_head import GaussianChunkHead, entropy, l1_loss, log_prob, sample  # noqa: E402
 
 
 def test_refused_inputs_name_the_function_and_argument():
@@ -85,3 +85,31 @@ def test_outputs_are_float32_and_the_mask_may_be_integers(kind):
     torch.testing.assert_close((mean_int, log_std_int), (mean, log_std), rtol=0, atol=0)
     torch.testing.assert_close((mean64, log_std64), (mean, log_std), rtol=0, atol=0)
     assert {mean64.dtype, log_std64.dtype, mean_bf.dtype, log_std_bf.dtype} == {torch.float32}
+
+
+def test_log_prob_and_sample_refuse_by_name():
+    mean = torch.zeros(2, 3, 2)
+    with pytest.raises(ActionHeadError, match=r"^gaussian_head\.log_prob: actions and mean must be"):
+        log_prob(torch.zeros(2, 3, 1), mean, mean, None, None)
+    with pytest.raises(ActionHeadError, match=r"^gaussian_head\.log_prob: log_std and mean must be"):
+        log_prob(mean, mean, torch.zeros(2, 3), None, None)
+    with pytest.raises(ActionHeadError, match=r"^gaussian_head\.log_prob: exec_mask must be"):
+        log_prob(mean, mean, mean, torch.ones(3, 3, dtype=torch.bool), None)
+    with pytest.raises(ActionHeadError, match=r"^gaussian_head\.sample: log_std and mean must be"):
+        sample(mean, torch.zeros(2, 3))
+
+
+def test_sample_is_mean_plus_std_times_the_generators_normal_draw():
+    mean = torch.tensor([[[1.0, -2.0]]], dtype=torch.float64)
+    log_std = torch.tensor([[[0.0, math.log(3.0)]]], dtype=torch.float64)
+    eps = torch.randn(1, 1, 2, generator=torch.Generator().manual_seed(5))
+    draw = sample(mean, log_std, torch.Generator().manual_seed(5))
+    assert draw.dtype == torch.float32
+    assert draw.flatten().tolist() == pytest.approx([1.0 + float(eps[0, 0, 0]), -2.0 + 3.0 * float(eps[0, 0, 1])])
+
+
+def test_log_prob_of_a_float64_log_std_is_float32_by_hand():
+    actions = torch.tensor([[[0.5]]])
+    lp = log_prob(actions, torch.zeros(1, 1, 1), torch.full((1, 1, 1), math.log(2.0), dtype=torch.float64), None, None)
+    assert lp.dtype == torch.float32
+    assert float(lp[0]) == pytest.approx(-math.log(2.0) - 0.5 * math.log(2 * math.pi) - 0.5 * (0.5 / 2.0) ** 2)
