@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import statistics
+import threading
 import time
 from typing import Sequence
 
@@ -20,3 +22,50 @@ def timed_train_step(trainer) -> tuple[float, float]:
     trainer.step += 1
     trainer.tracker.log(metrics, trainer.step)
     return time.perf_counter() - t0, float(metrics.get("response/length", float("nan")))
+
+
+class BusyCores:
+    """Machine-wide busy cores, sampled from ``/proc/stat`` every ``period`` seconds in a thread (Linux only).
+
+    ``mean_since(t)`` is the mean number of busy cores over the samples taken after ``time.perf_counter() >= t``
+    (every process counts: the learner, rollout workers, environment workers, and anything else running), or NaN
+    where ``/proc/stat`` cannot be read. Use it as ``with BusyCores() as busy: ...``.
+    """
+
+    def __init__(self, period: float = 0.25):
+        self.period = period
+        self.samples: list[tuple[float, float]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    @staticmethod
+    def _read() -> tuple[int, int] | None:
+        try:
+            with open("/proc/stat") as f:
+                vals = [int(v) for v in f.readline().split()[1:]]
+        except (OSError, ValueError):
+            return None
+        return sum(vals), vals[3] + vals[4]  # total jiffies, idle + iowait
+
+    def _run(self) -> None:
+        prev = self._read()
+        while prev is not None and not self._stop.wait(self.period):
+            cur = self._read()
+            if cur is None:
+                return
+            total, idle = cur[0] - prev[0], cur[1] - prev[1]
+            if total > 0:
+                self.samples.append((time.perf_counter(), (os.cpu_count() or 1) * (1 - idle / total)))
+            prev = cur
+
+    def mean_since(self, t: float) -> float:
+        vals = [b for ts, b in self.samples if ts >= t]
+        return statistics.fmean(vals) if vals else float("nan")
+
+    def __enter__(self) -> BusyCores:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()

@@ -9,7 +9,13 @@ learner-idle and sampler-idle fractions, and for the synchronous runs the overla
 
     bound = sync step time / max(rollout time, update time)
 
-(the speed-up a perfect pipeline of one sampler and one learner could reach), with each mode's ratio to it. Extra
+(the speed-up a perfect pipeline of one sampler and one learner could reach), with each mode's ratio to it, and the
+compute bound
+
+    cpu bound = machine cores / busy cores during the synchronous steps
+
+(busy cores sampled machine-wide from /proc/stat, so every process counts: no pipeline on this machine can run the
+same work faster than all its cores allow). Run it on an otherwise idle machine: other jobs count as busy. Extra
 ``key=value`` arguments are run overrides (default task: toy_arithmetic). Asynchronous runs use
 ``algo.truncated_is=true`` (the decoupled objective).
 """
@@ -17,6 +23,7 @@ learner-idle and sampler-idle fractions, and for the synchronous runs the overla
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -24,7 +31,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _stats import spread  # noqa: E402
+from _stats import BusyCores, spread  # noqa: E402
 
 MODES = {
     "sync": [],
@@ -54,7 +61,8 @@ def run(overrides: list[str], steps: int, warmup: int, out: Path) -> dict[str, f
     ends: list[float] = []
     rows: list[dict] = []
     tr.callbacks.append(lambda t, m: (ends.append(time.perf_counter()), rows.append(dict(m))))
-    tr.fit()
+    with BusyCores() as busy:
+        tr.fit()
     tr.policy.close()
     steady = rows[warmup:]
 
@@ -66,6 +74,7 @@ def run(overrides: list[str], steps: int, warmup: int, out: Path) -> dict[str, f
     step = med("time/step")
     return {
         "steps_per_s": (len(ends) - warmup) / (ends[-1] - ends[warmup - 1]),
+        "busy_cores": busy.mean_since(ends[warmup - 1]),
         "rollout_s": rollout,
         "update_s": update,
         "step_s": step,
@@ -92,14 +101,16 @@ def main() -> None:
                 print(f"repeat {rep + 1} {mode}: {r['steps_per_s']:.2f} steps/s", file=sys.stderr)
     sync = results["sync"]
     bounds = [r["step_s"] / max(r["rollout_s"], r["update_s"]) for r in sync]
+    cpu_bounds = [(os.cpu_count() or 1) / r["busy_cores"] for r in sync]
     sync_rate = statistics.median(r["steps_per_s"] for r in sync)
     bound = statistics.median(bounds)
     print(f"overrides: {' '.join(args.overrides) or '(task=toy_arithmetic defaults)'}; {args.repeats} repeats")
     print(
         f"sync phases (median): rollout {statistics.median(r['rollout_s'] for r in sync):.3f}s, update "
-        f"{statistics.median(r['update_s'] for r in sync):.3f}s; overlap bound {spread(bounds, fmt='{:.2f}')}x"
+        f"{statistics.median(r['update_s'] for r in sync):.3f}s; overlap bound {spread(bounds, fmt='{:.2f}')}x; "
+        f"cpu bound {spread(cpu_bounds, fmt='{:.2f}')}x ({os.cpu_count()} cores)"
     )
-    print("mode    steps/s              vs sync             of bound   learner idle  sampler idle")
+    print("mode    steps/s              vs sync             of bound   learner idle  sampler idle  busy cores")
     for mode, rs in results.items():
         rates = [r["steps_per_s"] for r in rs]
         ratios = [x / y["steps_per_s"] for x, y in zip(rates, sync)]  # each repeat against its own sync run
@@ -107,7 +118,8 @@ def main() -> None:
             f"{mode:7s} {spread(rates, fmt='{:.2f}'):20s} {spread(ratios, fmt='{:.2f}') + 'x':19s} "
             f"{statistics.median(ratios) / bound:8.0%}   "
             f"{statistics.median(r['learner_idle'] for r in rs):11.0%}   "
-            f"{statistics.median(r['sampler_idle'] for r in rs):11.0%}"
+            f"{statistics.median(r['sampler_idle'] for r in rs):11.0%}   "
+            f"{spread([r['busy_cores'] for r in rs], fmt='{:.2f}')}"
         )
     print(f"(sync median {sync_rate:.2f} steps/s)")
 

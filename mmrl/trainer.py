@@ -231,7 +231,7 @@ class Trainer:
             from mmrl.asynchronous.runtime import AsyncRollouts
 
             self.async_rollouts = AsyncRollouts(
-                self.rollouts, self.policy, params, cfg, device=str(self.accelerator.device)
+                self.rollouts, self.policy, params, cfg, device=str(self.accelerator.device), dp=self.dp
             )
         self.optimizer = torch.optim.AdamW(
             params, lr=tr.lr, betas=tuple(tr.adam_betas), eps=tr.adam_eps, weight_decay=tr.weight_decay

@@ -38,10 +38,10 @@ def check_async_settings(cfg, *, world: int, injected: bool) -> None:
     """ConfigError, in one line, for asynchronous settings that cannot work."""
     if cfg.trainer.rollout != "async":
         return
-    if world > 1:
+    if world > 1 and cfg.trainer.strategy != "ddp":
         raise ConfigError(
-            f"trainer.rollout=async runs one learner process ({world} were launched); launch a single process or "
-            "use trainer.rollout=sync"
+            f"trainer.rollout=async over {world} learner processes needs trainer.strategy=ddp (rank 0 publishes the "
+            f"weights whole; {cfg.trainer.strategy} is not supported with asynchronous rollouts yet)"
         )
     if injected:
         raise ConfigError(
@@ -77,14 +77,34 @@ def _shutdown(workers: list, results) -> None:
         q.close()
 
 
+def _groups_rollout(groups: list[tuple]) -> Rollout | None:
+    """The rows of ``groups`` ((round, slot offset) pairs, in slot order) from their rounds' rollouts; None for none."""
+    parts: list[Rollout] = []
+    by_round: dict[int, tuple] = {}
+    for r, k in groups:
+        by_round.setdefault(r.round_id, (r, []))[1].append(r.seeds[k])
+    for r, seeds in by_round.values():
+        ro = r.result.rollout
+        sel = torch.isin(ro.group_id, torch.tensor(seeds, dtype=ro.group_id.dtype))
+        parts.append(ro if bool(sel.all()) else ro.index(torch.nonzero(sel).flatten()))
+    return Rollout.concat(parts) if parts else None
+
+
 class AsyncRollouts:
     """Rollout workers fed rounds of prompts within ``algo.max_staleness`` versions; ``collect`` returns a step's
-    rollout as :meth:`mmrl.rollouts.RolloutCollector.collect` does."""
+    rollout as :meth:`mmrl.rollouts.RolloutCollector.collect` does.
 
-    def __init__(self, collector, policy, params, cfg, *, device: str = "cpu") -> None:
+    With several learner processes (``trainer.strategy=ddp``; ``dp`` is the run's
+    :class:`~mmrl.parallel.data_parallel.DataParallel`), rank 0 alone runs the workers, the schedule and the prompt
+    sampler: each step it takes the global batch of ``trainer.batch_size`` groups and scatters contiguous shards of
+    them, in slot order, to the ranks (the shards a synchronous step gives each rank), and it publishes the weights
+    after the step (DDP keeps them equal on every rank). An error on rank 0 reaches every rank as itself."""
+
+    def __init__(self, collector, policy, params, cfg, *, device: str = "cpu", dp=None) -> None:
         from mmrl.asynchronous.weights import trainable_names
 
         self.collector, self.policy, self.cfg, self.device = collector, policy, cfg, device
+        self.rank, self.world = (dp.rank, dp.world) if dp is not None else (0, 1)
         try:
             self.trainable = trainable_names(policy.model, params)
         except ValueError as e:
@@ -227,7 +247,49 @@ class AsyncRollouts:
 
     # ------------------------------------------------------------------ one step
     def collect(self, *, step: int, run_dir=None) -> tuple[Rollout | None, dict]:
-        """The groups of step ``step`` (learner version ``step``), consumed in the order they started."""
+        """This process's groups of step ``step`` (learner version ``step``), consumed in the order they started."""
+        if self.world == 1:
+            shards, metrics = self._collect(step, run_dir)
+            return shards[0], metrics
+        return self._scatter(step, run_dir)
+
+    def _scatter(self, step: int, run_dir) -> tuple[Rollout | None, dict]:
+        """Rank 0 collects the global batch and sends each rank its shard (serialised, so that a rank loads its
+        tensors onto its own device); a rank 0 error is sent instead and raised on every rank."""
+        from mmrl.asynchronous.worker import deserialise, serialise
+
+        sent: list = [None] * self.world
+        error = None
+        if self.rank == 0:
+            try:
+                shards, metrics = self._collect(step, run_dir)
+                sent = [("groups", serialise((shard, metrics))) for shard in shards]
+            except BaseException as e:  # noqa: BLE001 - re-raised below, after the other ranks were told
+                error = e
+                try:
+                    sent = [("error", pickle.dumps(e))] * self.world
+                except Exception:  # noqa: BLE001 - an exception that does not pickle travels as its text
+                    sent = [
+                        ("error", pickle.dumps(RolloutWorkerError(f"rank 0: {type(e).__name__}: {e}")))
+                    ] * self.world
+        got: list = [None]
+        t0 = time.perf_counter()
+        torch.distributed.scatter_object_list(got, sent if self.rank == 0 else None, src=0)
+        if error is not None:
+            raise error
+        kind, data = got[0]
+        if kind == "error":
+            raise pickle.loads(data)
+        device = torch.device(
+            self.device
+        )  # accelerate names a CPU rank's device "cpu:<rank>", which torch.load refuses
+        ro, metrics = deserialise(data, map_location="cpu" if device.type == "cpu" else device)
+        if self.rank != 0:
+            metrics["time/rollout"] = self._wait_s = time.perf_counter() - t0
+        return ro, metrics
+
+    def _collect(self, step: int, run_dir) -> tuple[list[Rollout | None], dict]:
+        """Rank 0: the step's groups, split into one shard per learner process, and the step's metrics."""
         started = None
         if self.schedule is None:
             t_start = time.perf_counter()
@@ -242,15 +304,16 @@ class AsyncRollouts:
             self._pump(0.5)
             self._dispatch()
         self._wait_s = time.perf_counter() - t0
-        ro, metrics = self._assemble(s.take, depth, run_dir)
+        shards, metrics = self._assemble(s.take, depth, run_dir)
         if run_dir is not None:  # which items each step trained on: a resumed run can be checked against it
             with open(run_dir / CONSUMED_LOG, "a") as f:
                 f.write(json.dumps({"step": step, "items": [r.indices[k] for r, k in s.take.groups]}) + "\n")
         if started is not None:
             metrics["time/worker_start"] = started
-        return ro, metrics
+        return shards, metrics
 
-    def _assemble(self, take, depth: int, run_dir) -> tuple[Rollout | None, dict]:
+    def _assemble(self, take, depth: int, run_dir) -> tuple[list[Rollout | None], dict]:
+        from mmrl.data.sampler import shard
         from mmrl.rollouts import write_samples_log
 
         metrics: dict[str, float] = {}
@@ -262,14 +325,13 @@ class AsyncRollouts:
                 metrics.update(res.metrics)
             if res.samples_log and run_dir is not None:
                 write_samples_log(run_dir / "samples.jsonl", res.samples_log)
-        parts: list[Rollout] = []
-        by_round: dict[int, tuple] = {}
-        for r, k in take.groups:
-            by_round.setdefault(r.round_id, (r, []))[1].append(r.seeds[k])
-        for r, seeds in by_round.values():
-            ro = r.result.rollout
-            sel = torch.isin(ro.group_id, torch.tensor(seeds, dtype=ro.group_id.dtype))
-            parts.append(ro if bool(sel.all()) else ro.index(torch.nonzero(sel).flatten()))
+        shards = [_groups_rollout(shard(take.groups, rank, self.world)) for rank in range(self.world)]
+        if any(x is None for x in shards) and any(x is not None for x in shards):
+            # a rank whose shard is empty (the filter kept fewer groups than there are ranks) trains on one invalid
+            # row, as a synchronous rank left without groups does, so that the others' groups still train
+            ballast = next(r.result.ballast for r, _ in take.groups if r.result.ballast is not None)
+            ballast = ballast.with_(valid=torch.zeros_like(ballast.valid))
+            shards = [ballast if x is None else x for x in shards]
         metrics["time/rollout"] = self._wait_s
         self.collector.count_step(
             metrics, skipped=skipped, seen=seen, too_long=too_long, rounds=len(take.rounds), kept=len(take.groups)
@@ -280,11 +342,12 @@ class AsyncRollouts:
         metrics["async/queue_depth"] = float(depth)
         metrics["async/dropped_groups"] = float(take.dropped)
         metrics["async/worker_restarts"] = float(self.restarts)
-        return (Rollout.concat(parts) if parts else None), metrics
+        return shards, metrics
 
     def after_step(self, version: int, metrics: dict) -> dict[str, float]:
         """Publish the weights of ``version`` (the learner finished a step) and return the step's idle fractions."""
-        self.board.publish(self.policy.model, version)
+        if self.rank == 0:
+            self.board.publish(self.policy.model, version)
         out = {}
         step_s = metrics.get("time/step")
         if step_s:

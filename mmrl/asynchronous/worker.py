@@ -40,10 +40,10 @@ def serialise(obj) -> bytes:
     return buf.getvalue()
 
 
-def deserialise(data: bytes):
+def deserialise(data: bytes, map_location=None):
     import torch
 
-    return torch.load(io.BytesIO(data), weights_only=False)
+    return torch.load(io.BytesIO(data), weights_only=False, map_location=map_location)
 
 
 def _next_task(tasks, parent):

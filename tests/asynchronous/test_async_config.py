@@ -29,9 +29,11 @@ def test_the_defaults_are_synchronous_with_a_staleness_bound_of_one(tmp_path):
     assert (cfg.trainer.rollout, cfg.trainer.rollout_workers, cfg.algo.max_staleness) == ("sync", 1, 1)
 
 
-def test_async_with_two_learner_processes_is_one_line(tmp_path):
-    cfg = load_config(toy_overrides(tmp_path, "trainer.rollout=async"))
-    with pytest.raises(ConfigError, match=r"runs one learner process \(2 were launched\)") as info:
+def test_async_with_two_fsdp2_learner_processes_is_one_line(tmp_path):
+    """Several learner processes run asynchronously with DDP only (rank 0 publishes whole weights); fsdp2 is refused
+    before anything is built."""
+    cfg = load_config(toy_overrides(tmp_path, "trainer.rollout=async", "trainer.strategy=fsdp2"))
+    with pytest.raises(ConfigError, match=r"over 2 learner processes needs trainer.strategy=ddp") as info:
         Trainer(cfg, accelerator=fake_launch_accelerator())
     assert "\n" not in str(info.value)
 
