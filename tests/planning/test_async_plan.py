@@ -12,9 +12,8 @@ from __future__ import annotations
 import pytest
 
 from mmrl.planning.advice import suggest
-from mmrl.planning.architectures import real_vlm
 from mmrl.planning.memory import GIB, PlanInputs, plan_memory
-from tests.trainer.test_planner import TOY_ARCH
+from tests.trainer.test_planner import TOY_ARCH, _full_ft_7b
 
 # The toy run of test_toy_plan_total_and_reference: bf16, micro-batch 3, rollout 3 samples of 6 prompt + 4 new tokens.
 #   learner: parameters 1304 x 2 = 2608, optimizer 1304 x 12 = 15648, training 2608 + 20640 + 2520 = 25768,
@@ -69,23 +68,11 @@ def test_toy_worker_rolls_out_the_global_batch_unsharded():
 
 
 def test_advice_counts_the_workers_and_never_offers_fsdp2_to_an_async_run():
-    base = dict(
-        arch=real_vlm("qwen2_5_vl_7b"),
-        world_size=8,
-        micro_batch=16,
-        rollout_samples=16,
-        text_tokens=128,
-        image_tokens=1280,
-        images=1,
-        new_tokens=512,
-        device_bytes=80 * GIB,
-        overhead_bytes=GIB,
-    )
-    inp = PlanInputs(**base, rollout_workers=1)
+    inp = _full_ft_7b(rollout_workers=1)
     sugg = suggest(inp, grad_accum=1)
     assert sugg and all("fsdp2" not in s.override for s in sugg)  # trainer.rollout=async runs under ddp only
     assert sugg[-1].fits and sugg[-1].breakdown.workers > 0 and sugg[-1].total == plan_memory(sugg[-1].inputs).total
-    assert "plan.strategy=fsdp2" in [s.override for s in suggest(PlanInputs(**base), grad_accum=1)]
+    assert "plan.strategy=fsdp2" in [s.override for s in suggest(_full_ft_7b(), grad_accum=1)]
 
 
 # ============================================================================ from a run config (`mmrl plan`)
