@@ -280,9 +280,8 @@ class AsyncRollouts:
         kind, data = got[0]
         if kind == "error":
             raise pickle.loads(data)
-        device = torch.device(
-            self.device
-        )  # accelerate names a CPU rank's device "cpu:<rank>", which torch.load refuses
+        # accelerate names a CPU rank's device "cpu:<rank>", which torch.load refuses as a map location
+        device = torch.device(self.device)
         ro, metrics = deserialise(data, map_location="cpu" if device.type == "cpu" else device)
         if self.rank != 0:
             metrics["time/rollout"] = self._wait_s = time.perf_counter() - t0

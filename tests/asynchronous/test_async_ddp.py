@@ -51,3 +51,24 @@ def test_two_learners_train_on_groups_one_version_late(tmp_path):
     assert [x["step"] for x in lines] == [0, 1, 2, 3] and all(len(x["items"]) == 4 for x in lines)
     items = [i for x in lines for i in x["items"]]
     assert len(set(items)) == len(items)  # 16 distinct items of the toy task's training set: none drawn twice
+
+
+@pytest.mark.slow
+def test_an_error_on_rank_0_stops_every_rank_with_it(tmp_path):
+    """A reward that fails in rank 0's rollout worker ends the run on both ranks with the same error (rank 1 does
+    not wait for groups that never come)."""
+    p = run_script(
+        tmp_path / "two",
+        4,
+        *ASYNC,
+        "reward.fns=[tests.asynchronous.raising_rewards:malformed_on_third_call]",
+        processes=2,
+        check=False,
+        timeout=600,
+    )
+    out = p.stdout + p.stderr  # the launcher passes each rank's traceback on, on one stream or the other
+    assert p.returncode != 0
+    for rank in (0, 1):
+        assert f"[rank{rank}]: mmrl.rewards.manager.RewardError: reward function 'malformed_on_third_call'" in out, out[
+            -3000:
+        ]
