@@ -1,6 +1,6 @@
 """Steps per second of synchronous rollouts vs asynchronous ones at eta = 1 and eta = 2 (docs/async.md).
 
-    python benchmarks/async_vs_sync.py [--steps 30] [--warmup 5] [--repeats 3] [key=value ...]
+    python benchmarks/async_vs_sync.py [--steps 30] [--warmup 5] [--repeats 3] [--target 0.5 --eval-every 5] [key=value ...]
 
 Each repeat runs sync, eta=1 and eta=2 in turn (interleaved, so machine load drifts over all three alike) for
 ``--steps`` steps from the same seed; the steady-state rate counts the steps after the first ``--warmup`` (worker
@@ -15,8 +15,15 @@ compute bound
     cpu bound = machine cores / busy cores during the synchronous steps
 
 (busy cores sampled machine-wide from /proc/stat, so every process counts: no pipeline on this machine can run the
-same work faster than all its cores allow). Run it on an otherwise idle machine: other jobs count as busy. Extra
-``key=value`` arguments are run overrides (default task: toy_arithmetic). Asynchronous runs use
+same work faster than all its cores allow). With ``--target S --eval-every N`` each run also evaluates the held-out
+set every N steps and reports its wall time to a target score: seconds from the start of ``fit`` (worker start-up and
+the evaluations included, as a user waits for them) until the first evaluation with ``eval/score >= S``, and that
+step; a run that never reaches it counts as "not reached". Every repeat runs the same seed, so the step at which a
+mode reaches the target repeats too (the spread is the timing's); pass ``trainer.seed=N`` for another trajectory.
+Such runs print no steps/s: while the learner evaluates, asynchronous workers keep sampling (up to eta versions
+ahead), so the steps after an evaluation start with groups ready, and a rate over them would flatter the asynchronous
+modes; measure steps/s in a run without ``--target``. Run it on an otherwise idle machine: other jobs count as busy.
+Extra ``key=value`` arguments are run overrides (default task: toy_arithmetic). Asynchronous runs use
 ``algo.truncated_is=true`` (the decoupled objective).
 """
 
@@ -40,8 +47,11 @@ MODES = {
 }
 
 
-def run(overrides: list[str], steps: int, warmup: int, out: Path) -> dict[str, float]:
-    """One run; its steady-state steps/s and the medians of its phase times and idle fractions."""
+def run(
+    overrides: list[str], steps: int, warmup: int, out: Path, target: float | None = None, eval_every: int = 0
+) -> dict[str, float]:
+    """One run; its steady-state steps/s, the medians of its phase times and idle fractions, and (with ``target``)
+    the wall seconds and steps until the held-out score first reached it (``inf`` where it never did)."""
     from mmrl.config import load_config
     from mmrl.trainer import Trainer
 
@@ -50,7 +60,7 @@ def run(overrides: list[str], steps: int, warmup: int, out: Path) -> dict[str, f
         f"trainer.output_dir={out}",
         "trainer.run_name=run",
         f"trainer.max_steps={steps}",
-        "trainer.eval_every=0",
+        f"trainer.eval_every={eval_every if target is not None else 0}",
         "trainer.eval_at_end=false",
         "trainer.progress=false",
         "trainer.tensorboard=false",
@@ -60,8 +70,29 @@ def run(overrides: list[str], steps: int, warmup: int, out: Path) -> dict[str, f
     tr = Trainer(load_config(base + overrides))
     ends: list[float] = []
     rows: list[dict] = []
-    tr.callbacks.append(lambda t, m: (ends.append(time.perf_counter()), rows.append(dict(m))))
+    eval_seconds = [0.0]  # evaluation time so far: left out of steps/s
+    eval_at_end: list[float] = []
+    to_target = {"s": float("inf"), "step": float("inf")}
+    evaluate = tr.evaluate
+
+    def timed_evaluate(*a, **kw):
+        t0 = time.perf_counter()
+        try:
+            return evaluate(*a, **kw)
+        finally:
+            eval_seconds[0] += time.perf_counter() - t0
+
+    def on_step(t, m) -> None:
+        ends.append(time.perf_counter())
+        eval_at_end.append(eval_seconds[0])
+        rows.append(dict(m))
+        if target is not None and m.get("eval/score", -float("inf")) >= target and to_target["step"] == float("inf"):
+            to_target.update(s=ends[-1] - t_start, step=t.step)
+
+    tr.evaluate = timed_evaluate
+    tr.callbacks.append(on_step)
     with BusyCores() as busy:
+        t_start = time.perf_counter()
         tr.fit()
     tr.policy.close()
     steady = rows[warmup:]
@@ -73,13 +104,16 @@ def run(overrides: list[str], steps: int, warmup: int, out: Path) -> dict[str, f
     rollout, update = med("time/rollout"), med("time/update") + med("time/prepare")
     step = med("time/step")
     return {
-        "steps_per_s": (len(ends) - warmup) / (ends[-1] - ends[warmup - 1]),
+        "steps_per_s": (len(ends) - warmup)
+        / (ends[-1] - ends[warmup - 1] - (eval_at_end[-1] - eval_at_end[warmup - 1])),
         "busy_cores": busy.mean_since(ends[warmup - 1]),
         "rollout_s": rollout,
         "update_s": update,
         "step_s": step,
         "learner_idle": med("time/learner_idle_frac") if "time/learner_idle_frac" in steady[-1] else rollout / step,
         "sampler_idle": med("time/sampler_idle_frac") if "time/sampler_idle_frac" in steady[-1] else update / step,
+        "to_target_s": to_target["s"],
+        "to_target_step": to_target["step"],
     }
 
 
@@ -88,6 +122,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--target", type=float, default=None, help="held-out eval/score to time (off by default)")
+    ap.add_argument("--eval-every", type=int, default=5, help="steps between held-out evaluations with --target")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
     if not 1 <= args.warmup < args.steps - 1:
@@ -96,9 +132,13 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for rep in range(args.repeats):
             for mode, extra in MODES.items():
-                r = run(args.overrides + extra, args.steps, args.warmup, Path(tmp) / f"{mode.replace('=', '')}-{rep}")
+                out = Path(tmp) / f"{mode.replace('=', '')}-{rep}"
+                r = run(args.overrides + extra, args.steps, args.warmup, out, args.target, args.eval_every)
                 results[mode].append(r)
-                print(f"repeat {rep + 1} {mode}: {r['steps_per_s']:.2f} steps/s", file=sys.stderr)
+                done = (
+                    f"{r['steps_per_s']:.2f} steps/s" if args.target is None else f"target at {r['to_target_s']:.1f} s"
+                )
+                print(f"repeat {rep + 1} {mode}: {done}", file=sys.stderr)
     sync = results["sync"]
     bounds = [r["step_s"] / max(r["rollout_s"], r["update_s"]) for r in sync]
     cpu_bounds = [(os.cpu_count() or 1) / r["busy_cores"] for r in sync]
@@ -110,18 +150,35 @@ def main() -> None:
         f"{statistics.median(r['update_s'] for r in sync):.3f}s; overlap bound {spread(bounds, fmt='{:.2f}')}x; "
         f"cpu bound {spread(cpu_bounds, fmt='{:.2f}')}x ({os.cpu_count()} cores)"
     )
-    print("mode    steps/s              vs sync             of bound   learner idle  sampler idle  busy cores")
-    for mode, rs in results.items():
-        rates = [r["steps_per_s"] for r in rs]
-        ratios = [x / y["steps_per_s"] for x, y in zip(rates, sync)]  # each repeat against its own sync run
+    if args.target is None:  # with evaluations, steps/s would count the workers' sampling during them
+        print("mode    steps/s              vs sync             of bound   learner idle  sampler idle  busy cores")
+        for mode, rs in results.items():
+            rates = [r["steps_per_s"] for r in rs]
+            ratios = [x / y["steps_per_s"] for x, y in zip(rates, sync)]  # each repeat against its own sync run
+            print(
+                f"{mode:7s} {spread(rates, fmt='{:.2f}'):20s} {spread(ratios, fmt='{:.2f}') + 'x':19s} "
+                f"{statistics.median(ratios) / bound:8.0%}   "
+                f"{statistics.median(r['learner_idle'] for r in rs):11.0%}   "
+                f"{statistics.median(r['sampler_idle'] for r in rs):11.0%}   "
+                f"{spread([r['busy_cores'] for r in rs], fmt='{:.2f}')}"
+            )
+        print(f"(sync median {sync_rate:.2f} steps/s)")
+    else:
         print(
-            f"{mode:7s} {spread(rates, fmt='{:.2f}'):20s} {spread(ratios, fmt='{:.2f}') + 'x':19s} "
-            f"{statistics.median(ratios) / bound:8.0%}   "
-            f"{statistics.median(r['learner_idle'] for r in rs):11.0%}   "
-            f"{statistics.median(r['sampler_idle'] for r in rs):11.0%}   "
-            f"{spread([r['busy_cores'] for r in rs], fmt='{:.2f}')}"
+            f"wall time to held-out eval/score >= {args.target} (evaluated every {args.eval_every} steps, "
+            "wall seconds from the start, evaluations included):"
         )
-    print(f"(sync median {sync_rate:.2f} steps/s)")
+        for mode, rs in results.items():
+            print(f"{mode:7s} {time_to_target(rs)}")
+
+
+def time_to_target(rs: list[dict]) -> str:
+    """``median [min-max] s (steps ...)`` over the runs that reached the target, and how many did."""
+    hit = [r for r in rs if r["to_target_step"] != float("inf")]
+    if not hit:
+        return f"not reached in any of {len(rs)} runs"
+    steps = sorted(int(r["to_target_step"]) for r in hit)
+    return f"{spread([r['to_target_s'] for r in hit])} s (steps {steps}); reached in {len(hit)} of {len(rs)} runs"
 
 
 if __name__ == "__main__":
