@@ -14,18 +14,6 @@ from dataclasses import dataclass
 from typing import Any
 
 
-def draw_positions(epoch: int, position: int, count: int, num_items: int) -> list[tuple[int, int]]:
-    """The (epoch, position) of each of ``count`` draws of a :class:`~mmrl.data.sampler.PromptSampler` over
-    ``num_items`` items whose state is (``epoch``, ``position``): a draw at the end of an epoch starts the next."""
-    out = []
-    for _ in range(count):
-        if position >= num_items:
-            epoch, position = epoch + 1, 0
-        out.append((epoch, position))
-        position += 1
-    return out
-
-
 @dataclass
 class Round:
     """A round of prompts handed to a worker, and (once back) what it produced."""
@@ -37,7 +25,7 @@ class Round:
     seeds: list[int]
     """Per-prompt sampling seed of each slot (also its group id)."""
     positions: list[tuple[int, int]]
-    """Sampler (epoch, position) each slot was drawn at."""
+    """Sampler (epoch, position) each slot was drawn at (:meth:`~mmrl.data.sampler.PromptSampler.next_draws`)."""
     sampler_step: int
     """The sampler's ``step`` counter before the round was drawn."""
     version: int

@@ -235,14 +235,10 @@ class AsyncRollouts:
 
     def _dispatch(self) -> None:
         """Draw and hand out rounds while the capacity rule allows."""
-        from mmrl.asynchronous.ledger import draw_positions
-
         sampler = self.collector.sampler
         while (n := self.schedule.next_round_size()) > 0:
-            st = sampler.state
-            positions = draw_positions(st.epoch, st.position, n, sampler.n)
-            step_before = st.step
-            indices, seeds = sampler.next_batch(n)
+            step_before = sampler.state.step
+            indices, seeds, positions = sampler.next_draws(n)
             self._send(self.schedule.start_round(indices, seeds, positions, sampler_step=step_before))
 
     # ------------------------------------------------------------------ one step

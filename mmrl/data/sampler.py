@@ -16,6 +16,20 @@ import torch
 from mmrl.rollout.noise import mix_seed
 
 
+def draw_positions(epoch: int, position: int, count: int, num_items: int) -> list[tuple[int, int]]:
+    """The (epoch, position) of each of the next ``count`` draws over ``num_items`` items from the state (``epoch``,
+    ``position``): a draw at the end of an epoch starts the next. The one place the epoch wrap is written:
+    :class:`PromptSampler` draws at these positions, and the asynchronous learner records them
+    (:mod:`mmrl.asynchronous.ledger`) to resume at the first slot it did not consume."""
+    out = []
+    for _ in range(count):
+        if position >= num_items:
+            epoch, position = epoch + 1, 0
+        out.append((epoch, position))
+        position += 1
+    return out
+
+
 @dataclass
 class SamplerState:
     epoch: int = 0
@@ -49,18 +63,19 @@ class PromptSampler:
 
     def next_batch(self, size: int | None = None) -> tuple[list[int], list[int]]:
         """The next global batch: (dataset indices, per-prompt seeds)."""
+        return self.next_draws(size)[:2]
+
+    def next_draws(self, size: int | None = None) -> tuple[list[int], list[int], list[tuple[int, int]]]:
+        """:meth:`next_batch` and the (epoch, position) each prompt was drawn at."""
         size = size or self.batch_size
-        out, seeds = [], []
         s = self.state
-        for _ in range(size):
-            if s.position >= self.n:
-                s.epoch += 1
-                s.position = 0
-            out.append(self._order(s.epoch)[s.position])
-            seeds.append(mix_seed(self.seed, s.epoch, s.position, 0xB47C))
-            s.position += 1
+        positions = draw_positions(s.epoch, s.position, size, self.n)
+        out = [self._order(e)[p] for e, p in positions]
+        seeds = [mix_seed(self.seed, e, p, 0xB47C) for e, p in positions]
+        if positions:
+            s.epoch, s.position = positions[-1][0], positions[-1][1] + 1
         s.step += 1
-        return out, seeds
+        return out, seeds, positions
 
     def state_dict(self) -> dict:
         return {"epoch": self.state.epoch, "position": self.state.position, "step": self.state.step}

@@ -10,9 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mmrl.asynchronous.ledger import RoundLedger, draw_positions
+from mmrl.asynchronous.ledger import RoundLedger
 from mmrl.asynchronous.schedule import Schedule
 from mmrl.asynchronous.staleness import StalenessController
+from mmrl.data.sampler import draw_positions
 
 
 def simulate(B, eta, workers, steps, filter_groups, seed, max_resample=2):
