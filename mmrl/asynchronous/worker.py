@@ -57,6 +57,34 @@ def _next_task(tasks, parent):
                 return None
 
 
+def sampling_config(cfg):
+    """The run's config as a rollout worker builds from it: a copy with ``algo.kl_coef`` 0, so that the worker's
+    policy keeps no KL reference (under full fine-tuning, a frozen copy of the whole model). The learner computes the
+    reference log-probs; the worker only samples and scores, and nothing it runs reads the KL coefficient: the
+    collector, the rewards and the policies' rollouts do not, and the policies that return their own KL (diffusion's
+    latent KL, the continuous VLA heads') return it from ``log_probs`` with gradients on, which a worker never calls."""
+    from dataclasses import replace
+
+    return replace(cfg, algo=replace(cfg.algo, kl_coef=0.0))
+
+
+def build_sampling(cfg, device: str):
+    """What a rollout worker builds in its own process: the task, the policy (on ``device``, without a KL reference:
+    :func:`sampling_config`) and the :class:`~mmrl.rollouts.RolloutCollector` that rolls out and scores its rounds.
+    Plugins must be loaded (the registries of a spawned process start empty)."""
+    import torch
+
+    from mmrl.builders import build_policy, build_rewards, build_task
+    from mmrl.rollouts import RolloutCollector
+
+    cfg = sampling_config(cfg)
+    task = build_task(cfg)
+    policy = build_policy(cfg, task)
+    if device != "cpu":
+        policy.to_device(torch.device(device))
+    return task, policy, RolloutCollector(task, policy, build_rewards(cfg, task), cfg, SingleProcess())
+
+
 def run_worker(worker: int, cfg, board, tasks, results, device: str) -> None:
     """The worker's main loop (the spawned process's target): build, then take rounds until a None arrives."""
     import signal
@@ -68,20 +96,15 @@ def run_worker(worker: int, cfg, board, tasks, results, device: str) -> None:
     try:
         import torch
 
-        from mmrl.builders import build_policy, build_rewards, build_task
         from mmrl.plugins import load_plugins
-        from mmrl.rollouts import RolloutCollector, prepare_batch
+        from mmrl.rollouts import prepare_batch
 
         load_plugins(cfg.plugins)  # a spawned process starts with empty registries: a plugin's task and model type
 
         if cfg.trainer.threads > 0:
             torch.set_num_threads(cfg.trainer.threads)
         torch.manual_seed(cfg.trainer.seed)
-        task = build_task(cfg)
-        policy = build_policy(cfg, task)
-        if device != "cpu":
-            policy.to_device(torch.device(device))
-        collector = RolloutCollector(task, policy, build_rewards(cfg, task), cfg, SingleProcess())
+        task, policy, collector = build_sampling(cfg, device)
         version = board.load_into(policy.model, None)
         results.put(("ready", worker))
         parent = multiprocessing.parent_process()

@@ -656,7 +656,7 @@ class MemoryBreakdown:
     # trainer.rollout=async (0 when synchronous): the worker processes on rank 0's device and ONE worker's terms
     rollout_workers: int = 0
     worker_weights: int = 0  # its policy's weights as it builds them from the config (unsharded, their own dtypes)
-    worker_reference: int = 0  # the KL reference copy its policy builds (full fine-tuning with algo.kl_coef > 0)
+    worker_reference: int = 0  # a KL reference copy of its policy: 0, a worker builds without one (sampling_config)
     worker_rollout: int = 0  # the rollout peak of one round (a step's global batch; vLLM: its reservation)
     worker_overhead: int = 0  # its own runtime overhead (a process: its own CUDA context)
     weight_board: int = 0  # host memory of the learner: the shared-memory CPU copy of the policy model's state_dict
@@ -676,7 +676,8 @@ class MemoryBreakdown:
 
     @property
     def worker(self) -> int:
-        """One rollout worker's sampling copy: weights + KL reference + rollout peak + overhead (0 when synchronous)."""
+        """One rollout worker's sampling copy: weights + rollout peak + overhead (0 when synchronous); its KL reference
+        term is 0 (a worker builds without the reference)."""
         return self.worker_weights + self.worker_reference + self.worker_rollout + self.worker_overhead
 
     @property
@@ -733,13 +734,15 @@ def _vision_root(arch: Architecture) -> int:
 
 def sampling_copy_inputs(inp: PlanInputs) -> PlanInputs:
     """The inputs of one asynchronous rollout worker's policy copy: the run's model as the worker builds it from the
-    config, in its own process (unsharded, nothing offloaded), rolling out one round: at most a step's global batch,
-    since rank 0 samples every rank's groups (the per-device rollout x world size)."""
+    config, in its own process (unsharded, nothing offloaded, no KL reference: the worker builds with
+    ``algo.kl_coef`` 0, :func:`mmrl.asynchronous.worker.sampling_config`), rolling out one round: at most a step's
+    global batch, since rank 0 samples every rank's groups (the per-device rollout x world size)."""
     return inp.with_(
         rollout_workers=0,
         strategy="ddp",
         world_size=1,
         offload="none",
+        kl_reference=False,
         rollout_samples=inp.rollout_samples * inp.world_size,
     )
 

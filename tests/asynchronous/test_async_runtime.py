@@ -1,6 +1,7 @@
 """trainer.rollout=async end to end on toy_arithmetic (tiny LM, one spawned rollout worker): eta=0 reproduces the
-synchronous run bit for bit, a worker killed with SIGKILL is restarted without losing or repeating a group, a worker
-that raises ends the run as a synchronous run ends, and a stopped run resumes at the first group it had not trained."""
+synchronous run bit for bit (with a KL penalty: the learner's frozen reference, none in the worker), a worker killed
+with SIGKILL is restarted without losing or repeating a group, a worker that raises ends the run as a synchronous run
+ends, and a stopped run resumes at the first group it had not trained."""
 
 from __future__ import annotations
 
@@ -14,6 +15,9 @@ from helpers import toy_trainer
 
 from mmrl.data.sampler import PromptSampler
 from mmrl.rewards.manager import RewardError
+
+KL = "algo.kl_coef=0.05"
+"""The eta=0 comparisons run with a KL penalty (full fine-tuning: a frozen reference copy in the learner only)."""
 
 
 def _rows(tr, leave_out=()) -> list[dict]:
@@ -29,7 +33,7 @@ def _weights(tr) -> dict[str, torch.Tensor]:
 
 @pytest.fixture(scope="module")
 def sync_run(tmp_path_factory):
-    tr = toy_trainer(tmp_path_factory.mktemp("sync"))
+    tr = toy_trainer(tmp_path_factory.mktemp("sync"), KL)
     tr.fit()
     return _rows(tr), _weights(tr)
 
@@ -42,7 +46,7 @@ def _assert_same_run(tr, sync_run, leave_out=()) -> None:
 
 
 def test_eta_zero_gives_the_synchronous_numbers_bit_for_bit(tmp_path, sync_run):
-    tr = toy_trainer(tmp_path, "trainer.rollout=async", "algo.max_staleness=0")
+    tr = toy_trainer(tmp_path, "trainer.rollout=async", "algo.max_staleness=0", KL)
     tr.fit()
     _assert_same_run(tr, sync_run)
     last = json.loads((tr.run_dir / "metrics.jsonl").read_text().splitlines()[-1])
@@ -53,7 +57,7 @@ def test_eta_zero_gives_the_synchronous_numbers_bit_for_bit(tmp_path, sync_run):
 
 @pytest.mark.slow
 def test_a_worker_killed_mid_run_is_restarted_counted_and_nothing_is_lost(tmp_path, sync_run):
-    tr = toy_trainer(tmp_path, "trainer.rollout=async", "algo.max_staleness=0")
+    tr = toy_trainer(tmp_path, "trainer.rollout=async", "algo.max_staleness=0", KL)
     killed = []
 
     def kill_after_step_2(trainer, metrics):

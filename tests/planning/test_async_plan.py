@@ -42,9 +42,11 @@ def test_toy_async_adds_exactly_the_worker_copies():
 
 
 def test_toy_worker_copy_terms():
-    # KL with full fine-tuning: the worker's policy builds its own frozen copy too (1304 x 2 B)
+    # KL with full fine-tuning: the learner keeps its frozen copy (1304 x 2 B), the worker builds without one
+    #   learner 2608 + 15648 + 2608 + max(25768, 3840) = 46632; one worker 2608 + 3840 = 6448
     kl = plan_memory(TOY.with_(rollout_workers=1, kl_reference=True))
-    assert (kl.reference, kl.worker_reference, kl.worker) == (2608, 2608, 6448 + 2608)
+    assert (kl.reference, kl.worker_reference, kl.worker) == (2608, 0, 6448)
+    assert (kl.learner, kl.total) == (46632, 46632 + 6448)
     # LoRA r=2 on the 7 projections: 512 fp32 adapters + the bf16 base; no reference copy
     lora = plan_memory(TOY.with_(rollout_workers=1, lora=True, lora_r=2, kl_reference=True))
     assert (lora.worker_weights, lora.worker_reference) == (512 * 4 + 1304 * 2, 0)
@@ -127,6 +129,10 @@ def test_report_shows_the_worker_copies(capsys):
     ):
         assert line(name)[len(name.split())] == f"{value / mib:.2f}", name
     assert "2 x" in " ".join(line("rollout workers")) and "trainer.rollout_workers=2" in out
+    # with KL under full fine-tuning the learner's reference is a row; a worker builds none, so it has no row
+    assert main(["plan", *TOY_RUN, *ASYNC, "algo.kl_coef=0.1"]) == 0
+    kl_out = capsys.readouterr().out
+    assert "reference model (KL)" in kl_out and "rollout worker: KL reference" not in kl_out
     # a synchronous plan prints none of it
     assert main(["plan", *TOY_RUN]) == 0
     sync_out = capsys.readouterr().out
