@@ -479,7 +479,8 @@ def test_synthetic_deterministic_and_fast(tmp_path):
     assert a["event"] == f"the {a['event_color']} circle appears"
     t0 = time.perf_counter()
     recs = make_video_dataset(tmp_path / "ds", 20, seed=1)
-    assert time.perf_counter() - t0 < 3.0  # 20 videos of 8 s at 8 fps, 128x96
+    # 20 videos of 8 s at 8 fps, 128x96: measured median 0.31 s on 2 shared cores, the bound ~20x that
+    assert time.perf_counter() - t0 < 6.0
     assert len(recs) == 20 and len({r["video"] for r in recs}) == 20
     with pytest.raises(SyntheticVideoError):
         make_event_video(tmp_path / "x.mp4", seed=0, duration_s=1.0)
