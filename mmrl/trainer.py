@@ -81,13 +81,13 @@ class _StepStats:
     def add(self, key: str, value: float) -> None:
         self.sums[key] = self.sums.get(key, 0.0) + value
 
-    def add_rollout_gap(self, logp: Tensor, rollout_logp: Tensor, mask: Tensor) -> None:
+    def add_rollout_gap(self, logp: Tensor, rollout_logp: Tensor, mask: Tensor, cap: float) -> None:
         """|trainer - rollout engine| log-prob gap (summed) and the extreme importance ratios of a micro-batch's
         ``mask``-ed tokens (none: a dummy or ballast micro-batch, which adds nothing)."""
         self.add("rollout/logp_abs_diff_sum", float(((logp - rollout_logp).abs() * mask).sum()))
         self.add("rollout/tokens", float(mask.sum()))
         if bool(mask.any()):
-            ist = algos.importance_stats(logp, rollout_logp, mask)
+            ist = algos.importance_stats(logp, rollout_logp, mask, cap=cap)
             self.sums["rollout/is_ratio_max"] = max(self.sums.get("rollout/is_ratio_max", 0.0), ist["ratio_max"])
             self.sums["rollout/is_ratio_min"] = min(self.sums.get("rollout/is_ratio_min", math.inf), ist["ratio_min"])
 
@@ -682,7 +682,7 @@ class Trainer:
                         for name, value in terms.items():
                             st.add(name, float(value))
                         if epoch == 0 and not stepped:  # before any update: trainer vs rollout engine
-                            st.add_rollout_gap(logp.detach(), beh, m)
+                            st.add_rollout_gap(logp.detach(), beh, m, algo.is_cap)
                         loss = loss * self.world  # DDP averages gradients over ranks
                         self.accelerator.backward(loss)
                 # the total norm is non-finite iff some gradient is: one pass checks and clips

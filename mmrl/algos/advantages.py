@@ -30,9 +30,10 @@ exactly A = 0 for every estimator, in any dtype and for any ``eps >= 0`` (``eps 
 std gives 0, never 0/0). The group mean is computed so that it is exactly the common value
 (:func:`mmrl.algos.filtering.group_moments`).
 
-These are the pure functions, with keyword arguments. ``algo.advantage`` selects them through
-:mod:`mmrl.algos.estimators`, where each is registered behind the one signature
-``fn(rewards, group_ids, valid, cfg)``.
+These are the pure functions. Their arguments that the config sets (``eps`` = ``algo.adv_eps``, ``scale`` =
+``adv_scale``, ``baseline`` = ``reinforce_baseline``, ``gamma``, ``lam``) have no default: the config is the one source
+of their values. ``algo.advantage`` selects them through :mod:`mmrl.algos.estimators`, where each is registered behind
+the one signature ``fn(rewards, group_ids, valid, cfg)``.
 """
 
 from __future__ import annotations
@@ -81,8 +82,8 @@ def grpo(
     group_ids: Tensor,
     valid: Tensor | None = None,
     *,
-    eps: float = 1e-6,
-    scale: str = "group",
+    eps: float,
+    scale: str,
 ) -> Tensor:
     """GRPO group-relative advantage ``(r - mean_g) / (std_g + eps)``; see the module docstring for ``scale``."""
     _check_eps(eps, "grpo")
@@ -107,7 +108,7 @@ def drgrpo(
     group_ids: Tensor,
     valid: Tensor | None = None,
     *,
-    eps: float = 1e-6,
+    eps: float,
 ) -> Tensor:
     """Dr.GRPO advantage ``r - mean_g`` (no std division). ``eps`` is accepted for a uniform signature."""
     return grpo(rewards, group_ids, valid, eps=eps, scale="none")
@@ -118,7 +119,7 @@ def rloo(
     group_ids: Tensor,
     valid: Tensor | None = None,
     *,
-    eps: float = 1e-6,
+    eps: float,
 ) -> Tensor:
     """RLOO leave-one-out advantage ``r_i - (sum_g - r_i) / (K - 1)``; 0 for K = 1. ``eps`` is unused."""
     _check_eps(eps, "rloo")
@@ -134,8 +135,8 @@ def reinforce_pp(
     group_ids: Tensor,
     valid: Tensor | None = None,
     *,
-    eps: float = 1e-6,
-    baseline: str = "none",
+    eps: float,
+    baseline: str,
 ) -> Tensor:
     """REINFORCE++: ``r - b`` (b = group mean or 0), whitened over all valid samples of the batch.
 
@@ -161,8 +162,8 @@ def gae(
     values: Tensor,
     mask: Tensor,
     *,
-    gamma: float = 1.0,
-    lam: float = 1.0,
+    gamma: float,
+    lam: float,
 ) -> tuple[Tensor, Tensor]:
     """Generalised advantage estimation over [B, T]; returns ``(advantages, returns)``, 0 at masked positions.
 

@@ -8,11 +8,12 @@ shard losses equals the full-batch loss. With m the mask, len_i = sum_t m[i, t]:
 - ``token_mean`` (DAPO):                       w = m / N_tok,           N_tok = sum(m)
 - ``seq_mean_token_mean`` (original GRPO):      w = m / (len_i * N_seq),  N_seq = #rows with len_i > 0
 - ``seq_mean_token_sum_norm`` (Dr.GRPO):        w = m / (L_max * N_seq),  L_max = a constant length
-                                                (defaults to T; pass the generation max length so
+                                                (None gives T; pass the generation max length so
                                                  micro-batches padded to different T agree)
 
 ``AGGREGATIONS`` maps each mode to its weight function
-``fn(mask, *, num_tokens=None, num_seqs=None, max_len=None) -> weights``.
+``fn(mask, *, num_tokens=None, num_seqs=None, max_len) -> weights``; ``max_len`` (None: T) has no default, as
+``algo.loss_max_len`` is its one source.
 Rows with len_i = 0 get weight 0; an empty mask (or a total of 0) gives all-zero weights and a
 loss of 0.0, never NaN.
 """
@@ -72,7 +73,7 @@ def token_mean_weights(
     *,
     num_tokens: Number | None = None,
     num_seqs: Number | None = None,
-    max_len: int | None = None,
+    max_len: int | None,
 ) -> Tensor:
     """``token_mean`` weights: m / N_tok."""
     mask = _float_mask(mask)
@@ -86,7 +87,7 @@ def seq_mean_token_mean_weights(
     *,
     num_tokens: Number | None = None,
     num_seqs: Number | None = None,
-    max_len: int | None = None,
+    max_len: int | None,
 ) -> Tensor:
     """``seq_mean_token_mean`` weights: m / (len_i * N_seq)."""
     mask = _float_mask(mask)
@@ -101,7 +102,7 @@ def seq_mean_token_sum_norm_weights(
     *,
     num_tokens: Number | None = None,
     num_seqs: Number | None = None,
-    max_len: int | None = None,
+    max_len: int | None,
 ) -> Tensor:
     """``seq_mean_token_sum_norm`` (Dr.GRPO) weights: m / (L_max * N_seq)."""
     mask = _float_mask(mask)
@@ -120,7 +121,7 @@ def token_weights(
     *,
     num_tokens: Number | None = None,
     num_seqs: Number | None = None,
-    max_len: int | None = None,
+    max_len: int | None,
 ) -> Tensor:
     """Per-token weights [B, T] (float32) such that ``(loss_mat * weights).sum()`` is the aggregated loss.
 
@@ -132,7 +133,7 @@ def token_weights(
     return weight_fn(mask, num_tokens=num_tokens, num_seqs=num_seqs, max_len=max_len)
 
 
-def aggregate(loss_mat: Tensor, mask: Tensor, mode: str, *, max_len: int | None = None) -> Tensor:
+def aggregate(loss_mat: Tensor, mask: Tensor, mode: str, *, max_len: int | None) -> Tensor:
     """Aggregate a per-token loss [B, T] to a scalar with the normalisers of this batch alone.
 
     Masked entries never contribute (even if inf/NaN); an empty mask gives 0.0.

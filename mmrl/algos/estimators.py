@@ -88,7 +88,7 @@ def drgrpo_estimator(rewards: Tensor, group_ids: Tensor, valid: Tensor, cfg: Any
 @_named("rloo")
 def rloo_estimator(rewards: Tensor, group_ids: Tensor, valid: Tensor, cfg: Any) -> Tensor:
     """RLOO: leave-one-out baseline ``r_i - mean of the others``."""
-    return rloo(rewards, group_ids, valid)
+    return rloo(rewards, group_ids, valid, eps=cfg.adv_eps)
 
 
 @group_relative(lambda cfg: cfg.reinforce_baseline == "group")

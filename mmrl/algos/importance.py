@@ -8,7 +8,8 @@ correction weight, detached and capped (truncated IS, cap C):
 - level "sequence": w_i = min(exp(sum_t over valid tokens of (trainer_t - rollout_t)), C),
                     broadcast onto the row's valid tokens
 
-computed as exp(min(log-ratio, log C)) so it never overflows; masked positions get 0.
+computed as exp(min(log-ratio, log C)) so it never overflows; masked positions get 0. The cap C and the
+``mode`` below have no default: ``algo.is_cap`` and ``algo.is_mode`` are their one source.
 
 ``behaviour_weights`` is the decoupled-PPO form (AReaL, Fu et al. 2025) of the same weight, with the trainer's
 anchor pi_prox in place of ``trainer_logp`` and the behaviour policy's log-probs in place of ``rollout_logp``, and
@@ -62,7 +63,7 @@ def truncated_is_weights(
     rollout_logp: Tensor,
     mask: Tensor,
     *,
-    cap: float = 2.0,
+    cap: float,
     level: str = "token",
 ) -> Tensor:
     """Detached truncated IS weights [B, T]: min(ratio, cap) per token or per sequence; 0 where masked."""
@@ -82,8 +83,8 @@ def behaviour_weights(
     behaviour_logp: Tensor,
     mask: Tensor,
     *,
-    cap: float = 2.0,
-    mode: str = "truncate",
+    cap: float,
+    mode: str,
 ) -> tuple[Tensor, Tensor]:
     """Detached per-token weights pi_prox / pi_behaviour with the cap applied by ``mode`` (module docstring).
 
@@ -119,7 +120,7 @@ def importance_stats(
     rollout_logp: Tensor,
     mask: Tensor,
     *,
-    cap: float = 2.0,
+    cap: float,
 ) -> dict[str, float]:
     """Token-level mismatch statistics over valid tokens (all 0.0 for an empty mask).
 

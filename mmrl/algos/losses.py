@@ -21,7 +21,8 @@ where the dual-clip bound -A c is active (also zero gradient). The two never ove
 All outputs are 0 / False where the mask is 0.
 
 Each loss's default clip range is its entry in :data:`DEFAULT_CLIP`, the one table both the functions' keyword
-defaults and ``mmrl.config.AlgoConfig`` (an unset ``algo.clip_low`` / ``algo.clip_high``) read.
+defaults and ``mmrl.config.AlgoConfig`` (an unset ``algo.clip_low`` / ``algo.clip_high``) read. ``dual_clip`` and the
+value loss's ``clip`` have no default: ``algo.dual_clip`` and ``algo.value_clip`` are their one source.
 """
 
 from __future__ import annotations
@@ -126,7 +127,7 @@ def ppo_clip(
     *,
     clip_low: float = DEFAULT_CLIP["ppo_clip"][0],
     clip_high: float = DEFAULT_CLIP["ppo_clip"][1],
-    dual_clip: float | None = None,
+    dual_clip: float | None,
 ) -> PolicyLossOutput:
     """PPO clipped surrogate per token (default 0.2/0.2; DAPO clip-higher 0.2/0.28; dual clip c = 3).
 
@@ -150,7 +151,7 @@ def gspo(
     *,
     clip_low: float = DEFAULT_CLIP["gspo"][0],
     clip_high: float = DEFAULT_CLIP["gspo"][1],
-    dual_clip: float | None = None,
+    dual_clip: float | None,
 ) -> PolicyLossOutput:
     """GSPO-token loss with the sequence-level ratio exp(mean_t log-ratio) (default 3e-4 / 4e-4, the paper's).
 
@@ -172,9 +173,10 @@ def value_loss(
     returns: Tensor,
     mask: Tensor,
     *,
-    clip: float | None = None,
+    clip: float | None,
 ) -> Tensor:
-    """Per-token value loss 0.5 (v - R)^2, optionally PPO value-clipped around ``old_values``; 0 where masked."""
+    """Per-token value loss 0.5 (v - R)^2, PPO value-clipped around ``old_values`` unless ``clip`` is None; 0 where
+    masked."""
     values = as_float(values, "value_loss: values")
     old_values = as_float(old_values, "value_loss: old_values").detach()
     returns = as_float(returns, "value_loss: returns").detach()

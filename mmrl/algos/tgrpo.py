@@ -9,7 +9,8 @@ correctness reward of sample ``i`` (e.g. accuracy) and, per group ``g``,
 a group is *granted* when ``p_g >= mu * p~_g`` (the model does at least about as well with order
 as without), and every correct ordered sample of a granted group (``c_i > threshold``) gets the
 bonus ``alpha``. Video-R1's code: ``alpha = 0.3``, ``mu = 0.8``, ``threshold = 0.1`` (reward
-``> 0.1``), ``S = G / 2``; those are the defaults here (``shuffled_group`` is opt-in, 0 = off).
+``> 0.1``), ``S = G / 2``; those are ``algo.tgrpo``'s defaults, the one source of
+``alpha``, ``mu`` and ``threshold`` (:func:`temporal_bonus` has none; ``shuffled_group`` is opt-in, 0 = off).
 
 Where the bonus goes matters. Video-R1 adds it to the *reward* before GRPO's group z-scoring. With
 binary correctness (``r_i in {0, 1}``) and a granted group that is exactly a rescaling:
@@ -77,9 +78,9 @@ def temporal_bonus(
     ordered: Tensor,
     shuffled: Tensor,
     *,
-    alpha: float = 0.3,
-    mu: float = 0.8,
-    threshold: float = 0.1,
+    alpha: float,
+    mu: float,
+    threshold: float,
 ) -> TemporalBonus:
     """T-GRPO bonus per sample (module docstring).
 

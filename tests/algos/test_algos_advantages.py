@@ -38,24 +38,24 @@ def close(actual, expected, atol=1e-5):
 
 def test_grpo_group_scale_hand_computed():
     a = 0.5 / (STD7 + EPS)  # = 0.866025
-    close(grpo(REWARDS, GROUPS), [a, -a, -a, a, 0, 0, 0, 0])
+    close(grpo(REWARDS, GROUPS, eps=EPS, scale="group"), [a, -a, -a, a, 0, 0, 0, 0])
 
 
 def test_grpo_batch_scale_hand_computed():
     a = 0.5 / (BATCH_STD + EPS)  # = 0.564076
-    close(grpo(REWARDS, GROUPS, scale="batch"), [a, -a, -a, a, 0, 0, 0, 0])
+    close(grpo(REWARDS, GROUPS, eps=EPS, scale="batch"), [a, -a, -a, a, 0, 0, 0, 0])
 
 
 def test_grpo_none_scale_equals_drgrpo():
     expected = [0.5, -0.5, -0.5, 0.5, 0, 0, 0, 0]  # r - group mean
-    close(grpo(REWARDS, GROUPS, scale="none"), expected)
-    close(drgrpo(REWARDS, GROUPS), expected)
+    close(grpo(REWARDS, GROUPS, eps=EPS, scale="none"), expected)
+    close(drgrpo(REWARDS, GROUPS, eps=EPS), expected)
 
 
 def test_rloo_hand_computed():
     # group 7, K = 4, sum 2: r=1 -> 1 - (2 - 1)/3 = 2/3; r=0 -> 0 - 2/3.
     t = 2.0 / 3.0
-    close(rloo(REWARDS, GROUPS), [t, -t, -t, t, 0, 0, 0, 0])
+    close(rloo(REWARDS, GROUPS, eps=EPS), [t, -t, -t, t, 0, 0, 0, 0])
 
 
 def test_rloo_equals_scaled_group_centring():
@@ -64,20 +64,22 @@ def test_rloo_equals_scaled_group_centring():
     r = torch.randn(12)
     ids = torch.tensor([5, 5, 5, 1, 1, 1, 1, 1, 9, 9, 9, 9])
     counts = torch.tensor([3.0] * 3 + [5.0] * 5 + [4.0] * 4)
-    close(rloo(r, ids), counts / (counts - 1) * drgrpo(r, ids))
+    close(rloo(r, ids, eps=EPS), counts / (counts - 1) * drgrpo(r, ids, eps=EPS))
 
 
 def test_reinforce_pp_no_baseline_hand_computed():
     # A' = r, whitened over the batch: (r - 1.25) / (0.886405 + eps).
     d = BATCH_STD + EPS
     expected = [(1 - 1.25) / d, (0 - 1.25) / d, (0 - 1.25) / d, (1 - 1.25) / d] + [(2 - 1.25) / d] * 4
-    close(reinforce_pp(REWARDS, GROUPS), expected)  # [-0.282, -1.410, -1.410, -0.282, 0.846 x4]
+    close(
+        reinforce_pp(REWARDS, GROUPS, eps=EPS, baseline="none"), expected
+    )  # [-0.282, -1.410, -1.410, -0.282, 0.846 x4]
 
 
 def test_reinforce_pp_group_baseline_hand_computed():
     # A' = [0.5, -0.5, -0.5, 0.5, 0, 0, 0, 0]; batch mean 0; unbiased var = 4 * 0.25 / 7; std 0.377964.
     a = 0.5 / (math.sqrt(1.0 / 7.0) + EPS)  # = 1.322876
-    close(reinforce_pp(REWARDS, GROUPS, baseline="group"), [a, -a, -a, a, 0, 0, 0, 0])
+    close(reinforce_pp(REWARDS, GROUPS, eps=EPS, baseline="group"), [a, -a, -a, a, 0, 0, 0, 0])
 
 
 OUTCOME_ESTIMATORS = ("grpo", "drgrpo", "rloo", "reinforce_pp")
@@ -116,7 +118,9 @@ def test_grpo_single_member_group_zero_even_with_eps_zero(scale):
 
 
 def test_reinforce_pp_single_valid_sample_is_zero():
-    out = reinforce_pp(torch.tensor([4.0, 1.0]), torch.tensor([0, 1]), torch.tensor([True, False]))
+    out = reinforce_pp(
+        torch.tensor([4.0, 1.0]), torch.tensor([0, 1]), torch.tensor([True, False]), eps=EPS, baseline="none"
+    )
     close(out, torch.zeros(2))
 
 
@@ -127,15 +131,15 @@ def test_invalid_samples_excluded_and_zero():
     valid = torch.tensor([True, True, False, True, True])
     # mean 1/3; unbiased var ((2/3)^2 + 2 (1/3)^2) / 2 = 1/3; std 0.57735
     s = STD7 + EPS
-    close(grpo(r, ids, valid), [(2 / 3) / s, (-1 / 3) / s, 0, (-1 / 3) / s, 0])
+    close(grpo(r, ids, valid, eps=EPS, scale="group"), [(2 / 3) / s, (-1 / 3) / s, 0, (-1 / 3) / s, 0])
     # rloo, K = 3, sum 1: r=1 -> 1 - 0/2 = 1; r=0 -> 0 - 1/2 = -0.5
-    close(rloo(r, ids, valid), [1.0, -0.5, 0.0, -0.5, 0.0])
-    close(drgrpo(r, ids, valid), [2 / 3, -1 / 3, 0, -1 / 3, 0])
-    out = reinforce_pp(r, ids, valid)
+    close(rloo(r, ids, valid, eps=EPS), [1.0, -0.5, 0.0, -0.5, 0.0])
+    close(drgrpo(r, ids, valid, eps=EPS), [2 / 3, -1 / 3, 0, -1 / 3, 0])
+    out = reinforce_pp(r, ids, valid, eps=EPS, baseline="none")
     assert out[2] == 0 and torch.isfinite(out).all()
     # Excluding the invalid sample means it matches the batch without it.
     keep = valid.nonzero().flatten()
-    close(out[keep], reinforce_pp(r[keep], ids[keep]))
+    close(out[keep], reinforce_pp(r[keep], ids[keep], eps=EPS, baseline="none"))
 
 
 def test_all_invalid_gives_zeros():
@@ -149,7 +153,7 @@ def test_non_contiguous_interleaved_ids_match_reference_loop():
     torch.manual_seed(1)
     ids = torch.tensor([42, 7, 42, 7, 1000, 42, 7, -3, -3, 1000], dtype=torch.int64)
     r = torch.randn(10)
-    out = grpo(r, ids)
+    out = grpo(r, ids, eps=EPS, scale="group")
     expected = torch.zeros(10)
     for g in ids.unique():  # independent reference, a loop is fine in a test
         sel = ids == g
@@ -157,7 +161,7 @@ def test_non_contiguous_interleaved_ids_match_reference_loop():
     close(out, expected)
     # Permuting the batch permutes the advantages.
     perm = torch.randperm(10)
-    close(grpo(r[perm], ids[perm]), out[perm])
+    close(grpo(r[perm], ids[perm], eps=EPS, scale="group"), out[perm])
 
 
 def test_empty_batch():
@@ -167,25 +171,25 @@ def test_empty_batch():
 
 
 def test_integer_rewards_become_float32():
-    out = grpo(torch.tensor([1, 0]), torch.tensor([0, 0]))
+    out = grpo(torch.tensor([1, 0]), torch.tensor([0, 0]), eps=EPS, scale="group")
     assert out.dtype == torch.float32
 
 
 def test_bad_inputs_raise():
     with pytest.raises(AlgoInputError, match="non-finite reward"):
-        grpo(torch.tensor([1.0, float("nan")]), torch.tensor([0, 0]))
+        grpo(torch.tensor([1.0, float("nan")]), torch.tensor([0, 0]), eps=EPS, scale="group")
     with pytest.raises(AlgoInputError, match="group_ids must be an integer"):
-        grpo(torch.tensor([1.0, 0.0]), torch.tensor([0.0, 0.0]))
+        grpo(torch.tensor([1.0, 0.0]), torch.tensor([0.0, 0.0]), eps=EPS, scale="group")
     with pytest.raises(AlgoInputError, match="group_ids must be a tensor of shape"):
-        grpo(torch.tensor([1.0, 0.0]), torch.tensor([0, 0, 1]))
+        grpo(torch.tensor([1.0, 0.0]), torch.tensor([0, 0, 1]), eps=EPS, scale="group")
     with pytest.raises(AlgoInputError, match="rewards must be 1-D"):
-        grpo(torch.zeros(2, 2), torch.zeros(2, 2, dtype=torch.long))
+        grpo(torch.zeros(2, 2), torch.zeros(2, 2, dtype=torch.long), eps=EPS, scale="group")
     with pytest.raises(AlgoInputError, match="unknown scale"):
-        grpo(REWARDS, GROUPS, scale="std")
+        grpo(REWARDS, GROUPS, eps=EPS, scale="std")
     with pytest.raises(AlgoInputError, match="unknown baseline"):
-        reinforce_pp(REWARDS, GROUPS, baseline="mean")
+        reinforce_pp(REWARDS, GROUPS, eps=EPS, baseline="mean")
     with pytest.raises(AlgoInputError, match="valid must be"):
-        rloo(REWARDS, GROUPS, torch.ones(3, dtype=torch.bool))
+        rloo(REWARDS, GROUPS, torch.ones(3, dtype=torch.bool), eps=EPS)
 
 
 def test_registry_and_outcome_names():
@@ -196,9 +200,11 @@ def test_registry_and_outcome_names():
 def test_registered_estimators_read_the_algo_config():
     r, ids = REWARDS, GROUPS
     close(_estimator("grpo", adv_scale="batch", adv_eps=0.0)(r, ids), grpo(r, ids, eps=0.0, scale="batch"))
-    close(_estimator("reinforce_pp", reinforce_baseline="group")(r, ids), reinforce_pp(r, ids, baseline="group"))
-    close(_estimator("drgrpo")(r, ids), drgrpo(r, ids))
-    close(_estimator("rloo")(r, ids), rloo(r, ids))
+    close(
+        _estimator("reinforce_pp", reinforce_baseline="group")(r, ids), reinforce_pp(r, ids, eps=EPS, baseline="group")
+    )
+    close(_estimator("drgrpo")(r, ids), drgrpo(r, ids, eps=EPS))
+    close(_estimator("rloo")(r, ids), rloo(r, ids, eps=EPS))
 
 
 def test_a_new_estimator_is_one_registered_function():
@@ -287,11 +293,11 @@ def test_gae_right_padding_does_not_change_result():
 
 def test_gae_bad_inputs():
     with pytest.raises(AlgoInputError, match="values shape"):
-        gae(torch.zeros(2, 3), torch.zeros(2, 4), torch.ones(2, 3))
+        gae(torch.zeros(2, 3), torch.zeros(2, 4), torch.ones(2, 3), gamma=1.0, lam=0.95)
     with pytest.raises(AlgoInputError, match="mask"):
-        gae(torch.zeros(2, 3), torch.zeros(2, 3), torch.ones(2, 4))
+        gae(torch.zeros(2, 3), torch.zeros(2, 3), torch.ones(2, 4), gamma=1.0, lam=0.95)
     with pytest.raises(AlgoInputError, match="gamma and lam"):
-        gae(torch.zeros(2, 3), torch.zeros(2, 3), torch.ones(2, 3), gamma=1.5)
+        gae(torch.zeros(2, 3), torch.zeros(2, 3), torch.ones(2, 3), gamma=1.5, lam=0.95)
 
 
 def test_broadcast_to_tokens():

@@ -31,30 +31,30 @@ def close(actual, expected, atol=1e-6):
 
 def test_aggregate_hand_computed():
     # token_mean: (1 + 2 + 3 + 4) / 4 tokens = 2.5
-    close(aggregate(LOSS, MASK, "token_mean"), 2.5)
+    close(aggregate(LOSS, MASK, "token_mean", max_len=None), 2.5)
     # seq_mean_token_mean: ((1+2+3)/3 + 4/1) / 2 non-empty rows = (2 + 4) / 2 = 3
-    close(aggregate(LOSS, MASK, "seq_mean_token_mean"), 3.0)
+    close(aggregate(LOSS, MASK, "seq_mean_token_mean", max_len=None), 3.0)
     # seq_mean_token_sum_norm: (6 + 4) / (T=4 * 2 rows) = 1.25; with max_len 10: 10 / 20 = 0.5
-    close(aggregate(LOSS, MASK, "seq_mean_token_sum_norm"), 1.25)
+    close(aggregate(LOSS, MASK, "seq_mean_token_sum_norm", max_len=None), 1.25)
     close(aggregate(LOSS, MASK, "seq_mean_token_sum_norm", max_len=10), 0.5)
 
 
 def test_token_weights_hand_computed():
-    close(token_weights(MASK, "token_mean"), MASK.float() / 4)
+    close(token_weights(MASK, "token_mean", max_len=None), MASK.float() / 4)
     close(
-        token_weights(MASK, "seq_mean_token_mean"),
+        token_weights(MASK, "seq_mean_token_mean", max_len=None),
         [[1 / 6, 1 / 6, 1 / 6, 0], [1 / 2, 0, 0, 0], [0, 0, 0, 0]],  # 1/(3*2) and 1/(1*2)
     )
-    close(token_weights(MASK, "seq_mean_token_sum_norm"), MASK.float() / 8)
+    close(token_weights(MASK, "seq_mean_token_sum_norm", max_len=None), MASK.float() / 8)
 
 
 @pytest.mark.parametrize("mode", AGGREGATION_MODES)
 def test_empty_mask_gives_zero_not_nan(mode):
     empty = torch.zeros(2, 3, dtype=torch.bool)
-    out = aggregate(torch.full((2, 3), NAN), empty, mode)
+    out = aggregate(torch.full((2, 3), NAN), empty, mode, max_len=None)
     assert out.item() == 0.0
-    assert (token_weights(empty, mode) == 0).all()
-    assert aggregate(torch.zeros(0, 5), torch.zeros(0, 5), mode).item() == 0.0
+    assert (token_weights(empty, mode, max_len=None) == 0).all()
+    assert aggregate(torch.zeros(0, 5), torch.zeros(0, 5), mode, max_len=None).item() == 0.0
 
 
 @pytest.mark.parametrize("mode", AGGREGATION_MODES)
@@ -86,27 +86,27 @@ def test_micro_batches_sum_to_full_batch_loss_and_gradient(mode, split):
 
 
 def test_totals_as_tensors_and_zero_totals():
-    w = token_weights(MASK, "token_mean", num_tokens=torch.tensor(8.0))
+    w = token_weights(MASK, "token_mean", num_tokens=torch.tensor(8.0), max_len=None)
     close(w, MASK.float() / 8)
-    close(token_weights(MASK, "token_mean", num_tokens=0), torch.zeros(3, 4))
+    close(token_weights(MASK, "token_mean", num_tokens=0, max_len=None), torch.zeros(3, 4))
 
 
 def test_aggregation_errors():
     with pytest.raises(UnknownNameError) as info:
-        aggregate(LOSS, MASK, "token_means")
+        aggregate(LOSS, MASK, "token_means", max_len=None)
     assert isinstance(info.value, KeyError) and isinstance(info.value, ValueError)
     assert "valid choices: seq_mean_token_mean, seq_mean_token_sum_norm, token_mean" in str(info.value)
     assert "did you mean 'token_mean'" in str(info.value)
     with pytest.raises(AlgoInputError, match="num_tokens must be >= 0"):
-        token_weights(MASK, "token_mean", num_tokens=-1)
+        token_weights(MASK, "token_mean", num_tokens=-1, max_len=None)
     with pytest.raises(AlgoInputError, match="max_len must be a positive"):
         token_weights(MASK, "seq_mean_token_sum_norm", max_len=0)
     with pytest.raises(AlgoInputError, match="must be a scalar"):
-        token_weights(MASK, "token_mean", num_tokens=torch.ones(2))
+        token_weights(MASK, "token_mean", num_tokens=torch.ones(2), max_len=None)
     with pytest.raises(AlgoInputError, match="mask must be a \\[B, T\\]"):
-        token_weights(torch.ones(4), "token_mean")
+        token_weights(torch.ones(4), "token_mean", max_len=None)
     with pytest.raises(AlgoInputError, match="does not match"):
-        aggregate(LOSS, MASK[:, :2], "token_mean")
+        aggregate(LOSS, MASK[:, :2], "token_mean", max_len=None)
 
 
 def test_aggregations_registry_holds_the_three_modes():

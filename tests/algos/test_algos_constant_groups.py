@@ -23,16 +23,16 @@ ZEROS8 = torch.zeros(8, dtype=torch.long)
 
 
 def test_reported_case_all_equal_group_of_8_gets_exactly_zero():
-    assert torch.equal(grpo(torch.full((8,), 0.3), ZEROS8), torch.zeros(8))
+    assert torch.equal(grpo(torch.full((8,), 0.3), ZEROS8, eps=1e-6, scale="group"), torch.zeros(8))
 
 
 def test_eps_zero_on_an_all_equal_group_is_zero_not_nan():
     ones = torch.ones(3)
     gid = torch.zeros(3, dtype=torch.long)
     for out in (
-        grpo(ones, gid, eps=0.0),
+        grpo(ones, gid, eps=0.0, scale="group"),
         grpo(ones, gid, eps=0.0, scale="batch"),
-        reinforce_pp(ones, gid, eps=0.0),
+        reinforce_pp(ones, gid, eps=0.0, baseline="none"),
         reinforce_pp(ones, gid, eps=0.0, baseline="group"),
         rloo(ones, gid, eps=0.0),
         drgrpo(ones, gid, eps=0.0),
@@ -42,7 +42,7 @@ def test_eps_zero_on_an_all_equal_group_is_zero_not_nan():
 
 def test_eps_zero_is_plain_z_score_on_a_varied_group():
     # r = [0, 1, 2]: mean 1, unbiased std 1 -> A = [-1, 0, 1] exactly
-    out = grpo(torch.tensor([0.0, 1.0, 2.0]), torch.zeros(3, dtype=torch.long), eps=0.0)
+    out = grpo(torch.tensor([0.0, 1.0, 2.0]), torch.zeros(3, dtype=torch.long), eps=0.0, scale="group")
     assert torch.equal(out, torch.tensor([-1.0, 0.0, 1.0]))
 
 
@@ -50,12 +50,12 @@ def test_constant_group_next_to_a_varied_one():
     # group 0: [0.2, 0.2, 0.2, 0.2] -> 0; group 1: [0, 1] -> mean 0.5, std sqrt(0.5) -> +-0.5/0.70710678
     r = torch.tensor([0.2, 0.2, 0.2, 0.2, 0.0, 1.0])
     g = torch.tensor([0, 0, 0, 0, 1, 1])
-    out = grpo(r, g, eps=0.0)
+    out = grpo(r, g, eps=0.0, scale="group")
     assert torch.equal(out[:4], torch.zeros(4))
     torch.testing.assert_close(out[4:], torch.tensor([-0.5 / math.sqrt(0.5), 0.5 / math.sqrt(0.5)]))
     # RLOO on group 1: 0 - 1 = -1, 1 - 0 = 1 (K / (K - 1) * (r - mean) = 2 * -0.5)
-    assert torch.equal(rloo(r, g)[4:], torch.tensor([-1.0, 1.0]))
-    assert torch.equal(rloo(r, g)[:4], torch.zeros(4))
+    assert torch.equal(rloo(r, g, eps=0.0)[4:], torch.tensor([-1.0, 1.0]))
+    assert torch.equal(rloo(r, g, eps=0.0)[:4], torch.zeros(4))
 
 
 def test_masked_reductions_are_exact_on_constant_inputs():
@@ -107,7 +107,7 @@ def constant_and_varied_groups(draw):
 
 
 ESTIMATORS = [
-    ("grpo/group", lambda r, g, v, e: grpo(r, g, v, eps=e)),
+    ("grpo/group", lambda r, g, v, e: grpo(r, g, v, eps=e, scale="group")),
     ("grpo/batch", lambda r, g, v, e: grpo(r, g, v, eps=e, scale="batch")),
     ("drgrpo", lambda r, g, v, e: drgrpo(r, g, v, eps=e)),
     ("rloo", lambda r, g, v, e: rloo(r, g, v, eps=e)),

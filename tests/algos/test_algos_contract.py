@@ -49,50 +49,59 @@ REFUSED = [
     (lambda: kl_estimate(L, T, "k1"), "kl_estimate: logp: expected a torch.Tensor"),
     (lambda: kl_estimate(T, L, "k1"), "kl_estimate: ref_logp: expected a torch.Tensor"),
     (lambda: kl_estimate(T, T, "k1", mask=L), "kl_estimate: mask: expected a torch.Tensor"),
-    (lambda: truncated_is_weights(L, T, T), "truncated_is_weights: trainer_logp: expected a torch.Tensor"),
-    (lambda: truncated_is_weights(T, L, T), "truncated_is_weights: rollout_logp: expected a torch.Tensor"),
-    (lambda: truncated_is_weights(T, T, L), "truncated_is_weights: mask: expected a torch.Tensor"),
+    (lambda: truncated_is_weights(L, T, T, cap=2.0), "truncated_is_weights: trainer_logp: expected a torch.Tensor"),
+    (lambda: truncated_is_weights(T, L, T, cap=2.0), "truncated_is_weights: rollout_logp: expected a torch.Tensor"),
+    (lambda: truncated_is_weights(T, T, L, cap=2.0), "truncated_is_weights: mask: expected a torch.Tensor"),
     (lambda: truncated_is_weights(T, T, T, cap=0), "truncated_is_weights: cap must be a positive number, got 0"),
-    (lambda: importance_stats(L, T, T), "importance_stats: trainer_logp: expected a torch.Tensor"),
+    (lambda: importance_stats(L, T, T, cap=2.0), "importance_stats: trainer_logp: expected a torch.Tensor"),
     (lambda: importance_stats(T, T, T, cap=True), "importance_stats: cap must be a positive number, got True"),
     (lambda: importance_stats(T, T, T, cap=-1.0), "importance_stats: cap must be a positive number, got -1.0"),
-    (lambda: ppo_clip(L, T, T, T), "ppo_clip: logp: expected a torch.Tensor"),
-    (lambda: ppo_clip(T, L, T, T), "ppo_clip: old_logp: expected a torch.Tensor"),
-    (lambda: ppo_clip(T, T, L, T), "ppo_clip: advantages: expected a torch.Tensor"),
-    (lambda: ppo_clip(T, T, T, L), "ppo_clip: mask: expected a torch.Tensor"),
-    (lambda: gspo(T, T, T, L), "gspo: mask: expected a torch.Tensor"),
-    (lambda: value_loss(L, T, T, T), "value_loss: values: expected a torch.Tensor"),
-    (lambda: value_loss(T, L, T, T), "value_loss: old_values: expected a torch.Tensor"),
-    (lambda: value_loss(T, T, L, T), "value_loss: returns: expected a torch.Tensor"),
-    (lambda: value_loss(T, T, T, L), "value_loss: mask: expected a torch.Tensor"),
-    (lambda: gae(L, T, T), "gae: token_rewards: expected a torch.Tensor"),
-    (lambda: gae(T, L, T), "gae: values: expected a torch.Tensor"),
-    (lambda: gae(T, T, L), "gae: mask: expected a torch.Tensor"),
+    (lambda: ppo_clip(L, T, T, T, dual_clip=None), "ppo_clip: logp: expected a torch.Tensor"),
+    (lambda: ppo_clip(T, L, T, T, dual_clip=None), "ppo_clip: old_logp: expected a torch.Tensor"),
+    (lambda: ppo_clip(T, T, L, T, dual_clip=None), "ppo_clip: advantages: expected a torch.Tensor"),
+    (lambda: ppo_clip(T, T, T, L, dual_clip=None), "ppo_clip: mask: expected a torch.Tensor"),
+    (lambda: gspo(T, T, T, L, dual_clip=None), "gspo: mask: expected a torch.Tensor"),
+    (lambda: value_loss(L, T, T, T, clip=None), "value_loss: values: expected a torch.Tensor"),
+    (lambda: value_loss(T, L, T, T, clip=None), "value_loss: old_values: expected a torch.Tensor"),
+    (lambda: value_loss(T, T, L, T, clip=None), "value_loss: returns: expected a torch.Tensor"),
+    (lambda: value_loss(T, T, T, L, clip=None), "value_loss: mask: expected a torch.Tensor"),
+    (lambda: gae(L, T, T, gamma=1.0, lam=1.0), "gae: token_rewards: expected a torch.Tensor"),
+    (lambda: gae(T, L, T, gamma=1.0, lam=1.0), "gae: values: expected a torch.Tensor"),
+    (lambda: gae(T, T, L, gamma=1.0, lam=1.0), "gae: mask: expected a torch.Tensor"),
     (lambda: broadcast_to_tokens(L, T), "broadcast_to_tokens: adv: expected a torch.Tensor"),
-    (lambda: grpo([1.0, 0.0], G), "grpo: rewards: expected a torch.Tensor"),
-    (lambda: rloo(R, [0, 0]), "rloo: group_ids must be a tensor of shape (2,), got list"),
-    (lambda: rloo(R, torch.tensor([0, 0, 1])), "rloo: group_ids must be a tensor of shape (2,), got (3,)"),
-    (lambda: grpo(R, torch.tensor([True, True])), "grpo: group_ids must be an integer tensor, got dtype torch.bool"),
-    (lambda: grpo(R, G, [True, True]), "grpo: valid must be a tensor of shape (2,), got list"),
-    (lambda: grpo(R, G, torch.ones(3)), "grpo: valid must be a tensor of shape (2,), got (3,)"),
+    (lambda: grpo([1.0, 0.0], G, eps=1e-6, scale="group"), "grpo: rewards: expected a torch.Tensor"),
+    (lambda: rloo(R, [0, 0], eps=1e-6), "rloo: group_ids must be a tensor of shape (2,), got list"),
+    (lambda: rloo(R, torch.tensor([0, 0, 1]), eps=1e-6), "rloo: group_ids must be a tensor of shape (2,), got (3,)"),
+    (
+        lambda: grpo(R, torch.tensor([True, True]), eps=1e-6, scale="group"),
+        "grpo: group_ids must be an integer tensor, got dtype torch.bool",
+    ),
+    (lambda: grpo(R, G, [True, True], eps=1e-6, scale="group"), "grpo: valid must be a tensor of shape (2,), got list"),
+    (
+        lambda: grpo(R, G, torch.ones(3), eps=1e-6, scale="group"),
+        "grpo: valid must be a tensor of shape (2,), got (3,)",
+    ),
     (lambda: group_moments(L, G), "group_moments: rewards: expected a torch.Tensor"),  # the default name
-    (lambda: grpo(R, G, eps=-1.0), "grpo: eps must be >= 0, got -1.0"),
+    (lambda: grpo(R, G, eps=-1.0, scale="group"), "grpo: eps must be >= 0, got -1.0"),
     (lambda: rloo(R, G, eps=-1.0), "rloo: eps must be >= 0, got -1.0"),
     (lambda: broadcast_to_tokens(torch.ones(2, 1), T), "broadcast_to_tokens: need adv [B] and mask [B, T], got (2, 1)"),
     (lambda: broadcast_to_tokens(R, torch.ones(2)), "broadcast_to_tokens: need adv [B] and mask [B, T], got (2,)"),
-    (lambda: reinforce_pp(R, G, eps=-1.0), "reinforce_pp: eps must be >= 0, got -1.0"),
-    (lambda: ppo_clip(T, T, T, T, clip_low=1.0), "ppo_clip: clip_low must lie in [0, 1), got 1.0"),
-    (lambda: ppo_clip(T, T, T, T, clip_high=-0.1), "ppo_clip: clip_high must be >= 0, got -0.1"),
+    (lambda: reinforce_pp(R, G, eps=-1.0, baseline="none"), "reinforce_pp: eps must be >= 0, got -1.0"),
+    (lambda: ppo_clip(T, T, T, T, clip_low=1.0, dual_clip=None), "ppo_clip: clip_low must lie in [0, 1), got 1.0"),
+    (lambda: ppo_clip(T, T, T, T, clip_high=-0.1, dual_clip=None), "ppo_clip: clip_high must be >= 0, got -0.1"),
     (lambda: gspo(T, T, T, T, dual_clip=1.0), "gspo: dual_clip must be > 1 (e.g. 3.0) or None, got 1.0"),
-    (lambda: gae(T, T, T, lam=1.5), "gae: gamma and lam must lie in [0, 1], got gamma=1.0, lam=1.5"),
-    (lambda: token_weights(torch.ones(3), "token_mean"), "token_weights: mask must be a [B, T] tensor, got (3,)"),
-    (lambda: token_weights(L, "token_mean"), "token_weights: mask must be a [B, T] tensor, got list"),
+    (lambda: gae(T, T, T, lam=1.5, gamma=1.0), "gae: gamma and lam must lie in [0, 1], got gamma=1.0, lam=1.5"),
     (
-        lambda: token_weights(T, "token_mean", num_tokens=True),
+        lambda: token_weights(torch.ones(3), "token_mean", max_len=None),
+        "token_weights: mask must be a [B, T] tensor, got (3,)",
+    ),
+    (lambda: token_weights(L, "token_mean", max_len=None), "token_weights: mask must be a [B, T] tensor, got list"),
+    (
+        lambda: token_weights(T, "token_mean", num_tokens=True, max_len=None),
         "token_weights: num_tokens must be a number or a scalar tensor, got True",
     ),
     (
-        lambda: token_weights(T, "seq_mean_token_mean", num_seqs=torch.ones(2)),
+        lambda: token_weights(T, "seq_mean_token_mean", num_seqs=torch.ones(2), max_len=None),
         "token_weights: num_seqs must be a scalar, got shape (2,)",
     ),
 ]
@@ -108,7 +117,7 @@ def test_each_refused_input_names_the_function_and_the_argument(call, message):
 def test_the_non_finite_reward_indices_are_cut_at_eight():
     rewards = torch.full((10,), float("nan"))
     with pytest.raises(AlgoInputError) as e:
-        grpo(rewards, torch.zeros(10, dtype=torch.long))
+        grpo(rewards, torch.zeros(10, dtype=torch.long), eps=1e-6, scale="group")
     assert str(e.value).startswith("grpo: non-finite reward for valid samples at indices [0, 1, 2, 3, 4, 5, 6, 7];")
 
 
@@ -121,10 +130,14 @@ def test_masks_need_not_be_bool_any_nonzero_entry_is_valid():
     x = torch.tensor([[1.0, 5.0, 3.0]])
     assert float(masked_count(weights)) == 2.0
     assert float(masked_mean(x, weights)) == 2.0 and float(masked_sum(x, weights)) == 4.0
-    assert token_weights(weights, "token_mean").tolist() == [[0.5, 0.0, 0.5]]
+    assert token_weights(weights, "token_mean", max_len=None).tolist() == [[0.5, 0.0, 0.5]]
     assert broadcast_to_tokens(torch.tensor([3.0]), weights).tolist() == [[3.0, 0.0, 3.0]]
     assert torch.equal(kl_estimate(x, torch.zeros(1, 3), "k1", mask=weights), torch.tensor([[1.0, 0.0, 3.0]]))
-    assert float(aggregate(x, weights, "token_mean")) == float(aggregate(x, flags, "token_mean")) == 2.0
+    assert (
+        float(aggregate(x, weights, "token_mean", max_len=None))
+        == float(aggregate(x, flags, "token_mean", max_len=None))
+        == 2.0
+    )
     # outcome validity: 2.0 and 0.5 are valid, 0 is not -> the group {1, 3} has mean 2, std sqrt(2)
     gm = group_moments(torch.tensor([1.0, 9.0, 3.0]), torch.tensor([0, 0, 0]), torch.tensor([2.0, 0.0, 0.5]))
     assert gm.valid.tolist() == [True, False, True] and float(gm.mean[0]) == 2.0
@@ -135,8 +148,8 @@ def test_masks_need_not_be_bool_any_nonzero_entry_is_valid():
 
 
 def test_one_valid_token_gets_the_whole_weight():
-    assert token_weights(torch.tensor([[0.0, 1.0]]), "token_mean").tolist() == [[0.0, 1.0]]
-    assert token_weights(torch.tensor([[0.0, 1.0]]), "seq_mean_token_mean").tolist() == [[0.0, 1.0]]
+    assert token_weights(torch.tensor([[0.0, 1.0]]), "token_mean", max_len=None).tolist() == [[0.0, 1.0]]
+    assert token_weights(torch.tensor([[0.0, 1.0]]), "seq_mean_token_mean", max_len=None).tolist() == [[0.0, 1.0]]
 
 
 def test_a_group_with_one_valid_member_is_in_the_band_of_its_reward():
@@ -157,13 +170,13 @@ def test_kl_k3_clamps_the_log_ratio_from_below_too():
 def test_importance_stats_default_cap_and_lower_clamp():
     # log-ratios log 2.5, 0, -100: ratios 2.5, 1, exp(-20) (clamped); above the default cap 2: one of three
     trainer = torch.tensor([[math.log(2.5), 0.0, -100.0]], dtype=torch.float64)
-    stats = importance_stats(trainer, torch.zeros(1, 3, dtype=torch.float64), torch.ones(1, 3))
+    stats = importance_stats(trainer, torch.zeros(1, 3, dtype=torch.float64), torch.ones(1, 3), cap=2.0)
     assert stats["frac_above_cap"] == pytest.approx(1 / 3)
     assert stats["ratio_min"] == pytest.approx(math.exp(-20.0), rel=1e-12)
     assert stats["ratio_max"] == pytest.approx(2.5)
     # log-ratios +100 (clamped to 20: ratio e^20) and log 2 (ratio exactly 2 = the cap: not above it)
     trainer = torch.tensor([[100.0, math.log(2.0)]], dtype=torch.float64)
-    stats = importance_stats(trainer, torch.zeros(1, 2, dtype=torch.float64), torch.ones(1, 2))
+    stats = importance_stats(trainer, torch.zeros(1, 2, dtype=torch.float64), torch.ones(1, 2), cap=2.0)
     assert stats["ratio_max"] == pytest.approx(math.exp(20.0), rel=1e-12) and stats["frac_above_cap"] == 0.5
 
 
@@ -175,13 +188,13 @@ def test_a_cap_below_one_is_allowed():
 
 def test_token_weights_are_float32_whatever_the_totals_and_default_dtype():
     mask = torch.ones(1, 3)
-    w = token_weights(mask, "token_mean", num_tokens=torch.tensor(4.0, dtype=torch.float64))
+    w = token_weights(mask, "token_mean", num_tokens=torch.tensor(4.0, dtype=torch.float64), max_len=None)
     assert w.dtype == torch.float32 and w.tolist() == [[0.25, 0.25, 0.25]]
     previous = torch.get_default_dtype()
     torch.set_default_dtype(torch.float64)
     try:
-        assert token_weights(mask, "token_mean", num_tokens=4).dtype == torch.float32
-        assert token_weights(mask, "seq_mean_token_sum_norm").dtype == torch.float32
+        assert token_weights(mask, "token_mean", num_tokens=4, max_len=None).dtype == torch.float32
+        assert token_weights(mask, "seq_mean_token_sum_norm", max_len=None).dtype == torch.float32
     finally:
         torch.set_default_dtype(previous)
 
@@ -189,7 +202,9 @@ def test_token_weights_are_float32_whatever_the_totals_and_default_dtype():
 def test_the_bounds_of_clip_dual_clip_gamma_and_lam_are_accepted():
     # clip_low = clip_high = 0: the ratio is clipped to exactly 1; the loss is -A * 1 at ratio e^0.1 (A > 0: min)
     logp = torch.tensor([[0.1]])
-    out = ppo_clip(logp, torch.zeros(1, 1), torch.ones(1, 1), torch.ones(1, 1), clip_low=0.0, clip_high=0.0)
+    out = ppo_clip(
+        logp, torch.zeros(1, 1), torch.ones(1, 1), torch.ones(1, 1), clip_low=0.0, clip_high=0.0, dual_clip=None
+    )
     assert float(out.loss) == -1.0
     out = ppo_clip(logp, torch.zeros(1, 1), -torch.ones(1, 1), torch.ones(1, 1), dual_clip=1.05)
     # A = -1: max(-A r, -A clip(r)) = max(1.105, 1.105) = 1.105 > -A c = 1.05: the dual clip bounds it at 1.05
@@ -206,18 +221,25 @@ def test_the_policy_ratio_is_clamped_from_below_too():
         torch.zeros(1, 1, dtype=torch.float64),
         torch.ones(1, 1, dtype=torch.float64),
         torch.ones(1, 1),
+        dual_clip=None,
     )
     assert float(out.ratio) == pytest.approx(math.exp(-20.0), rel=1e-12)
 
 
 def test_reinforce_pp_whitens_two_valid_samples_and_keeps_all_equal_groups_at_zero():
     # two valid rewards 0 and 1: mean 0.5, unbiased std sqrt(0.5); A = -+0.5 / sqrt(0.5) = -+0.7071 (eps 1e-6)
-    adv = reinforce_pp(torch.tensor([0.0, 1.0, 7.0]), torch.tensor([0, 0, 1]), torch.tensor([True, True, False]))
+    adv = reinforce_pp(
+        torch.tensor([0.0, 1.0, 7.0]),
+        torch.tensor([0, 0, 1]),
+        torch.tensor([True, True, False]),
+        eps=1e-6,
+        baseline="none",
+    )
     assert adv.tolist() == pytest.approx([-math.sqrt(0.5), math.sqrt(0.5), 0.0], rel=1e-5)
     # baseline "group": group 1 is all-equal, so its centred rewards and advantages are exactly 0, although the
     # float32 centred rewards of group 0 (-0.1/3, -0.1/3, 0.2/3) average to -3.7e-9, not 0, over the batch
     rewards = torch.tensor([0.0, 0.0, 0.1, 1.0, 1.0, 1.0])
-    adv = reinforce_pp(rewards, torch.tensor([0, 0, 0, 1, 1, 1]), baseline="group")
+    adv = reinforce_pp(rewards, torch.tensor([0, 0, 0, 1, 1, 1]), baseline="group", eps=1e-6)
     assert adv[3:].tolist() == [0.0, 0.0, 0.0] and float(adv[2]) > 0
 
 
@@ -243,7 +265,9 @@ def test_value_clipping_bounds_the_move_from_below_too():
 
 
 def test_gae_computes_in_the_wider_dtype_of_its_inputs():
-    adv, returns = gae(torch.ones(1, 2), torch.full((1, 2), 0.5, dtype=torch.float64), torch.ones(1, 2))
+    adv, returns = gae(
+        torch.ones(1, 2), torch.full((1, 2), 0.5, dtype=torch.float64), torch.ones(1, 2), gamma=1.0, lam=1.0
+    )
     assert adv.dtype == returns.dtype == torch.float64
     # gamma = lam = 1: A_1 = 1 - 0.5 = 0.5, A_0 = 1 + 0.5 - 0.5 + 0.5 = 1.5; returns = A + V
     assert adv.tolist() == [[1.5, 0.5]] and returns.tolist() == [[2.0, 1.0]]
@@ -251,7 +275,23 @@ def test_gae_computes_in_the_wider_dtype_of_its_inputs():
 
 def test_temporal_bonus_takes_any_nonzero_flag():
     correct, ids = torch.tensor([1.0, 1.0, 0.0, 1.0]), torch.tensor([0, 0, 0, 0])
-    flags = temporal_bonus(correct, ids, torch.tensor([1.0, 1.0, 0.0, 0.0]), torch.tensor([0.0, 0.0, 2.0, 1.0]))
-    bools = temporal_bonus(correct, ids, torch.tensor([1, 1, 0, 0]).bool(), torch.tensor([0, 0, 1, 1]).bool())
+    flags = temporal_bonus(
+        correct,
+        ids,
+        torch.tensor([1.0, 1.0, 0.0, 0.0]),
+        torch.tensor([0.0, 0.0, 2.0, 1.0]),
+        alpha=0.3,
+        mu=0.8,
+        threshold=0.1,
+    )
+    bools = temporal_bonus(
+        correct,
+        ids,
+        torch.tensor([1, 1, 0, 0]).bool(),
+        torch.tensor([0, 0, 1, 1]).bool(),
+        alpha=0.3,
+        mu=0.8,
+        threshold=0.1,
+    )
     # p_ordered 1 >= 0.8 * p_shuffled 0.5: granted; the two correct ordered samples get alpha = 0.3
     assert flags.bonus.tolist() == bools.bonus.tolist() == pytest.approx([0.3, 0.3, 0.0, 0.0])

@@ -5,6 +5,7 @@ Every expected value is worked out by hand in the comment next to it."""
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import pytest
 import torch
@@ -64,9 +65,9 @@ def test_filters_keep_float64_precision():
 @pytest.mark.parametrize(
     "fn, name",
     [
-        (grpo, "grpo"),
-        (rloo, "rloo"),
-        (reinforce_pp, "reinforce_pp"),
+        (partial(grpo, eps=1e-6, scale="group"), "grpo"),
+        (partial(rloo, eps=1e-6), "rloo"),
+        (partial(reinforce_pp, eps=1e-6, baseline="none"), "reinforce_pp"),
         (group_stats, "group_stats"),
         (nonzero_variance_groups, "nonzero_variance_groups"),
         (success_rate_band, "success_rate_band"),
@@ -81,9 +82,9 @@ def test_outcome_errors_name_the_function(fn, name):
 # ---------------------------------------------------------------- aggregation
 def test_aggregate_errors_name_the_argument():
     with pytest.raises(AlgoInputError, match="^aggregate: loss_mat: expected a torch.Tensor"):
-        aggregate([[1.0]], torch.ones(1, 1), "token_mean")
+        aggregate([[1.0]], torch.ones(1, 1), "token_mean", max_len=None)
     with pytest.raises(AlgoInputError, match=r"^aggregate: mask: shape \(1, 2\)"):
-        aggregate(torch.ones(1, 1), torch.ones(1, 2), "token_mean")
+        aggregate(torch.ones(1, 1), torch.ones(1, 2), "token_mean", max_len=None)
 
 
 def test_sum_norm_max_len_one_and_bool_rejected():
@@ -93,9 +94,9 @@ def test_sum_norm_max_len_one_and_bool_rejected():
     with pytest.raises(AlgoInputError, match="max_len must be a positive number, got True"):
         token_weights(mask, "seq_mean_token_sum_norm", max_len=True)
     with pytest.raises(AlgoInputError, match="num_seqs must be >= 0"):
-        token_weights(mask, "seq_mean_token_mean", num_seqs=-1)
+        token_weights(mask, "seq_mean_token_mean", num_seqs=-1, max_len=None)
     with pytest.raises(AlgoInputError, match="num_seqs must be >= 0"):
-        token_weights(mask, "seq_mean_token_sum_norm", num_seqs=-1)
+        token_weights(mask, "seq_mean_token_sum_norm", num_seqs=-1, max_len=None)
 
 
 # ---------------------------------------------------------------- GSPO and truncated IS
@@ -107,7 +108,7 @@ def _row(log_ratios, adv):
 def test_gspo_dual_clip_bounds_negative_advantages():
     # sequence ratio exp(mean(log 5, log 5)) = 5, A = -1: clipped loss max(5, 1.2) = 5; dual clip c = 3 bounds it at 3
     logp, old, adv, mask = _row([math.log(5.0)] * 2, [-1.0, -1.0])
-    plain = gspo(logp, old, adv, mask, clip_low=0.2, clip_high=0.2)
+    plain = gspo(logp, old, adv, mask, clip_low=0.2, clip_high=0.2, dual_clip=None)
     dual = gspo(logp, old, adv, mask, clip_low=0.2, clip_high=0.2, dual_clip=3.0)
     torch.testing.assert_close(plain.loss, torch.tensor([[5.0, 5.0]]))
     torch.testing.assert_close(dual.loss, torch.tensor([[3.0, 3.0]]))
@@ -115,27 +116,27 @@ def test_gspo_dual_clip_bounds_negative_advantages():
     with pytest.raises(AlgoInputError, match="^gspo: dual_clip must be > 1"):
         gspo(logp, old, adv, mask, dual_clip=0.5)
     with pytest.raises(AlgoInputError, match="^gspo: clip_low must lie in"):
-        gspo(logp, old, adv, mask, clip_low=1.5)
+        gspo(logp, old, adv, mask, clip_low=1.5, dual_clip=None)
     with pytest.raises(AlgoInputError, match=r"^gspo: old_logp shape \(1, 1\)"):
-        gspo(logp, torch.zeros(1, 1), adv, mask)
+        gspo(logp, torch.zeros(1, 1), adv, mask, dual_clip=None)
 
 
 def test_gspo_sequence_log_ratio_is_clamped_at_both_ends():
     for lr, want in ((30.0, math.exp(20.0)), (-30.0, math.exp(-20.0))):
         logp, old, adv, mask = _row([lr, lr], [1.0, 1.0])
-        out = gspo(logp, old, adv, mask)
+        out = gspo(logp, old, adv, mask, dual_clip=None)
         torch.testing.assert_close(out.ratio, torch.full((1, 2), want), rtol=1e-5, atol=0)
 
 
 def test_truncated_is_default_cap_and_lower_clamp():
     mask = torch.ones(1, 3)
     trainer = torch.tensor([[math.log(5.0), 0.0, -30.0]])
-    w = truncated_is_weights(trainer, torch.zeros(1, 3), mask)  # default cap 2: min(5, 2), 1, exp(-20) (clamped)
+    w = truncated_is_weights(trainer, torch.zeros(1, 3), mask, cap=2.0)  # cap 2: min(5, 2), 1, exp(-20) (clamped)
     torch.testing.assert_close(w, torch.tensor([[2.0, 1.0, math.exp(-20.0)]]), rtol=1e-5, atol=0)
     with pytest.raises(AlgoInputError, match="^truncated_is_weights: cap must be a positive number"):
         truncated_is_weights(trainer, torch.zeros(1, 3), mask, cap=0.0)
     with pytest.raises(AlgoInputError, match="^truncated_is_weights: need trainer_logp and rollout_logp"):
-        truncated_is_weights(trainer, torch.zeros(1, 2), mask)
+        truncated_is_weights(trainer, torch.zeros(1, 2), mask, cap=2.0)
 
 
 # ---------------------------------------------------------------- T-GRPO, registry
@@ -163,18 +164,18 @@ def test_temporal_bonus_defaults_and_zero_alpha_mu():
     gid = torch.zeros(6, dtype=torch.long)
     shuffled = torch.tensor([False] * 4 + [True] * 2)
     # defaults alpha 0.3, mu 0.8, threshold 0.1: 0.325 >= 0.2 -> granted; correct means c > 0.1 (0.1 itself is not)
-    res = temporal_bonus(correct, gid, ~shuffled, shuffled)
+    res = temporal_bonus(correct, gid, ~shuffled, shuffled, alpha=0.3, mu=0.8, threshold=0.1)
     torch.testing.assert_close(res.bonus, torch.tensor([0.3, 0.0, 0.3, 0.0, 0.0, 0.0]))
     # mu = 1.2: 0.325 >= 1.2 * 0.25 = 0.3 -> granted; mu = 1.4: 0.325 < 0.35 -> not granted
-    assert bool(temporal_bonus(correct, gid, ~shuffled, shuffled, mu=1.2).granted[0])
-    assert not bool(temporal_bonus(correct, gid, ~shuffled, shuffled, mu=1.4).granted[0])
+    assert bool(temporal_bonus(correct, gid, ~shuffled, shuffled, mu=1.2, alpha=0.3, threshold=0.1).granted[0])
+    assert not bool(temporal_bonus(correct, gid, ~shuffled, shuffled, mu=1.4, alpha=0.3, threshold=0.1).granted[0])
     # alpha = 0 and mu = 0 are valid settings (no bonus; every compared group granted)
-    res = temporal_bonus(correct, gid, ~shuffled, shuffled, alpha=0.0, mu=0.0)
+    res = temporal_bonus(correct, gid, ~shuffled, shuffled, alpha=0.0, mu=0.0, threshold=0.1)
     assert bool(res.granted[0]) and float(res.bonus.abs().sum()) == 0.0
     with pytest.raises(AlgoInputError, match="alpha and mu must be >= 0"):
-        temporal_bonus(correct, gid, ~shuffled, shuffled, alpha=-0.1)
+        temporal_bonus(correct, gid, ~shuffled, shuffled, alpha=-0.1, mu=0.8, threshold=0.1)
     with pytest.raises(AlgoInputError, match="alpha and mu must be >= 0"):
-        temporal_bonus(correct, gid, ~shuffled, shuffled, mu=-0.1)
+        temporal_bonus(correct, gid, ~shuffled, shuffled, mu=-0.1, alpha=0.3, threshold=0.1)
 
 
 def test_rollout_temporal_bonus_without_ordered_samples():
@@ -199,7 +200,7 @@ def test_temporal_bonus_single_members_exact_grant_boundary_and_errors():
     correct = torch.tensor([1.0, 1.0, 0.5, 0.5, 0.5])
     gid = torch.tensor([0, 0, 1, 1, 1])
     shuffled = torch.tensor([False, True, False, False, True])
-    res = temporal_bonus(correct, gid, ~shuffled, shuffled, alpha=0.3, mu=1.0)
+    res = temporal_bonus(correct, gid, ~shuffled, shuffled, alpha=0.3, mu=1.0, threshold=0.1)
     assert res.compared.tolist() == [True, True] and res.granted.tolist() == [True, True]
     torch.testing.assert_close(res.bonus, torch.tensor([0.3, 0.0, 0.3, 0.3, 0.0]))
     with pytest.raises(AlgoInputError, match="^temporal_bonus: non-finite reward"):
@@ -208,6 +209,9 @@ def test_temporal_bonus_single_members_exact_grant_boundary_and_errors():
             torch.tensor([0, 0]),
             torch.tensor([True, False]),
             torch.tensor([False, True]),
+            alpha=0.3,
+            mu=0.8,
+            threshold=0.1,
         )
     with pytest.raises(AlgoInputError, match="^temporal_bonus: non-finite reward"):
         temporal_bonus(
@@ -215,6 +219,9 @@ def test_temporal_bonus_single_members_exact_grant_boundary_and_errors():
             torch.tensor([0, 0]),
             torch.tensor([True, False]),
             torch.tensor([False, True]),
+            alpha=0.3,
+            mu=0.8,
+            threshold=0.1,
         )
 
 

@@ -127,7 +127,7 @@ def test_truncated_is_huge_ratios_do_not_overflow():
     w_tok = truncated_is_weights(trainer, torch.zeros(1, 100), torch.ones(1, 100), cap=3.0)
     assert torch.isfinite(w_tok).all()
     close(w_tok[0, :2], [3.0, math.exp(-20.0)])
-    w_seq = truncated_is_weights(trainer * 2, torch.zeros(1, 100), torch.ones(1, 100), level="sequence")
+    w_seq = truncated_is_weights(trainer * 2, torch.zeros(1, 100), torch.ones(1, 100), level="sequence", cap=2.0)
     assert torch.isfinite(w_seq).all()
 
 
@@ -142,7 +142,7 @@ def test_importance_stats_hand_computed():
 
 
 def test_importance_stats_empty_mask_and_errors():
-    stats = importance_stats(TRAINER, ROLLOUT, torch.zeros(2, 4))
+    stats = importance_stats(TRAINER, ROLLOUT, torch.zeros(2, 4), cap=2.0)
     assert stats == {
         "ratio_mean": 0.0,
         "ratio_min": 0.0,
@@ -150,13 +150,13 @@ def test_importance_stats_empty_mask_and_errors():
         "logp_abs_diff_mean": 0.0,
         "frac_above_cap": 0.0,
     }
-    close(truncated_is_weights(TRAINER, ROLLOUT, torch.zeros(2, 4)), torch.zeros(2, 4))
+    close(truncated_is_weights(TRAINER, ROLLOUT, torch.zeros(2, 4), cap=2.0), torch.zeros(2, 4))
     with pytest.raises(AlgoInputError, match="unknown level"):
-        truncated_is_weights(TRAINER, ROLLOUT, IS_MASK, level="seq")
+        truncated_is_weights(TRAINER, ROLLOUT, IS_MASK, level="seq", cap=2.0)
     with pytest.raises(AlgoInputError, match="cap must be a positive"):
         truncated_is_weights(TRAINER, ROLLOUT, IS_MASK, cap=0)
     with pytest.raises(AlgoInputError, match="same shape"):
-        importance_stats(TRAINER, ROLLOUT[:, :2], IS_MASK)
+        importance_stats(TRAINER, ROLLOUT[:, :2], IS_MASK, cap=2.0)
 
 
 # ---------------------------------------------------------------- filtering

@@ -25,7 +25,7 @@ def test_ppo_clip_hand_computed_and_flags():
     #          w:   1.5   0.5   0.5   1.5   1.1
     #          A:   +1    +1    -1    -1    +2
     logp, old, adv, mask = _inputs([1.5, 0.5, 0.5, 1.5, 1.1], [1.0, 1.0, -1.0, -1.0, 2.0])
-    out = ppo_clip(logp, old, adv, mask)
+    out = ppo_clip(logp, old, adv, mask, dual_clip=None)
     # token 0: max(-1.5, -1.2) = -1.2 (clipped)    token 1: max(-0.5, -0.8) = -0.5
     # token 2: max( 0.5,  0.8) =  0.8 (clipped)    token 3: max( 1.5,  1.2) =  1.5
     # token 4: inside the band: -2 * 1.1 = -2.2
@@ -38,7 +38,7 @@ def test_ppo_clip_hand_computed_and_flags():
 
 def test_ppo_clip_gradient_is_zero_exactly_on_clipped_tokens():
     logp, old, adv, mask = _inputs([1.5, 0.5, 0.5, 1.5, 1.1, 1.0], [1.0, 1.0, -1.0, -1.0, 2.0, -0.5])
-    out = ppo_clip(logp, old, adv, mask)
+    out = ppo_clip(logp, old, adv, mask, dual_clip=None)
     (grad,) = torch.autograd.grad(out.loss.sum(), logp)
     w = logp.detach().exp()
     # unclipped tokens: d(-A w)/d logp = -A w
@@ -51,8 +51,8 @@ def test_ppo_clip_gradient_is_zero_exactly_on_clipped_tokens():
 def test_ppo_clip_higher_asymmetry():
     # A > 0, w = 1.25: clipped with the symmetric 0.2 band, free with DAPO's clip_high = 0.28.
     logp, old, adv, mask = _inputs([1.25, 0.75, 0.81], [1.0, -1.0, -1.0])
-    sym = ppo_clip(logp, old, adv, mask, clip_low=0.2, clip_high=0.2)
-    dapo = ppo_clip(logp, old, adv, mask, clip_low=0.2, clip_high=0.28)
+    sym = ppo_clip(logp, old, adv, mask, clip_low=0.2, clip_high=0.2, dual_clip=None)
+    dapo = ppo_clip(logp, old, adv, mask, clip_low=0.2, clip_high=0.28, dual_clip=None)
     close(sym.loss, [[-1.2, 0.8, 0.81]])  # 0.75 < 0.8 clipped for A < 0; 0.81 inside
     close(dapo.loss, [[-1.25, 0.8, 0.81]])  # the low side is unchanged
     assert sym.clipped.tolist() == [[True, True, False]]
@@ -73,7 +73,7 @@ def test_ppo_dual_clip_branch():
     assert out.clipped.tolist() == [[False, False, True, True]]
     (grad,) = torch.autograd.grad(out.loss.sum(), logp)
     close(grad, [[0.0, 2.5, 0.0, 0.0]])  # only token 1 is free: -A w = 2.5
-    without = ppo_clip(logp, old, adv, mask)
+    without = ppo_clip(logp, old, adv, mask, dual_clip=None)
     close(without.loss, [[5.0, 2.5, -1.2, 0.8]])
 
 
@@ -82,7 +82,7 @@ def test_ppo_clip_masked_positions_zero_and_garbage_safe():
     old = torch.tensor([[-1.2, -0.5, -0.5]])
     adv = torch.tensor([1.0, 1.0, 1.0])[None]
     mask = torch.tensor([[1, 0, 0]])
-    out = ppo_clip(logp, old, adv, mask)
+    out = ppo_clip(logp, old, adv, mask, dual_clip=None)
     assert torch.isfinite(out.loss).all()
     close(out.loss[0, 1:], [0.0, 0.0])
     # w = exp(0.2) = 1.2214 > 1.2 -> clipped at 1.2
@@ -96,14 +96,14 @@ def test_ppo_clip_per_sequence_advantages_broadcast():
     logp = torch.tensor([[0.1, 0.0], [0.0, -0.1]])
     old = torch.zeros(2, 2)
     mask = torch.ones(2, 2)
-    a = ppo_clip(logp, old, torch.tensor([1.0, -2.0]), mask)
-    b = ppo_clip(logp, old, torch.tensor([[1.0, 1.0], [-2.0, -2.0]]), mask)
+    a = ppo_clip(logp, old, torch.tensor([1.0, -2.0]), mask, dual_clip=None)
+    b = ppo_clip(logp, old, torch.tensor([[1.0, 1.0], [-2.0, -2.0]]), mask, dual_clip=None)
     close(a.loss, b.loss)
 
 
 def test_ppo_clip_extreme_log_ratio_is_clamped():
     logp = torch.tensor([[100.0]], requires_grad=True)
-    out = ppo_clip(logp, torch.zeros(1, 1), torch.tensor([[-1.0]]), torch.ones(1, 1))
+    out = ppo_clip(logp, torch.zeros(1, 1), torch.tensor([[-1.0]]), torch.ones(1, 1), dual_clip=None)
     close(out.ratio, [[math.exp(20.0)]], atol=1.0)
     assert torch.isfinite(out.loss).all()
 
@@ -113,13 +113,13 @@ def test_ppo_clip_bad_arguments():
     with pytest.raises(AlgoInputError, match="dual_clip must be > 1"):
         ppo_clip(logp, old, adv, mask, dual_clip=0.5)
     with pytest.raises(AlgoInputError, match="clip_low"):
-        ppo_clip(logp, old, adv, mask, clip_low=1.0)
+        ppo_clip(logp, old, adv, mask, clip_low=1.0, dual_clip=None)
     with pytest.raises(AlgoInputError, match="old_logp shape"):
-        ppo_clip(logp, torch.zeros(1, 2), adv, mask)
+        ppo_clip(logp, torch.zeros(1, 2), adv, mask, dual_clip=None)
     with pytest.raises(AlgoInputError, match="advantages must be"):
-        ppo_clip(logp, old, torch.zeros(3), mask)
+        ppo_clip(logp, old, torch.zeros(3), mask, dual_clip=None)
     with pytest.raises(AlgoInputError, match="mask"):
-        ppo_clip(logp, old, adv, torch.ones(2, 2))
+        ppo_clip(logp, old, adv, torch.ones(2, 2), dual_clip=None)
 
 
 # ---------------------------------------------------------------- GSPO
@@ -151,7 +151,7 @@ def _gspo_batch():
 def test_gspo_value_equals_sequence_ratio_form():
     old, delta, mask, adv_seq = _gspo_batch()
     logp = old + delta
-    out = gspo(logp, old, adv_seq, mask)
+    out = gspo(logp, old, adv_seq, mask, dual_clip=None)
     # independent sequence form: s_i = exp(sum(delta * m) / len_i), loss_i = max(-A s, -A clip(s))
     lens = mask.sum(1).clamp_min(1)
     s = torch.exp((delta * mask).sum(1) / lens)
@@ -167,8 +167,8 @@ def test_gspo_gradient_matches_sequence_objective():
     old, delta, mask, adv_seq = _gspo_batch()
     base = (old + delta).clone()
     logp_tok = base.clone().requires_grad_(True)
-    out = gspo(logp_tok, old, adv_seq, mask)
-    loss_tok = aggregate(out.loss, mask, "seq_mean_token_mean")
+    out = gspo(logp_tok, old, adv_seq, mask, dual_clip=None)
+    loss_tok = aggregate(out.loss, mask, "seq_mean_token_mean", max_len=None)
     (g_tok,) = torch.autograd.grad(loss_tok, logp_tok)
 
     # Sequence-level GSPO written directly: mean over non-empty sequences of the clipped objective,
@@ -190,7 +190,7 @@ def test_gspo_gradient_matches_sequence_objective():
 
 def test_gspo_empty_mask_and_garbage_padding():
     logp = torch.full((2, 3), float("-inf"), requires_grad=True)
-    out = gspo(logp, torch.zeros(2, 3), torch.tensor([1.0, -1.0]), torch.zeros(2, 3))
+    out = gspo(logp, torch.zeros(2, 3), torch.tensor([1.0, -1.0]), torch.zeros(2, 3), dual_clip=None)
     close(out.loss, torch.zeros(2, 3))
     (grad,) = torch.autograd.grad(out.loss.sum(), logp)
     assert torch.isfinite(grad).all()
@@ -210,7 +210,7 @@ def test_value_loss_hand_computed():
     returns = torch.tensor([[2.0, 1.0, 0.0]])
     mask = torch.tensor([[1, 1, 0]])
     # unclipped: 0.5 * (1-2)^2 = 0.5; 0.5 * (2-1)^2 = 0.5; masked -> 0
-    close(value_loss(values, old, returns, mask), [[0.5, 0.5, 0.0]])
+    close(value_loss(values, old, returns, mask, clip=None), [[0.5, 0.5, 0.0]])
     # clip 0.2: token 0: v_clip = 0.5 + clamp(0.5, -0.2, 0.2) = 0.7, (0.7-2)^2 = 1.69 > 1 -> 0.845
     #           token 1: v_clip = 2.0, (2-1)^2 = 1 -> 0.5
     close(value_loss(values, old, returns, mask, clip=0.2), [[0.845, 0.5, 0.0]])
@@ -226,4 +226,4 @@ def test_value_loss_gradient_and_errors():
     with pytest.raises(AlgoInputError, match="clip must be > 0"):
         value_loss(values, values, values, torch.ones(1, 2), clip=0.0)
     with pytest.raises(AlgoInputError, match="shapes differ"):
-        value_loss(values, torch.zeros(1, 3), values, torch.ones(1, 2))
+        value_loss(values, torch.zeros(1, 3), values, torch.ones(1, 2), clip=None)

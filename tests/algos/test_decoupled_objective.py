@@ -110,9 +110,9 @@ def test_behaviour_weights_by_hand():
     w, kept = behaviour_weights(torch.tensor([[LN(2.0)]]), torch.zeros(1, 1), torch.ones(1, 1), cap=2.0, mode="mask")
     assert kept.tolist() == [[True]] and float(w) == pytest.approx(2.0)
     with pytest.raises(AlgoInputError, match="^behaviour_weights: unknown mode 'clip'; valid choices: truncate, mask"):
-        behaviour_weights(OLD, beh, MASK, mode="clip")
+        behaviour_weights(OLD, beh, MASK, mode="clip", cap=2.0)
     with pytest.raises(AlgoInputError, match="^behaviour_weights: cap must be a positive number"):
-        behaviour_weights(OLD, beh, MASK, cap=0.0)
+        behaviour_weights(OLD, beh, MASK, cap=0.0, mode="truncate")
 
 
 def test_dual_clip_with_both_caps_by_hand():

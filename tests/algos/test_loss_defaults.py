@@ -1,17 +1,176 @@
-"""One source for the policy losses' clip ranges: ``mmrl.algos.losses.DEFAULT_CLIP``, read by the loss functions'
-defaults and by ``AlgoConfig`` for an unset ``algo.clip_low`` / ``algo.clip_high``."""
+"""One source for every default of the RL math: the config's.
+
+The policy losses' clip ranges live in ``mmrl.algos.losses.DEFAULT_CLIP``, read by the loss functions' defaults and by
+``AlgoConfig`` for an unset ``algo.clip_low`` / ``algo.clip_high``. Every other argument of a function in ``mmrl/algos``
+that a config field sets has no default (callers pass the config's value), and every remaining default is listed with
+the reason it is not a setting: :data:`CONFIG_FED` and :data:`NOT_CONFIG` are checked against the signatures, so a
+default that disagrees with the config, or a new default nobody classified, fails here."""
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import logging
 import math
+import pkgutil
 
 import pytest
 import torch
 
+import mmrl.algos
 from mmrl.algos import DEFAULT_CLIP, POLICY_LOSSES, gspo, ppo_clip, rl_objective
-from mmrl.config import AlgoConfig, load_config
+from mmrl.config import AlgoConfig, TGRPOConfig, load_config
+
+CONFIG_FED: dict[str, str] = {
+    # "<module of mmrl/algos>.<function>.<parameter>": the AlgoConfig field that sets it in every run
+    "advantages.grpo.eps": "adv_eps",
+    "advantages.grpo.scale": "adv_scale",
+    "advantages.drgrpo.eps": "adv_eps",
+    "advantages.rloo.eps": "adv_eps",
+    "advantages.reinforce_pp.eps": "adv_eps",
+    "advantages.reinforce_pp.baseline": "reinforce_baseline",
+    "advantages.gae.gamma": "gamma",
+    "advantages.gae.lam": "lam",
+    "losses.ppo_clip.clip_low": "clip_low",
+    "losses.ppo_clip.clip_high": "clip_high",
+    "losses.ppo_clip.dual_clip": "dual_clip",
+    "losses.gspo.clip_low": "clip_low",
+    "losses.gspo.clip_high": "clip_high",
+    "losses.gspo.dual_clip": "dual_clip",
+    "losses.value_loss.clip": "value_clip",
+    "aggregation.token_weights.max_len": "loss_max_len",
+    "aggregation.aggregate.max_len": "loss_max_len",
+    "aggregation.token_mean_weights.max_len": "loss_max_len",
+    "aggregation.seq_mean_token_mean_weights.max_len": "loss_max_len",
+    "aggregation.seq_mean_token_sum_norm_weights.max_len": "loss_max_len",
+    "importance.truncated_is_weights.cap": "is_cap",
+    "importance.behaviour_weights.cap": "is_cap",
+    "importance.behaviour_weights.mode": "is_mode",
+    "importance.above_cap.cap": "is_cap",
+    "importance.importance_stats.cap": "is_cap",
+    "tgrpo.temporal_bonus.alpha": "tgrpo.alpha",
+    "tgrpo.temporal_bonus.mu": "tgrpo.mu",
+    "tgrpo.temporal_bonus.threshold": "tgrpo.threshold",
+}
+"""Every argument of the RL math that a config field sets. Only those in :data:`DEFAULT_READ_BY_CONFIG` may have a
+default, and it must be the config's value for that function."""
+
+DEFAULT_READ_BY_CONFIG = {
+    "losses.ppo_clip.clip_low",
+    "losses.ppo_clip.clip_high",
+    "losses.gspo.clip_low",
+    "losses.gspo.clip_high",
+}
+"""Config-fed defaults kept because the config reads them from the same table (``DEFAULT_CLIP``): one source."""
+
+_DATA = "an optional input of the call (a tensor, or a total of the batch), not a setting"
+_LABEL = "the name an error message gives"
+_AXIS = "the axis or dtype of a reduction, not a setting"
+NOT_CONFIG: dict[str, str] = {
+    "advantages.grpo.valid": _DATA,
+    "advantages.drgrpo.valid": _DATA,
+    "advantages.rloo.valid": _DATA,
+    "advantages.reinforce_pp.valid": _DATA,
+    "aggregation.token_weights.num_tokens": _DATA,
+    "aggregation.token_weights.num_seqs": _DATA,
+    "aggregation.token_mean_weights.num_tokens": _DATA,
+    "aggregation.token_mean_weights.num_seqs": _DATA,
+    "aggregation.seq_mean_token_mean_weights.num_tokens": _DATA,
+    "aggregation.seq_mean_token_mean_weights.num_seqs": _DATA,
+    "aggregation.seq_mean_token_sum_norm_weights.num_tokens": _DATA,
+    "aggregation.seq_mean_token_sum_norm_weights.num_seqs": _DATA,
+    "estimators.group_relative.when": "a declaration of the estimator, not a setting",
+    "estimators.outcome_advantages.bonus": _DATA,
+    "estimators.token_advantages.kl_tok": _DATA,
+    "estimators.token_advantages.bonus": _DATA,
+    "estimators.token_advantages.values": _DATA,
+    "estimators.token_advantages.token_rewards": _DATA,
+    "estimators.critic_advantages.kl_tok": _DATA,
+    "estimators.critic_advantages.token_rewards": _DATA,
+    "filtering.group_moments.valid": _DATA,
+    "filtering.group_moments.where": _LABEL,
+    "filtering.group_stats.valid": _DATA,
+    "filtering.nonzero_variance_groups.valid": _DATA,
+    "filtering.nonzero_variance_groups.atol": "when two rewards count as equal; no config field (filter_groups is on/off)",
+    "filtering.success_rate_band.valid": _DATA,
+    "filtering.success_rate_band.low": "no config field: no run calls this filter",
+    "filtering.success_rate_band.high": "no config field: no run calls this filter",
+    "importance.truncated_is_weights.level": "no config field: the objective's weights are per token",
+    "kl.kl_estimate.mask": _DATA,
+    "masked.as_float.where": _LABEL,
+    "masked.as_bool_mask.where": _LABEL,
+    "masked.masked_sum.dim": _AXIS,
+    "masked.masked_count.dim": _AXIS,
+    "masked.masked_count.dtype": _AXIS,
+    "masked.masked_mean.dim": _AXIS,
+    "masked.masked_var.unbiased": "Bessel's correction, which every statistic here uses; no config field",
+    "masked.masked_var.dim": _AXIS,
+    "masked.masked_whiten.eps": "keeps sqrt(var + eps) above 0 (GAE whitening); no config field",
+    "masked.masked_whiten.shift_mean": "whitening centres; no config field",
+    "objective.rl_objective.rollout_logp": _DATA,
+    "objective.rl_objective.ref_logp": _DATA,
+    "objective.rl_objective.policy_kl": _DATA,
+    "objective.rl_objective.entropy": _DATA,
+    "objective.rl_objective.values": _DATA,
+    "objective.rl_objective.old_values": _DATA,
+    "objective.rl_objective.returns": _DATA,
+}
+"""Every other default argument of the RL math, with the reason it is not a config value."""
+
+
+def _algos_functions() -> dict[str, object]:
+    """``"<module>.<function>"`` -> function, for every function defined at the top of a module of ``mmrl/algos``."""
+    found = {}
+    for info in pkgutil.iter_modules(mmrl.algos.__path__):
+        module = importlib.import_module(f"mmrl.algos.{info.name}")
+        for name, fn in inspect.getmembers(module, inspect.isfunction):
+            if fn.__module__ == module.__name__:
+                found[f"{info.name}.{name}"] = fn
+    return found
+
+
+def _parameters() -> dict[str, inspect.Parameter]:
+    """``"<module>.<function>.<parameter>"`` -> parameter, over :func:`_algos_functions`."""
+    return {
+        f"{key}.{name}": param
+        for key, fn in _algos_functions().items()
+        for name, param in inspect.signature(fn).parameters.items()
+    }
+
+
+def _config_value(key: str, field: str):
+    """``field`` of the algo config a run of this function gets: a policy loss's own clip range, T-GRPO's defaults."""
+    fn = _algos_functions()[key.rsplit(".", 1)[0]]
+    loss = next((name for name in POLICY_LOSSES.names() if POLICY_LOSSES.get(name) is fn), "ppo_clip")
+    value = AlgoConfig(policy_loss=loss, tgrpo=TGRPOConfig())
+    for part in field.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def test_every_default_of_the_rl_math_is_classified():
+    """A default added to any function of mmrl/algos must be entered in CONFIG_FED or NOT_CONFIG (with a reason)."""
+    params = _parameters()
+    defaults = {key for key, p in params.items() if p.default is not inspect.Parameter.empty}
+    assert sorted(defaults - set(CONFIG_FED) - set(NOT_CONFIG)) == [], "unclassified defaults"
+    assert sorted(set(CONFIG_FED) - set(params)) == [], "CONFIG_FED names parameters that no longer exist"
+    assert sorted(set(NOT_CONFIG) - defaults) == [], "NOT_CONFIG names parameters without a default"
+    assert not set(CONFIG_FED) & set(NOT_CONFIG)
+
+
+@pytest.mark.parametrize("key", sorted(CONFIG_FED))
+def test_a_config_fed_argument_has_no_default_of_its_own(key):
+    """Config-fed: no default (callers pass the config's value), or the config's own, read from the same table."""
+    field = CONFIG_FED[key]
+    config_value = _config_value(key, field)  # also checks that the field exists
+    default = _parameters()[key].default
+    if key in DEFAULT_READ_BY_CONFIG:
+        assert default == config_value, f"{key} defaults to {default!r}, algo.{field} to {config_value!r}"
+    else:
+        assert default is inspect.Parameter.empty, (
+            f"{key} has the default {default!r} (algo.{field}: {config_value!r}); config-fed arguments take the "
+            "config's value from the caller"
+        )
 
 
 @pytest.mark.parametrize(

@@ -56,13 +56,13 @@ def test_grant_boundary_threshold_and_groups_without_shuffles():
     assert res.granted.tolist() == [True]  # 0.525 >= 0.5 * 1
     assert res.bonus.tolist() == pytest.approx([0.5, 0.0, 0.0, 0.5, 0.0, 0.0])
     # mu slightly higher: not granted
-    res = temporal_bonus(correct, gid, ~shuffled, shuffled, alpha=0.5, mu=0.53)
+    res = temporal_bonus(correct, gid, ~shuffled, shuffled, alpha=0.5, mu=0.53, threshold=0.1)
     assert res.granted.tolist() == [False] and float(res.bonus.abs().sum()) == 0.0
     # a group with no shuffled samples has nothing to compare with: no bonus
-    res = temporal_bonus(T([1.0, 1.0]), T([3, 3]), T([True, True]), T([False, False]))
+    res = temporal_bonus(T([1.0, 1.0]), T([3, 3]), T([True, True]), T([False, False]), alpha=0.3, mu=0.8, threshold=0.1)
     assert res.compared.tolist() == [False] and res.bonus.tolist() == [0.0, 0.0]
     with pytest.raises(AlgoInputError, match="both ordered and shuffled"):
-        temporal_bonus(T([1.0]), T([0]), T([True]), T([True]))
+        temporal_bonus(T([1.0]), T([0]), T([True]), T([True]), alpha=0.3, mu=0.8, threshold=0.1)
 
 
 def test_reward_level_bonus_cancels_under_group_zscore():
@@ -70,9 +70,9 @@ def test_reward_level_bonus_cancels_under_group_zscore():
     mean' = (1 + alpha) mean, std' = (1 + alpha) std and z(r') = z(r)."""
     correct, gid, shuffled = _two_groups()
     ordered = ~shuffled
-    res = temporal_bonus(correct, gid, ordered, shuffled, alpha=0.3, mu=0.8)
-    plain = grpo(correct, gid, ordered, eps=1e-6)
-    naive = grpo(naive_reward_bonus(correct, res.bonus), gid, ordered, eps=1e-6)
+    res = temporal_bonus(correct, gid, ordered, shuffled, alpha=0.3, mu=0.8, threshold=0.1)
+    plain = grpo(correct, gid, ordered, eps=1e-6, scale="group")
+    naive = grpo(naive_reward_bonus(correct, res.bonus), gid, ordered, eps=1e-6, scale="group")
     assert float(res.bonus.abs().sum()) > 0  # the bonus was granted...
     assert torch.allclose(naive, plain, atol=1e-5)  # ...and normalisation erased it
     # plain GRPO by hand for group 7: r = [1, 0, 1, 0], mean 0.5, unbiased std sqrt(1/3): z = +-0.8660
@@ -91,10 +91,10 @@ def test_all_correct_group_gets_signal_only_with_advantage_bonus():
     correct = T([1.0, 1.0, 1.0, 1.0, 0.0, 0.0])
     gid = T([5] * 6)
     shuffled = T([False] * 4 + [True] * 2)
-    res = temporal_bonus(correct, gid, ~shuffled, shuffled)
-    plain = grpo(correct, gid, ~shuffled)
+    res = temporal_bonus(correct, gid, ~shuffled, shuffled, alpha=0.3, mu=0.8, threshold=0.1)
+    plain = grpo(correct, gid, ~shuffled, eps=1e-6, scale="group")
     assert plain.tolist() == [0.0] * 6
-    assert grpo(naive_reward_bonus(correct, res.bonus), gid, ~shuffled).tolist() == [0.0] * 6
+    assert grpo(naive_reward_bonus(correct, res.bonus), gid, ~shuffled, eps=1e-6, scale="group").tolist() == [0.0] * 6
     assert (plain + res.bonus).tolist() == pytest.approx([0.3] * 4 + [0.0, 0.0])
 
 
