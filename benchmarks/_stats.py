@@ -27,14 +27,18 @@ def timed_train_step(trainer) -> tuple[float, float]:
 class BusyCores:
     """Machine-wide busy cores, sampled from ``/proc/stat`` every ``period`` seconds in a thread (Linux only).
 
-    ``mean_since(t)`` is the mean number of busy cores over the samples taken after ``time.perf_counter() >= t``
+    ``mean_since(t)`` is the mean number of busy cores over the intervals sampled after ``time.perf_counter() >= t``
     (every process counts: the learner, rollout workers, environment workers, and anything else running), or NaN
     where ``/proc/stat`` cannot be read. Use it as ``with BusyCores() as busy: ...``.
+
+    The mean is weighted by each interval's length (busy jiffies over total jiffies of the whole window), not a plain
+    mean of per-interval readings: the sampling thread needs the GIL, so it can wake late while the process is busy,
+    and a plain mean would give a long busy interval the weight of a short idle one.
     """
 
     def __init__(self, period: float = 0.25):
         self.period = period
-        self.samples: list[tuple[float, float]] = []
+        self.samples: list[tuple[float, int, int]] = []  # (time, busy jiffies, total jiffies) per interval
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -55,12 +59,14 @@ class BusyCores:
                 return
             total, idle = cur[0] - prev[0], cur[1] - prev[1]
             if total > 0:
-                self.samples.append((time.perf_counter(), (os.cpu_count() or 1) * (1 - idle / total)))
+                self.samples.append((time.perf_counter(), total - idle, total))
             prev = cur
 
     def mean_since(self, t: float) -> float:
-        vals = [b for ts, b in self.samples if ts >= t]
-        return statistics.fmean(vals) if vals else float("nan")
+        busy = [(b, n) for ts, b, n in self.samples if ts >= t]
+        if not busy:
+            return float("nan")
+        return (os.cpu_count() or 1) * sum(b for b, _ in busy) / sum(n for _, n in busy)
 
     def __enter__(self) -> BusyCores:
         self._thread.start()
