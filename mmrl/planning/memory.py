@@ -28,8 +28,8 @@ Conventions (docs/scaling.md, "Conventions"):
   reservation with sleep mode). Gradients are freed after every optimizer step (``zero_grad(set_to_none=True)``), so
   they never coexist with the rollout; the optimizer state persists from the first step on.
 * ``trainer.rollout=async`` (``PlanInputs.rollout_workers`` = N > 0): each rollout worker is a process with its own
-  policy built from the config (:func:`sampling_copy_inputs`): the model's weights unsharded in their own dtypes (and
-  the KL reference copy its policy builds), plus the rollout peak of one round, a step's global batch, plus its own
+  policy built from the config (:func:`sampling_copy_inputs`): the model's weights unsharded in their own dtypes (no
+  KL reference: the learner computes it), plus the rollout peak of one round, a step's global batch, plus its own
   runtime overhead. The workers run on the device of rank 0 and sample while the learner trains, so rank 0's device
   holds total = learner (the synchronous total above: the learner still evaluates, with its own rollouts) + N x the
   worker. The learner keeps a CPU shared-memory copy of the policy model's ``state_dict`` (the weight board,
@@ -656,7 +656,6 @@ class MemoryBreakdown:
     # trainer.rollout=async (0 when synchronous): the worker processes on rank 0's device and ONE worker's terms
     rollout_workers: int = 0
     worker_weights: int = 0  # its policy's weights as it builds them from the config (unsharded, their own dtypes)
-    worker_reference: int = 0  # a KL reference copy of its policy: 0, a worker builds without one (sampling_config)
     worker_rollout: int = 0  # the rollout peak of one round (a step's global batch; vLLM: its reservation)
     worker_overhead: int = 0  # its own runtime overhead (a process: its own CUDA context)
     weight_board: int = 0  # host memory of the learner: the shared-memory CPU copy of the policy model's state_dict
@@ -676,9 +675,9 @@ class MemoryBreakdown:
 
     @property
     def worker(self) -> int:
-        """One rollout worker's sampling copy: weights + rollout peak + overhead (0 when synchronous); its KL reference
-        term is 0 (a worker builds without the reference)."""
-        return self.worker_weights + self.worker_reference + self.worker_rollout + self.worker_overhead
+        """One rollout worker's sampling copy: weights + rollout peak + overhead (0 when synchronous; no KL reference:
+        a worker builds its policy without one, :func:`mmrl.asynchronous.worker.sampling_config`)."""
+        return self.worker_weights + self.worker_rollout + self.worker_overhead
 
     @property
     def workers(self) -> int:
@@ -766,7 +765,6 @@ def _with_rollout_workers(inp: PlanInputs) -> MemoryBreakdown:
     copy = plan_memory(sampling_copy_inputs(inp))
     bd.rollout_workers = inp.rollout_workers
     bd.worker_weights = copy.params
-    bd.worker_reference = copy.reference
     bd.worker_rollout = copy.rollout + copy.vllm_persistent
     bd.worker_overhead = inp.overhead_bytes
     bd.weight_board = weight_board_bytes(inp, copy)

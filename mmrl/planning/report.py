@@ -738,14 +738,6 @@ def _worker_rows(inp: PlanInputs, bd: MemoryBreakdown, rollout_name: str) -> lis
             "the policy's parameters, unsharded, in their own dtypes: each worker builds the policy from the config",
         )
     ]
-    if bd.worker_reference:
-        rows.append(
-            (
-                "rollout worker: KL reference",
-                bd.worker_reference,
-                "the frozen reference copy the worker's policy builds (algo.kl_coef > 0, full fine-tuning)",
-            )
-        )
     rows.append(
         (
             "rollout worker: rollout peak",

@@ -29,7 +29,7 @@ def test_toy_async_adds_exactly_the_worker_copies():
     assert (sync.total, sync.learner, sync.workers, sync.weight_board) == (44024, 44024, 0, 0)
     one, two = plan_memory(TOY.with_(rollout_workers=1)), plan_memory(TOY.with_(rollout_workers=2))
     for bd in (one, two):
-        assert (bd.worker_weights, bd.worker_reference, bd.worker_rollout, bd.worker_overhead) == (2608, 0, 3840, 0)
+        assert (bd.worker_weights, bd.worker_rollout, bd.worker_overhead) == (2608, 3840, 0)
         assert bd.worker == 6448 and bd.learner == 44024  # the learner's part is the synchronous plan
         # the board: every state_dict entry, the tied embedding twice (10 x 8 x 2 B more)
         assert bd.weight_board == 2608 + 160
@@ -45,11 +45,11 @@ def test_toy_worker_copy_terms():
     # KL with full fine-tuning: the learner keeps its frozen copy (1304 x 2 B), the worker builds without one
     #   learner 2608 + 15648 + 2608 + max(25768, 3840) = 46632; one worker 2608 + 3840 = 6448
     kl = plan_memory(TOY.with_(rollout_workers=1, kl_reference=True))
-    assert (kl.reference, kl.worker_reference, kl.worker) == (2608, 0, 6448)
+    assert (kl.reference, kl.worker) == (2608, 6448)  # a worker with the reference would be 2608 more
     assert (kl.learner, kl.total) == (46632, 46632 + 6448)
     # LoRA r=2 on the 7 projections: 512 fp32 adapters + the bf16 base; no reference copy
     lora = plan_memory(TOY.with_(rollout_workers=1, lora=True, lora_r=2, kl_reference=True))
-    assert (lora.worker_weights, lora.worker_reference) == (512 * 4 + 1304 * 2, 0)
+    assert (lora.worker_weights, lora.worker) == (512 * 4 + 1304 * 2, 512 * 4 + 1304 * 2 + 3840)
     assert lora.weight_board == 512 * 4 + 1304 * 2 + 160
     # each worker is a process: its own runtime overhead (CUDA context)
     assert plan_memory(TOY.with_(rollout_workers=2, overhead_bytes=100)).worker == 6448 + 100
