@@ -58,6 +58,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from mmrl.planning.block_shapes import adapter_params, decoder_linear_shapes
+
 __all__ = [
     "FAMILIES",
     "PUBLISHED",
@@ -223,8 +225,6 @@ class FlowVLAArch:
     def linear_shapes(self, stack: str, *, cross: bool = False) -> dict[str, tuple[int, int]]:
         """``name -> (in, out)`` of the linears of one block of ``stack`` (``vlm_layers`` or ``expert_layers``; a cross
         expert block's k/v read the VLM's cached keys/values, ``kv_dim`` wide)."""
-        from mmrl.planning.architectures import decoder_linear_shapes
-
         w, f = (
             (self.width, self.intermediate) if stack == "vlm_layers" else (self.expert_width, self.expert_intermediate)
         )
@@ -241,8 +241,6 @@ class FlowVLAArch:
 
     def lora_params(self, targets: tuple[str, ...] | list[str], r: int) -> int:
         """Adapter parameters: ``r (in + out)`` for every targeted linear of every adapted block."""
-        from mmrl.planning.architectures import adapter_params
-
         return sum(adapter_params(self.linear_shapes(s, cross=c), targets, r) for s, c in self.lora_blocks())
 
     def lora_frozen_params(self) -> int:
