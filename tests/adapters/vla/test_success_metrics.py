@@ -93,3 +93,67 @@ def test_eval_success_rate_and_score_count_valid_episodes_only(tmp_path):
     assert out["eval/success_rate"] == 0.5 and out["eval/score"] == 0.5
     assert out["eval/episode_length"] == 4.0 and out["eval/invalid"] == 2.0
     assert out["eval/success/reach_red"] == 1.0 and out["eval/success/reach_blue"] == 0.0
+
+
+def _reach_task(tmp_path):
+    pytest.importorskip("mujoco")
+    from mmrl.config import load_config
+    from mmrl.tasks.vla.vla_reach import VLAReachTask
+
+    cfg = load_config(["task=vla_reach", f"trainer.output_dir={tmp_path}", "trainer.run_name=r", "task.eval_videos=0"])
+    return VLAReachTask(cfg.task, cfg)
+
+
+def test_success_reward_is_one_for_a_success_only():
+    from mmrl.tasks.vla.base import success_reward
+
+    completions = [{"success": True}, {"success": False}, {}, {"success": 1}, {"success": None}]
+    assert success_reward(["p"] * 5, completions) == [1.0, 0.0, 0.0, 1.0, 0.0]
+
+
+def test_rollout_metrics_per_task_and_per_initial_state_over_valid_episodes_by_hand(tmp_path):
+    task = _reach_task(tmp_path)
+    red, blue = "reach_red", "reach_blue"
+    items = [{"task": t, "init_state": s} for t, s in [(red, 0), (red, 0), (red, 1), (red, 1), (blue, 0), (blue, 0)]]
+    items += [{"task": blue, "init_state": 1}, {"task": blue, "init_state": 2}]
+    samples = [
+        {"success": True, "valid": True},
+        {"success": False, "valid": True},
+        {"success": True, "valid": True},
+        {"success": True, "valid": False},  # an invalid episode's claim of success counts nowhere
+        {"success": False, "valid": True},
+        {"success": False, "valid": True},
+        {"success": True, "valid": False},  # blue/1 has no valid episode: no group, no statistics
+        {"success": True},  # no "valid" key: valid
+    ]
+    # per task over valid episodes: red 2 of 3, blue 1 of 3; per state: red/0 1 of 2 (mixed), red/1 1 of 1 and
+    # blue/2 1 of 1 (all success), blue/0 0 of 2 (all fail): 4 states; cumulative (0.5 + 1 + 0 + 1) / 4
+    assert task.rollout_metrics(items, samples) == {
+        f"vla/success/{red}": pytest.approx(2 / 3),
+        f"vla/success/{blue}": pytest.approx(1 / 3),
+        "vla/init_states_all_fail": 0.25,
+        "vla/init_states_all_success": 0.5,
+        "vla/init_states_mixed": 0.25,
+        "vla/init_states_seen": 4.0,
+        "vla/init_states_cum_success": 0.625,
+    }
+    assert dict(task.init_state_stats) == {
+        f"{red}/0": [1, 2],
+        f"{red}/1": [1, 1],
+        f"{blue}/0": [0, 2],
+        f"{blue}/2": [1, 1],
+    }
+    # a second step: red/0 succeeds once more; this step's rates are of its own states, the cumulative ones of all
+    out = task.rollout_metrics([{"task": red, "init_state": 0}], [{"success": True, "valid": True}])
+    assert out == {
+        f"vla/success/{red}": 1.0,
+        "vla/init_states_all_fail": 0.0,
+        "vla/init_states_all_success": 1.0,
+        "vla/init_states_mixed": 0.0,
+        "vla/init_states_seen": 4.0,
+        "vla/init_states_cum_success": pytest.approx((2 / 3 + 1 + 0 + 1) / 4),
+    }
+    assert task.init_state_stats[f"{red}/0"] == [2, 3]
+    # a step whose episodes are all invalid reports nothing and changes no statistics
+    assert task.rollout_metrics(items[:2], [{"success": True, "valid": False}] * 2) == {}
+    assert task.init_state_stats[f"{red}/0"] == [2, 3] and len(task.init_state_stats) == 4
