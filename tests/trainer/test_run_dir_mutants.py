@@ -10,6 +10,7 @@ done; following it would delete someone else's files).
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 from pathlib import Path
@@ -18,7 +19,16 @@ import pytest
 
 import mmrl.run_dir as run_dir_module
 from mmrl.errors import ConfigError
-from mmrl.run_dir import RUN_MARKER, _pid_alive, clear_run_dir, config_changes, create_run_dir, is_harmless_change
+from mmrl.run_dir import (
+    RUN_MARKER,
+    _pid_alive,
+    check_same_experiment,
+    clear_run_dir,
+    config_changes,
+    create_run_dir,
+    describe_changes,
+    is_harmless_change,
+)
 
 
 def test_overwrite_removes_a_linked_folder_as_a_link_and_keeps_what_it_points_to(tmp_path: Path):
@@ -156,3 +166,31 @@ def test_harmless_keys_by_group_and_first_field():
         assert is_harmless_change(key), key
     for key in ("trainer.lr", "task.tasks", "model.eval_mode", "model.lora.rank", "algo.checkpoint"):
         assert not is_harmless_change(key), key
+
+
+def test_config_changes_removed_keys_tuples_and_a_skipped_key_before_a_changed_one():
+    assert config_changes({"model": {"x": 1}}, {}) == ({"model.x": (1, "<unset>")}, {})
+    assert config_changes({"model": {"d": (1, 2)}}, {"model": {"d": [1, 2]}}) == ({}, {})  # YAML reads tuples back
+    assert config_changes({"model": {"d": (1, 2)}}, {"model": {"d": (1, 3)}}) == ({"model.d": ([1, 2], [1, 3])}, {})
+    # model.a (added, at its default) sorts before model.b (changed): the skip goes on to the next key
+    assert config_changes({"model": {"b": 1}}, {"model": {"a": 0.5, "b": 2}}, {"model": {"a": 0.5}}) == (
+        {"model.b": (1, 2)},
+        {},
+    )
+
+
+def test_describe_changes_lists_six_then_a_count():
+    changes = {f"k{i}": (i, i + 10) for i in range(7)}
+    listed = ", ".join(f"k{i}: {i!r} -> {i + 10!r}" for i in range(6))
+    assert describe_changes(changes) == listed + ", and 1 more"
+    assert describe_changes(dict(list(changes.items())[:6])) == listed
+    assert describe_changes(changes, limit=2) == "k0: 0 -> 10, k1: 1 -> 11, and 5 more"
+
+
+def test_a_resume_with_harmless_changes_logs_them_by_default(tmp_path: Path, caplog):
+    (tmp_path / "config.yaml").write_text("trainer:\n  save_every: 5\n")
+    with caplog.at_level(logging.INFO, logger="mmrl.run_dir"):
+        check_same_experiment(tmp_path, {"trainer": {"save_every": 10}}, accept=False)
+    assert [r.getMessage() for r in caplog.records] == [
+        f"resuming {tmp_path} with changed settings: trainer.save_every: 5 -> 10"
+    ]
