@@ -194,3 +194,13 @@ def test_a_resume_with_harmless_changes_logs_them_by_default(tmp_path: Path, cap
     assert [r.getMessage() for r in caplog.records] == [
         f"resuming {tmp_path} with changed settings: trainer.save_every: 5 -> 10"
     ]
+
+
+def test_a_resume_compares_with_the_defaults_and_logs_nothing_when_nothing_changed(tmp_path: Path, caplog):
+    (tmp_path / "config.yaml").write_text("trainer:\n  save_every: 5\n")
+    new = {"trainer": {"save_every": 5, "rollout": "sync"}}  # a key added by a newer mmrl, at its default
+    with caplog.at_level(logging.INFO, logger="mmrl.run_dir"):
+        check_same_experiment(tmp_path, new, accept=False, defaults={"trainer": {"rollout": "sync"}})
+    assert caplog.records == []
+    with pytest.raises(ConfigError, match=r"trainer\.rollout: '<unset>' -> 'sync'"):
+        check_same_experiment(tmp_path, new, accept=False)  # without the defaults the added key is a change
