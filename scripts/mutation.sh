@@ -85,10 +85,10 @@ spec() {
                   RECHECK="tests/adapters/vla/test_vla_tasks.py" ;;
     run_dir) ONLY='"mmrl/run_dir.py"'  # run folders: containment, overwrite, the lock, resume checks
              TESTS='"tests/trainer/test_run_dir_containment.py", "tests/trainer/test_run_dir_mutants.py", "tests/trainer/test_run_lock.py",
-                    "tests/trainer/test_refused_resume.py"'
+                    "tests/trainer/test_refused_resume.py", "tests/trainer/test_resume_after_upgrade.py"'
              RECHECK="tests/trainer/test_disk_full.py tests/trainer/test_run_safety.py" ;;
     remote_rewards) ONLY='"mmrl/rewards/remote.py"'  # HTTP reward servers: payloads, batching, retries, concurrency
-                    TESTS='"tests/rewards/test_remote_payloads.py", "tests/rewards/test_reward_failure_causes.py",
+                    TESTS='"tests/rewards/test_remote_payloads.py", "tests/rewards/test_remote_mutants.py", "tests/rewards/test_reward_failure_causes.py",
                            "tests/rewards/test_reward_specs_contract.py", "tests/rewards/test_user_rewards.py"' ;;
     progress) ONLY='"mmrl/progress.py"'  # progress bars / lines and the numbers shown to people
               TESTS='"tests/trainer/test_progress_mutants.py", "tests/trainer/test_run_output.py"'
