@@ -1,10 +1,11 @@
 """Steps per second of synchronous rollouts vs asynchronous ones at eta = 1 and eta = 2 (docs/async.md).
 
-    python benchmarks/async_vs_sync.py [--steps 30] [--warmup 5] [--repeats 3] [--target 0.5 --eval-every 5] [key=value ...]
+    python benchmarks/async_vs_sync.py [--steps 30] [--warmup 5] [--repeats 3] [--target 0.5 --eval-every 5]
+        [--async-override key=value ...] [key=value ...]
 
-Each repeat runs sync, eta=1 and eta=2 in turn (interleaved, so machine load drifts over all three alike) for
-``--steps`` steps from the same seed; the steady-state rate counts the steps after the first ``--warmup`` (worker
-start, first compilations). Printed per mode: median [min-max] steps/s over the repeats, the ratio to sync, the
+Each repeat runs sync, eta=1 and eta=2 in turn (interleaved, so machine load drifts over all three alike), each in a
+fresh Python process, for ``--steps`` steps from the same seed; the steady-state rate counts the steps after the first
+``--warmup`` (worker start, first compilations). Printed per mode: median [min-max] steps/s over the repeats, the ratio to sync, the
 learner-idle and sampler-idle fractions, and for the synchronous runs the overlap bound
 
     bound = sync step time / max(rollout time, update time)
@@ -117,13 +118,42 @@ def run(
     }
 
 
+def run_alone(overrides: list[str], steps: int, warmup: int, out: Path, target: float | None, eval_every: int) -> dict:
+    """:func:`run` in a fresh Python process: no mode inherits another's imports, caches, threads or niceness
+    (``trainer.learner_nice`` lowers the priority of the process that runs the learner)."""
+    import json
+    import subprocess
+
+    spec = json.dumps([overrides, steps, warmup, str(out), target, eval_every])
+    done = subprocess.run([sys.executable, __file__, "--one-run", spec], stdout=subprocess.PIPE, text=True, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def one_run(spec: str) -> None:
+    """The child side of :func:`run_alone`: one run, its result as the last line of stdout."""
+    import json
+
+    overrides, steps, warmup, out, target, eval_every = json.loads(spec)
+    print(json.dumps(run(overrides, steps, warmup, Path(out), target, eval_every)))
+
+
 def main() -> None:
+    if len(sys.argv) == 3 and sys.argv[1] == "--one-run":
+        return one_run(sys.argv[2])
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--target", type=float, default=None, help="held-out eval/score to time (off by default)")
     ap.add_argument("--eval-every", type=int, default=5, help="steps between held-out evaluations with --target")
+    ap.add_argument(
+        "--async-override",
+        action="append",
+        default=[],
+        dest="async_overrides",
+        metavar="KEY=VALUE",
+        help="an override of the asynchronous modes only, e.g. trainer.learner_nice=10 (repeatable)",
+    )
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
     if not 1 <= args.warmup < args.steps - 1:
@@ -133,7 +163,8 @@ def main() -> None:
         for rep in range(args.repeats):
             for mode, extra in MODES.items():
                 out = Path(tmp) / f"{mode.replace('=', '')}-{rep}"
-                r = run(args.overrides + extra, args.steps, args.warmup, out, args.target, args.eval_every)
+                extra = extra + args.async_overrides if extra else extra
+                r = run_alone(args.overrides + extra, args.steps, args.warmup, out, args.target, args.eval_every)
                 results[mode].append(r)
                 done = (
                     f"{r['steps_per_s']:.2f} steps/s" if args.target is None else f"target at {r['to_target_s']:.1f} s"
@@ -145,6 +176,8 @@ def main() -> None:
     sync_rate = statistics.median(r["steps_per_s"] for r in sync)
     bound = statistics.median(bounds)
     print(f"overrides: {' '.join(args.overrides) or '(task=toy_arithmetic defaults)'}; {args.repeats} repeats")
+    if args.async_overrides:
+        print(f"asynchronous modes also: {' '.join(args.async_overrides)}")
     print(
         f"sync phases (median): rollout {statistics.median(r['rollout_s'] for r in sync):.3f}s, update "
         f"{statistics.median(r['update_s'] for r in sync):.3f}s; overlap bound {spread(bounds, fmt='{:.2f}')}x; "

@@ -290,6 +290,11 @@ class TrainerConfig:
     ``algo.max_staleness`` versions (docs/async.md)."""
     rollout_workers: int = 1
     """With ``rollout=async``: rollout worker processes (each holds a copy of the policy)."""
+    learner_nice: int = 0
+    """With ``rollout=async``: raise the learner's niceness by this much (0 to 19) once its rollout workers have
+    started, so that where the learner and the samplers share CPU cores the samplers (the side the learner waits for
+    when it is idle) get them first; the learner's update then fills the cores they leave. 0 leaves priorities alone.
+    A worker restarted later inherits the learner's niceness (an unprivileged process cannot lower it again)."""
 
 
 @dataclass
@@ -725,6 +730,8 @@ def validate_trainer(tr: TrainerConfig) -> None:
     check_choice(tr.rollout, ("sync", "async"), "trainer.rollout")
     if tr.rollout_workers < 1:
         raise ConfigError(f"trainer.rollout_workers must be >= 1, got {tr.rollout_workers}")
+    if not 0 <= tr.learner_nice <= 19:
+        raise ConfigError(f"trainer.learner_nice must be in [0, 19] (a niceness increase), got {tr.learner_nice}")
 
 
 def validate_sampling(model: Any) -> None:

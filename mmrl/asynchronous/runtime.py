@@ -56,6 +56,24 @@ def check_async_settings(cfg, *, world: int, injected: bool) -> None:
         )
 
 
+def lower_priority(increase: int) -> int:
+    """Raise this process's niceness by ``increase``, on every thread it has (Linux keeps a niceness per thread, and
+    ``os.nice`` changes the calling one only; threads started later inherit it). Returns the main thread's new
+    niceness."""
+    import os
+
+    tasks = f"/proc/{os.getpid()}/task"
+    if not os.path.isdir(tasks):  # not Linux: the process-wide call
+        return os.nice(increase)
+    for tid in os.listdir(tasks):
+        try:
+            now = os.getpriority(os.PRIO_PROCESS, int(tid))
+            os.setpriority(os.PRIO_PROCESS, int(tid), min(19, now + increase))
+        except ProcessLookupError:  # a thread that ended meanwhile
+            continue
+    return os.getpriority(os.PRIO_PROCESS, os.getpid())
+
+
 def _shutdown(workers: list, results) -> None:
     """Ask every worker to stop, then end those that do not (the run is over or being torn down)."""
     for w in workers:
@@ -118,6 +136,7 @@ class AsyncRollouts:
         self._finalizer = None
         self._ctx = torch.multiprocessing.get_context("spawn")
         self._ready: set[int] = set()  # workers that reported they are built
+        self.niceness: int | None = None  # the learner's niceness once trainer.learner_nice lowered it
         self._wait_s = 0.0  # the learner's wait for groups in this step
         self._sampler_busy = self._sampler_idle = 0.0  # of the rounds received since the last step
 
@@ -141,6 +160,8 @@ class AsyncRollouts:
         self._finalizer = weakref.finalize(self, _shutdown, self.workers, self.results)
         while len(self._ready) < len(self.workers):  # building the workers is not waiting for groups
             self._pump(0.5)
+        if self.cfg.trainer.learner_nice:
+            self.niceness = lower_priority(self.cfg.trainer.learner_nice)
 
     def _spawn(self, w: int) -> dict:
         from mmrl.asynchronous.worker import run_worker
