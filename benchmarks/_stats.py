@@ -27,9 +27,11 @@ def timed_train_step(trainer) -> tuple[float, float]:
 class BusyCores:
     """Machine-wide busy cores, sampled from ``/proc/stat`` every ``period`` seconds in a thread (Linux only).
 
-    ``mean_since(t)`` is the mean number of busy cores over the intervals sampled after ``time.perf_counter() >= t``
-    (every process counts: the learner, rollout workers, environment workers, and anything else running), or NaN
-    where ``/proc/stat`` cannot be read. Use it as ``with BusyCores() as busy: ...``.
+    ``mean_between(t0, t1)`` is the mean number of busy cores over the intervals sampled from ``t0`` to ``t1``
+    (``time.perf_counter()`` values; every process counts: the learner, rollout workers, environment workers, and
+    anything else running), or NaN where ``/proc/stat`` cannot be read. Pass the window of the work measured: a run's
+    start-up or shutdown (workers joining, pools closing) would otherwise count in it. Use it as
+    ``with BusyCores() as busy: ...``.
 
     The mean is weighted by each interval's length (busy jiffies over total jiffies of the whole window), not a plain
     mean of per-interval readings: the sampling thread needs the GIL, so it can wake late while the process is busy,
@@ -62,8 +64,9 @@ class BusyCores:
                 self.samples.append((time.perf_counter(), total - idle, total))
             prev = cur
 
-    def mean_since(self, t: float) -> float:
-        busy = [(b, n) for ts, b, n in self.samples if ts >= t]
+    def mean_between(self, t0: float, t1: float) -> float:
+        # an interval counts when it ended inside the window (its end is its timestamp)
+        busy = [(b, n) for ts, b, n in self.samples if t0 <= ts <= t1]
         if not busy:
             return float("nan")
         return (os.cpu_count() or 1) * sum(b for b, _ in busy) / sum(n for _, n in busy)

@@ -107,7 +107,7 @@ def run(
     return {
         "steps_per_s": (len(ends) - warmup)
         / (ends[-1] - ends[warmup - 1] - (eval_at_end[-1] - eval_at_end[warmup - 1])),
-        "busy_cores": busy.mean_since(ends[warmup - 1]),
+        "busy_cores": busy.mean_between(ends[warmup - 1], ends[-1]),  # the measured steps only
         "rollout_s": rollout,
         "update_s": update,
         "step_s": step,
@@ -154,15 +154,39 @@ def main() -> None:
         metavar="KEY=VALUE",
         help="an override of the asynchronous modes only, e.g. trainer.learner_nice=10 (repeatable)",
     )
+    ap.add_argument(
+        "--learner-nice",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also run eta=1 and eta=2 with trainer.learner_nice=N, interleaved with the others (an A/B in one run)",
+    )
+    ap.add_argument(
+        "--mode",
+        action="append",
+        dest="modes",
+        default=None,
+        metavar="MODE",
+        help="run only this mode (repeatable; sync always runs: the ratios are against it), e.g. --mode 'eta=1 nice'",
+    )
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
     if not 1 <= args.warmup < args.steps - 1:
         ap.error("--warmup must be >= 1 and leave at least 2 measured steps")
-    results: dict[str, list[dict]] = {m: [] for m in MODES}
+    modes = dict(MODES)
+    if args.learner_nice:
+        for name in ("eta=1", "eta=2"):
+            modes[f"{name} nice"] = MODES[name] + [f"trainer.learner_nice={args.learner_nice}"]
+    if args.modes:
+        unknown = set(args.modes) - set(modes)
+        if unknown:
+            ap.error(f"unknown modes {sorted(unknown)}; known: {sorted(modes)}")
+        modes = {m: x for m, x in modes.items() if m == "sync" or m in args.modes}
+    results: dict[str, list[dict]] = {m: [] for m in modes}
     with tempfile.TemporaryDirectory() as tmp:
         for rep in range(args.repeats):
-            for mode, extra in MODES.items():
-                out = Path(tmp) / f"{mode.replace('=', '')}-{rep}"
+            for mode, extra in modes.items():
+                out = Path(tmp) / f"{mode.replace('=', '').replace(' ', '-')}-{rep}"
                 extra = extra + args.async_overrides if extra else extra
                 r = run_alone(args.overrides + extra, args.steps, args.warmup, out, args.target, args.eval_every)
                 results[mode].append(r)
@@ -184,12 +208,12 @@ def main() -> None:
         f"cpu bound {spread(cpu_bounds, fmt='{:.2f}')}x ({os.cpu_count()} cores)"
     )
     if args.target is None:  # with evaluations, steps/s would count the workers' sampling during them
-        print("mode    steps/s              vs sync             of bound   learner idle  sampler idle  busy cores")
+        print("mode         steps/s              vs sync             of bound   learner idle  sampler idle  busy cores")
         for mode, rs in results.items():
             rates = [r["steps_per_s"] for r in rs]
             ratios = [x / y["steps_per_s"] for x, y in zip(rates, sync)]  # each repeat against its own sync run
             print(
-                f"{mode:7s} {spread(rates, fmt='{:.2f}'):20s} {spread(ratios, fmt='{:.2f}') + 'x':19s} "
+                f"{mode:12s} {spread(rates, fmt='{:.2f}'):20s} {spread(ratios, fmt='{:.2f}') + 'x':19s} "
                 f"{statistics.median(ratios) / bound:8.0%}   "
                 f"{statistics.median(r['learner_idle'] for r in rs):11.0%}   "
                 f"{statistics.median(r['sampler_idle'] for r in rs):11.0%}   "
@@ -202,7 +226,7 @@ def main() -> None:
             "wall seconds from the start, evaluations included):"
         )
         for mode, rs in results.items():
-            print(f"{mode:7s} {time_to_target(rs)}")
+            print(f"{mode:12s} {time_to_target(rs)}")
 
 
 def time_to_target(rs: list[dict]) -> str:
