@@ -111,9 +111,10 @@ class AlgoConfig:
     num_minibatches: int = 1
     """Optimizer steps per epoch (the rollout batch is split into this many minibatches)."""
     old_logp: str = "auto"
-    """Source of the PPO 'old' log-probs: auto (detached current forward when one epoch and one
-    minibatch, else recompute), recompute (a no-grad forward before the update) or rollout (the
-    rollout engine's own log-probs)."""
+    """Source of the PPO 'old' log-probs (pi_prox): auto (detached current forward when one epoch and one
+    minibatch, else recompute), recompute (a no-grad forward before the update), rollout (the
+    rollout engine's own log-probs) or interpolate (AReaL's approximation without a forward: the behaviour log-probs
+    moved s / (s + 1) of the way to the current forward's, for a sample s versions stale; docs/async.md)."""
     filter_groups: bool = False
     """DAPO dynamic sampling: drop groups whose rewards are all equal."""
     max_resample: int = 2
@@ -696,7 +697,7 @@ def validate_algo(algo: AlgoConfig) -> None:
     check_choice(algo.loss_agg, AGGREGATIONS.names(), "algo.loss_agg")
     check_choice(algo.kl_estimator, KL_ESTIMATORS.names(), "algo.kl_estimator")
     check_choice(algo.adv_scale, ("group", "batch", "none"), "algo.adv_scale")
-    check_choice(algo.old_logp, ("auto", "recompute", "rollout"), "algo.old_logp")
+    check_choice(algo.old_logp, ("auto", "recompute", "rollout", "interpolate"), "algo.old_logp")
     from mmrl.algos.importance import IS_MODES
 
     check_choice(algo.is_mode, IS_MODES, "algo.is_mode")

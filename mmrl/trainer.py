@@ -586,7 +586,7 @@ class Trainer:
 
         t0 = time.perf_counter()
         self._abort_after_step = None
-        stats = self._update(ro, mask, adv, returns, old_logp, current_old=(mode == "current"))
+        stats = self._update(ro, mask, adv, returns, old_logp, anchor=mode)
         if stats.get("train/nonfinite_skipped", 0) < algo.ppo_epochs * algo.num_minibatches:
             self.updates_done += 1
         else:  # every optimizer step of it was skipped for non-finite values: it updated nothing
@@ -618,7 +618,7 @@ class Trainer:
         returns: Tensor | None,
         old_logp: Tensor | None,
         *,
-        current_old: bool,
+        anchor: str,
     ) -> dict[str, float]:
         algo = self.cfg.algo
         tr = self.cfg.trainer
@@ -661,8 +661,14 @@ class Trainer:
                         out = self.policy.log_probs(sub, entropy=need_entropy, values=use_gae)
                         logp = out.logp.float()
                         dev = logp.device
-                        old = logp.detach() if current_old else old_logp[mi].to(dev)
                         beh = ro.rollout_logp[mi].to(dev)
+                        if anchor == "current":
+                            old = logp.detach()
+                        elif anchor == "interpolate":  # sync rollouts carry no staleness: 0, the behaviour log-probs
+                            stale = ro.staleness[mi] if ro.staleness is not None else torch.zeros(mi.numel())
+                            old = algos.interpolated_prox_logp(logp, beh, stale)
+                        else:
+                            old = old_logp[mi].to(dev)
                         loss, terms = algos.rl_objective(
                             logp,
                             old_logp=old,

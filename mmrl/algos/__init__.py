@@ -16,7 +16,7 @@ from .estimators import (
     token_advantages,
 )
 from .filtering import group_moments, group_stats, nonzero_variance_groups, success_rate_band
-from .importance import importance_stats, truncated_is_weights
+from .importance import importance_stats, interpolated_prox_logp, truncated_is_weights
 from .kl import kl_estimate
 from .losses import DEFAULT_CLIP, PolicyLossOutput, gspo, ppo_clip, value_loss
 from .masked import AlgoInputError, masked_mean, masked_sum, masked_var, masked_whiten
@@ -72,6 +72,7 @@ __all__ = [
     # kl / importance sampling
     "kl_estimate",
     "truncated_is_weights",
+    "interpolated_prox_logp",
     "importance_stats",
     # the objective of one micro-batch
     "rl_objective",

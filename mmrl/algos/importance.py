@@ -20,6 +20,11 @@ the cap as a choice (``mode``), always per token:
   the others keep their uncapped weight. The caller keeps the dropped tokens in the loss normaliser (AReaL divides by
   the count of the original loss mask), so masking shrinks the update rather than re-weighting the kept tokens.
 
+``interpolated_prox_logp`` is AReaL's approximation of pi_prox without a forward pass: with the versions v of the
+weights that sampled a token (behaviour), of the update's start (prox) and of the weights being trained (theta =
+prox + 1, the version the step produces), alpha = (v_prox - v_behav) / (v_theta - v_behav) = s / (s + 1) for a
+sample ``s`` versions stale, and log pi_prox ~ log pi_behav + alpha * (log pi_theta - log pi_behav).
+
 ``importance_stats`` reports the token-level mismatch over valid tokens: ratio mean/min/max,
 mean |trainer - rollout|, and the fraction of tokens whose ratio exceeds C. A ratio far from 1
 (e.g. ~1e-7) means the engine and the trainer hold different weights (broken weight sync).
@@ -101,6 +106,26 @@ def behaviour_weights(
     ratio, m = _clamped_ratio(prox_logp, behaviour_logp, mask, "behaviour_weights")
     kept = m & ~(ratio > cap)
     return torch.where(kept, ratio, torch.zeros_like(ratio)), kept
+
+
+def interpolated_prox_logp(logp: Tensor, behaviour_logp: Tensor, staleness: Tensor) -> Tensor:
+    """[B, T] detached log pi_prox interpolated between the behaviour log-probs and the current ones by each row's
+    staleness (module docstring): alpha = s / (s + 1), so an on-policy row (s = 0) keeps its behaviour log-probs and a
+    row s versions old moves s / (s + 1) of the way to the current policy. ``staleness`` is [B], >= 0."""
+    if logp.shape != behaviour_logp.shape:
+        raise AlgoInputError(
+            f"interpolated_prox_logp: logp {tuple(logp.shape)} and behaviour_logp {tuple(behaviour_logp.shape)} differ"
+        )
+    if staleness.dim() != 1 or staleness.shape[0] != logp.shape[0]:
+        raise AlgoInputError(
+            f"interpolated_prox_logp: staleness must be [B] = [{logp.shape[0]}], got {tuple(staleness.shape)}"
+        )
+    s = staleness.to(device=logp.device, dtype=torch.float32)
+    if bool((s < 0).any()):
+        raise AlgoInputError("interpolated_prox_logp: staleness must be >= 0")
+    alpha = (s / (s + 1.0))[:, None]
+    beh = behaviour_logp.detach().float()
+    return beh + alpha * (logp.detach().float() - beh)
 
 
 def above_cap(prox_logp: Tensor, behaviour_logp: Tensor, mask: Tensor, *, cap: float) -> Tensor:

@@ -95,8 +95,9 @@ def _shutdown(workers: list, results) -> None:
         q.close()
 
 
-def _groups_rollout(groups: list[tuple]) -> Rollout | None:
-    """The rows of ``groups`` ((round, slot offset) pairs, in slot order) from their rounds' rollouts; None for none."""
+def _groups_rollout(groups: list[tuple], version: int) -> Rollout | None:
+    """The rows of ``groups`` ((round, slot offset) pairs, in slot order) from their rounds' rollouts, each row's
+    ``staleness`` being ``version`` (the learner's) less its round's sampling version; None for none."""
     parts: list[Rollout] = []
     by_round: dict[int, tuple] = {}
     for r, k in groups:
@@ -104,7 +105,8 @@ def _groups_rollout(groups: list[tuple]) -> Rollout | None:
     for r, seeds in by_round.values():
         ro = r.result.rollout
         sel = torch.isin(ro.group_id, torch.tensor(seeds, dtype=ro.group_id.dtype))
-        parts.append(ro if bool(sel.all()) else ro.index(torch.nonzero(sel).flatten()))
+        ro = ro if bool(sel.all()) else ro.index(torch.nonzero(sel).flatten())
+        parts.append(ro.with_(staleness=torch.full((ro.batch_size,), float(version - r.sampled_version))))
     return Rollout.concat(parts) if parts else None
 
 
@@ -341,12 +343,12 @@ class AsyncRollouts:
                 metrics.update(res.metrics)
             if res.samples_log and run_dir is not None:
                 write_samples_log(run_dir / "samples.jsonl", res.samples_log)
-        shards = [_groups_rollout(shard(take.groups, rank, self.world)) for rank in range(self.world)]
+        shards = [_groups_rollout(shard(take.groups, rank, self.world), take.version) for rank in range(self.world)]
         if any(x is None for x in shards) and any(x is not None for x in shards):
             # a rank whose shard is empty (the filter kept fewer groups than there are ranks) trains on one invalid
             # row, as a synchronous rank left without groups does, so that the others' groups still train
             ballast = next(r.result.ballast for r, _ in take.groups if r.result.ballast is not None)
-            ballast = ballast.with_(valid=torch.zeros_like(ballast.valid))
+            ballast = ballast.with_(valid=torch.zeros_like(ballast.valid), staleness=torch.zeros(ballast.batch_size))
             shards = [ballast if x is None else x for x in shards]
         metrics["time/rollout"] = self._wait_s
         self.collector.count_step(

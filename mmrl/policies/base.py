@@ -148,6 +148,9 @@ class Rollout:
     adv_bonus: Tensor | None = None
     """[B] added to each sample's advantage after group normalisation (T-GRPO's temporal bonus); filled by the
     trainer from :func:`mmrl.algos.tgrpo.rollout_temporal_bonus` after scoring."""
+    staleness: Tensor | None = None
+    """[B] float: learner versions between the weights that sampled each sample and the weights it trains (set by
+    asynchronous rollouts, :mod:`mmrl.asynchronous`); None: sampled by the weights it trains (0)."""
     metrics: dict[str, float] = field(default_factory=dict)
     """Rollout-side metrics (engine time, skips, env steps/s...), logged as they are. Keys with a meaning:
     ``data/too_long``: prompts the policy left out (over its length limit; set ``prompt_index`` for the others),

@@ -456,7 +456,7 @@ def test_value_clip_reaches_the_value_loss(tmp_path):
         ro, _ = tr.collect()
         ro.values = old_values.clone()
         mask = ro.mask * ro.valid[:, None].float()
-        stats = tr._update(ro, mask, torch.zeros_like(mask), returns.clone(), None, current_old=True)
+        stats = tr._update(ro, mask, torch.zeros_like(mask), returns.clone(), None, anchor="current")
         assert len(seen) == 1
         # by hand
         v = data.v0.double().clone().requires_grad_(True)
