@@ -31,7 +31,7 @@ from collections import defaultdict
 from pathlib import Path
 
 MAPPED = {"tasks": "mmrl.tasks", "simulators": "mmrl.simulators", "configs": "mmrl.configs"}
-CONSUMERS = ("mmrl/trainer.py", "mmrl/sft.py", "mmrl/evaluation.py", "mmrl/rollouts.py", "mmrl/cli.py")
+CONSUMERS = ("mmrl/trainer.py", "mmrl/sft.py", "mmrl/evaluation.py", "mmrl/collector.py", "mmrl/cli.py")
 CONTRACT = {"mmrl.tasks", "mmrl.tasks.base"}
 PROBE = re.compile(r"(getattr|hasattr)\((self\.)?(policy|task)\b")
 
