@@ -25,10 +25,10 @@ from typing import Any, Sequence
 import torch
 
 from mmrl.builders import build_policy, build_rewards, build_task
+from mmrl.collector import prepare_batch, sample_prompts
 from mmrl.policies.base import Policy
 from mmrl.rewards.manager import RewardManager
 from mmrl.rollout.noise import mix_seed
-from mmrl.rollouts import prepare_batch, sample_prompts
 from mmrl.tasks.base import Task
 
 log = logging.getLogger(__name__)

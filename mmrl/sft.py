@@ -18,10 +18,10 @@ from typing import Callable
 
 import torch
 
+from mmrl.collector import prepare_batch
 from mmrl.data.sampler import PromptSampler
 from mmrl.errors import ConfigError
 from mmrl.policies.base import PromptBatch
-from mmrl.rollouts import prepare_batch
 
 log = logging.getLogger(__name__)
 

@@ -32,6 +32,7 @@ from torch import Tensor
 from mmrl import algos
 from mmrl.builders import build_policy, build_rewards, build_task
 from mmrl.checkpoint_files import checkpoint_step, resolve_checkpoint
+from mmrl.collector import RolloutCollector
 from mmrl.config import RunConfig, config_yaml, field_defaults, load_config, to_dict
 from mmrl.errors import ConfigError, RunStopped, TrainingAborted
 from mmrl.evaluation import evaluate_policy
@@ -40,7 +41,6 @@ from mmrl.policies.base import Policy, PromptBatch, Rollout
 from mmrl.preflight import warn_if_cannot_learn
 from mmrl.progress import PhaseProgress, fmt
 from mmrl.rollout.noise import mix_seed
-from mmrl.rollouts import RolloutCollector
 from mmrl.run_report import RunReport, start_banner
 from mmrl.tracking import Tracker, plot_metrics
 from mmrl.training_checkpoint import (
@@ -408,7 +408,7 @@ class Trainer:
         log.info("resumed from %s at step %d", path, self.step)
         return state
 
-    # ------------------------------------------------------------------ rollouts (mmrl.rollouts)
+    # ------------------------------------------------------------------ rollouts (mmrl.collector)
     @property
     def rewards(self):
         """The run's :class:`~mmrl.rewards.manager.RewardManager` (training and evaluation score with it)."""
@@ -438,7 +438,7 @@ class Trainer:
         return self.rollouts.next_prompts()
 
     def collect(self) -> tuple[Rollout | None, dict]:
-        """Roll out, score and filter this step's batch (:meth:`mmrl.rollouts.RolloutCollector.collect`); with
+        """Roll out, score and filter this step's batch (:meth:`mmrl.collector.RolloutCollector.collect`); with
         ``trainer.rollout=async``, the step's groups from the rollout workers (:mod:`mmrl.asynchronous`)."""
         if self.async_rollouts is not None:
             return self.async_rollouts.collect(step=self.step, run_dir=self.run_dir)

@@ -31,7 +31,10 @@ from collections import defaultdict
 from pathlib import Path
 
 MAPPED = {"tasks": "mmrl.tasks", "simulators": "mmrl.simulators", "configs": "mmrl.configs"}
-CONSUMERS = ("mmrl/trainer.py", "mmrl/sft.py", "mmrl/evaluation.py", "mmrl/rollouts.py", "mmrl/cli.py")
+CONSUMERS = ("mmrl/trainer.py", "mmrl/sft.py", "mmrl/evaluation.py", "mmrl/collector.py", "mmrl/cli.py")
+FORMER_PATHS = {"mmrl/collector.py": "mmrl/rollouts.py"}
+"""A consumer's path before a rename, read when the current one is absent, so ``--root`` on an older checkout counts
+the same modules."""
 CONTRACT = {"mmrl.tasks", "mmrl.tasks.base"}
 PROBE = re.compile(r"(getattr|hasattr)\((self\.)?(policy|task)\b")
 
@@ -195,6 +198,19 @@ def new_faults(current: dict[str, list], baseline: dict[str, list]) -> list[str]
     return out
 
 
+def consumer_probes(root: Path) -> list[str]:
+    """``"<file>: <line>"`` for each getattr / hasattr on the policy or task in the consumers (a consumer absent
+    under ``root`` is read under its former path, else skipped)."""
+    probes = []
+    for rel in CONSUMERS:
+        if not (root / rel).exists() and rel in FORMER_PATHS:
+            rel = FORMER_PATHS[rel]
+        f = root / rel
+        if f.exists():
+            probes += [f"{rel}: {ln.strip()}" for ln in f.read_text().splitlines() if PROBE.search(ln)]
+    return probes
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--root", type=Path, default=Path(__file__).resolve().parents[1])
@@ -231,11 +247,7 @@ def main() -> None:
     print(f"upward imports (core -> adapter/task, adapter -> task; lazy ones included): {len(up)}")
     for line in up:
         print("   ", line)
-    probes = []
-    for rel in CONSUMERS:
-        f = root / rel
-        if f.exists():
-            probes += [f"{rel}: {ln.strip()}" for ln in f.read_text().splitlines() if PROBE.search(ln)]
+    probes = consumer_probes(root)
     print(f"probes of policy/task outside the contract in {', '.join(CONSUMERS)}: {len(probes)}")
     for line in probes:
         print("   ", line)

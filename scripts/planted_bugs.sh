@@ -4,7 +4,7 @@
 #
 #   bash scripts/planted_bugs.sh [pytest args...]      (default: the wiring tests below)
 #
-# Bugs: (1) score_rollout (mmrl/rollouts.py) stops AND-ing the reward validity into the rollout's (failed rewards count as 0);
+# Bugs: (1) score_rollout (mmrl/collector.py) stops AND-ing the reward validity into the rollout's (failed rewards count as 0);
 #       (2) the objective passes clip_high=cfg.clip_low; (3) the objective passes dual_clip=None.
 # Exit status 0 when every bug failed at least one test.
 set -euo pipefail
@@ -35,7 +35,7 @@ EOF
 }
 
 BUGS=(
-  "mmrl/rollouts.py|ro.valid = ro.valid & res.valid|ro.valid = ro.valid"
+  "mmrl/collector.py|ro.valid = ro.valid & res.valid|ro.valid = ro.valid"
   "mmrl/algos/objective.py|clip_high=cfg.clip_high|clip_high=cfg.clip_low"
   "mmrl/algos/objective.py|dual_clip=cfg.dual_clip|dual_clip=None"
 )

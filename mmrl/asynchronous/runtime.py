@@ -1,7 +1,7 @@
 """The learner's side of ``trainer.rollout=async``: rollout workers, handing out rounds under the capacity rule,
 consuming a step's groups, publishing weights, restarting dead workers, and the ``async/*`` metrics.
 
-The learner keeps the prompt sampler (:class:`~mmrl.rollouts.RolloutCollector`), so the data position and the skipped
+The learner keeps the prompt sampler (:class:`~mmrl.collector.RolloutCollector`), so the data position and the skipped
 item counts stay where a synchronous run keeps them and checkpoint the same way; the sampler position saved is the one
 of the first slot not consumed (:meth:`AsyncRollouts.state_dict`).
 """
@@ -112,7 +112,7 @@ def _groups_rollout(groups: list[tuple], version: int) -> Rollout | None:
 
 class AsyncRollouts:
     """Rollout workers fed rounds of prompts within ``algo.max_staleness`` versions; ``collect`` returns a step's
-    rollout as :meth:`mmrl.rollouts.RolloutCollector.collect` does.
+    rollout as :meth:`mmrl.collector.RolloutCollector.collect` does.
 
     With several learner processes (``trainer.strategy=ddp``; ``dp`` is the run's
     :class:`~mmrl.parallel.data_parallel.DataParallel`), rank 0 alone runs the workers, the schedule and the prompt
@@ -331,8 +331,8 @@ class AsyncRollouts:
         return shards, metrics
 
     def _assemble(self, take, depth: int, run_dir) -> tuple[list[Rollout | None], dict]:
+        from mmrl.collector import write_samples_log
         from mmrl.data.sampler import shard
-        from mmrl.rollouts import write_samples_log
 
         metrics: dict[str, float] = {}
         skipped = seen = too_long = 0

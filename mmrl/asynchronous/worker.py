@@ -5,7 +5,7 @@ Messages to the learner (one results queue shared by the workers), each a tuple 
 
 - ``("ready", worker)``: built, weights loaded;
 - ``("round", worker, round_id, version, kept, payload, busy_s, idle_s)``: a round done. ``payload`` is the
-  :class:`~mmrl.rollouts.ScoredRound` serialised with ``torch.save`` (no tensor travels by file descriptor);
+  :class:`~mmrl.collector.ScoredRound` serialised with ``torch.save`` (no tensor travels by file descriptor);
   ``version`` the weights it sampled with; ``kept`` per slot whether a group survived; ``busy_s`` the time the round
   took and ``idle_s`` the time the worker waited for it;
 - ``("error", worker, round_id, summary, traceback, exception)``: the round raised; the worker exits.
@@ -70,12 +70,12 @@ def sampling_config(cfg):
 
 def build_sampling(cfg, device: str):
     """What a rollout worker builds in its own process: the task, the policy (on ``device``, without a KL reference:
-    :func:`sampling_config`) and the :class:`~mmrl.rollouts.RolloutCollector` that rolls out and scores its rounds.
+    :func:`sampling_config`) and the :class:`~mmrl.collector.RolloutCollector` that rolls out and scores its rounds.
     Plugins must be loaded (the registries of a spawned process start empty)."""
     import torch
 
     from mmrl.builders import build_policy, build_rewards, build_task
-    from mmrl.rollouts import RolloutCollector
+    from mmrl.collector import RolloutCollector
 
     cfg = sampling_config(cfg)
     task = build_task(cfg)
@@ -96,8 +96,8 @@ def run_worker(worker: int, cfg, board, tasks, results, device: str) -> None:
     try:
         import torch
 
+        from mmrl.collector import prepare_batch
         from mmrl.plugins import load_plugins
-        from mmrl.rollouts import prepare_batch
 
         load_plugins(cfg.plugins)  # a spawned process starts with empty registries: a plugin's task and model type
 

@@ -222,11 +222,33 @@ class DiffusionConfig(BaseModelConfig):
 
 @dataclass
 class VLAConfig(VLMConfig):
-    """A vision-language-action policy: a Qwen-VL whose completions are action tokens, rolled out in simulators.
+    """``model.type=vla``: a vision-language-action policy, rolled out in simulators through the env pool. Two fields
+    pick the policy; the others are grouped below by what they serve.
 
-    Every VLM field applies (model path, dtype, LoRA, pixel limits, vision-tower freezing); the
-    fields below add the action tokenizer, the rollout over an env pool and the log-prob granularity.
-    See docs/tasks/vla.md and mmrl/adapters/vla/policy.py.
+    - ``architecture`` picks the backbone: ``vlm``, a transformers VLM (Qwen-VL or SmolVLM; ``path`` a preset, hub id
+      or folder; the :class:`VLMConfig` fields apply, ``camera_views`` lays out its cameras), or ``smolvla`` /
+      ``pi0`` / ``pi05``, a LeRobot checkpoint (SmolVLA, π0, π0.5) whose backbone, flow expert and action statistics
+      come from the checkpoint (``camera_map``, ``tokenizer_path``; of the VLM fields, ``lora`` and
+      ``freeze_vision_tower`` apply).
+    - ``action_head`` picks how the backbone's output becomes a chunk of ``chunk`` actions with a log-prob:
+
+      - ``tokens``: the LM head restricted to ``n_bins`` reserved action tokens per dimension (OpenVLA); sampled
+        with ``temperature`` / ``top_p``, the PPO ratio per ``logp_granularity``; the whole chunk is executed and the
+        state is not read.
+      - ``flow``: a flow-matching action expert attending to the backbone's prefix (π0, SmolVLA): ``expert_*``,
+        ``num_steps`` denoising steps, a log-prob per chunk from ``likelihood`` (``noise_*``), the warm start's
+        ``time_sampling``. The LeRobot architectures are always this head, with the checkpoint's own expert.
+      - ``gaussian``: learned action queries giving the mean and log-std of the whole chunk (OpenVLA-OFT):
+        ``expert_*`` for the queries, ``log_std``, ``init_log_std``, ``log_std_min`` / ``log_std_max``.
+
+      ``flow`` and ``gaussian`` share ``n_action_steps`` (actions executed per call), ``head_action_dim`` and the
+      state input (``use_state``, ``state_mean`` / ``state_std``), and sample with the HF engine only.
+    - Every policy: ``chunk``, the env pool (``num_workers``, ``step_timeout_s``) and ``max_policy_calls``.
+
+    :meth:`validate` refuses, in one line each, the combinations that do not exist (e.g. a LeRobot architecture with
+    a head other than flow, ``logp_granularity`` or the vLLM engine with a continuous head). The policies:
+    :mod:`mmrl.adapters.vla.policy` (tokens), :mod:`mmrl.adapters.vla.continuous_policy` (flow, gaussian),
+    :mod:`mmrl.adapters.vla.lerobot` (the LeRobot architectures); see docs/tasks/vla.md.
     """
 
     type: str = "vla"

@@ -81,3 +81,16 @@ def test_a_cycle_that_shrinks_passes_and_a_new_lazy_one_does_not(layout):
         "new module cycle (any import): a <-> d",
         "new upward import: x -> z",
     ]
+
+
+def test_probes_are_counted_in_a_renamed_consumer_under_its_former_path(layout, tmp_path):
+    """``--root`` on a checkout from before mmrl/rollouts.py became mmrl/collector.py counts the collector's probes."""
+    (tmp_path / "mmrl").mkdir()
+    (tmp_path / "mmrl" / "trainer.py").write_text("x = 1\nif hasattr(policy, 'ref'):\n    pass\n")
+    (tmp_path / "mmrl" / "rollouts.py").write_text("y = getattr(task, 'eval_items', None)\nz = getattr(cfg, 'a')\n")
+    assert layout.consumer_probes(tmp_path) == [
+        "mmrl/trainer.py: if hasattr(policy, 'ref'):",
+        "mmrl/rollouts.py: y = getattr(task, 'eval_items', None)",
+    ]
+    (tmp_path / "mmrl" / "collector.py").write_text("w = hasattr(self.policy, 'v')\n")  # the current path wins
+    assert layout.consumer_probes(tmp_path)[1:] == ["mmrl/collector.py: w = hasattr(self.policy, 'v')"]

@@ -187,7 +187,7 @@ def test_every_consumer_reaches_policy_and_task_only_through_the_contract():
     """Trainer, SFT, evaluation (train-time and `mmrl eval`) and the CLI (`mmrl collect`) use only what the base
     classes declare: no probing of a policy or task with getattr / hasattr."""
     pattern = re.compile(r"(getattr|hasattr)\((self\.)?(policy|task)\b")
-    for rel in ("mmrl/trainer.py", "mmrl/sft.py", "mmrl/evaluation.py", "mmrl/cli.py", "mmrl/rollouts.py"):
+    for rel in ("mmrl/trainer.py", "mmrl/sft.py", "mmrl/evaluation.py", "mmrl/cli.py", "mmrl/collector.py"):
         hits = [line for line in (ROOT / rel).read_text().splitlines() if pattern.search(line)]
         assert not hits, f"{rel} probes the policy/task outside the contract: {hits}"
 

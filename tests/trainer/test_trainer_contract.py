@@ -21,10 +21,10 @@ import torch
 import mmrl.trainer as trainer_module
 from mmrl import algos
 from mmrl.checkpoint_files import latest_checkpoint
+from mmrl.collector import RolloutCollector, append_samples_log, score_rollout
 from mmrl.errors import RunStopped
 from mmrl.policies.base import PromptBatch, Rollout
 from mmrl.rewards.manager import RewardResult
-from mmrl.rollouts import RolloutCollector, append_samples_log, score_rollout
 from tests.helpers import fake_launch_accelerator, nan_log_probs, toy_trainer
 
 

@@ -55,8 +55,8 @@ def test_record_keeps_the_first_fingerprint_and_raises_on_a_change(tmp_path):
 def test_vla_checkpoint_refuses_changed_layouts(tmp_path):
     pytest.importorskip("mujoco")
     torch = pytest.importorskip("torch")
+    from mmrl.collector import prepare_batch
     from mmrl.config import load_config
-    from mmrl.rollouts import prepare_batch
     from mmrl.trainer import Trainer
     from tests.adapters.vla.test_vla_tasks import reach_overrides
 

@@ -1,4 +1,4 @@
-"""The rollout collector's small pieces (mmrl/rollouts.py), in-process: which items a batch keeps, which prompt each
+"""The rollout collector's small pieces (mmrl/collector.py), in-process: which items a batch keeps, which prompt each
 sample belongs to, and the skipped-item totals that stop a run. Mutation testing (``scripts/mutation.sh trainer``)
 found each of them unpinned by the end-to-end runs."""
 
@@ -9,9 +9,9 @@ import logging
 import pytest
 import torch
 
+from mmrl.collector import prepare_batch, sample_prompts
 from mmrl.errors import SkipItem, TrainingAborted
 from mmrl.policies.base import PromptBatch
-from mmrl.rollouts import prepare_batch, sample_prompts
 from tests.helpers import toy_trainer
 
 

@@ -1,4 +1,5 @@
-"""One step's rollouts: prompts drawn and prepared, rolled out by the policy, scored, filtered.
+"""The rollout collector: one step's prompts drawn and prepared, rolled out by the policy, scored, filtered. (The
+sampling primitives the policies call, noise, the token sampler and the SDE math, are :mod:`mmrl.rollout`.)
 
 - :func:`prepare_batch`: ``task.prepare_item`` over sampled indices, skipping (and counting) bad items; training,
   the supervised warm start and evaluation all prepare items through it.
