@@ -81,7 +81,8 @@ spec() {
                     # rollouts and log-probs of tiny LeRobot policies (a minute each): on the survivors only
                     RECHECK="tests/adapters/vla/test_lerobot_flow_policy.py tests/adapters/vla/test_smolvla_policy.py tests/adapters/vla/test_lerobot_pi0.py" ;;
     vla_episodes) ONLY='"mmrl/adapters/vla/episodes.py", "mmrl/tasks/vla/base.py"'  # the episode loop; success metrics
-                  TESTS='"tests/adapters/vla/test_episode_loop.py", "tests/adapters/vla/test_success_metrics.py"'
+                  TESTS='"tests/adapters/vla/test_episode_loop.py", "tests/adapters/vla/test_success_metrics.py",
+                         "tests/adapters/vla/test_vla_eval_metrics.py"'
                   RECHECK="tests/adapters/vla/test_vla_tasks.py" ;;
     run_dir) ONLY='"mmrl/run_dir.py"'  # run folders: containment, overwrite, the lock, resume checks
              TESTS='"tests/trainer/test_run_dir_containment.py", "tests/trainer/test_run_dir_mutants.py", "tests/trainer/test_run_lock.py",

@@ -317,8 +317,12 @@ class VLATask(Task):
         return out
 
     def eval_metrics(self, items, samples, per_fn):
-        """Success over the fixed evaluation initial states (overall, per task, per initial state file: the success
-        rate of its episodes) + videos."""
+        """Success over the fixed evaluation initial states + videos. ``samples`` may hold several episodes per item
+        (a sampled evaluation repeats the item). Every rate is over the valid episodes only (a sample without
+        ``"valid"`` is valid; an infrastructure failure says nothing about the policy, even when it claims success):
+        overall, per task, per suite with their average when there are several suites, and per initial state in the
+        run folder's ``eval_success.json`` (a state without a valid episode is left out), beside ``success_table.md``
+        and the videos."""
         valid = [s.get("valid", True) for s in samples]
         n = max(1, sum(valid))
         out: dict[str, float] = {
@@ -341,8 +345,9 @@ class VLATask(Task):
         run_dir = self._run_dir()
         if run_dir is not None:
             runs: dict[str, list[bool]] = defaultdict(list)  # several episodes per state with a sampled eval
-            for it, s in zip(items, samples):
-                runs[init_state_key(it)].append(bool(s["success"]))
+            for it, s, ok in zip(items, samples, valid):
+                if ok:
+                    runs[init_state_key(it)].append(bool(s["success"]))
             per_state = {k: sum(v) / len(v) for k, v in runs.items()}
             run_dir.mkdir(parents=True, exist_ok=True)
             (run_dir / "eval_success.json").write_text(
