@@ -38,11 +38,11 @@ from mmrl.config import (
     RewardConfig,
     RunConfig,
     TrainerConfig,
-    _coerce,
     compose_dict,
     configs_dir,
     from_dict,
 )
+from mmrl.config.coercion import coerce
 
 SKIP_DIRS = ("accelerate",)
 """Folders of ``configs/`` that are not mmrl configs (accelerate's launcher files)."""
@@ -153,7 +153,7 @@ def _walk(cls: type, data: dict, where: str, out: list, unresolved: list) -> Non
             else:
                 _walk(nested, value, dotted, out, unresolved)
             continue
-        coerced = _coerce(value, hints[key], dotted)
+        coerced = coerce(value, hints[key], dotted)
         out.append((dotted, value, coerced == default and (where, key) not in SELECTORS))
 
 
