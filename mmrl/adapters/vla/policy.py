@@ -48,6 +48,7 @@ from torch import Tensor
 
 from mmrl.adapters.vla.action_tokenizer import ActionTokenizer, group_logp, group_mask, group_size
 from mmrl.adapters.vla.episodes import Act, ActOutput, EpisodeRecord, EpisodeRun, EpisodeSpec, run_episodes
+from mmrl.adapters.vla.heads import action_head, load
 from mmrl.adapters.vla.init_states import INIT_STATES_FILE, InitStateRecord, init_state_key
 from mmrl.adapters.vla.output_vocab import restricted_output_vocab
 from mmrl.errors import ConfigError
@@ -743,7 +744,8 @@ class VLAPolicy(VLMPolicy):
 
 def build_vla_policy(run_cfg, spec: PolicySpec) -> VLAPolicy:
     """Policy builder registered for ``model.type=vla``; the task's spec gives the env and the action statistics.
-    ``model.action_head=flow|gaussian`` builds a :class:`~mmrl.adapters.vla.continuous_policy.ContinuousVLAPolicy`,
+    ``model.architecture=vlm`` builds the policy class of the head (:mod:`mmrl.adapters.vla.heads`: the tokens head
+    a :class:`VLAPolicy`, flow / gaussian a :class:`~mmrl.adapters.vla.continuous_policy.ContinuousVLAPolicy`);
     ``model.architecture=smolvla|pi0|pi05`` a :class:`~mmrl.adapters.vla.lerobot.policy.LeRobotFlowPolicy`."""
     from mmrl.policies.vlm import load_run_vlm
 
@@ -760,11 +762,7 @@ def build_vla_policy(run_cfg, spec: PolicySpec) -> VLAPolicy:
     lm, processor = load_run_vlm(run_cfg)
     world = int(__import__("os").environ.get("WORLD_SIZE", "1"))
     slots = max(1, run_cfg.trainer.batch_size // world) * run_cfg.algo.group_size
-    policy_cls = VLAPolicy
-    if cfg.action_head != "tokens":  # flow / gaussian: continuous chunks (mmrl.adapters.vla.continuous_policy)
-        from mmrl.adapters.vla.continuous_policy import ContinuousVLAPolicy
-
-        policy_cls = ContinuousVLAPolicy
+    policy_cls = load(action_head(cfg).policy_class)  # the head's policy on this VLM (mmrl.adapters.vla.heads)
     policy = policy_cls(
         lm,
         processor,

@@ -47,6 +47,7 @@ from torch import Tensor, nn
 
 from mmrl.adapters.vla.continuous_policy import HEAD_META_FILE, STATE_STD_FLOOR, ContinuousVLAPolicy
 from mmrl.adapters.vla.flow_chain import FlowNoiseHead
+from mmrl.adapters.vla.heads import heads_on
 from mmrl.adapters.vla.init_states import INIT_STATES_FILE, InitStateRecord
 from mmrl.adapters.vla.lerobot import LeRobotCheckpointError
 from mmrl.adapters.vla.lerobot.pipeline import ACTION_KEY
@@ -181,8 +182,11 @@ class LeRobotFlowPolicy(ContinuousVLAPolicy):
             raise VLASetupError(
                 f"model.architecture={arch} but the checkpoint is a LeRobot '{kind}': set model.architecture={kind}"
             )
-        if cfg.action_head != "flow":
-            raise VLASetupError(f"model.architecture={arch} needs model.action_head=flow, got {cfg.action_head}")
+        heads = heads_on(arch)
+        if cfg.action_head not in heads:
+            raise VLASetupError(
+                f"model.architecture={arch} needs model.action_head={'|'.join(heads)}, got {cfg.action_head}"
+            )
         spec, model_cfg = pipeline.spec, pipeline.config
         env_dim = int(env_spec.action_dim)
         if spec.action_dim != env_dim:
@@ -302,7 +306,7 @@ class LeRobotFlowPolicy(ContinuousVLAPolicy):
     def _head_meta(self) -> dict:
         meta = {
             "architecture": self.cfg.architecture,
-            "action_head": "flow",
+            "action_head": self.cfg.action_head,
             "chunk": self.cfg.chunk,
             "cameras": self.cameras,
         }
