@@ -52,9 +52,10 @@ from torch import Tensor, nn
 
 from mmrl.adapters.vla.continuous_heads import ContinuousVLAModule, row_generators
 from mmrl.adapters.vla.episodes import Act, ActOutput
+from mmrl.adapters.vla.errors import VLAInputError
 from mmrl.adapters.vla.flow_chain import executed_steps_mask
 from mmrl.adapters.vla.heads import head_rule
-from mmrl.adapters.vla.policy import VLAEnvSpec, VLAInputError, VLAPolicy, first_identical_rows
+from mmrl.adapters.vla.policy import VLAEnvSpec, VLAPolicy, first_identical_rows
 from mmrl.adapters.vla.value_head import ValueHead
 from mmrl.policies.base import FrozenCopyReference, LogProbOutput, PromptBatch, Rollout
 from mmrl.policies.vlm import PromptInputs, encode_images

@@ -5,7 +5,8 @@
   keys are the payload's (flow: the chain and its stochastic steps; gaussian: the unclipped chunk);
 - the config accepts exactly the registered heads, and on a LeRobot backbone exactly the heads that run on it;
 - the planner's ``head_memory_kind`` hook (:func:`mmrl.models.registry.model_hook`) gives each head's memory model;
-- the tokens head has no rule.
+- the tokens head has no rule;
+- every ``model.architecture`` has a backbone loader in the factory, and every head runs on known backbones only.
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ pytest.importorskip("torch")
 
 from mmrl.adapters.vla.continuous_heads import FlowRule, GaussianRule, HeadRule  # noqa: E402
 from mmrl.adapters.vla.continuous_policy import ContinuousVLAPolicy  # noqa: E402
+from mmrl.adapters.vla.factory import BACKBONES, vlm_backbone  # noqa: E402
 from mmrl.adapters.vla.heads import ACTION_HEADS, action_head, head_rule, heads_on, load  # noqa: E402
+from mmrl.adapters.vla.lerobot.policy import lerobot_backbone  # noqa: E402
 from mmrl.adapters.vla.policy import VLAPolicy  # noqa: E402
 from mmrl.errors import ConfigError  # noqa: E402
 from mmrl.models.configs import VLAConfig  # noqa: E402
@@ -70,3 +73,17 @@ def test_the_planner_hook_gives_each_heads_memory_model():
     assert kinds == {"tokens": None, "flow": "flow", "gaussian": "gaussian"}
     assert model_hook("causal_lm", "head_memory_kind") is None
     assert model_hook("vla", "no_such_hook") is None
+
+
+def test_every_architecture_has_a_backbone_loader_and_every_head_runs_on_known_ones():
+    loaders = {arch: load(path) for arch, path in BACKBONES.items()}
+    assert loaders == {
+        "vlm": vlm_backbone,
+        "smolvla": lerobot_backbone,
+        "pi0": lerobot_backbone,
+        "pi05": lerobot_backbone,
+    }
+    for arch in loaders:
+        VLAConfig(architecture=arch, action_head="flow").validate()  # the config knows every backbone
+    for head in ACTION_HEADS.values():
+        assert set(head.architectures) <= set(BACKBONES), head.name
