@@ -3,7 +3,7 @@
 Both sides run the SAME episodes with the SAME policy object: the tiny VLA of the benchmark's task (``--benchmark``:
 ``task=vla_reach`` on the tabletop, ``task=metaworld``, or ``task=libero``; ``model=tiny_vla`` with the task's
 ``tiny_qwen3_vl``, random init, ``trainer.sft_steps=0``, built
-by :func:`mmrl.adapters.vla.policy.build_vla_policy` from the task's env spec; action statistics fixed to
+by :func:`mmrl.adapters.vla.factory.build_vla_policy` from the task's env spec; action statistics fixed to
 [-1, 1] instead of expert demos, which only sets the decoding range).  One *rollout* is ``B``
 prompt items x ``G`` episodes (one GRPO group per item, all ``G`` from the item's initial state);
 a repeat runs ``--rollouts`` of them on each side, items and seeds drawn identically per side.
@@ -70,7 +70,7 @@ BENCHMARKS: dict[str, tuple[str, int]] = {
 
 def build_policy(args: argparse.Namespace):
     """The tiny VLA of ``task=vla_reach`` (random init, no SFT) with a pool of exactly ``B * G`` slots."""
-    from mmrl.adapters.vla.policy import build_vla_policy
+    from mmrl.adapters.vla.factory import build_vla_policy
     from mmrl.builders import build_task
     from mmrl.config import load_config
     from mmrl.policies.base import PolicySpec

@@ -20,20 +20,28 @@ CORE_MODEL_TYPES: dict[str, tuple[str, ...]] = {
 }
 
 
-def _adapter_types() -> dict[str, tuple[str, ...]]:
-    """Every adapter's ``MODEL_TYPES``; a type declared twice is an error."""
+def _adapter_tables(table: str) -> list[tuple[str, dict]]:
+    """``(adapter name, its package's table)`` for every adapter package that defines ``table``, by name."""
     import pkgutil
 
     import mmrl.adapters
 
-    found: dict[str, tuple[str, ...]] = {}
+    out = []
     for info in sorted(pkgutil.iter_modules(mmrl.adapters.__path__), key=lambda m: m.name):
-        if not info.ispkg:
-            continue
-        declared = getattr(importlib.import_module(f"mmrl.adapters.{info.name}"), "MODEL_TYPES", {})
+        if info.ispkg:
+            declared = getattr(importlib.import_module(f"mmrl.adapters.{info.name}"), table, None)
+            if declared:
+                out.append((info.name, declared))
+    return out
+
+
+def _adapter_types() -> dict[str, tuple[str, ...]]:
+    """Every adapter's ``MODEL_TYPES``; a type declared twice is an error."""
+    found: dict[str, tuple[str, ...]] = {}
+    for adapter, declared in _adapter_tables("MODEL_TYPES"):
         for name, paths in declared.items():
             if name in found or name in CORE_MODEL_TYPES:
-                raise RuntimeError(f"model.type {name!r} is declared twice (mmrl.adapters.{info.name} and another)")
+                raise RuntimeError(f"model.type {name!r} is declared twice (mmrl.adapters.{adapter} and another)")
             found[name] = paths
     return found
 
@@ -90,6 +98,18 @@ def memory_model(model_type: str):
     types also give None: the config loader names them."""
     entry = _types().get(model_type)
     return _load(entry[2]) if entry is not None and len(entry) > 2 and entry[2] else None
+
+
+def model_hook(model_type: str, name: str):
+    """A fact about a model that the core asks its adapter for by name: the function ``MODEL_HOOKS[model_type][name]``
+    (``"module:function"``, imported on use) of the adapter package that declares it, or None when none does (the
+    caller then treats the model as having no such part). The planner asks ``model.type=vla`` for
+    ``head_memory_kind``, ``(model config) -> str | None``: the memory model of its action head."""
+    for _, declared in _adapter_tables("MODEL_HOOKS"):
+        path = declared.get(model_type, {}).get(name)
+        if path:
+            return _load(path)
+    return None
 
 
 def register_model_type(name: str, config_class: str, policy_builder: str, memory_model: str | None = None) -> None:

@@ -284,7 +284,7 @@ def _vla_episode(cfg, arch: Architecture) -> dict[str, Any]:
     spec = task.env_spec()
     m = cfg.model
     chunk = int(m.chunk)
-    continuous = getattr(m, "action_head", "tokens") != "tokens"
+    continuous = _head_memory_kind(m) is not None
     executed = int(getattr(m, "n_action_steps", None) or chunk)  # env steps per policy call
     height, width = task.frame_size()
     side = arch.vision.patch * arch.vision.merge if arch.vision is not None else 1
@@ -362,15 +362,25 @@ def _flow_vla_inputs(cfg, settings: PlanSettings, arch: Architecture, common: di
     return inp, info
 
 
+def _head_memory_kind(model_cfg) -> str | None:
+    """The memory model of the model's action head (:class:`ContinuousHead` ``kind``), asked of its adapter through
+    the ``head_memory_kind`` hook (:func:`mmrl.models.registry.model_hook`); None: a head planned as generated action
+    tokens, or a model type without the hook."""
+    from mmrl.models.registry import model_hook
+
+    hook = model_hook(model_cfg.type, "head_memory_kind")
+    return hook(model_cfg) if hook is not None else None
+
+
 def _continuous_head(cfg) -> ContinuousHead | None:
-    """The planner's view of ``model.action_head=flow|gaussian`` (None for the tokens head). The head's action dims
-    are ``model.head_action_dim`` or the env's (read from the task's env spec, no env built); the state dims
-    ``len(model.state_mean)`` or :data:`DEFAULT_STATE_DIM`."""
+    """The planner's view of a continuous action head (``model.action_head=flow|gaussian``; None for the tokens head).
+    The head's action dims are ``model.head_action_dim`` or the env's (read from the task's env spec, no env built);
+    the state dims ``len(model.state_mean)`` or :data:`DEFAULT_STATE_DIM`."""
     from mmrl.errors import ConfigError
 
     m = cfg.model
-    kind = getattr(m, "action_head", "tokens")
-    if kind == "tokens":
+    kind = _head_memory_kind(m)
+    if kind is None:
         return None
     if getattr(m, "architecture", "vlm") != "vlm":  # LeRobot's flow VLAs: _flow_vla_inputs
         raise ConfigError(f"model.architecture={m.architecture}: the head comes from the checkpoint")

@@ -16,6 +16,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from mmrl.adapters.vla.heads import action_head
 from mmrl.adapters.vla.init_states import init_state_key
 from mmrl.adapters.vla.success_table import markdown_table, success_table
 from mmrl.policies.base import PolicySpec
@@ -235,7 +236,7 @@ class VLATask(Task):
         """The run's policy is a continuous head that reads the state and has no state statistics in its config."""
         model = getattr(self.run_cfg, "model", None)
         return (
-            getattr(model, "action_head", "tokens") != "tokens"
+            action_head(model).continuous
             and bool(getattr(model, "use_state", False))
             and getattr(model, "state_mean", None) is None
         )

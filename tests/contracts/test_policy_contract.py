@@ -164,7 +164,8 @@ def test_tasks_give_their_policy_spec():
 
 
 def test_builders_name_the_task_when_the_spec_lacks_what_they_need():
-    from mmrl.adapters.vla.policy import VLAInputError, build_vla_policy
+    from mmrl.adapters.vla.errors import VLAInputError
+    from mmrl.adapters.vla.factory import build_vla_policy
     from mmrl.policies.causal_lm import build_causal_lm_policy
 
     cfg = load_config(["task=toy_arithmetic"])

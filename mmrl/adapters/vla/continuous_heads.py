@@ -31,7 +31,7 @@ from mmrl.adapters.vla.value_head import ValueHead
 from mmrl.policies.token_policy import accepts_logits_to_keep
 from mmrl.rollout import sde_math
 
-__all__ = ["ContinuousVLAModule", "FlowRule", "GaussianRule", "HeadRule", "head_rule", "row_generators"]
+__all__ = ["ContinuousVLAModule", "FlowRule", "GaussianRule", "HeadRule", "row_generators"]
 
 PrefixRun = Callable[["ContinuousVLAModule", Tensor, Tensor], Any]
 """``run(module, prefix_hidden [U, P, D], prefix_mask [U, P])``: what a forward computes from the prefix. Another
@@ -103,7 +103,14 @@ def _row_normal(gens: Sequence[torch.Generator], shape: tuple[int, ...], device:
 
 
 class HeadRule:
-    """What a continuous head does with a prefix; see the module docstring. ``cfg``: the :class:`VLAConfig`."""
+    """What a continuous head does with a prefix; see the module docstring. ``cfg``: the :class:`VLAConfig`. The
+    registry of heads (:mod:`mmrl.adapters.vla.heads`) names each rule."""
+
+    record_keys: tuple[str, ...] = ()
+    """The keys of the per-row record :meth:`sample` returns and :meth:`log_prob` reads back (one entry per policy
+    call in the rollout's payload)."""
+    has_entropy: bool = False
+    """:meth:`log_prob` returns the chunk's entropy when asked (a closed form exists)."""
 
     def __init__(self, cfg: Any) -> None:
         self.cfg = cfg
@@ -180,6 +187,8 @@ class FlowRule(HeadRule):
     when greedy), :func:`~mmrl.adapters.vla.flow_chain.chunk_log_prob` over the recorded chain in training, the
     flow-matching loss on demos. The prefix keys/values are computed once per observation and shared by the K steps
     and the rows of that observation (``PrefixKV.index_select``)."""
+
+    record_keys = ("chain", "stochastic")  # the denoising chain [K + 1, H, A] and which of its K steps were stochastic
 
     def build(self, prefix_dim: int, action_dim: int) -> tuple[nn.Module, nn.Module | None]:
         cfg = self.cfg
@@ -268,6 +277,9 @@ class GaussianRule(HeadRule):
     mean when greedy), :func:`~mmrl.adapters.vla.gaussian_head.log_prob` of the stored unclipped draw in training,
     L1 on demos. Clipping to the action range happens only for the env."""
 
+    record_keys = ("actions",)  # the unclipped chunk [H, A]
+    has_entropy = True
+
     def build(self, prefix_dim: int, action_dim: int) -> tuple[nn.Module, nn.Module | None]:
         cfg = self.cfg
         head = gaussian_head.GaussianChunkHead(
@@ -312,11 +324,3 @@ class GaussianRule(HeadRule):
     def sft_loss(self, module, hidden, mask, index, actions, *, dim_mask, generator):
         mean, _ = self._mean_log_std(module, hidden, mask, index)
         return gaussian_head.l1_loss(mean, actions, None, dim_mask)
-
-
-def head_rule(cfg: Any) -> HeadRule:
-    """The rule of ``cfg.action_head`` (flow or gaussian)."""
-    rules = {"flow": FlowRule, "gaussian": GaussianRule}
-    if cfg.action_head not in rules:
-        raise ValueError(f"model.action_head={cfg.action_head!r} is not a continuous head (flow, gaussian)")
-    return rules[cfg.action_head](cfg)

@@ -50,10 +50,12 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from mmrl.adapters.vla.continuous_heads import ContinuousVLAModule, head_rule, row_generators
+from mmrl.adapters.vla.continuous_heads import ContinuousVLAModule, row_generators
 from mmrl.adapters.vla.episodes import Act, ActOutput
+from mmrl.adapters.vla.errors import VLAInputError
 from mmrl.adapters.vla.flow_chain import executed_steps_mask
-from mmrl.adapters.vla.policy import VLAEnvSpec, VLAInputError, VLAPolicy, first_identical_rows
+from mmrl.adapters.vla.heads import head_rule
+from mmrl.adapters.vla.policy import VLAEnvSpec, VLAPolicy, first_identical_rows
 from mmrl.adapters.vla.value_head import ValueHead
 from mmrl.policies.base import FrozenCopyReference, LogProbOutput, PromptBatch, Rollout
 from mmrl.policies.vlm import PromptInputs, encode_images
@@ -265,15 +267,11 @@ class ContinuousVLAPolicy(VLAPolicy):
 
         return act
 
-    def _record_keys(self) -> tuple[str, ...]:
-        """The head's record of a call (flow: ``chain [K + 1, H, A]``, ``stochastic [K]``; gaussian: the unclipped
-        ``actions [H, A]``)."""
-        return ("chain", "stochastic") if self.cfg.action_head == "flow" else ("actions",)
-
     def _call_payload(self, records: list) -> dict[str, Tensor | None]:
-        """The records of one episode's calls stacked per key (:meth:`_record_keys`, plus the normalised
+        """The records of one episode's calls stacked per key (the head rule's ``record_keys``: flow ``chain [K + 1,
+        H, A]`` and ``stochastic [K]``, gaussian the unclipped ``actions [H, A]``; plus the normalised
         ``state [calls, S]`` when read); None for an episode without calls."""
-        keys = self._record_keys() + (("state",) if self._reads_state else ())
+        keys = self.rule.record_keys + (("state",) if self._reads_state else ())
         if not records:
             return {k: None for k in keys}
         return {k: torch.stack([r[k] for r in records]) for k in keys}
@@ -302,7 +300,7 @@ class ContinuousVLAPolicy(VLAPolicy):
         b, T = rollout.batch_size, rollout.mask.shape[1]
         lengths = [int(f.shape[0]) for f in pay["frames"]]
         out_logp = torch.zeros(b, T, device=self.device)
-        out_ent = torch.zeros(b, T, device=self.device) if entropy and self.cfg.action_head == "gaussian" else None
+        out_ent = torch.zeros(b, T, device=self.device) if entropy and self.rule.has_entropy else None
         out_val = torch.zeros(b, T, device=self.device) if values else None
         want_kl = self.owns_kl and torch.is_grad_enabled() and self.module is not self._frozen_ref.frozen
         out_kl = torch.zeros(b, T, device=self.device) if want_kl else None
@@ -314,7 +312,7 @@ class ContinuousVLAPolicy(VLAPolicy):
         use_feats = not self.vision_trainable and all(pay["features"][k] is not None for k in live)
         feats = [f for k in live for f in pay["features"][k]] if use_feats else None
         states = torch.cat([pay["state"][k] for k in live]) if self._reads_state else None
-        record = {key: torch.cat([pay[key][k] for k in live]) for key in self._record_keys()}
+        record = {key: torch.cat([pay[key][k] for k in live]) for key in self.rule.record_keys}
         prompts, index, unique_states = self._distinct_observations(
             frames, [pay["instruction"][k] for k in rows], feats, states
         )

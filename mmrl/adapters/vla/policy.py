@@ -48,11 +48,11 @@ from torch import Tensor
 
 from mmrl.adapters.vla.action_tokenizer import ActionTokenizer, group_logp, group_mask, group_size
 from mmrl.adapters.vla.episodes import Act, ActOutput, EpisodeRecord, EpisodeRun, EpisodeSpec, run_episodes
+from mmrl.adapters.vla.errors import VLAInputError
 from mmrl.adapters.vla.init_states import INIT_STATES_FILE, InitStateRecord, init_state_key
 from mmrl.adapters.vla.output_vocab import restricted_output_vocab
-from mmrl.errors import ConfigError
 from mmrl.models.families import input_size_from_grid
-from mmrl.policies.base import LogProbOutput, PolicySpec, PromptBatch, Rollout
+from mmrl.policies.base import LogProbOutput, PromptBatch, Rollout
 from mmrl.policies.token_policy import token_logp_and_entropy
 from mmrl.policies.vlm import PromptInputs, VLMPolicy, build_messages, encode_images
 from mmrl.rollout.token_sampler import SeededTokenSampler, top_p_mask
@@ -63,26 +63,14 @@ __all__ = [
     "ACTION_STATS_FILE",
     "ActionTokenSampler",
     "VLAEnvSpec",
-    "VLAInputError",
     "VLAPolicy",
-    "VLASetupError",
     "action_vocab_ids",
-    "build_vla_policy",
     "first_identical_rows",
     "sample_action_tokens",
 ]
 
 ACTION_STATS_FILE = "action_stats.json"
 """The action tokenizer's statistics, saved next to the model weights."""
-
-
-class VLAInputError(ValueError):
-    """A task item, SFT target or environment the VLA policy cannot use."""
-
-
-class VLASetupError(VLAInputError, ConfigError):
-    """A model setting that does not fit the task or the checkpoint, found when the policy is built: one line from
-    the CLI (exit 2), like any :class:`~mmrl.errors.ConfigError`."""
 
 
 def split_views(frames: np.ndarray, n_views: int) -> list[np.ndarray]:
@@ -739,42 +727,3 @@ class VLAPolicy(VLMPolicy):
             self.action_tokenizer = ActionTokenizer.load(stats, token_ids=self.action_ids.tolist())
         if (Path(path) / INIT_STATES_FILE).exists():
             self.init_states.load(Path(path) / INIT_STATES_FILE)
-
-
-def build_vla_policy(run_cfg, spec: PolicySpec) -> VLAPolicy:
-    """Policy builder registered for ``model.type=vla``; the task's spec gives the env and the action statistics.
-    ``model.action_head=flow|gaussian`` builds a :class:`~mmrl.adapters.vla.continuous_policy.ContinuousVLAPolicy`,
-    ``model.architecture=smolvla|pi0|pi05`` a :class:`~mmrl.adapters.vla.lerobot.policy.LeRobotFlowPolicy`."""
-    from mmrl.policies.vlm import load_run_vlm
-
-    for name in ("env_spec", "action_stats"):
-        if getattr(spec, name) is None:
-            raise VLAInputError(
-                f"model.type=vla needs a VLA task (its policy spec gives {name}); task {spec.task_name} gives none"
-            )
-    cfg = run_cfg.model
-    if cfg.architecture != "vlm":  # LeRobot's SmolVLA / π0 / π0.5 (mmrl.adapters.vla.lerobot.policy)
-        from mmrl.adapters.vla.lerobot.policy import build_lerobot_policy
-
-        return build_lerobot_policy(run_cfg, spec)
-    lm, processor = load_run_vlm(run_cfg)
-    world = int(__import__("os").environ.get("WORLD_SIZE", "1"))
-    slots = max(1, run_cfg.trainer.batch_size // world) * run_cfg.algo.group_size
-    policy_cls = VLAPolicy
-    if cfg.action_head != "tokens":  # flow / gaussian: continuous chunks (mmrl.adapters.vla.continuous_policy)
-        from mmrl.adapters.vla.continuous_policy import ContinuousVLAPolicy
-
-        policy_cls = ContinuousVLAPolicy
-    policy = policy_cls(
-        lm,
-        processor,
-        cfg,
-        spec.action_stats,
-        spec.env_spec,
-        value_head=run_cfg.algo.advantage == "gae",
-        reference=run_cfg.algo.kl_coef > 0,
-        min_envs=slots,
-        check_init_states=run_cfg.task.check_init_states,
-    )
-    policy.kl_in_loss = not run_cfg.algo.kl_in_reward  # a continuous head computes its own KL only for the loss
-    return policy

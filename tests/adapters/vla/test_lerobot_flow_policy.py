@@ -106,7 +106,7 @@ def test_rollout_logp_gradients_and_save_load(arch, tmp_path):
 
 def _fixture_policy(cameras, *overrides):
     """``model=pi0 model.path=<pi0_tiny fixture>`` built by the registered builder for a 7-dim task with ``cameras``."""
-    from mmrl.adapters.vla.policy import build_vla_policy
+    from mmrl.adapters.vla.factory import build_vla_policy
     from mmrl.config import load_config
     from mmrl.policies.base import PolicySpec
 

@@ -22,6 +22,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
 import mmrl.simulators.testing_envs  # noqa: E402,F401  (registers testing/*)
+from mmrl.adapters.vla.errors import VLASetupError  # noqa: E402
 from mmrl.adapters.vla.lerobot.checkpoint import load_policy, save_policy  # noqa: E402
 from mmrl.adapters.vla.lerobot.lora import (  # noqa: E402
     LORA_FILE,
@@ -33,7 +34,6 @@ from mmrl.adapters.vla.lerobot.lora import (  # noqa: E402
     plain_state_dict,
 )
 from mmrl.adapters.vla.lerobot.policy import LeRobotFlowPolicy, tiny_for_task  # noqa: E402
-from mmrl.adapters.vla.policy import VLASetupError  # noqa: E402
 from mmrl.checkpoint_files import CheckpointMismatchError  # noqa: E402
 from mmrl.models.configs import LoraConfig  # noqa: E402
 from mmrl.policies.base import PromptBatch  # noqa: E402

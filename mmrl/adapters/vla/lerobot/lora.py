@@ -27,6 +27,8 @@ from typing import Mapping
 import torch
 from torch import Tensor, nn
 
+from mmrl.adapters.vla.errors import VLASetupError
+
 __all__ = [
     "ADAPTED_STACKS",
     "FROZEN_WITH_LORA",
@@ -60,10 +62,8 @@ def _targets(model: nn.Module, target_modules) -> list[str]:
 def add_lora(model: nn.Module, lora_cfg) -> list[str]:
     """Insert PEFT LoRA adapters (``lora_cfg.r``, ``alpha``, ``dropout``) into ``model``'s targeted linears in place
     and set what trains (see the module docstring). Returns the adapted modules' names. A ``target_modules`` that
-    names no linear of the two stacks raises :class:`~mmrl.adapters.vla.policy.VLASetupError`."""
+    names no linear of the two stacks raises :class:`~mmrl.adapters.vla.errors.VLASetupError`."""
     from peft import LoraConfig, inject_adapter_in_model
-
-    from mmrl.adapters.vla.policy import VLASetupError
 
     targets = _targets(model, lora_cfg.target_modules)
     if not targets:

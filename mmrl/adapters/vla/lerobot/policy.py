@@ -30,7 +30,7 @@ Flow-SDE-one / Flow-Noise) and the PPO critic come from there. What differs:
   expert's blocks, the projections train in full; the KL reference stays a frozen copy (the adapter-off model would
   keep the trained projections).
 
-:func:`build_lerobot_policy` loads ``model.path`` (a LeRobot folder, a hub id, or ``tiny_smolvla`` / ``tiny_pi0`` /
+:func:`lerobot_backbone` loads ``model.path`` (a LeRobot folder, a hub id, or ``tiny_smolvla`` / ``tiny_pi0`` /
 ``tiny_pi05``: built offline by :mod:`~mmrl.adapters.vla.lerobot.tiny` for the task's cameras, state and action dims,
 with the task's demo statistics as its normalisation); config.json's ``type`` must be ``model.architecture``.
 """
@@ -46,12 +46,14 @@ import torch
 from torch import Tensor, nn
 
 from mmrl.adapters.vla.continuous_policy import HEAD_META_FILE, STATE_STD_FLOOR, ContinuousVLAPolicy
+from mmrl.adapters.vla.errors import VLAInputError, VLASetupError
 from mmrl.adapters.vla.flow_chain import FlowNoiseHead
+from mmrl.adapters.vla.heads import heads_on
 from mmrl.adapters.vla.init_states import INIT_STATES_FILE, InitStateRecord
 from mmrl.adapters.vla.lerobot import LeRobotCheckpointError
 from mmrl.adapters.vla.lerobot.pipeline import ACTION_KEY
 from mmrl.adapters.vla.lerobot.smolvla import FlowExpertView, PrefixCache
-from mmrl.adapters.vla.policy import ACTION_STATS_FILE, VLAEnvSpec, VLAInputError, VLASetupError, split_views
+from mmrl.adapters.vla.policy import ACTION_STATS_FILE, VLAEnvSpec, split_views
 from mmrl.adapters.vla.value_head import ValueHead
 from mmrl.policies.base import FrozenCopyReference, PolicySpec
 
@@ -62,7 +64,7 @@ __all__ = [
     "TINY_PRESETS",
     "LeRobotFlowModule",
     "LeRobotFlowPolicy",
-    "build_lerobot_policy",
+    "lerobot_backbone",
     "camera_features",
     "split_views",
 ]
@@ -181,8 +183,11 @@ class LeRobotFlowPolicy(ContinuousVLAPolicy):
             raise VLASetupError(
                 f"model.architecture={arch} but the checkpoint is a LeRobot '{kind}': set model.architecture={kind}"
             )
-        if cfg.action_head != "flow":
-            raise VLASetupError(f"model.architecture={arch} needs model.action_head=flow, got {cfg.action_head}")
+        heads = heads_on(arch)
+        if cfg.action_head not in heads:
+            raise VLASetupError(
+                f"model.architecture={arch} needs model.action_head={'|'.join(heads)}, got {cfg.action_head}"
+            )
         spec, model_cfg = pipeline.spec, pipeline.config
         env_dim = int(env_spec.action_dim)
         if spec.action_dim != env_dim:
@@ -302,7 +307,7 @@ class LeRobotFlowPolicy(ContinuousVLAPolicy):
     def _head_meta(self) -> dict:
         meta = {
             "architecture": self.cfg.architecture,
-            "action_head": "flow",
+            "action_head": self.cfg.action_head,
             "chunk": self.cfg.chunk,
             "cameras": self.cameras,
         }
@@ -480,30 +485,16 @@ def _wants_tiny(cfg) -> bool:
     return False
 
 
-def build_lerobot_policy(run_cfg, spec: PolicySpec) -> LeRobotFlowPolicy:
-    """The policy of ``model.architecture=smolvla|pi0|pi05`` (called by
-    :func:`~mmrl.adapters.vla.policy.build_vla_policy`)."""
-    import os
-
+def lerobot_backbone(run_cfg, spec: PolicySpec) -> tuple[type, tuple[Any, ...]]:
+    """The backbone loader of ``model.architecture=smolvla|pi0|pi05`` (:data:`mmrl.adapters.vla.factory.BACKBONES`):
+    the pipeline of ``model.path`` (a LeRobot folder or hub id, or a tiny model built for the task) on the run's
+    device, for :class:`LeRobotFlowPolicy`."""
     from mmrl.policies.vlm import _target_device
 
     cfg = run_cfg.model
-    stats = dict(spec.action_stats)
     if _wants_tiny(cfg):
-        pipeline = tiny_for_task(cfg, stats, spec.env_spec)
+        pipeline = tiny_for_task(cfg, dict(spec.action_stats), spec.env_spec)
     else:
         pipeline = load_lerobot_folder(cfg.path, cfg.tokenizer_path)
     pipeline.to(_target_device(run_cfg))
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    policy = LeRobotFlowPolicy(
-        pipeline,
-        cfg,
-        stats,
-        spec.env_spec,
-        value_head=run_cfg.algo.advantage == "gae",
-        reference=run_cfg.algo.kl_coef > 0,
-        min_envs=max(1, run_cfg.trainer.batch_size // world) * run_cfg.algo.group_size,
-        check_init_states=run_cfg.task.check_init_states,
-    )
-    policy.kl_in_loss = not run_cfg.algo.kl_in_reward  # the flow head computes its own KL only for the loss
-    return policy
+    return LeRobotFlowPolicy, (pipeline,)
