@@ -19,7 +19,7 @@ compute bound
 same work faster than all its cores allow). With ``--target S --eval-every N`` each run also evaluates the held-out
 set every N steps and reports its wall time to a target score: seconds from the start of ``fit`` (worker start-up and
 the evaluations included, as a user waits for them) until the first evaluation with ``eval/score >= S``, and that
-step; a run that never reaches it counts as "not reached". Every repeat runs the same seed, so the step at which a
+step (the run ends there); a run that never reaches it counts as "not reached". Every repeat runs the same seed, so the step at which a
 mode reaches the target repeats too (the spread is the timing's); pass ``trainer.seed=N`` for another trajectory.
 Such runs print no steps/s: while the learner evaluates, asynchronous workers keep sampling (up to eta versions
 ahead), so the steps after an evaluation start with groups ready, and a rate over them would flatter the asynchronous
@@ -89,6 +89,7 @@ def run(
         rows.append(dict(m))
         if target is not None and m.get("eval/score", -float("inf")) >= target and to_target["step"] == float("inf"):
             to_target.update(s=ends[-1] - t_start, step=t.step)
+            t.cfg.trainer.max_steps = t.step  # reached: the loop ends after this step (the lr schedule is already set)
 
     tr.evaluate = timed_evaluate
     tr.callbacks.append(on_step)

@@ -2,6 +2,7 @@
 
     python scripts/async_learning_table.py --seeds 0 1 2 --json /tmp/table.json
     python scripts/async_learning_table.py trainer.max_steps=4 --seeds 0    # overrides first, then the options
+    python scripts/async_learning_table.py --seeds 1 --modes async           # one mode: finish a seed run before
 
 Each run is what ``tests/learning/test_metaworld_learning_slow.py::metaworld_grpo_beats_sft`` runs
 (``tests.helpers.run_embedded_default``: the task's embedded default, SFT warm start then GRPO, under the test-wide
@@ -171,6 +172,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("overrides", nargs="*", help="key=value config overrides for every run (before the options)")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--task", default="metaworld")
+    p.add_argument(
+        "--modes", nargs="+", choices=MODES, default=list(MODES), help="run only these modes (e.g. to finish a seed)"
+    )
     p.add_argument("--out", type=Path, default=None, help="folder of the runs (default: a new temporary folder)")
     p.add_argument("--json", type=Path, default=None, help="write the rows and the summary here (after every run)")
     args = p.parse_args(argv)
@@ -181,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or Path(tempfile.mkdtemp(prefix="async_table_"))
     print(f"runs under {out}; async overrides {' '.join(overrides['async'])}", file=sys.stderr, flush=True)
     table: list[dict] = []
-    todo = [(seed, mode) for seed in args.seeds for mode in MODES]
+    todo = [(seed, mode) for seed in args.seeds for mode in MODES if mode in args.modes]
     for k, (seed, mode) in enumerate(todo, 1):
         print(f"[{k}/{len(todo)}] seed {seed} {mode}: started {time.strftime('%H:%M:%S')}", file=sys.stderr, flush=True)
         row = run_one(args.task, seed, mode, out, [*overrides[mode], *args.overrides])
