@@ -115,16 +115,19 @@ def text_config(lm):
 class Holder:
     def read(self):
         return hasattr(self.task, "eval_items") or getattr(self, "x", None)  # line 19: self.task only
+
+    def top_p(self):
+        return getattr(self.policy.cfg, "top_p", 1.0)  # line 22: the policy's model config
 """
 
 
 def test_probes_of_configs_policies_and_tasks_are_counted_and_others_are_not(layout, tmp_path):
-    assert layout.probes_in(PLANTED_PROBES) == [4, 4, 6, 6, 19]
+    assert layout.probes_in(PLANTED_PROBES) == [4, 4, 6, 6, 19, 22]
     (tmp_path / "tasks").mkdir()
     (tmp_path / "mmrl" / "planning").mkdir(parents=True)
     (tmp_path / "mmrl" / "planning" / "memory.py").write_text(PLANTED_PROBES)
     (tmp_path / "tasks" / "base.py").write_text("def f(task_cfg):\n    return getattr(task_cfg, 'num_eval', 1)\n")
     assert layout.contract_probes(tmp_path) == [
-        *[f"mmrl/planning/memory.py:{n}: {PLANTED_PROBES.splitlines()[n - 1].strip()}" for n in (4, 4, 6, 6, 19)],
+        *[f"mmrl/planning/memory.py:{n}: {PLANTED_PROBES.splitlines()[n - 1].strip()}" for n in (4, 4, 6, 6, 19, 22)],
         "tasks/base.py:2: return getattr(task_cfg, 'num_eval', 1)",
     ]
