@@ -211,6 +211,7 @@ def cmd_eval(overrides: list[str]) -> int:
     checkpoint evaluates model.path as built (into <output_dir>/eval/<task>_<model>/). stdout: the metrics as JSON;
     stderr: a (metric, value) table, the one-line summary and, for simulator tasks, the success table per suite."""
     from mmrl.evaluation import evaluate_checkpoint
+    from mmrl.models.configs import model_path
 
     ev = evaluate_checkpoint(overrides)
     metrics = ev.metrics
@@ -232,7 +233,7 @@ def cmd_eval(overrides: list[str]) -> int:
     weights = (
         f"checkpoint {ev.checkpoint}"
         if ev.checkpoint is not None
-        else f"model.path={getattr(ev.config.model, 'path', None)} (no checkpoint)"
+        else f"model.path={model_path(ev.config.model)} (no checkpoint)"
     )
     rows.append(
         f"evaluated {ev.n_items} items ({int(metrics.get('eval/n', 0))} samples"
@@ -252,10 +253,11 @@ def cmd_collect(overrides: list[str]) -> int:
     """`mmrl collect task=vla_reach task.demo_episodes=8 task.demos_path=demos/reach`: record expert demos."""
     from mmrl.config import ConfigError, load_config
     from mmrl.tasks import get_task_class
+    from mmrl.tasks.task_config import task_data
 
     cfg = load_config(overrides)
     task = get_task_class(cfg.task.name)(cfg.task, cfg)
-    path = getattr(cfg.task, "demos_path", None)
+    path = task_data(cfg.task).demos_path
     if not path:
         raise ConfigError(
             "mmrl collect needs a task with scripted experts (vla_reach, vla_lift, metaworld) or demo files "

@@ -26,10 +26,11 @@ import torch
 
 from mmrl.builders import build_policy, build_rewards, build_task
 from mmrl.collector import prepare_batch, sample_prompts
+from mmrl.models.configs import model_path
 from mmrl.policies.base import Policy
 from mmrl.rewards.manager import RewardManager
 from mmrl.rollout.noise import mix_seed
-from mmrl.tasks.base import Task
+from mmrl.tasks.base import Task, TaskConfig, task_data
 
 log = logging.getLogger(__name__)
 
@@ -171,12 +172,12 @@ def file_sha256(path: str | Path) -> str:
     return h.hexdigest()
 
 
-def eval_data_files(task_cfg: Any) -> list[tuple[str, str]]:
+def eval_data_files(task_cfg: TaskConfig) -> list[tuple[str, str]]:
     """``(task.<field>, path)`` of the files the eval items are read from: every string field of the task config
     that names an existing file, except ``task.data`` when ``task.eval_data`` is set (training data only)."""
     if not dataclasses.is_dataclass(task_cfg):
         return []
-    eval_data = getattr(task_cfg, "eval_data", None)
+    eval_data = task_data(task_cfg).eval_data
     out = []
     for f in dataclasses.fields(task_cfg):
         v = getattr(task_cfg, f.name)
@@ -188,7 +189,7 @@ def eval_data_files(task_cfg: Any) -> list[tuple[str, str]]:
     return out
 
 
-def data_fingerprint(task_cfg: Any, items: Sequence[dict]) -> dict:
+def data_fingerprint(task_cfg: TaskConfig, items: Sequence[dict]) -> dict:
     """What was evaluated: the eval data files (path, sha256, bytes), the number of items and a sha256 over the
     items' JSON-serialisable fields (in order; media objects left out, media paths included)."""
     files = [
@@ -202,19 +203,18 @@ def data_fingerprint(task_cfg: Any, items: Sequence[dict]) -> dict:
     return {"files": files, "items": len(items), "items_sha256": h.hexdigest()}
 
 
-def describe_eval_data(task_cfg: Any, n_items: int, n_all: int) -> str:
+def describe_eval_data(task_cfg: TaskConfig, n_items: int, n_all: int) -> str:
     """``the held-out eval split of task.data=PATH`` / ``task.eval_data=PATH`` / ``the eval items of task=X (synthetic)``."""
-    name = getattr(task_cfg, "name", "?")
-    eval_data, data = getattr(task_cfg, "eval_data", None), getattr(task_cfg, "data", None)
-    if eval_data:
-        what = f"task.eval_data={eval_data}"
-    elif data:
-        what = f"the held-out eval split of task.data={data}"
-        if hasattr(task_cfg, "num_eval"):
-            what += f" (its last task.num_eval={task_cfg.num_eval} items)"
+    fields = task_data(task_cfg)
+    if fields.eval_data:
+        what = f"task.eval_data={fields.eval_data}"
+    elif fields.data:
+        what = f"the held-out eval split of task.data={fields.data}"
+        if fields.num_eval is not None:
+            what += f" (its last task.num_eval={fields.num_eval} items)"
     else:
-        fmt = getattr(task_cfg, "data_format", None)
-        what = f"the eval items of task={name}" + (f" ({fmt})" if fmt else "")
+        fmt = fields.data_format
+        what = f"the eval items of task={task_cfg.name}" + (f" ({fmt})" if fmt else "")
     return what if n_items >= n_all else f"the first {n_items} of {n_all} of {what}"
 
 
@@ -433,7 +433,8 @@ def _load_weights_or_explain(policy: Policy, ckpt: Path, cfg: Any, saved_desc: s
         raise
     except Exception as e:  # noqa: BLE001 - the files were validated first: a loader failure means "not this model"
         detail = _first_bad_weight(e)
-    path = cfg.model.path if getattr(cfg.model, "path", None) not in (None, cfg.model.name) else None
+    path = model_path(cfg.model)
+    path = path if path not in (None, cfg.model.name) else None
     model = f"model={cfg.model.name}" + (f" (path {path})" if path else "")
     if saved_desc:
         msg = f"checkpoint {ckpt} was trained with {saved_desc}; it does not fit {model}"
@@ -465,7 +466,7 @@ def _write_eval_outputs(
     results = {
         "metrics": {k: _finite_or_none(float(v)) for k, v in metrics.items()},
         "checkpoint": str(ckpt.resolve()) if ckpt is not None else None,
-        "model_path": getattr(cfg.model, "path", None),
+        "model_path": model_path(cfg.model),
         "success_table": table,
         "step": step,
         "run_dir": str(run_dir.resolve()) if run_dir is not None else None,

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mmrl.models.configs import model_path
 from mmrl.progress import fmt, fmt_duration
 
 
@@ -78,8 +79,8 @@ def start_banner(
     """A few lines: task, model, algorithm, group size, steps, device / processes / strategy, the run folder, the
     resume point and (on a GPU) the planner's memory estimate."""
     tr, algo, model = cfg.trainer, cfg.algo, cfg.model
-    name = getattr(model, "name", "") or getattr(model, "type", "?")
-    path = getattr(model, "path", "")
+    name = model.name or model.type
+    path = model_path(model) or ""
     model_text = name + (f" (path {path})" if path and str(path) != str(name) else "")
     lines = [
         f"mmrl train: task={cfg.task.name}  model={model_text}",

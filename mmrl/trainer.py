@@ -215,7 +215,7 @@ class Trainer:
             self.policy.to_device(self.accelerator.device)
 
         self.rollouts = RolloutCollector(task, self.policy, rewards, cfg, self.dp)
-        self.dp.wrap(self.policy, ema=bool(getattr(cfg.model, "ema", False)))
+        self.dp.wrap(self.policy, ema=self.policy.keeps_ema)
         self.sharded = self.dp.sharded  # True when trainer.strategy=fsdp2 sharded the policy over several processes
         if self.world == 1 and tr.strategy == "fsdp2" and self.is_main:
             log.info(

@@ -8,9 +8,13 @@ Reads the source as text (nothing is imported), mapping ``tasks/``, ``simulators
 - import cycles between modules, counted twice: top-level imports only (the cycles Python meets at import time) and
   any import (also inside functions: lazy imports are coupling too), and cycles between folders (any import);
 - upward imports: the core (``mmrl`` outside ``adapters/``) importing an adapter or a task module other than the
-  Task contract (``mmrl.tasks.base``, the registry ``mmrl.tasks``), and an adapter importing a task;
+  Task contract (``mmrl.tasks.base``, ``mmrl.tasks.task_config``, the registry ``mmrl.tasks``), and an adapter
+  importing a task;
 - probes of the policy or task outside the contract (``getattr``/``hasattr`` on them) in the modules that consume
-  both (trainer, SFT, evaluation, rollout collection, CLI).
+  both (trainer, SFT, evaluation, rollout collection, CLI);
+- probes of a config, policy or task anywhere in ``mmrl/`` and ``tasks/`` (:func:`contract_probes`; ``--verbose``
+  lists them): each is a field or capability the contracts (``RunConfig``'s typed ``task`` / ``model``, ``Policy``,
+  ``Task``) do not declare.
 
 Run it on an older checkout (``git archive <commit> | tar -x -C /tmp/old``) for a before/after.
 
@@ -35,8 +39,14 @@ CONSUMERS = ("mmrl/trainer.py", "mmrl/sft.py", "mmrl/evaluation.py", "mmrl/colle
 FORMER_PATHS = {"mmrl/collector.py": "mmrl/rollouts.py"}
 """A consumer's path before a rename, read when the current one is absent, so ``--root`` on an older checkout counts
 the same modules."""
-CONTRACT = {"mmrl.tasks", "mmrl.tasks.base"}
+CONTRACT = {"mmrl.tasks", "mmrl.tasks.base", "mmrl.tasks.task_config"}
 PROBE = re.compile(r"(getattr|hasattr)\((self\.)?(policy|task)\b")
+PROBED_NAMES = {"policy", "task", "cfg", "run_cfg", "task_cfg", "model_cfg"}
+"""The names mmrl gives a policy, a task, the run config and the task's / model's config (``self.<name>`` too)."""
+RUN_CONFIG_SECTIONS = {"model", "task", "trainer", "algo", "reward", "agent"}
+"""Attributes of a run config that are configs themselves (``cfg.model``, ``run_cfg.trainer``)."""
+HELD_CONFIGS = {"cfg", "run_cfg"}
+"""Attributes of a policy or task that are configs (``policy.cfg``, ``task.run_cfg``; not ``policy.model``)."""
 
 
 def module_files(root: Path) -> dict[str, Path]:
@@ -211,11 +221,116 @@ def consumer_probes(root: Path) -> list[str]:
     return probes
 
 
+def _dotted(node: ast.expr) -> list[str] | None:
+    """``a.b.c`` as ``["a", "b", "c"]``, reading ``getattr(a, "b", ...)`` as ``a.b``; None for anything else."""
+    if isinstance(node, ast.Name):
+        return [node.id]
+    if isinstance(node, ast.Attribute):
+        head = _dotted(node.value)
+        return head and [*head, node.attr]
+    if (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id == "getattr"
+        and len(node.args) >= 2
+        and isinstance(node.args[1], ast.Constant)
+        and isinstance(node.args[1].value, str)
+    ):
+        head = _dotted(node.args[0])
+        return head and [*head, node.args[1].value]
+    return None
+
+
+def _is_probed(parts: list[str] | None, aliases: dict[str, bool]) -> bool:
+    """Whether a dotted expression is a policy, a task or a config: a name of :data:`PROBED_NAMES` (or ``self.`` one)
+    unless the function assigns it something else, a local alias of such an expression, or a config section of one
+    (``cfg.model``, ``policy.cfg``; also ``<x>.config.model`` / ``.task``, a run config held by another object)."""
+    if not parts:
+        return False
+    if len(parts) == 1:
+        return aliases.get(parts[0], parts[0] in PROBED_NAMES)
+    if parts[0] == "self" and len(parts) == 2:
+        return parts[1] in PROBED_NAMES
+    head, last = parts[:-1], parts[-1]
+    if last in HELD_CONFIGS:
+        return _is_probed(head, aliases)
+    if last not in RUN_CONFIG_SECTIONS:
+        return False
+    holder = head[-1] in ("policy", "task") and (len(head) == 1 or head == ["self", head[-1]])
+    return (_is_probed(head, aliases) and not holder) or (head[-1] == "config" and last in ("model", "task"))
+
+
+def _assignments(scope: ast.AST) -> list[tuple[str, ast.expr]]:
+    """``(name, value)`` of the assignments in ``scope``: ``a = x`` and ``a, b = x, y`` element by element."""
+    out = []
+    for n in ast.walk(scope):
+        if not isinstance(n, ast.Assign) or len(n.targets) != 1:
+            continue
+        target, value = n.targets[0], n.value
+        if isinstance(target, ast.Name):
+            out.append((target.id, value))
+        elif isinstance(target, ast.Tuple) and isinstance(value, ast.Tuple) and len(target.elts) == len(value.elts):
+            out += [(t.id, v) for t, v in zip(target.elts, value.elts) if isinstance(t, ast.Name)]
+    return out
+
+
+def _aliases(scope: ast.AST, outer: dict[str, bool]) -> dict[str, bool]:
+    """``outer`` updated with the names ``scope`` assigns: True for an alias of a probed expression (``m =
+    cfg.model``, to a fixed point), False for a name of :data:`PROBED_NAMES` that it assigns another object's attribute
+    (``cfg = lm.config``: a transformers config, not mmrl's)."""
+    assigns = _assignments(scope)
+    found = dict(outer)
+    for name, value in assigns:
+        parts = _dotted(value)
+        if name in PROBED_NAMES and parts and len(parts) > 1 and not _is_probed(parts, {}):
+            found[name] = False
+    while True:
+        more = {name for name, value in assigns if not found.get(name) and _is_probed(_dotted(value), found)}
+        if not more:
+            return found
+        found.update(dict.fromkeys(more, True))
+
+
+def probes_in(source: str) -> list[int]:
+    """Line numbers of the probes in ``source``: ``hasattr(obj, name)`` or ``getattr(obj, name, default)`` (an
+    attribute that may be missing; a two-argument ``getattr`` raises like ``obj.name``) whose ``obj`` is a policy, a
+    task or a config (:func:`_is_probed`, with the aliases of the enclosing function)."""
+    tree = ast.parse(source)
+    lines = []
+
+    def visit(node: ast.AST, aliases: dict[str, bool]) -> None:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            aliases = _aliases(node, aliases)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+            n = len(node.args)
+            probe = (node.func.id == "hasattr" and n == 2) or (node.func.id == "getattr" and n == 3)
+            if probe and _is_probed(_dotted(node.args[0]), aliases):
+                lines.append(node.lineno)
+        for child in ast.iter_child_nodes(node):
+            visit(child, aliases)
+
+    visit(tree, {})
+    return sorted(lines)
+
+
+def contract_probes(root: Path) -> list[str]:
+    """``"<file>:<line>: <source line>"`` for each probe (:func:`probes_in`) in ``mmrl/`` and ``tasks/``."""
+    out = []
+    for top in ("mmrl", "tasks"):
+        for f in sorted((root / top).rglob("*.py")):
+            text = f.read_text()
+            src = text.splitlines()
+            rel = f.relative_to(root).as_posix()
+            out += [f"{rel}:{ln}: {src[ln - 1].strip()}" for ln in probes_in(text)]
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--root", type=Path, default=Path(__file__).resolve().parents[1])
     ap.add_argument("--check", type=Path, metavar="BASELINE", help="exit 1 on a cycle or upward import not in it")
     ap.add_argument("--write-baseline", type=Path, metavar="BASELINE", help="write the current faults to it")
+    ap.add_argument("--verbose", action="store_true", help="list every probe of a config, policy or task")
     args = ap.parse_args()
     root = args.root
     faults = layering(root)
@@ -250,6 +365,10 @@ def main() -> None:
     probes = consumer_probes(root)
     print(f"probes of policy/task outside the contract in {', '.join(CONSUMERS)}: {len(probes)}")
     for line in probes:
+        print("   ", line)
+    probes = contract_probes(root)
+    print(f"getattr/hasattr probes of a config, policy or task in mmrl/ and tasks/: {len(probes)}")
+    for line in probes if args.verbose else ():
         print("   ", line)
 
 

@@ -17,6 +17,11 @@ from mmrl.errors import (
 )
 from mmrl.policies.base import PolicySpec
 from mmrl.rewards.manager import RewardSpec
+from mmrl.tasks.task_config import (  # noqa: F401  (the Task contract: what a task's config is)
+    TaskConfig,
+    TaskConfigBase,
+    task_data,
+)
 
 
 class Task(abc.ABC):
@@ -29,7 +34,7 @@ class Task(abc.ABC):
     """The ``model.type`` values whose policies this task can drive (``("vla",)``); a run with another type is a
     ConfigError naming both. Empty: any type (a task outside mmrl that has not said)."""
 
-    def __init__(self, cfg: Any, run_cfg: Any) -> None:
+    def __init__(self, cfg: TaskConfig, run_cfg: Any) -> None:
         self.cfg = cfg
         self.run_cfg = run_cfg
         self.output_dir: Path | None = None
@@ -50,9 +55,10 @@ class Task(abc.ABC):
 
     def eval_items(self) -> Sequence[dict]:
         """Evaluation records (same schema). Built once. Empty when the task config has ``num_eval: 0`` and no
-        ``eval_data`` (the names the shipped tasks use; a task that names its eval size otherwise overrides this)."""
-        cfg = self.cfg
-        if getattr(cfg, "num_eval", 1) == 0 and not getattr(cfg, "eval_data", None):
+        ``eval_data`` (the fields of :class:`TaskConfigBase`; a task that names its eval size otherwise overrides
+        this)."""
+        data = task_data(self.cfg)
+        if data.num_eval == 0 and not data.eval_data:
             return []
         return self._cached_split("eval")
 

@@ -11,13 +11,13 @@ from dataclasses import dataclass
 
 from mmrl.policies.base import PolicySpec
 from mmrl.rewards.manager import RewardSpec
-from mmrl.tasks.base import Task
+from mmrl.tasks.base import Task, TaskConfigBase
 
 _OPS = {"+": operator.add, "-": operator.sub, "*": operator.mul}
 
 
 @dataclass
-class ToyArithmeticConfig:
+class ToyArithmeticConfig(TaskConfigBase):
     """Single-operation arithmetic problems."""
 
     name: str = "toy_arithmetic"

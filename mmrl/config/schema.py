@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mmrl.errors import ConfigError, check_choice
+from mmrl.models.configs import ModelConfig
+from mmrl.tasks.task_config import TaskConfig
 
 log = logging.getLogger("mmrl.config")  # the package's logger: a warning names mmrl.config, not this module
 
@@ -415,9 +417,9 @@ class AgentConfig:
 class RunConfig:
     """A whole run: task, model, algorithm and trainer settings."""
 
-    task: Any
+    task: TaskConfig
     """The task's own config dataclass (see `mmrl tasks`)."""
-    model: Any
+    model: ModelConfig
     """The model config dataclass (selected by its `type` field)."""
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     """Algorithm settings."""

@@ -3,6 +3,18 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+
+@runtime_checkable
+class ModelConfig(Protocol):
+    """A model config dataclass (the type of ``RunConfig.model``): every field is a ``model.<field>`` setting. The core
+    reads ``type`` (the registry key) and ``name`` (labels, ``mmrl eval``'s folder) from every one; the fields of
+    :class:`BaseModelConfig` (``path``, ``dtype``, ``lora``, ...) from those that subclass it (:func:`model_path`).
+    A model type's config need not subclass it: the planner fills in what it lacks (``mmrl.planning.report``)."""
+
+    type: str
+    name: str
 
 
 @dataclass
@@ -28,11 +40,12 @@ class BaseModelConfig:
     """Fields every model family has. Abstract: each ``model.type`` has its own subclass (see
     :mod:`mmrl.models.registry`), which sets ``type``, ``name`` and ``path``.
 
-    What the rest of mmrl reads from a model config, so a new model type's config must have it: ``type`` (the
-    registry key), ``name`` (``mmrl eval`` names its output folder after it), ``path`` (``mmrl plan`` and the
-    start-of-run memory check read it), ``lora`` (``lora.enabled``: the trainer's reference is the adapters-off
-    model) and, when present, ``temperature`` / ``top_p`` (validated) and ``ema`` (the trainer keeps an EMA copy).
-    Subclassing this class gives all of them."""
+    Every model config has ``type`` (the registry key) and ``name`` (``mmrl eval`` names its output folder after it):
+    :class:`ModelConfig`. The rest of mmrl reads this class's other fields from the configs that subclass it:
+    ``path`` (:func:`model_path`: ``mmrl eval``'s results and messages, the start banner; ``mmrl plan`` sizes the
+    weights it names), ``dtype``, ``gradient_checkpointing`` and ``lora`` (the planner; ``lora.enabled``: the
+    trainer's reference is the adapters-off model); ``temperature`` / ``top_p``, when a config has them, are
+    validated at load."""
 
     type: str = ""
     """Model family selector."""
@@ -46,6 +59,12 @@ class BaseModelConfig:
     """Trade compute for memory in the training forward."""
     lora: LoraConfig = field(default_factory=LoraConfig)
     """LoRA adapters (VLMs: on the language model; the vision tower never gets adapters)."""
+
+
+def model_path(cfg: ModelConfig) -> str | None:
+    """The weights ``cfg`` names (``model.path``) when it subclasses :class:`BaseModelConfig`; None for a config that
+    declares no path (a model type from outside mmrl)."""
+    return cfg.path if isinstance(cfg, BaseModelConfig) else None
 
 
 @dataclass

@@ -616,8 +616,8 @@ def resolve_architecture(model_cfg: Any, *, vocab_hint: int | None = None) -> Ar
     if mtype not in PLANNED_TYPES:
         return _hooked_architecture(model_cfg)
     path = str(model_cfg.path)
-    name = str(getattr(model_cfg, "name", "") or path)
-    if mtype == "vla" and getattr(model_cfg, "architecture", "vlm") != "vlm":
+    name = str(model_cfg.name or path)
+    if mtype == "vla" and model_cfg.architecture != "vlm":
         return flow_vla_architecture(model_cfg)
     if mtype in ("vlm", "vla"):
         from mmrl.models.presets import VLM_PRESETS
@@ -678,8 +678,8 @@ def flow_vla_architecture(model_cfg: Any) -> Architecture:
     family = str(model_cfg.architecture)
     if family not in FAMILIES:
         raise UnknownArchitectureError(f"model.architecture={family} is not modelled by the planner")
-    path, name = str(model_cfg.path), str(getattr(model_cfg, "name", "") or "")
-    state_dim = len(model_cfg.state_mean) if getattr(model_cfg, "state_mean", None) else 8
+    path, name = str(model_cfg.path), str(model_cfg.name or "")
+    state_dim = len(model_cfg.state_mean) if model_cfg.state_mean else 8
     try:
         fv, notes = resolve_flow_vla(
             family, path, name=name, chunk=int(model_cfg.chunk), num_steps=int(model_cfg.num_steps), state_dim=state_dim

@@ -12,6 +12,7 @@ import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from mmrl.models.configs import VLAConfig, VLMConfig
 from mmrl.planning.advice import Suggestion, suggest
 from mmrl.planning.architectures import (
     PLANNED_TYPES,
@@ -134,7 +135,7 @@ def _trained_steps(m) -> int:
 def _overhead_gb(cfg, settings: PlanSettings) -> float:
     if settings.overhead_gb is not None:
         return settings.overhead_gb
-    if getattr(cfg.model, "architecture", "vlm") != "vlm":  # LeRobot's flow VLAs run in float32 on GPUs too
+    if isinstance(cfg.model, VLAConfig) and cfg.model.architecture != "vlm":  # LeRobot's flow VLAs: float32 on GPUs
         tiny = f"tiny_{cfg.model.architecture}" in (str(cfg.model.path), str(cfg.model.name))
         return 0.0 if cfg.trainer.device == "cpu" or tiny else 1.0
     return 0.0 if cfg.trainer.device == "cpu" or cfg.model.dtype == "float32" else 1.0
@@ -201,7 +202,7 @@ def plan_inputs(cfg, settings: PlanSettings, arch: Architecture | None = None) -
         lora_r=int(m.lora.r),
         lora_targets=tuple(m.lora.target_modules),
         gradient_checkpointing=bool(m.gradient_checkpointing),
-        eager_attention=getattr(m, "attn_implementation", "sdpa") == "eager",
+        eager_attention=isinstance(m, VLMConfig) and m.attn_implementation == "eager",
         strategy=settings.strategy,
         world_size=world,
         offload=settings.offload,
@@ -244,7 +245,9 @@ def plan_inputs(cfg, settings: PlanSettings, arch: Architecture | None = None) -
             tiny = str(m.path).startswith("tiny")
             default_tokens = 256 if tiny else _DEFAULT_MAX_TOKENS_REAL
             per_image = image_tokens_for(
-                arch.vision, getattr(m, "max_pixels", None), default_tokens * arch.vision.pixels_per_token
+                arch.vision,
+                m.max_pixels if isinstance(m, VLMConfig) else None,
+                default_tokens * arch.vision.pixels_per_token,
             )
     head = _continuous_head(cfg) if m.type == "vla" else None
     vla = _vla_episode(cfg, arch) if m.type == "vla" else {}
@@ -255,9 +258,10 @@ def plan_inputs(cfg, settings: PlanSettings, arch: Architecture | None = None) -
     probes = 0
     if algo.tgrpo is not None and algo.tgrpo.shuffled_group > 0:
         probes = prompts * algo.tgrpo.shuffled_group  # video prompts: shuffled-frame probes are rolled out too
+    vlm = m if isinstance(m, VLMConfig) else VLMConfig()  # another type: the VLM defaults (frozen tower, hf)
     inp = PlanInputs(
         **common,
-        freeze_vision=bool(getattr(m, "freeze_vision_tower", True)),
+        freeze_vision=vlm.freeze_vision_tower,
         rollout_samples=samples + probes,
         text_tokens=settings.text_tokens if settings.text_tokens is not None else DEFAULT_TEXT_TOKENS,
         images=images,
@@ -266,9 +270,9 @@ def plan_inputs(cfg, settings: PlanSettings, arch: Architecture | None = None) -
         rows_per_sample=vla.get("policy_calls", 1),
         logit_vocab=int(m.n_bins) if vla and head is None else 0,
         head=head,
-        engine=getattr(m, "rollout_engine", "hf"),
-        vllm_fraction=float(getattr(m, "vllm_gpu_memory_utilization", 0.3)),
-        vllm_sleep=bool(getattr(m, "vllm_sleep", True)),
+        engine=vlm.rollout_engine,
+        vllm_fraction=float(vlm.vllm_gpu_memory_utilization),
+        vllm_sleep=vlm.vllm_sleep,
     )
     info.update(per_image_tokens=per_image)
     return inp, info
@@ -285,15 +289,15 @@ def _vla_episode(cfg, arch: Architecture) -> dict[str, Any]:
     m = cfg.model
     chunk = int(m.chunk)
     continuous = _head_memory_kind(m) is not None
-    executed = int(getattr(m, "n_action_steps", None) or chunk)  # env steps per policy call
+    executed = int(m.n_action_steps or chunk)  # env steps per policy call
     height, width = task.frame_size()
     side = arch.vision.patch * arch.vision.merge if arch.vision is not None else 1
     tokens = max(1, round(height / side)) * max(1, round(width / side))
     calls = math.ceil(spec.max_steps / executed)
-    if getattr(m, "max_policy_calls", None) is not None:
+    if m.max_policy_calls is not None:
         calls = min(calls, int(m.max_policy_calls))
     out = {
-        "cameras": len(getattr(task, "cameras", ("image",))),
+        "cameras": len(task.cameras),
         "policy_calls": calls,
         "tokens_per_call": 0 if continuous else chunk * spec.action_dim,
         "image_tokens": tokens,
@@ -350,7 +354,7 @@ def _flow_vla_inputs(cfg, settings: PlanSettings, arch: Architecture, common: di
     common = {**common, "gradient_checkpointing": False}
     inp = PlanInputs(
         **common,
-        freeze_vision=bool(getattr(m, "freeze_vision_tower", True)),
+        freeze_vision=m.freeze_vision_tower,
         rollout_samples=samples,
         text_tokens=text,
         images=images,
@@ -382,7 +386,7 @@ def _continuous_head(cfg) -> ContinuousHead | None:
     kind = _head_memory_kind(m)
     if kind is None:
         return None
-    if getattr(m, "architecture", "vlm") != "vlm":  # LeRobot's flow VLAs: _flow_vla_inputs
+    if m.architecture != "vlm":  # LeRobot's flow VLAs: _flow_vla_inputs
         raise ConfigError(f"model.architecture={m.architecture}: the head comes from the checkpoint")
     action_dim = m.head_action_dim
     if action_dim is None:

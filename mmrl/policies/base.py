@@ -290,6 +290,10 @@ class Policy(abc.ABC):
     latent-mean KL of diffusion). The trainer then skips its reference pass and puts that KL in the loss; with
     ``algo.kl_in_reward`` the trainer's token KL is used as usual."""
 
+    keeps_ema: bool = False
+    """True when the policy keeps an exponential moving average of its trainable parameters (diffusion's
+    ``model.ema``): data parallel refuses to shard such a policy, whose EMA copy is not sharded."""
+
     # ------------------------------------------------------------------ required
     @abc.abstractmethod
     def rollout(self, batch: PromptBatch, group_size: int, *, greedy: bool = False) -> Rollout:

@@ -226,7 +226,7 @@ class HFTokenPolicy(Policy):
         """The shared-prefix switch of this policy (``model.shared_prefix``) with its first-use self-check."""
         guard = self.__dict__.get("_shared_prefix_guard")
         if guard is None:
-            guard = self._shared_prefix_guard = sp.SharedPrefixGuard(getattr(self.cfg, "shared_prefix", True))
+            guard = self._shared_prefix_guard = sp.SharedPrefixGuard(self.cfg.shared_prefix)
         return guard
 
     def _text_config(self):

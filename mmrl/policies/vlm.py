@@ -323,7 +323,7 @@ class VLMPolicy(HFTokenPolicy):
         self.engine = None
         """The rollout engine of ``model.rollout_engine`` (None: transformers ``generate``); see
         :mod:`mmrl.rollout.vllm_engine`."""
-        if getattr(cfg, "rollout_engine", "hf") != "hf":
+        if cfg.rollout_engine != "hf":
             from mmrl.rollout.vllm_engine import build_rollout_engine
 
             self.engine = build_rollout_engine(self)
@@ -724,7 +724,7 @@ def load_hf_weights(lm, path: str | Path) -> None:
 
 
 def _target_device(run_cfg) -> str:
-    want = getattr(run_cfg.trainer, "device", "auto")
+    want = run_cfg.trainer.device
     if want == "cpu" or not torch.cuda.is_available():
         return "cpu"
     return f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"

@@ -776,22 +776,22 @@ class VLLMEngine:
         path = getattr(base, "name_or_path", None) or getattr(base.config, "_name_or_path", None)
         if not path:
             raise VLLMEngineError("the policy's model has no name_or_path: vLLM needs a model folder or hub id")
-        if getattr(cfg, "top_p", 1.0) < 1.0:
+        if cfg.top_p < 1.0:
             log.warning(
                 "model.top_p=%s < 1 with the vLLM engine: its log-probs are renormalised over the nucleus "
                 "while the trainer's are not; expect rollout/logp_abs_diff > 0",
                 cfg.top_p,
             )
         max_len = None
-        if getattr(cfg, "max_prompt_tokens", None):
+        if cfg.max_prompt_tokens:
             max_len = int(cfg.max_prompt_tokens) + int(cfg.max_new_tokens)
         kw = dict(
-            dtype=str(getattr(cfg, "dtype", "bfloat16")),
-            gpu_memory_utilization=float(getattr(cfg, "vllm_gpu_memory_utilization", 0.3)),
-            sleep=bool(getattr(cfg, "vllm_sleep", True)),
+            dtype=str(cfg.dtype),
+            gpu_memory_utilization=float(cfg.vllm_gpu_memory_utilization),
+            sleep=bool(cfg.vllm_sleep),
             max_model_len=max_len,
-            max_images_per_prompt=int(getattr(cfg, "vllm_max_images_per_prompt", DEFAULT_MAX_IMAGES_PER_PROMPT)),
-            vision_trainable=bool(getattr(policy, "vision_trainable", True)),
+            max_images_per_prompt=int(cfg.vllm_max_images_per_prompt),
+            vision_trainable=bool(policy.vision_trainable),
         )
         kw.update(overrides)
         return cls(path, policy.processor, **kw)
@@ -966,7 +966,7 @@ class VLLMEngine:
 def build_rollout_engine(policy) -> VLLMEngine | None:
     """The engine ``policy.cfg.rollout_engine`` asks for: None for ``hf`` (transformers ``generate``),
     a :class:`VLLMEngine` for ``vllm`` (raises :class:`VLLMUnavailableError` without vLLM or CUDA)."""
-    name = check_rollout_engine(getattr(policy.cfg, "rollout_engine", "hf"))
+    name = check_rollout_engine(policy.cfg.rollout_engine)
     if name == "hf":
         return None
     return VLLMEngine.from_policy(policy)

@@ -23,7 +23,7 @@ import numpy as np
 
 from mmrl.errors import ConfigError
 from mmrl.rewards.manager import RewardSpec
-from mmrl.tasks.base import SkipItem, Task
+from mmrl.tasks.base import SkipItem, Task, TaskConfigBase
 
 DATA_FORMATS = ("synthetic", "jsonl")
 DIGITS = "0123456789"
@@ -32,7 +32,7 @@ _LETTERS = "ABCDEFGHIJ"
 
 
 @dataclass
-class VisualSearchConfig:
+class VisualSearchConfig(TaskConfigBase):
     """V*-style visual search with a zoom tool (see docs/tasks/visual_search.md)."""
 
     name: str = "visual_search"
@@ -393,7 +393,7 @@ class VisualSearchTask(Task):
         specs = [RewardSpec("answer", answer, self.cfg.answer_weight)]
         if self.cfg.zoom_iou_weight:
             specs.append(RewardSpec("zoom_iou", zoom_iou, self.cfg.zoom_iou_weight))
-        agent = getattr(self.run_cfg, "agent", None)
+        agent = self.run_cfg.agent if self.run_cfg is not None else None
         return specs + (over_turn_specs(agent) if agent is not None else [])
 
     def reward_columns(self, items: Sequence[dict]) -> dict[str, list]:

@@ -22,7 +22,7 @@ from typing import Any, Sequence
 
 from mmrl.policies.base import PolicySpec
 from mmrl.rewards.manager import RewardSpec
-from mmrl.tasks.base import Task
+from mmrl.tasks.base import Task, TaskConfigBase
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +30,7 @@ PRETRAIN_VERSION = 1
 
 
 @dataclass
-class T2IColorConfig:
+class T2IColorConfig(TaskConfigBase):
     """Coloured-shape prompts, the synthetic pre-training of the tiny model, and the reward."""
 
     name: str = "t2i_color"

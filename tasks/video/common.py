@@ -26,7 +26,7 @@ from typing import Any, Mapping, Sequence
 
 from mmrl.adapters.video.decode import VideoSamplingBaseConfig, VideoSamplingConfig
 from mmrl.errors import ConfigError
-from mmrl.tasks.base import SkipItem, Task
+from mmrl.tasks.base import SkipItem, Task, TaskConfigBase
 
 __all__ = [
     "VideoInputConfig",
@@ -80,7 +80,7 @@ class VideoInputConfig(VideoSamplingBaseConfig):
 
 
 @dataclass
-class VideoTaskConfig:
+class VideoTaskConfig(TaskConfigBase):
     """Settings every video task has: data source, synthetic event videos, frame sampling, format reward.
 
     ``task=video_qa`` (:class:`~mmrl.tasks.video.video_qa.VideoQAConfig`) and ``task=video_temporal_grounding``
@@ -163,14 +163,13 @@ def size_multiple_for_model(run_cfg: Any) -> int:
 
     Raises ConfigError when the family cannot be told (then set ``task.video.size_multiple``).
     """
-    from mmrl.tasks.grounding.vqa_grounding.task import model_family_of
+    from mmrl.tasks.grounding.vqa_grounding.task import describe_model, model_family_of
 
-    model_cfg = getattr(run_cfg, "model", None)
+    model_cfg = run_cfg.model if run_cfg is not None else None
     family = model_family_of(model_cfg)
     if family not in _FAMILY_SIZE_MULTIPLE:
-        shown = {k: getattr(model_cfg, k, None) for k in ("type", "name", "path")} if model_cfg is not None else None
         raise ConfigError(
-            f"cannot tell the Qwen-VL family of the model {shown}; set task.video.size_multiple "
+            f"cannot tell the Qwen-VL family of the model {describe_model(model_cfg)}; set task.video.size_multiple "
             "(28 for Qwen2-VL / Qwen2.5-VL, 32 for Qwen3-VL)"
         )
     return _FAMILY_SIZE_MULTIPLE[family]
@@ -224,7 +223,7 @@ class VideoTaskBase(Task):
 
     def __init__(self, cfg: Any, run_cfg: Any = None) -> None:
         super().__init__(cfg, run_cfg)
-        model_type = getattr(getattr(run_cfg, "model", None), "type", None)
+        model_type = run_cfg.model.type if run_cfg is not None else None
         if model_type is not None and model_type != "vlm":
             raise ConfigError(
                 f"task={self.name} needs a vision-language model (model.type=vlm), got model.type={model_type}"

@@ -19,9 +19,10 @@ import numpy as np
 from mmrl.adapters.vla.heads import action_head
 from mmrl.adapters.vla.init_states import init_state_key
 from mmrl.adapters.vla.success_table import markdown_table, success_table
+from mmrl.models.configs import VLAConfig
 from mmrl.policies.base import PolicySpec
 from mmrl.rewards.manager import RewardSpec
-from mmrl.tasks.base import Task
+from mmrl.tasks.base import Task, TaskConfigBase
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +57,7 @@ def write_video(frames: np.ndarray, path: str | Path, fps: int = 10) -> Path | N
 
 
 @dataclass
-class VLASharedConfig:
+class VLASharedConfig(TaskConfigBase):
     """Settings every VLA task has and :class:`VLATask` reads (initial states, demos, held-out evaluation, demo
     noise, init-state checks)."""
 
@@ -234,11 +235,12 @@ class VLATask(Task):
 
     def _reads_state(self) -> bool:
         """The run's policy is a continuous head that reads the state and has no state statistics in its config."""
-        model = getattr(self.run_cfg, "model", None)
+        model = self.run_cfg.model if self.run_cfg is not None else None
         return (
-            action_head(model).continuous
-            and bool(getattr(model, "use_state", False))
-            and getattr(model, "state_mean", None) is None
+            isinstance(model, VLAConfig)
+            and action_head(model).continuous
+            and model.use_state
+            and model.state_mean is None
         )
 
     cameras: tuple[str, ...] = ("image",)
@@ -257,7 +259,8 @@ class VLATask(Task):
     def sft_items(self) -> list[dict]:
         """Observation-level warm-start data: one item per step of every successful demo, with its proprioceptive
         state and the expert chunk (the next ``model.chunk`` actions, the last one repeated past the episode end)."""
-        chunk = int(getattr(self.run_cfg.model, "chunk", 1)) if self.run_cfg is not None else 1
+        model = self.run_cfg.model if self.run_cfg is not None else None
+        chunk = model.chunk if isinstance(model, VLAConfig) else 1
         out = []
         for d in self.demos():
             if not d.success:
@@ -378,7 +381,7 @@ class VLATask(Task):
         rc = self.run_cfg
         if rc is None:
             return None
-        if getattr(rc, "checkpoint", None):
+        if rc.checkpoint:
             try:
                 from mmrl.checkpoint_files import resolve_checkpoint
 

@@ -138,7 +138,7 @@ class LiberoTask(VLATask):
     def __init__(self, cfg: Any, run_cfg: Any) -> None:
         super().__init__(cfg, run_cfg)
         self._infos: dict[str, Any] = {}
-        sft_steps = int(getattr(getattr(run_cfg, "trainer", None), "sft_steps", 0) or 0)
+        sft_steps = run_cfg.trainer.sft_steps if run_cfg is not None else 0
         if sft_steps > 0 and not self._has_demos():
             from mmrl.errors import ConfigError
 

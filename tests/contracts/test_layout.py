@@ -94,3 +94,40 @@ def test_probes_are_counted_in_a_renamed_consumer_under_its_former_path(layout, 
     ]
     (tmp_path / "mmrl" / "collector.py").write_text("w = hasattr(self.policy, 'v')\n")  # the current path wins
     assert layout.consumer_probes(tmp_path)[1:] == ["mmrl/collector.py: w = hasattr(self.policy, 'v')"]
+
+
+PLANTED_PROBES = """
+def build(cfg, policy):
+    m, tr = cfg.model, cfg.trainer
+    if getattr(m, "ema", False) and hasattr(policy, "ref"):  # line 4: two probes through an alias
+        pass
+    cameras = getattr(getattr(cfg, "task", None), "cameras", ())  # line 6: both getattr calls probe
+    path = getattr(cfg.model, "path")  # no default: raises like cfg.model.path, not a probe
+    module = getattr(policy.model, "module", policy.model)  # the policy's nn.Module, not a config
+    return tr.seed, cameras, path, module
+
+
+def text_config(lm):
+    cfg = lm.config  # a transformers config, not mmrl's
+    return cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+
+
+class Holder:
+    def read(self):
+        return hasattr(self.task, "eval_items") or getattr(self, "x", None)  # line 19: self.task only
+
+    def top_p(self):
+        return getattr(self.policy.cfg, "top_p", 1.0)  # line 22: the policy's model config
+"""
+
+
+def test_probes_of_configs_policies_and_tasks_are_counted_and_others_are_not(layout, tmp_path):
+    assert layout.probes_in(PLANTED_PROBES) == [4, 4, 6, 6, 19, 22]
+    (tmp_path / "tasks").mkdir()
+    (tmp_path / "mmrl" / "planning").mkdir(parents=True)
+    (tmp_path / "mmrl" / "planning" / "memory.py").write_text(PLANTED_PROBES)
+    (tmp_path / "tasks" / "base.py").write_text("def f(task_cfg):\n    return getattr(task_cfg, 'num_eval', 1)\n")
+    assert layout.contract_probes(tmp_path) == [
+        *[f"mmrl/planning/memory.py:{n}: {PLANTED_PROBES.splitlines()[n - 1].strip()}" for n in (4, 4, 6, 6, 19, 22)],
+        "tasks/base.py:2: return getattr(task_cfg, 'num_eval', 1)",
+    ]

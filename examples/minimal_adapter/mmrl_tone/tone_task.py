@@ -22,13 +22,13 @@ import numpy as np
 from mmrl.errors import ConfigError
 from mmrl.policies.base import PolicySpec
 from mmrl.rewards.manager import RewardSpec
-from mmrl.tasks.base import Task
+from mmrl.tasks.base import Task, TaskConfigBase
 
 PROMPT = "Which tone is this? Answer with one digit, then '.'"
 
 
 @dataclass
-class ToneConfig:
+class ToneConfig(TaskConfigBase):
     """Synthetic tones; every field is a ``task.<field>`` setting."""
 
     name: str = "tone_class"

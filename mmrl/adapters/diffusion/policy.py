@@ -95,6 +95,7 @@ class DiffusionPolicy(Policy):
         self.first_logp_gap: float | None = None
         """Max |recomputed - rollout| log-prob of the first log_probs call (None before it)."""
         self.ema = ParamEMA(self.trainable_parameters(), cfg.ema_decay) if cfg.ema else None
+        self.keeps_ema = self.ema is not None
         self._train_step = 0
         self._param_version: int | None = None
         self._explicit_step = False

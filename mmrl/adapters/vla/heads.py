@@ -82,9 +82,11 @@ def load(path: str) -> Any:
 
 
 def action_head(model_cfg: Any) -> ActionHead:
-    """The head a VLA model config names (``model.action_head``; a config without the field has the tokens head).
+    """The head a VLA model config names (``model.action_head``; any other model config has the tokens head).
     ConfigError naming the heads for an unknown one."""
-    name = getattr(model_cfg, "action_head", TOKENS)
+    from mmrl.models.configs import VLAConfig
+
+    name = model_cfg.action_head if isinstance(model_cfg, VLAConfig) else TOKENS
     check_choice(name, tuple(ACTION_HEADS), "model.action_head")
     return ACTION_HEADS[name]
 

@@ -24,9 +24,10 @@ from typing import Any
 
 from mmrl.adapters.grounding.coords import FrameError, convert_boxes
 from mmrl.errors import ConfigError
+from mmrl.models.configs import ModelConfig, model_path
 from mmrl.models.families import MODEL_BOX_FRAMES
 from mmrl.rewards.manager import RewardSpec
-from mmrl.tasks.base import SkipItem, Task
+from mmrl.tasks.base import SkipItem, Task, TaskConfigBase
 from mmrl.tasks.grounding.vqa_grounding.prompts import ANSWER_FRAMES, build_prompt, sft_target
 from mmrl.tasks.grounding.vqa_grounding.rewards import (
     GroundingRewardSettings,
@@ -51,7 +52,7 @@ ON_INVALID_BOX: tuple[str, ...] = ("error", "skip", "skip_sample")
 
 
 @dataclass
-class VQAGroundingConfig:
+class VQAGroundingConfig(TaskConfigBase):
     """Visual grounding with IoU rewards (see docs/tasks/vqa_grounding.md)."""
 
     name: str = "vqa_grounding"
@@ -187,25 +188,22 @@ _FAMILY_NAME_PATTERNS: tuple[tuple[str, str], ...] = (
 )
 
 
-def model_family_of(model_cfg: Any) -> str | None:
+def model_family_of(model_cfg: ModelConfig | None) -> str | None:
     """The Qwen-VL family of a model config, or None when it cannot be told.
 
-    Looks, in order, at ``model_cfg.family``; ``name`` / ``path`` as a preset of
-    :data:`mmrl.models.presets.VLM_PRESETS`; ``model_type`` in ``<path>/config.json`` of a local
-    folder; a hub id or name that spells the family (``Qwen/Qwen2.5-VL-3B-Instruct``).
+    Looks, in order, at ``name`` / ``path`` as a preset of :data:`mmrl.models.presets.VLM_PRESETS`; ``model_type``
+    in ``<path>/config.json`` of a local folder; a hub id or name that spells the family
+    (``Qwen/Qwen2.5-VL-3B-Instruct``).
     """
     if model_cfg is None:
         return None
-    family = getattr(model_cfg, "family", None)
-    if family in MODEL_BOX_FRAMES:
-        return family
     from mmrl.models.presets import VLM_PRESETS
 
-    keys = [str(k) for k in (getattr(model_cfg, "name", None), getattr(model_cfg, "path", None)) if k]
+    path = model_path(model_cfg)
+    keys = [str(k) for k in (model_cfg.name, path) if k]
     for key in keys:
         if key in VLM_PRESETS:
             return VLM_PRESETS[key].family
-    path = getattr(model_cfg, "path", None)
     if path:
         config_json = Path(str(path)).expanduser() / "config.json"
         if config_json.is_file():
@@ -223,16 +221,22 @@ def model_family_of(model_cfg: Any) -> str | None:
     return None
 
 
+def describe_model(model_cfg: ModelConfig | None) -> dict | None:
+    """``{"type", "name", "path"}`` of a model config, as an error that cannot tell its family shows it."""
+    if model_cfg is None:
+        return None
+    return {"type": model_cfg.type, "name": model_cfg.name, "path": model_path(model_cfg)}
+
+
 def resolve_answer_frame(box_frame: str, run_cfg: Any) -> str:
     """The frame the prompt asks for: ``box_frame`` when set, else the model family's frame."""
     if box_frame != "auto":
         return box_frame
-    model_cfg = getattr(run_cfg, "model", None)
+    model_cfg = run_cfg.model if run_cfg is not None else None
     family = model_family_of(model_cfg)
     if family is None:
-        shown = {k: getattr(model_cfg, k, None) for k in ("type", "name", "path")} if model_cfg is not None else None
         raise ConfigError(
-            f"task.box_frame=auto cannot tell the Qwen-VL family of the model {shown}; "
+            f"task.box_frame=auto cannot tell the Qwen-VL family of the model {describe_model(model_cfg)}; "
             "set task.box_frame=norm1000 (Qwen2-VL, Qwen3-VL) or task.box_frame=input_pixels (Qwen2.5-VL)"
         )
     return MODEL_BOX_FRAMES[family]
@@ -285,7 +289,7 @@ class VQAGroundingTask(Task):
 
     def __init__(self, cfg: VQAGroundingConfig, run_cfg: Any = None) -> None:
         super().__init__(cfg, run_cfg)
-        model_type = getattr(getattr(run_cfg, "model", None), "type", None)
+        model_type = run_cfg.model.type if run_cfg is not None else None
         if model_type is not None and model_type != "vlm":
             raise ConfigError(
                 f"task=vqa_grounding needs a vision-language model (model.type=vlm), got model.type={model_type}"

@@ -302,6 +302,7 @@ def test_param_ema_by_hand():
 
 def test_save_and_load_lora_round_trip(cache, tmp_path):
     pol = make_policy("sd3", ema=True)
+    assert pol.keeps_ema  # Policy.keeps_ema: data parallel refuses to shard it (tests/trainer/test_fsdp.py)
     perturb_lora(pol)
     ro = pol.rollout(batch(), 1)
     pol.save_pretrained(tmp_path / "ckpt")

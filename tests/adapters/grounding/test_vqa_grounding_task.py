@@ -17,6 +17,7 @@ from mmrl.adapters.grounding.boxes import parse_boxes
 from mmrl.adapters.grounding.coords import FrameError, convert_boxes
 from mmrl.adapters.grounding.data import DataFormatError
 from mmrl.config import ConfigError
+from mmrl.models.configs import VLMConfig
 from mmrl.models.families import box_frame_for, smart_resize
 from mmrl.rewards.manager import RewardManager
 from mmrl.tasks.base import SkipItem
@@ -342,21 +343,22 @@ def test_sft_target_negative_think_and_errors():
 
 
 def test_model_family_and_frame_resolution(tmp_path):
-    assert model_family_of(NS(name="tiny_qwen2_5_vl", path="tiny_qwen2_5_vl")) == "qwen2_5_vl"
-    assert model_family_of(NS(name="x", path="qwen3_vl_4b")) == "qwen3_vl"
-    assert model_family_of(NS(name="custom", path="Qwen/Qwen2-VL-7B-Instruct")) == "qwen2_vl"
-    assert model_family_of(NS(name="custom", path="someone/Qwen2.5-VL-32B-Instruct")) == "qwen2_5_vl"
-    assert model_family_of(NS(family="qwen3_vl", name="z", path="z")) == "qwen3_vl"
+    vlm = VLMConfig
+    assert model_family_of(vlm(name="tiny_qwen2_5_vl", path="tiny_qwen2_5_vl")) == "qwen2_5_vl"
+    assert model_family_of(vlm(name="x", path="qwen3_vl_4b")) == "qwen3_vl"
+    assert model_family_of(vlm(name="custom", path="Qwen/Qwen2-VL-7B-Instruct")) == "qwen2_vl"
+    assert model_family_of(vlm(name="custom", path="someone/Qwen2.5-VL-32B-Instruct")) == "qwen2_5_vl"
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3_vl"}))
-    assert model_family_of(NS(name="local", path=str(tmp_path))) == "qwen3_vl"
-    assert model_family_of(NS(name="llava", path="llava-hf/llava-1.5-7b-hf")) is None
+    assert model_family_of(vlm(name="local", path=str(tmp_path))) == "qwen3_vl"
+    assert model_family_of(vlm(name="llava", path="llava-hf/llava-1.5-7b-hf")) is None
+    assert model_family_of(NS(type="audio_lm", name="qwen3_vl_4b")) == "qwen3_vl"  # no path: its name alone
     assert (
-        resolve_answer_frame("auto", NS(model=NS(name="qwen2_5_vl_3b", path="Qwen/Qwen2.5-VL-3B-Instruct")))
+        resolve_answer_frame("auto", NS(model=vlm(name="qwen2_5_vl_3b", path="Qwen/Qwen2.5-VL-3B-Instruct")))
         == "input_pixels"
     )
     assert resolve_answer_frame("norm1000", None) == "norm1000"
-    with pytest.raises(ConfigError, match="task.box_frame"):
-        resolve_answer_frame("auto", NS(model=NS(name="llava", path="llava")))
+    with pytest.raises(ConfigError, match="task.box_frame.*'path': 'llava'"):
+        resolve_answer_frame("auto", NS(model=vlm(name="llava", path="llava")))
     with pytest.raises(ConfigError, match="model.type=vlm"):
         VQAGroundingTask(VQAGroundingConfig(), NS(model=NS(type="causal_lm", name="tiny_lm", path="tiny")))
 
