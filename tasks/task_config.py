@@ -3,6 +3,7 @@ core reads from one (:class:`TaskConfigBase`). Light: no imports of mmrl, so the
 
 from __future__ import annotations
 
+from dataclasses import fields, is_dataclass
 from typing import Protocol, runtime_checkable
 
 
@@ -35,10 +36,23 @@ class TaskConfigBase:
     """Where ``mmrl collect`` writes expert demos (None: the task records none)."""
 
 
-_NO_DATA_FIELDS = TaskConfigBase()
+DATA_FIELDS = ("data", "eval_data", "num_eval", "data_format", "demos_path")
+"""The fields of :class:`TaskConfigBase`, in the order it declares them."""
+
+
+def declared_fields(cfg: object) -> set[str]:
+    """The field names ``cfg``'s dataclass declares (none for an object that is not a dataclass)."""
+    return {f.name for f in fields(cfg)} if is_dataclass(cfg) else set()
 
 
 def task_data(cfg: TaskConfig) -> TaskConfigBase:
-    """``cfg``'s data fields: ``cfg`` itself when it subclasses :class:`TaskConfigBase`, else the defaults (a task
-    config from outside mmrl that declares only its own settings)."""
-    return cfg if isinstance(cfg, TaskConfigBase) else _NO_DATA_FIELDS
+    """``cfg``'s data fields: ``cfg`` itself when it subclasses :class:`TaskConfigBase`; else the base's defaults,
+    overridden by those of its fields that ``cfg``'s dataclass declares (a task config from outside mmrl keeps its
+    own ``num_eval`` or ``eval_data``: never silently dropped)."""
+    if isinstance(cfg, TaskConfigBase):
+        return cfg
+    view = TaskConfigBase()
+    for name in DATA_FIELDS:
+        if name in declared_fields(cfg):
+            setattr(view, name, getattr(cfg, name))
+    return view

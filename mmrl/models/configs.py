@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Protocol, runtime_checkable
 
 
@@ -62,9 +62,11 @@ class BaseModelConfig:
 
 
 def model_path(cfg: ModelConfig) -> str | None:
-    """The weights ``cfg`` names (``model.path``) when it subclasses :class:`BaseModelConfig`; None for a config that
-    declares no path (a model type from outside mmrl)."""
-    return cfg.path if isinstance(cfg, BaseModelConfig) else None
+    """The weights ``cfg`` names (``model.path``): a :class:`BaseModelConfig`'s, or that of a config dataclass from
+    outside mmrl that declares a ``path`` field; None for a config that declares none."""
+    if isinstance(cfg, BaseModelConfig) or (is_dataclass(cfg) and "path" in {f.name for f in fields(cfg)}):
+        return cfg.path  # type: ignore[attr-defined]
+    return None
 
 
 @dataclass

@@ -40,6 +40,13 @@ class OutsideConfig:
 
 
 @dataclass
+class BareConfig:
+    """A task config from outside mmrl with no data field."""
+
+    name: str = "bare"
+
+
+@dataclass
 class DeclaredConfig(TaskConfigBase):
     name: str = "declared"
     num_eval: int = 0
@@ -56,10 +63,13 @@ class CountingTask(Task):
 
 
 def test_the_data_fields_are_read_from_a_config_that_declares_them():
-    outside = task_data(OutsideConfig())
-    assert (outside.data, outside.eval_data, outside.num_eval, outside.demos_path) == (None, None, None, None)
+    outside = task_data(OutsideConfig())  # its own num_eval is kept, the rest are the base's defaults
+    assert (outside.data, outside.eval_data, outside.num_eval, outside.demos_path) == (None, None, 0, None)
+    assert task_data(OutsideConfig(num_eval=3)).num_eval == 3
+    assert task_data(BareConfig()).num_eval is None
     assert CountingTask(DeclaredConfig(), None).eval_items() == []  # num_eval 0 and no eval_data: no evaluation
-    assert CountingTask(OutsideConfig(), None).eval_items() == [{"prompt": "eval item"}]  # not a declared field
+    assert CountingTask(OutsideConfig(), None).eval_items() == []  # the same, declared outside TaskConfigBase
+    assert CountingTask(BareConfig(), None).eval_items() == [{"prompt": "eval item"}]  # no num_eval: the task's own
     assert CountingTask(DeclaredConfig(num_eval=2), None).eval_items() == [{"prompt": "eval item"}]
 
 
@@ -67,10 +77,17 @@ def test_the_data_fields_are_read_from_a_config_that_declares_them():
 class OutsideModelConfig:
     type: str = "outside_lm"
     name: str = "outside_lm"
-    path: str = "not/declared"
+    path: str = "org/outside-weights"
+
+
+@dataclass
+class PathlessModelConfig:
+    type: str = "pathless"
+    name: str = "pathless"
 
 
 def test_model_path_is_the_declared_weights_path():
     assert model_path(VLMConfig(path="Qwen/Qwen2.5-VL-3B-Instruct")) == "Qwen/Qwen2.5-VL-3B-Instruct"
-    assert model_path(OutsideModelConfig()) is None
+    assert model_path(OutsideModelConfig()) == "org/outside-weights"  # declared outside BaseModelConfig: still read
+    assert model_path(PathlessModelConfig()) is None
     assert isinstance(OutsideModelConfig(), ModelConfig)
