@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import pickle
 import queue
 import time
@@ -34,6 +35,10 @@ class RolloutWorkerError(RuntimeError):
     """A rollout worker failed with an error that could not be passed on as itself, or kept dying."""
 
 
+def _cuda_available() -> bool:
+    return torch.cuda.is_available()
+
+
 def check_async_settings(cfg, *, world: int, injected: bool) -> None:
     """ConfigError, in one line, for asynchronous settings that cannot work."""
     if cfg.trainer.rollout != "async":
@@ -48,12 +53,33 @@ def check_async_settings(cfg, *, world: int, injected: bool) -> None:
             "trainer.rollout=async: rollout workers build the task and policy from the config, so a Trainer given "
             "task= or policy= objects cannot run asynchronously; pass the config only or use trainer.rollout=sync"
         )
+    if cfg.trainer.device == "cpu" or (cfg.trainer.device == "auto" and not _cuda_available()):
+        warning = cpu_oversubscription(cfg.trainer.threads, cfg.trainer.rollout_workers, os.cpu_count() or 1)
+        if warning:
+            log.warning(warning)
     if cfg.algo.max_staleness > 0 and not cfg.algo.truncated_is:
         log.warning(
             "trainer.rollout=async with algo.max_staleness=%d and algo.truncated_is=false: samples of older weights "
             "are not importance-weighted (docs/async.md, 'The objective')",
             cfg.algo.max_staleness,
         )
+
+
+def cpu_oversubscription(threads: int, workers: int, cores: int) -> str | None:
+    """The warning for asynchronous rollouts on CPU whose torch threads outnumber the cores, or None when they fit.
+    The learner and each rollout worker run ``threads`` intra-op threads at once (``trainer.threads``; 0: torch's
+    default, one per core); more busy threads than cores leave each side's threads waiting on the others (torch's
+    OpenMP threads spin at their barriers), so both sides run slower than in the synchronous loop, where only one
+    runs at a time."""
+    per_process = threads if threads > 0 else cores
+    total = per_process * (1 + workers)
+    if total <= cores:
+        return None
+    return (
+        f"trainer.rollout=async on CPU: the learner and {workers} rollout worker(s) run {per_process} torch threads "
+        f"each, {total} on {cores} cores, which makes both slower than the synchronous loop; set trainer.threads=1 "
+        "(and trainer.learner_nice=10 where they share cores; docs/async.md, 'Sharing CPU cores')"
+    )
 
 
 def lower_priority(increase: int) -> int:

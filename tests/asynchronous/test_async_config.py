@@ -56,3 +56,32 @@ def test_async_refuses_a_policy_whose_trained_weights_are_outside_its_model(tmp_
     cfg = load_config(toy_overrides(tmp_path, "trainer.rollout=async"))
     with pytest.raises(ConfigError, match="1 trainable parameter\\(s\\) are not in the policy's model"):
         Trainer(cfg)
+
+
+@pytest.mark.parametrize(
+    ("threads", "workers", "cores", "busy"),
+    [(1, 1, 2, None), (2, 1, 2, 4), (0, 1, 2, 4), (1, 2, 2, 3), (2, 1, 4, None), (1, 3, 4, None), (0, 1, 1, 2)],
+)
+def test_cpu_threads_beyond_the_cores_are_a_warning(threads, workers, cores, busy):
+    """Learner + workers, each with trainer.threads torch threads (0: one per core): more than the cores is the
+    warning that names the count and the fix."""
+    from mmrl.asynchronous.runtime import cpu_oversubscription
+
+    warning = cpu_oversubscription(threads, workers, cores)
+    if busy is None:
+        assert warning is None
+    else:
+        assert f", {busy} on {cores} cores" in warning and "trainer.threads=1" in warning
+
+
+def test_the_async_check_warns_of_oversubscribed_cpu_threads(tmp_path, monkeypatch, caplog):
+    from mmrl.asynchronous import runtime
+
+    monkeypatch.setattr(runtime.os, "cpu_count", lambda: 2)
+    for threads, expected in ((2, 1), (1, 0)):
+        caplog.clear()
+        cfg = load_config(
+            toy_overrides(tmp_path, "trainer.rollout=async", "trainer.device=cpu", f"trainer.threads={threads}")
+        )
+        runtime.check_async_settings(cfg, world=1, injected=False)
+        assert sum("4 on 2 cores" in r.getMessage() for r in caplog.records) == expected
