@@ -7,7 +7,7 @@ measure time, speed or memory removed (:data:`TIMING_KEYS`). A run that fails wr
 its output) instead. ``python scripts/behaviour_snapshot.py --compare DIR_A DIR_B`` prints, per run, ``equal`` or the
 first row and key that differ, and exits 1 when any run differs, is missing or failed on one side.
 
-Every run gets :data:`SHORT_RUN`: ``trainer.max_steps=2``, ``trainer.sft_steps=min(its default, 2)``, evaluation at
+Every run gets :data:`SHORT_RUN` (and :data:`TASK_OVERRIDES`, e.g. t2i_color's shorter pipeline pre-training): ``trainer.max_steps=2``, ``trainer.sft_steps=min(its default, 2)``, evaluation at
 the end only on ``trainer.eval_size=2`` items, ``trainer.seed=0``, one torch thread, no progress bars, plots,
 TensorBoard or W&B. The variants of ``toy_arithmetic`` (:data:`VARIANTS`) add:
 
@@ -58,6 +58,11 @@ VARIANTS = {
 }
 """Runs beyond the embedded defaults: ``name@variant`` -> its overrides (the task first)."""
 
+TASK_OVERRIDES = {"t2i_color": ("task.pretrain_steps=20", "task.pretrain_vae_steps=20")}
+"""What a default adds to :data:`SHORT_RUN` to stay short: t2i_color pre-trains its tiny pipeline for 20 steps (not
+300) before RL, so a snapshot does not spend its time there (the pipeline is cached under ``MMRL_CACHE`` per
+setting)."""
+
 SHORT_RUN = (
     "trainer.max_steps=2",
     "trainer.eval_every=0",
@@ -85,10 +90,11 @@ def run_names(tasks: list[str] | None) -> list[str]:
 
 
 def run_overrides(name: str) -> list[str]:
-    """The overrides of run ``name``: its task (or variant), :data:`SHORT_RUN` and ``trainer.sft_steps`` capped at 2."""
+    """The overrides of run ``name``: its task (or variant) with :data:`TASK_OVERRIDES`, :data:`SHORT_RUN` and
+    ``trainer.sft_steps`` capped at 2."""
     from mmrl.config import load_config
 
-    base = list(VARIANTS.get(name, (f"task={name}",)))
+    base = list(VARIANTS.get(name, (f"task={name}", *TASK_OVERRIDES.get(name, ()))))
     sft = load_config(base).trainer.sft_steps
     return [*base, *SHORT_RUN, f"trainer.sft_steps={min(sft, 2)}"]
 

@@ -84,4 +84,9 @@ def test_each_run_is_short_on_a_fixed_seed_with_the_warm_start_capped_at_two_ste
     assert {"trainer.max_steps=2", "trainer.seed=0", "trainer.threads=1", "trainer.eval_size=2"} <= set(reach)
     assert snap.run_overrides("toy_arithmetic")[-1] == "trainer.sft_steps=0"  # no warm start stays none
     assert snap.run_overrides("toy_arithmetic@ppo")[:3] == ["task=toy_arithmetic", "algo=ppo", "trainer.grad_accum=2"]
+    assert snap.run_overrides("t2i_color")[:3] == [
+        "task=t2i_color",
+        "task.pretrain_steps=20",
+        "task.pretrain_vae_steps=20",
+    ]
     assert snap.run_names(None) == [*snap.TASKS, *snap.VARIANTS]
