@@ -58,10 +58,16 @@ VARIANTS = {
 }
 """Runs beyond the embedded defaults: ``name@variant`` -> its overrides (the task first)."""
 
-TASK_OVERRIDES = {"t2i_color": ("task.pretrain_steps=20", "task.pretrain_vae_steps=20")}
-"""What a default adds to :data:`SHORT_RUN` to stay short: t2i_color pre-trains its tiny pipeline for 20 steps (not
-300) before RL, so a snapshot does not spend its time there (the pipeline is cached under ``MMRL_CACHE`` per
-setting)."""
+_PATIENT_ENVS = ("model.step_timeout_s=600",)
+TASK_OVERRIDES = {
+    "t2i_color": ("task.pretrain_steps=20", "task.pretrain_vae_steps=20"),
+    "vla_lift": _PATIENT_ENVS,
+    "vla_reach": _PATIENT_ENVS,
+}
+"""What a default adds to :data:`SHORT_RUN`: t2i_color pre-trains its tiny pipeline for 20 steps (not 300) before
+RL, so a snapshot does not spend its time there (the pipeline is cached under ``MMRL_CACHE`` per setting); the VLA
+tasks wait up to 600 s for an env step, so that a busy machine does not turn episodes into infrastructure failures
+(``count/failed_episodes``), which would differ between two runs of the same code."""
 
 SHORT_RUN = (
     "trainer.max_steps=2",
