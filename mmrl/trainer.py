@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import signal
 import sys
+import threading
 import time
-import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 from torch import Tensor
@@ -34,9 +33,12 @@ from mmrl.builders import build_policy, build_rewards, build_task
 from mmrl.checkpoint_files import checkpoint_step, resolve_checkpoint
 from mmrl.collector import RolloutCollector
 from mmrl.config import RunConfig, config_yaml, field_defaults, load_config, to_dict
+from mmrl.config.validate import check_algo_against_task
 from mmrl.errors import ConfigError, RunStopped, TrainingAborted
 from mmrl.evaluation import evaluate_policy
+from mmrl.optim import advance_schedule, build_optimizer
 from mmrl.parallel.data_parallel import DataParallel
+from mmrl.parallel.global_batch import gae_of_rank, global_advantages, local_rows
 from mmrl.policies.base import Policy, PromptBatch, Rollout
 from mmrl.preflight import warn_if_cannot_learn
 from mmrl.progress import PhaseProgress, fmt
@@ -46,18 +48,29 @@ from mmrl.tracking import Tracker, plot_metrics
 from mmrl.training_checkpoint import (
     CheckpointNotSaved,
     TrainingParts,
+    lost_steps,
     release_failed_save,
     restore_training,
     save_failure_text,
     save_to_rescue,
     save_training,
 )
+from mmrl.update_metrics import UpdateStats
+from mmrl.warm_start_reference import REFERENCE_FILE, reference_from_warm_start, restore_warm_start_reference
+
+__all__ = [
+    "REFERENCE_FILE",
+    "NothingTrained",
+    "Trainer",
+    "TrainingAborted",
+    "check_algo_against_task",
+    "gae_of_rank",
+    "local_rows",
+]
+"""Besides the trainer: names re-exported from the modules that own them (:mod:`mmrl.parallel.global_batch`,
+:mod:`mmrl.warm_start_reference`, :mod:`mmrl.config.validate`) for code that imports them from here."""
 
 log = logging.getLogger(__name__)
-
-REFERENCE_FILE = "reference_model.pt"
-"""In the run folder: the KL reference's weights after the warm start (:meth:`Trainer._reference_from_warm_start`)."""
-
 
 _ASYNC_PROGRESS = {
     "stale": "async/staleness_mean",
@@ -73,82 +86,16 @@ class NothingTrained(RuntimeError):
 
 
 @dataclass
-class _StepStats:
-    """Weighted sums of per-token quantities over the micro-batches of an update."""
+class _UpdateBatch:
+    """What every minibatch of one update reads: the step's rows, their trained-token mask, advantages and returns
+    (GAE), and the PPO anchor (``anchor``; ``old_logp`` when it was computed before the update)."""
 
-    sums: dict[str, float] = field(default_factory=dict)
-
-    def add(self, key: str, value: float) -> None:
-        self.sums[key] = self.sums.get(key, 0.0) + value
-
-    def add_rollout_gap(self, logp: Tensor, rollout_logp: Tensor, mask: Tensor, cap: float) -> None:
-        """|trainer - rollout engine| log-prob gap (summed) and the extreme importance ratios of a micro-batch's
-        ``mask``-ed tokens (none: a dummy or ballast micro-batch, which adds nothing)."""
-        self.add("rollout/logp_abs_diff_sum", float(((logp - rollout_logp).abs() * mask).sum()))
-        self.add("rollout/tokens", float(mask.sum()))
-        if bool(mask.any()):
-            ist = algos.importance_stats(logp, rollout_logp, mask, cap=cap)
-            self.sums["rollout/is_ratio_max"] = max(self.sums.get("rollout/is_ratio_max", 0.0), ist["ratio_max"])
-            self.sums["rollout/is_ratio_min"] = min(self.sums.get("rollout/is_ratio_min", math.inf), ist["ratio_min"])
-
-
-def _lr_lambda(schedule: str, warmup: int, total: int) -> Callable[[int], float]:
-    def f(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        if schedule == "constant" or total <= warmup:
-            return 1.0
-        progress = min(1.0, (step - warmup) / (total - warmup))
-        if schedule == "linear":
-            return 1.0 - progress
-        return 0.5 * (1.0 + math.cos(math.pi * progress))
-
-    return f
-
-
-def local_rows(global_rows: Tensor, offset: int, size: int) -> Tensor:
-    """This rank's rows (local indices, in the given order) among ``global_rows`` of the global batch, in which the
-    rank holds rows ``offset .. offset + size - 1``."""
-    keep = (global_rows >= offset) & (global_rows < offset + size)
-    return global_rows[keep] - offset
-
-
-def gae_of_rank(parts: list[dict], rank: int, algo) -> tuple[Tensor, Tensor]:
-    """GAE advantages and returns ``[B_rank, T_rank]`` of rank ``rank``'s rows, computed over the global batch.
-
-    ``parts``: every rank's ``{"rewards", "mask", "values", "token_rewards", "kl_tok"}`` (the last two may be None),
-    in rank order. :func:`mmrl.algos.critic_advantages` runs once over their concatenation, so the advantages are
-    whitened over all ranks' actions, as one process whitens its batch (whitening each rank's shard alone trains
-    something else). Ranks may have different ``T``: every ``[B, T]`` tensor is padded to the longest with masked
-    zeros, and the rank's slice is cut back to its own ``T``."""
-    width = max(p["mask"].shape[1] for p in parts)
-
-    def cat_actions(key: str) -> Tensor | None:
-        if any(p[key] is None for p in parts):
-            return None
-        return torch.cat([torch.nn.functional.pad(p[key], (0, width - p[key].shape[1])) for p in parts])
-
-    adv, returns = algos.critic_advantages(
-        torch.cat([p["rewards"] for p in parts]),
-        cat_actions("mask"),
-        algo,
-        values=cat_actions("values"),
-        kl_tok=cat_actions("kl_tok"),
-        token_rewards=cat_actions("token_rewards"),
-    )
-    offset = sum(p["rewards"].shape[0] for p in parts[:rank])
-    mine = parts[rank]
-    rows, T = slice(offset, offset + mine["rewards"].shape[0]), mine["mask"].shape[1]
-    return adv[rows, :T], returns[rows, :T]
-
-
-def check_algo_against_task(algo, reward_names: list[str], task_name: str) -> None:
-    """ConfigError for algorithm settings that name something the task does not have (T-GRPO's correctness reward)."""
-    if algo.tgrpo_enabled and algo.tgrpo.correct_reward not in reward_names:
-        raise ConfigError(
-            f"algo.tgrpo.correct_reward={algo.tgrpo.correct_reward!r} is not a reward of task={task_name}; "
-            f"choose from {', '.join(reward_names)}"
-        )
+    ro: Rollout
+    mask: Tensor
+    adv: Tensor
+    returns: Tensor | None
+    old_logp: Tensor | None
+    anchor: str
 
 
 class Trainer:
@@ -233,12 +180,7 @@ class Trainer:
             self.async_rollouts = AsyncRollouts(
                 self.rollouts, self.policy, params, cfg, device=str(self.accelerator.device), dp=self.dp
             )
-        self.optimizer = torch.optim.AdamW(
-            params, lr=tr.lr, betas=tuple(tr.adam_betas), eps=tr.adam_eps, weight_decay=tr.weight_decay
-        )
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, _lr_lambda(tr.lr_schedule, tr.warmup_steps, tr.max_steps)
-        )
+        self.optimizer, self.scheduler = build_optimizer(params, tr)
 
         self.step = 0
         self.nonfinite_streak = 0
@@ -396,7 +338,7 @@ class Trainer:
                 raise DamagedCheckpointError(
                     Path(path) / "training_state" / "state.json", f"its warm-start state ('sft') is malformed ({e!r})"
                 ) from None
-        self._restore_warm_start_reference(path)
+        restore_warm_start_reference(self.policy, self.cfg, path, in_warm_start=self.warm_start is not None)
         self.step = state["step"]
         try:
             self.rollouts.load_state_dict(state)
@@ -471,51 +413,22 @@ class Trainer:
         return logp, v
 
     def _advantages(self, ro: Rollout, kl_tok: Tensor | None) -> tuple[Tensor, Tensor | None]:
-        """Token-level advantages [B, T] (and returns for the critic): :func:`mmrl.algos.token_advantages`.
-
-        With several processes, every estimator sees the whole global batch: every rank gathers the (small) per-sample
-        rewards, group ids, validity and bonus (GAE: also the per-action values, mask, rewards and KL), computes the
-        advantages of all samples and keeps its own. Batch-level statistics (``grpo`` with ``adv_scale=batch``,
-        ``reinforce_pp``'s whitening, GAE's advantage whitening) are then those of one process."""
-        algo = self.cfg.algo
+        """Token-level advantages [B, T] (and returns for the critic): :func:`mmrl.algos.token_advantages`; with several
+        processes, over the whole global batch (:func:`mmrl.parallel.global_batch.global_advantages`)."""
         mask = ro.mask * ro.valid[:, None].float()
-        if self.world > 1 and algo.advantage == algos.CRITIC_ESTIMATOR:
-            return self._global_gae(ro, mask, kl_tok)
-        if self.world == 1:
-            return algos.token_advantages(
-                ro.rewards,
-                ro.group_id,
-                ro.valid,
-                mask,
-                algo,
-                kl_tok=kl_tok,
-                bonus=ro.adv_bonus,
-                values=ro.values,
-                token_rewards=ro.token_rewards,
-            )
-        rewards = algos.fold_kl_into_rewards(ro.rewards, mask, algo, kl_tok)
-        bonus = ro.adv_bonus if ro.adv_bonus is not None else torch.zeros_like(rewards)
-        local = (rewards.cpu(), ro.group_id.cpu(), ro.valid.cpu(), bonus.float().cpu())
-        parts: list = [None] * self.world
-        torch.distributed.all_gather_object(parts, local)
-        offset = sum(p[0].shape[0] for p in parts[: self.rank])
-        r, g, v, b = (torch.cat([p[k] for p in parts]) for k in range(4))
-        adv = algos.outcome_advantages(r, g, v, algo, bonus=b)[offset : offset + ro.batch_size]
-        return algos.broadcast_to_tokens(adv.to(mask.device), mask), None
-
-    def _global_gae(self, ro: Rollout, mask: Tensor, kl_tok: Tensor | None) -> tuple[Tensor, Tensor]:
-        """GAE advantages and returns of this rank's rows over the whole global batch (:func:`gae_of_rank`)."""
-        local = {
-            "rewards": ro.rewards.float().cpu(),
-            "mask": mask.float().cpu(),
-            "values": ro.values.float().cpu(),
-            "token_rewards": None if ro.token_rewards is None else ro.token_rewards.float().cpu(),
-            "kl_tok": None if kl_tok is None else kl_tok.float().cpu(),
-        }
-        parts: list = [None] * self.world
-        torch.distributed.all_gather_object(parts, local)
-        adv, returns = gae_of_rank(parts, self.rank, self.cfg.algo)
-        return adv.to(mask.device), returns.to(mask.device)
+        if self.world > 1:
+            return global_advantages(ro, mask, kl_tok, self.cfg.algo, rank=self.rank, world=self.world)
+        return algos.token_advantages(
+            ro.rewards,
+            ro.group_id,
+            ro.valid,
+            mask,
+            self.cfg.algo,
+            kl_tok=kl_tok,
+            bonus=ro.adv_bonus,
+            values=ro.values,
+            token_rewards=ro.token_rewards,
+        )
 
     # ------------------------------------------------------------------ one RL step
     def train_step(self) -> dict[str, float]:
@@ -527,13 +440,46 @@ class Trainer:
         return metrics
 
     def _train_step(self) -> dict[str, float]:
-        algo = self.cfg.algo
         t_step = time.perf_counter()
         self.policy.on_train_step(self.step)  # e.g. diffusion's sliding window of trained denoising steps
         ro, metrics = self.collect()
+        ro = self._rows_to_train(ro, metrics)
+        if ro is None:
+            advance_schedule(self.scheduler)
+            return metrics
+        t0 = time.perf_counter()
+        anchor = self._anchor_mode()
+        old_logp, kl_tok = self._no_grad_passes(ro, anchor)
+        metrics["time/prepare"] = time.perf_counter() - t0
+        adv, returns = self._advantages(ro, kl_tok)
+        mask = ro.mask * ro.valid[:, None].float()
+        metrics["policy/adv_abs_mean"] = float((adv.abs() * mask).sum() / mask.sum().clamp(min=1))
+        if metrics["update/samples"]:
+            metrics["response/length"] = float(ro.mask.sum(1).mean())
+
+        t0 = time.perf_counter()
+        self._abort_after_step = None
+        stats = self._update(ro, mask, adv, returns, old_logp, anchor=anchor)
+        if stats.get("train/nonfinite_skipped", 0) < self.cfg.algo.ppo_epochs * self.cfg.algo.num_minibatches:
+            self.updates_done += 1
+        else:  # every optimizer step of it was skipped for non-finite values: it updated nothing
+            self.nonfinite_only_steps += 1
+        metrics.update(stats)
+        metrics["time/update"] = time.perf_counter() - t0
+        advance_schedule(self.scheduler)
+        metrics["optim/lr"] = self.scheduler.get_last_lr()[0]
+        metrics["time/step"] = time.perf_counter() - t_step
+        if self._abort_after_step:  # the step is complete (optimizer and scheduler stepped): a checkpoint counts it
+            raise TrainingAborted(self._abort_after_step, step_completed=True)
+        return metrics
+
+    def _rows_to_train(self, ro: Rollout | None, metrics: dict) -> Rollout | None:
+        """The rows of this step's rollout that train (``update/samples`` of them), or None when every process skips
+        the step (``data/empty_steps``).
+
+        One collective, so that every process takes the same branch: the samples to train on, over all processes,
+        and the processes with no rollout at all (every item they drew was skipped)."""
         n_valid = int(ro.valid.sum()) if ro is not None else 0
-        # one collective, so that every process takes the same branch: the samples to train on, over all processes, and
-        # the processes with no rollout at all (every item they drew was skipped)
         total_valid, without_rollout = self.dp.all_reduce_sums([n_valid, float(ro is None)])
         if total_valid == 0 or without_rollout:
             # nothing to train on anywhere (every sample failed or was filtered: an optimizer step would still move
@@ -542,8 +488,7 @@ class Trainer:
             metrics["data/empty_steps"] = 1.0
             if without_rollout and ro is not None:
                 metrics["data/steps_lost_to_empty_peers"] = 1.0
-            self._advance_schedule()
-            return metrics
+            return None
         rows = torch.nonzero(ro.valid).flatten()
         if n_valid == 0:
             # this process's samples all failed or were filtered while other processes have some: it keeps one row as
@@ -554,19 +499,31 @@ class Trainer:
             # statistic already; dropping them here saves their old-log-prob, reference and training forwards
             ro = ro.index(rows)
         metrics["update/samples"] = float(n_valid)
+        return ro
+
+    def _anchor_mode(self) -> str:
+        """How the PPO anchor (old log-probs) is had: ``algo.old_logp``, with ``auto`` resolved to ``current`` (the
+        detached current log-probs) for one epoch of one minibatch, else ``recompute`` (a no-grad pass)."""
+        algo = self.cfg.algo
+        if algo.old_logp != "auto":
+            return algo.old_logp
+        return "current" if algo.ppo_epochs == 1 and algo.num_minibatches == 1 else "recompute"
+
+    def _no_grad_passes(self, ro: Rollout, anchor: str) -> tuple[Tensor | None, Tensor | None]:
+        """The passes before the update: old log-probs (``anchor`` ``recompute``; ``rollout``: the behaviour
+        log-probs), the critic's values into ``ro.values`` (GAE), the reference log-probs into ``ro.ref_logp``
+        (``algo.kl_coef > 0``, unless the policy computes its own KL). Returns (old log-probs or None, the per-token
+        KL folded into the reward with ``algo.kl_in_reward``, else None)."""
+        algo = self.cfg.algo
         use_gae = algo.advantage == algos.CRITIC_ESTIMATOR
-        mode = algo.old_logp
-        if mode == "auto":
-            mode = "current" if algo.ppo_epochs == 1 and algo.num_minibatches == 1 else "recompute"
-        t0 = time.perf_counter()
         old_logp = None
-        if mode == "recompute" or use_gae:
+        if anchor == "recompute" or use_gae:
             recomputed, values = self._no_grad_pass(ro, values=use_gae)
-            if mode == "recompute":
+            if anchor == "recompute":
                 old_logp = recomputed
             if use_gae:
                 ro.values = values
-        if mode == "rollout":  # not elif: GAE's value pass above must not drop the rollout anchor
+        if anchor == "rollout":  # not elif: GAE's value pass above must not drop the rollout anchor
             old_logp = ro.rollout_logp
         kl_tok = None
         # a policy with its own KL (e.g. latent-mean KL for diffusion) computes it in log_probs
@@ -577,38 +534,7 @@ class Trainer:
                 kl_tok = algos.kl_estimate(
                     ro.rollout_logp if old_logp is None else old_logp, ro.ref_logp, algo.kl_estimator
                 )
-        metrics["time/prepare"] = time.perf_counter() - t0
-        adv, returns = self._advantages(ro, kl_tok)
-        mask = ro.mask * ro.valid[:, None].float()
-        metrics["policy/adv_abs_mean"] = float((adv.abs() * mask).sum() / mask.sum().clamp(min=1))
-        if n_valid:
-            metrics["response/length"] = float(ro.mask.sum(1).mean())
-
-        t0 = time.perf_counter()
-        self._abort_after_step = None
-        stats = self._update(ro, mask, adv, returns, old_logp, anchor=mode)
-        if stats.get("train/nonfinite_skipped", 0) < algo.ppo_epochs * algo.num_minibatches:
-            self.updates_done += 1
-        else:  # every optimizer step of it was skipped for non-finite values: it updated nothing
-            self.nonfinite_only_steps += 1
-        metrics.update(stats)
-        metrics["time/update"] = time.perf_counter() - t0
-        self._advance_schedule()
-        metrics["optim/lr"] = self.scheduler.get_last_lr()[0]
-        metrics["time/step"] = time.perf_counter() - t_step
-        if self._abort_after_step:  # the step is complete (optimizer and scheduler stepped): a checkpoint counts it
-            raise TrainingAborted(self._abort_after_step, step_completed=True)
-        return metrics
-
-    def _advance_schedule(self) -> None:
-        """One RL step of the learning-rate schedule, also after a step that updated nothing (an empty batch, non-finite
-        gradients): the schedule runs over ``trainer.max_steps`` RL steps, so step N has the same lr whatever was
-        skipped before it, and a resumed run continues it exactly. PyTorch warns when this first happens before any
-        optimizer step ("skipping the first value of the schedule"); here that is the intent, so that warning is
-        silenced."""
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)` before")
-            self.scheduler.step()
+        return old_logp, kl_tok
 
     def _update(
         self,
@@ -620,19 +546,34 @@ class Trainer:
         *,
         anchor: str,
     ) -> dict[str, float]:
-        algo = self.cfg.algo
-        tr = self.cfg.trainer
-        use_gae = algo.advantage == algos.CRITIC_ESTIMATOR
-        need_entropy = True  # cheap relative to the forward; logged every step
-        st = _StepStats()
+        """``algo.ppo_epochs`` x ``algo.num_minibatches`` optimizer steps on this step's rows; returns the update's
+        metrics (:meth:`mmrl.update_metrics.UpdateStats.metrics`, ``train/nonfinite_skipped``)."""
+        batch = _UpdateBatch(ro, mask, adv, returns, old_logp, anchor)
+        stats = UpdateStats()
         stepped = False  # has an optimizer step run yet
         skipped_steps = 0
-        B = ro.batch_size
-        # minibatches are drawn from the GLOBAL batch (every rank's rows, in rank order), so that N processes train on
-        # the same minibatches as one process; each rank keeps its own rows of each (possibly none: a dummy forward)
-        offset, total = 0, B  # one minibatch: all of this rank's rows
+        for epoch, mb in self._minibatches(ro.batch_size):
+            # before any update: the gap between the trainer's and the rollout engine's log-probs
+            self._accumulate_gradients(batch, mb, stats, measure_gap=epoch == 0 and not stepped)
+            if self._clip_and_step(stats):
+                stepped = True
+            else:
+                skipped_steps += 1
+        out = stats.metrics(self.cfg.algo.ppo_epochs * self.cfg.algo.num_minibatches)
+        out["train/nonfinite_skipped"] = float(skipped_steps)
+        self._count_nonfinite(skipped_steps)
+        return out
+
+    def _minibatches(self, batch_size: int) -> Iterator[tuple[int, Tensor]]:
+        """(epoch, this rank's rows of a minibatch) for every minibatch of every PPO epoch.
+
+        Minibatches are drawn from the GLOBAL batch (every rank's rows, in rank order, from a permutation seeded by
+        the run seed, the step and the epoch), so that N processes train on the same minibatches as one process; each
+        rank keeps its own rows of each (possibly none: a dummy forward)."""
+        algo, tr = self.cfg.algo, self.cfg.trainer
+        offset, total = 0, batch_size  # one minibatch: all of this rank's rows
         if algo.num_minibatches > 1:
-            sizes = self.dp.all_gather_ints(B)
+            sizes = self.dp.all_gather_ints(batch_size)
             offset, total = sum(sizes[: self.rank]), sum(sizes)
         for epoch in range(algo.ppo_epochs):
             if algo.num_minibatches > 1:
@@ -641,91 +582,100 @@ class Trainer:
             else:
                 order = torch.arange(total)
             for gmb in torch.tensor_split(order, algo.num_minibatches):
-                mb = local_rows(gmb, offset, B)
-                # the loss normalisers of the global minibatch (a ballast row has no token: it counts in neither)
-                num_tokens, num_seqs = self.dp.all_reduce_sums(
-                    [float(mask[mb].sum()), float((mask[mb].sum(1) > 0).sum())]
-                )
-                self.optimizer.zero_grad(set_to_none=True)
-                micro = self._micro_batches(mb)
-                for k, mi in enumerate(micro):
-                    dummy = mi.numel() == 0
-                    if dummy:  # keep collective calls in step across ranks: a zero-weight sample
-                        mi = mb[:1] if mb.numel() else torch.zeros(1, dtype=torch.long)
-                    sub = ro.index(mi)
-                    m = mask[mi].to(self.accelerator.device)
-                    if dummy:  # its mask is zero: every weight, and so its loss and gradient, is zero
-                        m = torch.zeros_like(m)
-                    sync = k == len(micro) - 1
-                    with self._no_sync(sync):
-                        out = self.policy.log_probs(sub, entropy=need_entropy, values=use_gae)
-                        logp = out.logp.float()
-                        dev = logp.device
-                        beh = ro.rollout_logp[mi].to(dev)
-                        if anchor == "current":
-                            old = logp.detach()
-                        elif anchor == "interpolate":  # sync rollouts carry no staleness: 0, the behaviour log-probs
-                            stale = ro.staleness[mi] if ro.staleness is not None else torch.zeros(mi.numel())
-                            old = algos.interpolated_prox_logp(logp, beh, stale)
-                        else:
-                            old = old_logp[mi].to(dev)
-                        loss, terms = algos.rl_objective(
-                            logp,
-                            old_logp=old,
-                            advantages=adv[mi].to(dev),
-                            mask=m,
-                            cfg=algo,
-                            num_tokens=num_tokens,
-                            num_seqs=num_seqs,
-                            rollout_logp=beh,
-                            ref_logp=ro.ref_logp[mi].to(dev) if ro.ref_logp is not None else None,
-                            policy_kl=out.kl,
-                            entropy=out.entropy,
-                            values=out.values if use_gae else None,
-                            old_values=ro.values[mi].to(dev) if use_gae else None,
-                            returns=returns[mi].to(dev) if use_gae else None,
-                        )
-                        for name, value in terms.items():
-                            st.add(name, float(value))
-                        if epoch == 0 and not stepped:  # before any update: trainer vs rollout engine
-                            st.add_rollout_gap(logp.detach(), beh, m, algo.is_cap)
-                        loss = loss * self.world  # DDP averages gradients over ranks
-                        self.accelerator.backward(loss)
-                # the total norm is non-finite iff some gradient is: one pass checks and clips
-                gn = float(
-                    torch.nn.utils.clip_grad_norm_(
-                        self._params, tr.max_grad_norm if tr.max_grad_norm is not None else math.inf
-                    )
-                )
-                finite = math.isfinite(gn)
-                if finite:
-                    st.add("optim/grad_norm", gn)
-                if finite:
-                    self.optimizer.step()
-                    stepped = True
-                else:
-                    skipped_steps += 1
-                self.optimizer.zero_grad(set_to_none=True)
-        n_updates = algo.ppo_epochs * algo.num_minibatches
-        out = {k: v / n_updates for k, v in st.sums.items() if not k.startswith("rollout/")}
-        toks = st.sums["rollout/tokens"]  # the first micro-batch always adds its count (0 for a dummy)
-        if toks:  # none: this process had no row in the first minibatch (it ran a dummy forward)
-            out["rollout/logp_abs_diff"] = st.sums["rollout/logp_abs_diff_sum"] / toks
-        for k in ("rollout/is_ratio_max", "rollout/is_ratio_min"):
-            if k in st.sums and math.isfinite(st.sums[k]):
-                out[k] = st.sums[k]
-        out["train/nonfinite_skipped"] = float(skipped_steps)
-        if skipped_steps:
-            self.nonfinite_streak += 1
-            log.warning("step %d: non-finite loss or gradient; %d optimizer step(s) skipped", self.step, skipped_steps)
-            if self.nonfinite_streak >= tr.max_consecutive_nonfinite:
-                self._abort_after_step = (
-                    f"{self.nonfinite_streak} consecutive steps had non-finite losses or gradients "
-                    f"(trainer.max_consecutive_nonfinite={tr.max_consecutive_nonfinite}); lower trainer.lr or check the rewards"
-                )
+                yield epoch, local_rows(gmb, offset, batch_size)
+
+    def _accumulate_gradients(self, batch: _UpdateBatch, mb: Tensor, stats: UpdateStats, *, measure_gap: bool) -> None:
+        """The gradient of minibatch ``mb`` (this rank's rows), over ``trainer.grad_accum`` micro-batches whose loss
+        weights come from the global minibatch's totals; the loss terms go to ``stats``."""
+        mask = batch.mask
+        # the loss normalisers of the global minibatch (a ballast row has no token: it counts in neither)
+        num_tokens, num_seqs = self.dp.all_reduce_sums([float(mask[mb].sum()), float((mask[mb].sum(1) > 0).sum())])
+        self.optimizer.zero_grad(set_to_none=True)
+        micro = self._micro_batches(mb)
+        for k, mi in enumerate(micro):
+            dummy = mi.numel() == 0
+            if dummy:  # keep collective calls in step across ranks: a zero-weight sample
+                mi = mb[:1] if mb.numel() else torch.zeros(1, dtype=torch.long)
+            m = mask[mi].to(self.accelerator.device)
+            if dummy:  # its mask is zero: every weight, and so its loss and gradient, is zero
+                m = torch.zeros_like(m)
+            with self._no_sync(k == len(micro) - 1):
+                loss = self._micro_batch_loss(batch, mi, m, num_tokens, num_seqs, stats, measure_gap=measure_gap)
+                self.accelerator.backward(loss * self.world)  # DDP averages gradients over ranks
+
+    def _micro_batch_loss(
+        self,
+        batch: _UpdateBatch,
+        mi: Tensor,
+        m: Tensor,
+        num_tokens: float,
+        num_seqs: float,
+        stats: UpdateStats,
+        *,
+        measure_gap: bool,
+    ) -> Tensor:
+        """The RL objective (:func:`mmrl.algos.rl_objective`) of rows ``mi`` with trained-token mask ``m``."""
+        algo, ro = self.cfg.algo, batch.ro
+        use_gae = algo.advantage == algos.CRITIC_ESTIMATOR
+        out = self.policy.log_probs(ro.index(mi), entropy=True, values=use_gae)  # entropy: cheap, logged every step
+        logp = out.logp.float()
+        dev = logp.device
+        beh = ro.rollout_logp[mi].to(dev)
+        if batch.anchor == "current":
+            old = logp.detach()
+        elif batch.anchor == "interpolate":  # sync rollouts carry no staleness: 0, the behaviour log-probs
+            stale = ro.staleness[mi] if ro.staleness is not None else torch.zeros(mi.numel())
+            old = algos.interpolated_prox_logp(logp, beh, stale)
         else:
+            old = batch.old_logp[mi].to(dev)
+        loss, terms = algos.rl_objective(
+            logp,
+            old_logp=old,
+            advantages=batch.adv[mi].to(dev),
+            mask=m,
+            cfg=algo,
+            num_tokens=num_tokens,
+            num_seqs=num_seqs,
+            rollout_logp=beh,
+            ref_logp=ro.ref_logp[mi].to(dev) if ro.ref_logp is not None else None,
+            policy_kl=out.kl,
+            entropy=out.entropy,
+            values=out.values if use_gae else None,
+            old_values=ro.values[mi].to(dev) if use_gae else None,
+            returns=batch.returns[mi].to(dev) if use_gae else None,
+        )
+        for name, value in terms.items():
+            stats.add(name, float(value))
+        if measure_gap:
+            stats.add_rollout_gap(logp.detach(), beh, m, algo.is_cap)
+        return loss
+
+    def _clip_and_step(self, stats: UpdateStats) -> bool:
+        """Clip the accumulated gradient to ``trainer.max_grad_norm`` and step the optimizer; a non-finite gradient
+        norm (some gradient is non-finite: one pass checks and clips) skips the step. True when it stepped."""
+        max_norm = self.cfg.trainer.max_grad_norm
+        gn = float(torch.nn.utils.clip_grad_norm_(self._params, max_norm if max_norm is not None else math.inf))
+        finite = math.isfinite(gn)
+        if finite:
+            stats.add("optim/grad_norm", gn)
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return finite
+
+    def _count_nonfinite(self, skipped_steps: int) -> None:
+        """The streak of steps with skipped (non-finite) optimizer steps; past ``trainer.max_consecutive_nonfinite``
+        the run aborts once this step is complete."""
+        tr = self.cfg.trainer
+        if not skipped_steps:
             self.nonfinite_streak = 0
-        return out
+            return
+        self.nonfinite_streak += 1
+        log.warning("step %d: non-finite loss or gradient; %d optimizer step(s) skipped", self.step, skipped_steps)
+        if self.nonfinite_streak >= tr.max_consecutive_nonfinite:
+            self._abort_after_step = (
+                f"{self.nonfinite_streak} consecutive steps had non-finite losses or gradients "
+                f"(trainer.max_consecutive_nonfinite={tr.max_consecutive_nonfinite}); lower trainer.lr or check the rewards"
+            )
 
     # ------------------------------------------------------------------ evaluation
     def evaluate(self, items=None, *, limit: int | None = None) -> dict[str, float]:
@@ -821,7 +771,9 @@ class Trainer:
             log.warning("warm start stopped at SFT step %d of %d", warm.step, tr.sft_steps)
             return False
         self.warm_start = None  # done: the next checkpoint holds RL's optimizer
-        self._reference_from_warm_start()
+        reference_from_warm_start(
+            self.policy, self.cfg.algo.kl_coef, self.run_dir, keep=self.is_main and not self.sharded
+        )
         after = self.evaluate() if evaluates else {}
         self.report.add_eval("after warm start", after)
         row = {**sft, "time/sft": time.perf_counter() - t0, **after}
@@ -836,42 +788,6 @@ class Trainer:
         )
         return True
 
-    def _reference_from_warm_start(self) -> None:
-        """With a frozen-copy KL reference (``algo.kl_coef > 0``, full fine-tune), the reference becomes the
-        warm-started model: RL's KL then measures how far it moved from the model it started from, not from the model
-        before the warm start (whose action head is untrained: the KL to it is huge and pulls the policy back to it).
-        The main process keeps the reference's weights in ``<run>/reference_model.pt`` so that a resume uses the same
-        reference (:meth:`_restore_warm_start_reference`); under fsdp2 sharding it is not kept (a resume warns)."""
-        ref = self.policy.frozen_reference
-        if ref is None or self.cfg.algo.kl_coef <= 0:
-            return
-        ref.reset()
-        if self.run_dir is None or not self.is_main or self.sharded:
-            return
-        final = self.run_dir / REFERENCE_FILE
-        tmp = final.with_name(final.name + ".tmp")
-        torch.save(ref.frozen.state_dict(), tmp)
-        os.replace(tmp, final)
-
-    def _restore_warm_start_reference(self, ckpt: Path) -> None:
-        """On a resume after the warm start: the KL reference :meth:`_reference_from_warm_start` kept, from the
-        checkpoint's run folder (a warning when it is missing: the reference is then the model before the warm
-        start)."""
-        ref = self.policy.frozen_reference
-        if ref is None or self.cfg.algo.kl_coef <= 0 or self.cfg.trainer.sft_steps <= 0 or self.warm_start is not None:
-            return
-        from mmrl.checkpoint_files import safe_load
-
-        path = Path(ckpt).parent.parent / REFERENCE_FILE
-        if not path.is_file():
-            log.warning(
-                "%s is missing: the KL reference of this resumed run is the model before the warm start, not the "
-                "warm-started model the run's RL started from",
-                path,
-            )
-            return
-        ref.frozen.load_state_dict(safe_load(path))
-
     def fit(self) -> dict[str, float]:
         """Train for ``trainer.max_steps`` steps; returns the final metrics (with the last eval).
 
@@ -880,89 +796,23 @@ class Trainer:
         re-raised; ``stop_reason`` / ``stop_checkpoint`` say what happened. A run whose steps all ended without an
         update raises :class:`NothingTrained`."""
         tr = self.cfg.trainer
-        if self.run_dir is None:
-            self.setup_run_dir()
-        elif self.is_main and self._run_lock is None:  # a later fit() of this trainer owns the folder again
-            from mmrl.run_dir import RunLock
-
-            self._run_lock = RunLock.acquire(self.run_dir)
-        previous = {}
-        import threading
-
-        in_main_thread = threading.current_thread() is threading.main_thread()
-        if in_main_thread:
-            for s in (signal.SIGINT, signal.SIGTERM):
-                previous[s] = signal.signal(s, self._on_signal)
+        self._own_run_dir()
+        previous = self._catch_stop_signals()
         bar = None
         last: dict[str, float] = {}
-        first_step, warm_started = self.step, False
-        self.report.first_step = first_step
+        self.report.first_step = first_step = self.step
         t_fit = time.perf_counter()
         if tr.progress and self.is_main:
             print(self.banner(), file=sys.stderr)  # stderr is line-buffered (Python >= 3.9): no flush needed
         try:
-            if (tr.sft_steps > 0 and self.step == 0 and not self.resumed) or self.warm_start is not None:
-                if self._warm_start():
-                    warm_started = True
-                    # step 0 = the warm-started weights: a resume never redoes or loses SFT
-                    self._save_or_rescue("the checkpoint of the warm start")
-                else:  # stopped inside it: step 0 with the SFT step, optimizer and data position to continue from
-                    self._save_or_rescue(f"the checkpoint of the warm start stopped at SFT step {self.warm_start.step}")
-            elif tr.eval_at_start and self.step == 0 and not self.resumed:
-                start = self.evaluate()
-                self.report.add_eval("start", start)
-                self.tracker.log(start, 0)
+            warm_started = self._before_rl()
             # created after the warm start: its ETA is measured on RL steps only
             bar = PhaseProgress(
                 f"{self.cfg.task.name} RL", tr.max_steps, initial=self.step, enabled=tr.progress and self.is_main
             )
             while self.step < tr.max_steps and self._stop_signal is None:
-                metrics = self.train_step()
-                self.step += 1
-                self.report.add_step(metrics)
-                if tr.eval_every and self.step % tr.eval_every == 0:
-                    metrics.update(self.evaluate())
-                    self.report.add_eval(f"step {self.step}", metrics)
-                elif self.step == tr.max_steps and tr.eval_at_end:
-                    metrics.update(self.evaluate())
-                    self.report.add_eval(f"step {self.step}", metrics)
-                if self.step % tr.log_every == 0 or self.step == tr.max_steps:
-                    self.tracker.log(metrics, self.step)
-                for cb in self.callbacks:
-                    cb(self, metrics)
-                last = metrics
-                bar.update(
-                    1,
-                    reward=metrics.get("reward/mean"),
-                    **({"eval": metrics["eval/score"]} if "eval/score" in metrics else {}),
-                    **{k: metrics[m] for k, m in _ASYNC_PROGRESS.items() if m in metrics},
-                )
-                if tr.save_every and self.step % tr.save_every == 0 and self.step < tr.max_steps:
-                    self._save_or_rescue(f"the checkpoint of step {self.step}")
-            # after a warm start, RL steps without a usable batch are no error (e.g. a warm start that solved the
-            # task leaves groups without reward variance); RL steps that were all non-finite are a broken run
-            nothing_rl = not self.updates_done and (not warm_started or self.nonfinite_only_steps)
-            if self.step > first_step and nothing_rl and self._stop_signal is None:
-                why = f"{self.skipped_total} of {self.seen_total} data items skipped" + (
-                    ", every group filtered out by algo.filter_groups" if self.cfg.algo.filter_groups else ""
-                )
-                if (cause := self.rewards.unusable_cause()) is not None:  # the rewards masked every sample
-                    why = f"{cause}; {why}"
-                if self.nonfinite_only_steps:
-                    why = (
-                        f"{self.nonfinite_only_steps} had every optimizer step skipped for non-finite losses or "
-                        f"gradients: lower trainer.lr, check the rewards and the model's settings; {why}"
-                    )
-                self.stop_reason = (
-                    f"trained nothing: {self.step - first_step} step(s) ran and none "
-                    f"{'updated the policy' if self.nonfinite_only_steps else 'had a usable batch'} ({why}); "
-                    + (
-                        "only the warm start's checkpoint (step 0) was written"
-                        if warm_started
-                        else "no checkpoint written"
-                    )
-                )
-                raise NothingTrained(self.stop_reason)
+                last = self._rl_step(bar)
+            self._raise_if_nothing_trained(first_step, warm_started)
             if self._saved_step != self.step:
                 self._save_or_rescue("the final save")
             if tr.plot and self.is_main:  # while the folder is still this process's
@@ -995,6 +845,93 @@ class Trainer:
             )
         return {**last, **self.last_eval}
 
+    def _own_run_dir(self) -> None:
+        """The run folder of :meth:`fit`: set up on the first call; a later ``fit()`` owns it again."""
+        if self.run_dir is None:
+            self.setup_run_dir()
+        elif self.is_main and self._run_lock is None:
+            from mmrl.run_dir import RunLock
+
+            self._run_lock = RunLock.acquire(self.run_dir)
+
+    def _catch_stop_signals(self) -> dict:
+        """In the main thread, SIGINT and SIGTERM stop the run after the current step (:meth:`_on_signal`); returns
+        the handlers they replace, which :meth:`fit` puts back."""
+        previous = {}
+        if threading.current_thread() is threading.main_thread():
+            for s in (signal.SIGINT, signal.SIGTERM):
+                previous[s] = signal.signal(s, self._on_signal)
+        return previous
+
+    def _before_rl(self) -> bool:
+        """What runs before the first RL step of a new run: the supervised warm start (``trainer.sft_steps``, or one
+        a resume stopped inside) and its checkpoint at step 0, else the evaluation at the start
+        (``trainer.eval_at_start``). True when a warm start finished."""
+        tr = self.cfg.trainer
+        if (tr.sft_steps > 0 and self.step == 0 and not self.resumed) or self.warm_start is not None:
+            if self._warm_start():
+                # step 0 = the warm-started weights: a resume never redoes or loses SFT
+                self._save_or_rescue("the checkpoint of the warm start")
+                return True
+            # stopped inside it: step 0 with the SFT step, optimizer and data position to continue from
+            self._save_or_rescue(f"the checkpoint of the warm start stopped at SFT step {self.warm_start.step}")
+        elif tr.eval_at_start and self.step == 0 and not self.resumed:
+            start = self.evaluate()
+            self.report.add_eval("start", start)
+            self.tracker.log(start, 0)
+        return False
+
+    def _rl_step(self, bar: PhaseProgress) -> dict[str, float]:
+        """One RL step and what follows it: the evaluation (every ``trainer.eval_every`` steps, or at the end with
+        ``trainer.eval_at_end``), the metrics row, the callbacks, the progress line and the periodic checkpoint."""
+        tr = self.cfg.trainer
+        metrics = self.train_step()
+        self.step += 1
+        self.report.add_step(metrics)
+        if tr.eval_every and self.step % tr.eval_every == 0:
+            metrics.update(self.evaluate())
+            self.report.add_eval(f"step {self.step}", metrics)
+        elif self.step == tr.max_steps and tr.eval_at_end:
+            metrics.update(self.evaluate())
+            self.report.add_eval(f"step {self.step}", metrics)
+        if self.step % tr.log_every == 0 or self.step == tr.max_steps:
+            self.tracker.log(metrics, self.step)
+        for cb in self.callbacks:
+            cb(self, metrics)
+        bar.update(
+            1,
+            reward=metrics.get("reward/mean"),
+            **({"eval": metrics["eval/score"]} if "eval/score" in metrics else {}),
+            **{k: metrics[m] for k, m in _ASYNC_PROGRESS.items() if m in metrics},
+        )
+        if tr.save_every and self.step % tr.save_every == 0 and self.step < tr.max_steps:
+            self._save_or_rescue(f"the checkpoint of step {self.step}")
+        return metrics
+
+    def _raise_if_nothing_trained(self, first_step: int, warm_started: bool) -> None:
+        """:class:`NothingTrained` (with ``stop_reason``) when the RL steps of this :meth:`fit` updated nothing. After
+        a warm start, RL steps without a usable batch are no error (e.g. a warm start that solved the task leaves
+        groups without reward variance); RL steps that were all non-finite are a broken run."""
+        nothing_rl = not self.updates_done and (not warm_started or self.nonfinite_only_steps)
+        if self.step == first_step or not nothing_rl or self._stop_signal is not None:
+            return
+        why = f"{self.skipped_total} of {self.seen_total} data items skipped" + (
+            ", every group filtered out by algo.filter_groups" if self.cfg.algo.filter_groups else ""
+        )
+        if (cause := self.rewards.unusable_cause()) is not None:  # the rewards masked every sample
+            why = f"{cause}; {why}"
+        if self.nonfinite_only_steps:
+            why = (
+                f"{self.nonfinite_only_steps} had every optimizer step skipped for non-finite losses or "
+                f"gradients: lower trainer.lr, check the rewards and the model's settings; {why}"
+            )
+        self.stop_reason = (
+            f"trained nothing: {self.step - first_step} step(s) ran and none "
+            f"{'updated the policy' if self.nonfinite_only_steps else 'had a usable batch'} ({why}); "
+            + ("only the warm start's checkpoint (step 0) was written" if warm_started else "no checkpoint written")
+        )
+        raise NothingTrained(self.stop_reason)
+
     def _save_after_stop(self, error: BaseException) -> None:
         """Before an error leaves :meth:`fit`: record why (``stop_reason``; the traceback of an unexpected error in
         ``<run>/error.log``) and, when steps were trained since the last checkpoint, write one (falling back to
@@ -1021,20 +958,14 @@ class Trainer:
                 self.checkpoint_lost = (
                     save_error.lost
                     if isinstance(save_error, CheckpointNotSaved)
-                    else self._lost_steps(f"the save failed: {save_failure_text(save_error, self.run_dir)}")
+                    else lost_steps(
+                        self.step, self._saved_step, f"the save failed: {save_failure_text(save_error, self.run_dir)}"
+                    )
                 )
         elif self._saved_step == self.step:  # a save or a resume at this step
             from mmrl.checkpoint_files import latest_checkpoint
 
             self.stop_checkpoint = self._last_checkpoint or latest_checkpoint(self.run_dir)
-
-    def _lost_steps(self, why: str) -> str:
-        """``N trained step(s) lost (steps A-B; why)``: the steps since the last checkpoint this run wrote or resumed."""
-        base = self._saved_step or 0
-        if self.step == base:  # step 0: what was trained is the supervised warm start
-            return f"the warm start's training lost ({why})"
-        span = f"step {self.step}" if self.step == base + 1 else f"steps {base + 1}-{self.step}"
-        return f"{self.step - base} trained step(s) lost ({span}; {why})"
 
     def _save_or_rescue(self, what: str) -> Path | None:
         """:meth:`save_checkpoint`; when that fails for any reason (a full disk raises ``RuntimeError`` from
@@ -1072,9 +1003,11 @@ class Trainer:
         except Exception as e:  # noqa: BLE001 - every place failed: say what is lost and why, in one line
             raise CheckpointNotSaved(
                 f"{what} could not be written anywhere",
-                lost=self._lost_steps(
+                lost=lost_steps(
+                    self.step,
+                    self._saved_step,
                     f"run folder {self.run_dir}: {save_failure_text(failed, self.run_dir)}; rescue folder "
-                    f"{rescue}: {save_failure_text(e, rescue)}"
+                    f"{rescue}: {save_failure_text(e, rescue)}",
                 ),
             ) from e
         self._saved_step, self._last_checkpoint = self.step, self.stop_checkpoint

@@ -44,6 +44,16 @@ def save_failure_text(error: BaseException, folder: Path) -> str:
     return text + (f" ({free // 1024} KiB free on that disk)" if free < 64 * 2**20 else "")
 
 
+def lost_steps(step: int, saved_step: int | None, why: str) -> str:
+    """``N trained step(s) lost (steps A-B; why)``: the steps after ``saved_step`` (the last checkpoint the run wrote or
+    resumed from; None: none) up to ``step``. At step 0 what was trained is the supervised warm start."""
+    base = saved_step or 0
+    if step == base:
+        return f"the warm start's training lost ({why})"
+    span = f"step {step}" if step == base + 1 else f"steps {base + 1}-{step}"
+    return f"{step - base} trained step(s) lost ({span}; {why})"
+
+
 @dataclass
 class TrainingParts:
     """What a checkpoint saves besides the trainer's state: the policy, its optimizer and the LR scheduler."""

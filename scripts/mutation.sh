@@ -10,7 +10,7 @@
 # Environment: PYTHON (default .venv/bin/python; mutmut must be installed in it: pip install -e ".[mutation]"),
 # MUTATION_DIR (scratch folder, default /tmp/mmrl-mutation-<target>; kept afterwards so `mutmut show NAME` works
 # there), MUTATION_CHILDREN (parallel workers, default 1; the CI machines have 2 shared cores), MUTATION_NAMES (only
-# these mutants, by name or glob, e.g. "mmrl.trainer.x_gae_of_rank__mutmut_*": re-test a previous run's survivors
+# these mutants, by name or glob, e.g. "mmrl.parallel.global_batch.x_gae_of_rank__mutmut_*": re-test a previous run's survivors
 # after adding tests, in a fresh copy, without the hours of a whole target), MUTATION_RESUME=1 (continue a stopped run
 # in MUTATION_DIR where it stopped, on the copy it made: `trainer` takes hours, more than one sitting).
 #
@@ -44,7 +44,7 @@ spec() {
     wiring) ONLY='"mmrl/algos/objective.py", "mmrl/algos/estimators.py"'  # config -> math: a subset of algos
             TESTS='"tests/algos/test_algos_edges.py", "tests/algos/test_algos_objective.py", "tests/algos/test_algos_advantages.py",
                    "tests/algos/test_tgrpo.py", "tests/wiring/test_knobs_reach_math.py", "tests/wiring/test_masking_end_to_end.py"' ;;
-    trainer) ONLY='"mmrl/trainer.py", "mmrl/collector.py"'
+    trainer) ONLY='"mmrl/trainer.py", "mmrl/collector.py", "mmrl/optim.py", "mmrl/update_metrics.py", "mmrl/parallel/global_batch.py", "mmrl/warm_start_reference.py"'
              TESTS='"tests/trainer/test_trainer_contract.py", "tests/trainer/test_collector_contract.py", "tests/trainer/test_fit_contract.py", "tests/wiring/test_knobs_reach_math.py", "tests/wiring/test_masking_end_to_end.py", "tests/trainer/test_trainer.py",
                     "tests/trainer/test_resume.py", "tests/trainer/test_global_batch.py"'
              # bad input, damaged checkpoints and CLI runs: a minute per mutant, so only on the survivors of the above

@@ -87,3 +87,12 @@ def validate_sampling(model: Any) -> None:
         )
     if model.vllm_max_images_per_prompt < 1:
         raise ConfigError(f"model.vllm_max_images_per_prompt must be >= 1, got {model.vllm_max_images_per_prompt}")
+
+
+def check_algo_against_task(algo: AlgoConfig, reward_names: list[str], task_name: str) -> None:
+    """ConfigError for algorithm settings that name something the task does not have (T-GRPO's correctness reward)."""
+    if algo.tgrpo_enabled and algo.tgrpo.correct_reward not in reward_names:
+        raise ConfigError(
+            f"algo.tgrpo.correct_reward={algo.tgrpo.correct_reward!r} is not a reward of task={task_name}; "
+            f"choose from {', '.join(reward_names)}"
+        )

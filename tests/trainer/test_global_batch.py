@@ -1,13 +1,13 @@
 """With several processes the update sees the global batch as one process does: GAE's advantages are whitened over
-all ranks' actions (:func:`mmrl.trainer.gae_of_rank`) and PPO's minibatches are drawn from the global batch
-(:func:`mmrl.trainer.local_rows`). The 2-process == 1-process runs are in test_fsdp.py; these are the pure parts."""
+all ranks' actions (:func:`mmrl.parallel.global_batch.gae_of_rank`) and PPO's minibatches are drawn from the global batch
+(:func:`mmrl.parallel.global_batch.local_rows`). The 2-process == 1-process runs are in test_fsdp.py; these are the pure parts."""
 
 import pytest
 import torch
 
 from mmrl import algos
 from mmrl.config import load_config
-from mmrl.trainer import gae_of_rank, local_rows
+from mmrl.parallel.global_batch import gae_of_rank, local_rows
 
 
 def _part(rows, T, gen, *, kl=False):

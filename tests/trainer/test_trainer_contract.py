@@ -23,6 +23,8 @@ from mmrl import algos
 from mmrl.checkpoint_files import latest_checkpoint
 from mmrl.collector import RolloutCollector, append_samples_log, score_rollout
 from mmrl.errors import RunStopped
+from mmrl.optim import advance_schedule
+from mmrl.parallel.global_batch import global_advantages
 from mmrl.policies.base import PromptBatch, Rollout
 from mmrl.rewards.manager import RewardResult
 from tests.helpers import fake_launch_accelerator, nan_log_probs, toy_trainer
@@ -564,7 +566,7 @@ def test_global_gae_gathers_what_gae_needs_and_keeps_this_ranks_rows(tmp_path, m
 
     monkeypatch.setattr(torch.distributed, "all_gather_object", all_gather_object)
     tr.world = 2
-    adv, returns = tr._global_gae(ro, mask, None)
+    adv, returns = global_advantages(ro, mask, None, tr.cfg.algo, rank=tr.rank, world=tr.world)
     assert sent[0]["rewards"].dtype == sent[0]["token_rewards"].dtype == torch.float32
     assert set(sent[0]) == {"rewards", "mask", "values", "token_rewards", "kl_tok"}
     # one process over the padded concatenation: the rank's rows are the first two
@@ -580,7 +582,7 @@ def test_global_gae_gathers_what_gae_needs_and_keeps_this_ranks_rows(tmp_path, m
     # the return of row 0's last action is its reward plus its per-action reward: 1.0 + 0.1 (nothing follows it)
     assert returns[0, 1].item() == pytest.approx(1.1)
     tr.rank = 1  # rank 1 holds the other rows, which come first in the global batch
-    adv1, _ = tr._global_gae(ro, mask, None)
+    adv1, _ = global_advantages(ro, mask, None, tr.cfg.algo, rank=tr.rank, world=tr.world)
     order = torch.tensor([2, 0, 1])
     rank1_first, _ = algos.critic_advantages(
         torch.tensor([1.0, 0.0, 0.5])[order],
@@ -593,7 +595,7 @@ def test_global_gae_gathers_what_gae_needs_and_keeps_this_ranks_rows(tmp_path, m
     # without per-action rewards, with a per-action KL: each is sent as it is
     ro.token_rewards, other["token_rewards"] = None, None
     other["kl_tok"] = torch.zeros(1, 2)
-    tr._global_gae(ro, mask, torch.full((2, 3), 0.5, dtype=torch.float64))
+    global_advantages(ro, mask, torch.full((2, 3), 0.5, dtype=torch.float64), tr.cfg.algo, rank=tr.rank, world=tr.world)
     assert sent[-1]["token_rewards"] is None
     assert sent[-1]["kl_tok"].dtype == torch.float32 and torch.equal(sent[-1]["kl_tok"], torch.full((2, 3), 0.5))
 
@@ -642,7 +644,7 @@ def test_samples_log_of_per_action_rewards_has_no_scalar_reward(tmp_path):
 
 # ---------------------------------------------------------------------------------------------- lr schedule
 def test_a_step_that_updates_nothing_still_advances_the_schedule_without_a_warning(tmp_path, recwarn):
-    # warm-up over 4 steps: step k trains at lr * (k + 1) / 4 by the schedule (mmrl.trainer._lr_lambda), whatever
+    # warm-up over 4 steps: step k trains at lr * (k + 1) / 4 by the schedule (mmrl.optim.lr_lambda), whatever
     # happened before it; the first step's gradients are NaN, so it updates nothing
     tr = toy_trainer(tmp_path, "trainer.lr=0.01", "trainer.warmup_steps=4", steps=6)
     tr.setup_run_dir()
@@ -703,7 +705,7 @@ def test_advancing_the_schedule_silences_only_pytorchs_skipped_step_warning(tmp_
     monkeypatch.setattr(tr.scheduler, "step", step)
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
-        tr._advance_schedule()
+        advance_schedule(tr.scheduler)
     assert [str(w.message) for w in seen] == ["the schedule's own trouble"]
 
 

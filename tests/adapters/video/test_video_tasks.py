@@ -347,7 +347,7 @@ def test_config_errors():
             cfg = load_config(["task=video_temporal_grounding", *overrides])
             VideoTemporalGroundingTask(cfg.task, cfg)
     # T-GRPO is an algorithm option; its correctness reward must be one of the task's rewards
-    from mmrl.trainer import check_algo_against_task
+    from mmrl.config.validate import check_algo_against_task
 
     cfg = load_config(
         ["task=video_temporal_grounding", "algo.tgrpo.shuffled_group=2", "algo.tgrpo.correct_reward=accuracy"]
