@@ -131,3 +131,9 @@ def test_probes_of_configs_policies_and_tasks_are_counted_and_others_are_not(lay
         *[f"mmrl/planning/memory.py:{n}: {PLANTED_PROBES.splitlines()[n - 1].strip()}" for n in (4, 4, 6, 6, 19, 22)],
         "tasks/base.py:2: return getattr(task_cfg, 'num_eval', 1)",
     ]
+
+
+def test_the_package_probes_no_config_policy_or_task(layout):
+    """The count of issue 40 stays at 0: a new ``getattr(cfg.model, "x", default)`` in mmrl/ or tasks/ fails here;
+    declare the field on the config (or a capability on the policy / task) instead."""
+    assert layout.contract_probes(ROOT) == []
