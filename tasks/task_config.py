@@ -36,7 +36,7 @@ class TaskConfigBase:
     """Where ``mmrl collect`` writes expert demos (None: the task records none)."""
 
 
-DATA_FIELDS = ("data", "eval_data", "num_eval", "data_format", "demos_path")
+DATA_FIELDS = tuple(TaskConfigBase.__annotations__)
 """The fields of :class:`TaskConfigBase`, in the order it declares them."""
 
 
@@ -51,8 +51,8 @@ def task_data(cfg: TaskConfig) -> TaskConfigBase:
     own ``num_eval`` or ``eval_data``: never silently dropped)."""
     if isinstance(cfg, TaskConfigBase):
         return cfg
-    view = TaskConfigBase()
+    view, declared = TaskConfigBase(), declared_fields(cfg)
     for name in DATA_FIELDS:
-        if name in declared_fields(cfg):
+        if name in declared:
             setattr(view, name, getattr(cfg, name))
     return view

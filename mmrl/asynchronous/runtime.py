@@ -35,10 +35,6 @@ class RolloutWorkerError(RuntimeError):
     """A rollout worker failed with an error that could not be passed on as itself, or kept dying."""
 
 
-def _cuda_available() -> bool:
-    return torch.cuda.is_available()
-
-
 def check_async_settings(cfg, *, world: int, injected: bool) -> None:
     """ConfigError, in one line, for asynchronous settings that cannot work."""
     if cfg.trainer.rollout != "async":
@@ -53,7 +49,7 @@ def check_async_settings(cfg, *, world: int, injected: bool) -> None:
             "trainer.rollout=async: rollout workers build the task and policy from the config, so a Trainer given "
             "task= or policy= objects cannot run asynchronously; pass the config only or use trainer.rollout=sync"
         )
-    if cfg.trainer.device == "cpu" or (cfg.trainer.device == "auto" and not _cuda_available()):
+    if cfg.trainer.device == "cpu" or (cfg.trainer.device == "auto" and not torch.cuda.is_available()):
         warning = cpu_oversubscription(cfg.trainer.threads, cfg.trainer.rollout_workers, os.cpu_count() or 1)
         if warning:
             log.warning(warning)
