@@ -20,7 +20,9 @@ same work faster than all its cores allow). With ``--target S --eval-every N`` e
 set every N steps and reports its wall time to a target score: seconds from the start of ``fit`` (worker start-up and
 the evaluations included, as a user waits for them) until the first evaluation with ``eval/score >= S``, and that
 step (the run ends there); a run that never reaches it counts as "not reached". Every repeat runs the same seed, so the step at which a
-mode reaches the target repeats too (the spread is the timing's); pass ``trainer.seed=N`` for another trajectory.
+mode reaches the target repeats too (the spread is the timing's); ``--seeds 0 1 2`` gives repeat k the run seed
+``trainer.seed=<k-th seed>`` in every mode instead (one trajectory per seed and mode, all from the same checkpoint), so
+the median and spread cover the training's own noise, not only the timing's. Each run's held-out curve is printed.
 Such runs print no steps/s: while the learner evaluates, asynchronous workers keep sampling (up to eta versions
 ahead), so the steps after an evaluation start with groups ready, and a rate over them would flatter the asynchronous
 modes; measure steps/s in a run without ``--target``. Run it on an otherwise idle machine: other jobs count as busy.
@@ -74,6 +76,7 @@ def run(
     eval_seconds = [0.0]  # evaluation time so far: left out of steps/s
     eval_at_end: list[float] = []
     to_target = {"s": float("inf"), "step": float("inf")}
+    curve: list[tuple[int, float]] = []  # (step, held-out eval/score)
     evaluate = tr.evaluate
 
     def timed_evaluate(*a, **kw):
@@ -87,6 +90,8 @@ def run(
         ends.append(time.perf_counter())
         eval_at_end.append(eval_seconds[0])
         rows.append(dict(m))
+        if "eval/score" in m:
+            curve.append((t.step, round(float(m["eval/score"]), 4)))
         if target is not None and m.get("eval/score", -float("inf")) >= target and to_target["step"] == float("inf"):
             to_target.update(s=ends[-1] - t_start, step=t.step)
             t.cfg.trainer.max_steps = t.step  # reached: the loop ends after this step (the lr schedule is already set)
@@ -116,6 +121,7 @@ def run(
         "sampler_idle": med("time/sampler_idle_frac") if "time/sampler_idle_frac" in steady[-1] else update / step,
         "to_target_s": to_target["s"],
         "to_target_step": to_target["step"],
+        "curve": curve,
     }
 
 
@@ -145,6 +151,14 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument(
+        "--seeds",
+        type=int,
+        nargs="+",
+        default=None,
+        metavar="N",
+        help="repeat k runs every mode with trainer.seed=<k-th seed> (one repeat per seed; replaces --repeats)",
+    )
     ap.add_argument("--target", type=float, default=None, help="held-out eval/score to time (off by default)")
     ap.add_argument("--eval-every", type=int, default=5, help="steps between held-out evaluations with --target")
     ap.add_argument(
@@ -183,24 +197,32 @@ def main() -> None:
         if unknown:
             ap.error(f"unknown modes {sorted(unknown)}; known: {sorted(modes)}")
         modes = {m: x for m, x in modes.items() if m == "sync" or m in args.modes}
+    if args.seeds is not None:
+        if any(o.startswith("trainer.seed=") for o in args.overrides):
+            ap.error("--seeds sets trainer.seed per repeat; drop the trainer.seed override")
+        args.repeats = len(args.seeds)
+    repeat_overrides = [[f"trainer.seed={s}"] for s in args.seeds] if args.seeds else [[]] * args.repeats
     results: dict[str, list[dict]] = {m: [] for m in modes}
     with tempfile.TemporaryDirectory() as tmp:
-        for rep in range(args.repeats):
+        for rep, seed_override in enumerate(repeat_overrides):
             for mode, extra in modes.items():
                 out = Path(tmp) / f"{mode.replace('=', '').replace(' ', '-')}-{rep}"
                 extra = extra + args.async_overrides if extra else extra
-                r = run_alone(args.overrides + extra, args.steps, args.warmup, out, args.target, args.eval_every)
+                overrides = args.overrides + seed_override + extra
+                r = run_alone(overrides, args.steps, args.warmup, out, args.target, args.eval_every)
                 results[mode].append(r)
                 done = (
                     f"{r['steps_per_s']:.2f} steps/s" if args.target is None else f"target at {r['to_target_s']:.1f} s"
                 )
-                print(f"repeat {rep + 1} {mode}: {done}", file=sys.stderr)
+                curve = ", ".join(f"{step}: {score:.3f}" for step, score in r["curve"])
+                print(f"repeat {rep + 1} {' '.join(seed_override)} {mode}: {done}; held-out {curve}", file=sys.stderr)
     sync = results["sync"]
     bounds = [r["step_s"] / max(r["rollout_s"], r["update_s"]) for r in sync]
     cpu_bounds = [(os.cpu_count() or 1) / r["busy_cores"] for r in sync]
     sync_rate = statistics.median(r["steps_per_s"] for r in sync)
     bound = statistics.median(bounds)
-    print(f"overrides: {' '.join(args.overrides) or '(task=toy_arithmetic defaults)'}; {args.repeats} repeats")
+    seeds = f" (run seeds {args.seeds})" if args.seeds else ""
+    print(f"overrides: {' '.join(args.overrides) or '(task=toy_arithmetic defaults)'}; {args.repeats} repeats{seeds}")
     if args.async_overrides:
         print(f"asynchronous modes also: {' '.join(args.async_overrides)}")
     print(
