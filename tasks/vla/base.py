@@ -393,7 +393,11 @@ class VLATask(Task):
         return None
 
     def _write_videos(self, folder: Path, items, samples) -> None:
+        """The first ``task.eval_videos`` episodes with frames, as ``<task>_init<state>_<success|fail>.mp4``; a
+        sampled evaluation runs a state several times, so a repeated name gets ``_2``, ``_3``, ... (every video counted
+        is a file of its own)."""
         written = 0
+        uses: dict[str, int] = {}
         for it, s in zip(items, samples):
             if written >= self.cfg.eval_videos:
                 break
@@ -402,5 +406,8 @@ class VLATask(Task):
                 continue
             tag = "success" if s["success"] else "fail"
             name = str(it["task"]).replace("/", "_")  # LIBERO tasks are suite/index
-            if write_video(frames, folder / f"{name}_init{it['init_state']}_{tag}.mp4", self.cfg.video_fps):
+            stem = f"{name}_init{it['init_state']}_{tag}"
+            uses[stem] = uses.get(stem, 0) + 1
+            suffix = f"_{uses[stem]}" if uses[stem] > 1 else ""
+            if write_video(frames, folder / f"{stem}{suffix}.mp4", self.cfg.video_fps):
                 written += 1

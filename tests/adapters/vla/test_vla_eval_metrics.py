@@ -265,3 +265,18 @@ def test_an_evaluation_without_a_valid_episode_reports_zero_and_writes_an_empty_
     assert task.last_eval_table["suites"] == [] and math.isnan(task.last_eval_table["average"])
     assert json.loads((tmp_path / "eval_success.json").read_text())["per_init_state"] == {}
     assert (tmp_path / "success_table.md").read_text() == "no valid episodes\n"
+
+
+def test_repeated_episodes_of_one_state_and_outcome_get_files_of_their_own(tmp_path, videos):
+    task = make_task(OneSuiteTask, tmp_path, eval_videos=4)
+    red = {"task": "red", "init_state": 0, "prompt": "reach the red block"}
+    samples = [episode(True, 2), episode(False, 8), episode(True, 3), episode(True, 4), episode(True, 5)]
+    task.eval_metrics([red] * 5, samples, {})
+    # 4 videos, 3 of them successes of state 0: each its own file, none overwritten; the fifth episode is past the cap
+    assert videos == [
+        ("red_init0_success.mp4", 3, 7),
+        ("red_init0_fail.mp4", 3, 7),
+        ("red_init0_success_2.mp4", 3, 7),
+        ("red_init0_success_3.mp4", 3, 7),
+    ]
+    assert len(list((tmp_path / "videos").glob("*.mp4"))) == 4
