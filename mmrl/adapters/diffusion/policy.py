@@ -16,7 +16,7 @@ from mmrl.adapters.diffusion.checkpoint import load_denoiser, load_ema, load_lor
 from mmrl.adapters.diffusion.ema import ParamEMA
 from mmrl.adapters.diffusion.errors import DiffusionPolicyError, DiffusionPromptError
 from mmrl.adapters.diffusion.payload import DiffusionPayload
-from mmrl.adapters.diffusion.pipelines import _BACKENDS, _Backend, latents_to_pil
+from mmrl.adapters.diffusion.pipelines import _BACKENDS, _Backend, latents_to_pil, pipeline_kind
 from mmrl.adapters.diffusion.steps import (
     gaussian_entropy,
     latent_kl,
@@ -60,7 +60,6 @@ class DiffusionPolicy(Policy):
 
     def __init__(self, pipe: Any, cfg: Any, *, reference: bool = False, kl_coef: float = 0.0) -> None:
         from mmrl.adapters.diffusion.sde_sampler import SDESampler
-        from mmrl.adapters.diffusion.tiny_model import pipeline_kind
 
         kind = pipeline_kind(pipe)
         if kind != cfg.pipeline:
