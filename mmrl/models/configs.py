@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, is_dataclass
+from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
+
+from mmrl.dataclass_fields import declared_fields
 
 
 @runtime_checkable
@@ -64,7 +66,7 @@ class BaseModelConfig:
 def model_path(cfg: ModelConfig) -> str | None:
     """The weights ``cfg`` names (``model.path``): a :class:`BaseModelConfig`'s, or that of a config dataclass from
     outside mmrl that declares a ``path`` field; None for a config that declares none."""
-    if isinstance(cfg, BaseModelConfig) or (is_dataclass(cfg) and "path" in {f.name for f in fields(cfg)}):
+    if isinstance(cfg, BaseModelConfig) or "path" in declared_fields(cfg):
         return cfg.path  # type: ignore[attr-defined]
     return None
 
