@@ -52,7 +52,7 @@ class DiffusionPolicy(Policy):
 
     Args:
         pipe: a loaded StableDiffusion3Pipeline, FluxPipeline or StableDiffusionPipeline.
-        cfg: a :class:`mmrl.models.configs.DiffusionConfig`.
+        cfg: a :class:`mmrl.adapters.diffusion.config.DiffusionConfig`.
         reference: keep a frozen copy as the KL reference when fully fine-tuning (LoRA needs none).
         kl_coef: the run's KL coefficient; with ``cfg.kl == "latent"`` and ``kl_coef > 0`` the latent KL
             is returned by :meth:`log_probs` whenever gradients are on (the trainer's update pass).
