@@ -190,9 +190,9 @@ def build_policies(s: Settings) -> dict:
     """The three policies on the same backbone weights (each loads its own copy of the same tiny build)."""
     import torch
 
+    from mmrl.adapters.vla.config import VLAConfig
     from mmrl.adapters.vla.continuous_policy import ContinuousVLAPolicy
     from mmrl.adapters.vla.policy import VLAEnvSpec, VLAPolicy
-    from mmrl.models.configs import VLAConfig
     from mmrl.models.tiny_vlm import build_tiny_vlm, load_vlm
 
     path = build_tiny_vlm(s.backbone, hidden_size=s.backbone_width, num_layers=s.backbone_layers)

@@ -9,8 +9,8 @@
 mujoco and robosuite are imported only when an environment is built.
 """
 
+from .common.rendering import RenderBackendError
 from .registry import DuplicateEnvError, UnknownEnvError, list_envs, make_env, register_env, unregister_env
-from .rendering import RenderBackendError
 
 __all__ = [
     "DuplicateEnvError",

@@ -37,10 +37,9 @@ from typing import Any
 
 import numpy as np
 
-from .common import seeded_global_numpy, state_fingerprint
-from .episode import EpisodeCounter, instability_counts, sanitize_action, sim_blew_up
-from .rendering import select_backend
-from .tabletop.env import INSTRUCTION_CHARSET
+from .common import INSTRUCTION_CHARSET, seeded_global_numpy, state_fingerprint
+from .common.episode import EpisodeCounter, instability_counts, sanitize_action, sim_blew_up
+from .common.rendering import select_backend
 
 LIBERO_SEED = 6170
 ACTION_DIM = 7

@@ -31,10 +31,9 @@ from typing import Any
 
 import numpy as np
 
-from .common import resolve_init_state, seed_parts, state_fingerprint
-from .episode import EpisodeCounter, EpisodeOverError, instability_counts, sanitize_action, sim_blew_up
-from .rendering import create_renderer, fast_visual_settings, select_backend
-from .tabletop.env import INSTRUCTION_CHARSET
+from .common import INSTRUCTION_CHARSET, resolve_init_state, seed_parts, state_fingerprint
+from .common.episode import EpisodeCounter, EpisodeOverError, instability_counts, sanitize_action, sim_blew_up
+from .common.rendering import create_renderer, fast_visual_settings, select_backend
 
 METAWORLD_SEED = 5080
 ACTION_DIM = 4

@@ -28,8 +28,8 @@ from typing import Any
 import numpy as np
 
 from .common import resolve_init_state, seed_parts, seeded_global_numpy, state_fingerprint
-from .episode import EpisodeCounter, instability_counts, sanitize_action, sim_blew_up
-from .rendering import disable_expensive_flags, fast_visual_settings, select_backend
+from .common.episode import EpisodeCounter, instability_counts, sanitize_action, sim_blew_up
+from .common.rendering import disable_expensive_flags, fast_visual_settings, select_backend
 
 ROBOSUITE_SEED = 7351
 ROBOSUITE_TASKS: dict[str, str] = {

@@ -1,10 +1,12 @@
 """What every task config is (:class:`TaskConfig`, the type of ``RunConfig.task``) and the optional data fields the
-core reads from one (:class:`TaskConfigBase`). Light: no imports of mmrl, so the config schema can name it."""
+core reads from one (:class:`TaskConfigBase`). Light: it imports only the leaf
+:mod:`mmrl.dataclass_fields`, so the config schema can name it."""
 
 from __future__ import annotations
 
-from dataclasses import fields, is_dataclass
 from typing import Protocol, runtime_checkable
+
+from mmrl.dataclass_fields import declared_fields
 
 
 @runtime_checkable
@@ -38,11 +40,6 @@ class TaskConfigBase:
 
 DATA_FIELDS = tuple(TaskConfigBase.__annotations__)
 """The fields of :class:`TaskConfigBase`, in the order it declares them."""
-
-
-def declared_fields(cfg: object) -> set[str]:
-    """The field names ``cfg``'s dataclass declares (none for an object that is not a dataclass)."""
-    return {f.name for f in fields(cfg)} if is_dataclass(cfg) else set()
 
 
 def task_data(cfg: TaskConfig) -> TaskConfigBase:

@@ -12,7 +12,7 @@ import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from mmrl.models.configs import VLAConfig, VLMConfig
+from mmrl.models.configs import VLMConfig
 from mmrl.planning.advice import Suggestion, suggest
 from mmrl.planning.architectures import (
     PLANNED_TYPES,
@@ -133,11 +133,16 @@ def _trained_steps(m) -> int:
 
 
 def _overhead_gb(cfg, settings: PlanSettings) -> float:
+    """The runtime overhead per device: ``plan.overhead_gb``, else the model type's ``runtime_overhead_gb`` hook
+    (:func:`mmrl.models.registry.model_hook`) where it gives one, else 1 GB on an accelerator below float32."""
+    from mmrl.models.registry import model_hook
+
     if settings.overhead_gb is not None:
         return settings.overhead_gb
-    if isinstance(cfg.model, VLAConfig) and cfg.model.architecture != "vlm":  # LeRobot's flow VLAs: float32 on GPUs
-        tiny = f"tiny_{cfg.model.architecture}" in (str(cfg.model.path), str(cfg.model.name))
-        return 0.0 if cfg.trainer.device == "cpu" or tiny else 1.0
+    hook = model_hook(cfg.model.type, "runtime_overhead_gb")
+    own = hook(cfg.model, cfg.trainer.device) if hook is not None else None
+    if own is not None:
+        return own
     return 0.0 if cfg.trainer.device == "cpu" or cfg.model.dtype == "float32" else 1.0
 
 

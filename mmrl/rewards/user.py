@@ -27,14 +27,12 @@ import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 from mmrl.errors import ConfigError
+from mmrl.rewards.config import RewardConfig
 from mmrl.rewards.manager import RewardError, RewardSpec, new_trainer_state
 from mmrl.rewards.remote import RemoteReward
-
-if TYPE_CHECKING:
-    from mmrl.config import RewardConfig
 
 _FORMS = "give FILE.py:FUNCTION (a path relative to the working directory), MODULE:FUNCTION, or an http(s):// URL"
 

@@ -31,9 +31,9 @@ Modules
     ``options`` (:class:`PoolOptions`, :func:`split_envs`), ``errors``, ``env_group`` (:class:`EnvGroup`,
     the code that runs next to the envs), ``results`` (result dicts, :class:`WorkerOutcome`),
     ``stats`` (:class:`PoolStats`), ``core`` (:class:`PoolCore`, the transport-independent
-    bookkeeping that :class:`~mmrl.simulators.ray_pool.RayEnvPool` shares), ``shared_frames``,
-    ``worker`` (the worker process body), ``worker_handle`` (its parent-side handle) and
-    ``process_pool`` (:class:`EnvPool`).
+    bookkeeping that :class:`~mmrl.simulators.env_pool.ray_pool.RayEnvPool` shares), ``shared_frames``,
+    ``worker`` (the worker process body), ``worker_handle`` (its parent-side handle),
+    ``process_pool`` (:class:`EnvPool`) and ``ray_pool`` (``RayEnvPool``, imported by its path).
 """
 
 from __future__ import annotations

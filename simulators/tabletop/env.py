@@ -25,15 +25,14 @@ from typing import Any
 
 import numpy as np
 
-from ..common import resolve_init_state, state_fingerprint
-from ..episode import EpisodeCounter, EpisodeOverError, instability_counts, sanitize_action, sim_blew_up  # noqa: F401
-from ..rendering import create_renderer, select_backend
+from ..common import INSTRUCTION_CHARSET, resolve_init_state, state_fingerprint
+from ..common.episode import EpisodeCounter, EpisodeOverError, instability_counts, sanitize_action, sim_blew_up  # noqa: F401
+from ..common.rendering import create_renderer, select_backend
 from .scene import BLOCK_COLOURS, DISTRACTORS, SceneConfig, block_body_name, build_scene_xml
 
 LAYOUT_SEED = 20240611
 ACTION_DIM = 4
 PROPRIO_DIM = 7
-INSTRUCTION_CHARSET = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 ,.'-_/"
 
 
 class UnknownTaskError(ValueError):

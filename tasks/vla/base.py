@@ -16,10 +16,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from mmrl.adapters.vla.config import VLAConfig
 from mmrl.adapters.vla.heads import action_head
 from mmrl.adapters.vla.init_states import init_state_key
 from mmrl.adapters.vla.success_table import markdown_table, success_table
-from mmrl.models.configs import VLAConfig
 from mmrl.policies.base import PolicySpec
 from mmrl.rewards.manager import RewardSpec
 from mmrl.tasks.base import Task, TaskConfigBase

@@ -74,6 +74,16 @@ def test_planted_cycles_and_upward_imports_fail_the_check(layout, tmp_path):
     assert out.returncode == 1 and "new upward import: mmrl.planning.memory -> mmrl.adapters.vla.policy" in out.stdout
 
 
+def test_a_lazy_import_that_closes_a_folder_cycle_fails_the_check(layout, tmp_path):
+    """The baseline holds no folder cycle: a lazy import of mmrl.config in the rewards closes config -> tasks (the
+    task contract) -> rewards (the tasks' reward specs) -> config again, the cycle RewardConfig's move dissolved."""
+    root = _copy_source(tmp_path)
+    user = root / "mmrl" / "rewards" / "user.py"
+    user.write_text(user.read_text() + "\n\ndef _planted():\n    from mmrl.config import RunConfig  # noqa\n")
+    new = layout.new_faults(layout.layering(root), json.loads(BASELINE.read_text()))
+    assert new == ["new folder cycle: mmrl.config <-> mmrl.rewards <-> mmrl.tasks"]
+
+
 def test_a_cycle_that_shrinks_passes_and_a_new_lazy_one_does_not(layout):
     baseline = {"module_cycles_any_import": [["a", "b", "c"]], "upward_imports": ["x -> y"]}
     assert layout.new_faults({"module_cycles_any_import": [["a", "b"]], "upward_imports": []}, baseline) == []

@@ -22,7 +22,8 @@ pytest.importorskip("peft")
 
 from PIL import Image  # noqa: E402
 
-from mmrl.models.configs import CausalLMConfig, LoraConfig, VLAConfig, VLMConfig  # noqa: E402
+from mmrl.adapters.vla.config import VLAConfig  # noqa: E402
+from mmrl.models.configs import CausalLMConfig, LoraConfig, VLMConfig  # noqa: E402
 from mmrl.models.presets import resolve_vlm  # noqa: E402
 from mmrl.models.tiny_vlm import load_vlm  # noqa: E402
 from mmrl.policies import shared_prefix as sp  # noqa: E402

@@ -233,7 +233,7 @@ def test_bad_arguments_and_start_errors():
 
 
 def test_ray_pool_without_ray_names_the_install(monkeypatch):
-    from mmrl.simulators.ray_pool import RayEnvPool
+    from mmrl.simulators.env_pool.ray_pool import RayEnvPool
 
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError
     with pytest.raises(ImportError, match="pip install ray"):

@@ -3,7 +3,7 @@ the terminated / truncated decision and steps after the end."""
 
 import pytest
 
-from mmrl.simulators.episode import EpisodeCounter, EpisodeOverError
+from mmrl.simulators.common.episode import EpisodeCounter, EpisodeOverError
 
 
 def test_no_episode_yet_and_after_the_end_are_errors_naming_the_env():

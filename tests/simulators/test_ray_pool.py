@@ -13,7 +13,7 @@ pytest.importorskip("gymnasium")
 
 import mmrl.simulators.testing_envs  # noqa: E402,F401 - registers testing/*
 from mmrl.simulators.env_pool import EnvPool  # noqa: E402
-from mmrl.simulators.ray_pool import RayEnvPool  # noqa: E402
+from mmrl.simulators.env_pool.ray_pool import RayEnvPool  # noqa: E402
 
 FAULT_STATE = 7  # testing envs misbehave only in episodes reset to this init state
 TESTING = ["mmrl.simulators.testing_envs"]  # the actors import this module to register testing/*

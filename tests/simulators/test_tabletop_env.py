@@ -19,7 +19,7 @@ from mmrl.simulators import (  # noqa: E402
     register_env,
     unregister_env,
 )
-from mmrl.simulators.rendering import _active_mujoco_backend  # noqa: E402
+from mmrl.simulators.common.rendering import _active_mujoco_backend  # noqa: E402
 from mmrl.simulators.tabletop import TASKS, SceneConfig, TabletopEnv, UnknownTaskError, resolve_task, sample_layout  # noqa: E402
 from mmrl.simulators.tabletop.env import EpisodeOverError, sanitize_action  # noqa: E402
 from mmrl.simulators.tabletop.experts import expert_action  # noqa: E402

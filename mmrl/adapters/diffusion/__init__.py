@@ -66,5 +66,7 @@ __all__ = [
     "train_step_plan",
 ]
 
-MODEL_TYPES = {"diffusion": ("mmrl.models.configs:DiffusionConfig", "mmrl.adapters.diffusion:build_diffusion_policy")}
+MODEL_TYPES = {
+    "diffusion": ("mmrl.adapters.diffusion.config:DiffusionConfig", "mmrl.adapters.diffusion:build_diffusion_policy")
+}
 """``model.type=diffusion``: its config class and policy builder (found by :mod:`mmrl.models.registry`)."""

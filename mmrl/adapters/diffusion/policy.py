@@ -16,7 +16,7 @@ from mmrl.adapters.diffusion.checkpoint import load_denoiser, load_ema, load_lor
 from mmrl.adapters.diffusion.ema import ParamEMA
 from mmrl.adapters.diffusion.errors import DiffusionPolicyError, DiffusionPromptError
 from mmrl.adapters.diffusion.payload import DiffusionPayload
-from mmrl.adapters.diffusion.pipelines import _BACKENDS, _Backend, latents_to_pil
+from mmrl.adapters.diffusion.pipelines import _BACKENDS, _Backend, latents_to_pil, pipeline_kind
 from mmrl.adapters.diffusion.steps import (
     gaussian_entropy,
     latent_kl,
@@ -52,7 +52,7 @@ class DiffusionPolicy(Policy):
 
     Args:
         pipe: a loaded StableDiffusion3Pipeline, FluxPipeline or StableDiffusionPipeline.
-        cfg: a :class:`mmrl.models.configs.DiffusionConfig`.
+        cfg: a :class:`mmrl.adapters.diffusion.config.DiffusionConfig`.
         reference: keep a frozen copy as the KL reference when fully fine-tuning (LoRA needs none).
         kl_coef: the run's KL coefficient; with ``cfg.kl == "latent"`` and ``kl_coef > 0`` the latent KL
             is returned by :meth:`log_probs` whenever gradients are on (the trainer's update pass).
@@ -60,7 +60,6 @@ class DiffusionPolicy(Policy):
 
     def __init__(self, pipe: Any, cfg: Any, *, reference: bool = False, kl_coef: float = 0.0) -> None:
         from mmrl.adapters.diffusion.sde_sampler import SDESampler
-        from mmrl.adapters.diffusion.tiny_model import pipeline_kind
 
         kind = pipeline_kind(pipe)
         if kind != cfg.pipeline:

@@ -29,7 +29,6 @@ __all__ = [
     "build_tiny_pipeline",
     "clip_vocab_and_merges",
     "load_diffusion_pipeline",
-    "pipeline_kind",
     "resolve_diffusion_path",
 ]
 
@@ -409,22 +408,11 @@ def resolve_diffusion_path(path_or_id: str) -> str:
     return path_or_id
 
 
-def pipeline_kind(pipe: Any) -> str:
-    """``"sd3"``, ``"flux"`` or ``"sd"`` for a loaded diffusers pipeline (TinyDiffusionError otherwise)."""
-    name = type(pipe).__name__
-    if "StableDiffusion3" in name:
-        return "sd3"
-    if "Flux" in name:
-        return "flux"
-    if name.startswith("StableDiffusion") and hasattr(pipe, "unet"):
-        return "sd"
-    raise TinyDiffusionError(f"unsupported diffusion pipeline class {name}; mmrl supports SD3, Flux and SD (UNet)")
-
-
 def load_diffusion_pipeline(path_or_id: str, dtype: str = "float32", *, expected_kind: str | None = None):
     """Load a diffusers pipeline from a tiny preset name, a local folder or a hub id (offline for folders).
 
-    Raises :class:`TinyDiffusionError` when the pipeline is not of ``expected_kind`` (sd3/flux/sd).
+    Raises :class:`TinyDiffusionError` when the pipeline is not of ``expected_kind`` (sd3/flux/sd),
+    :class:`~mmrl.adapters.diffusion.pipelines.kind.UnsupportedPipelineError` when it is of no family mmrl supports.
     """
     import torch
     from diffusers import DiffusionPipeline
@@ -438,6 +426,7 @@ def load_diffusion_pipeline(path_or_id: str, dtype: str = "float32", *, expected
     path = resolve_diffusion_path(path_or_id)
     local = Path(path).exists()
     kwargs: dict[str, Any] = {"dtype": torch_dtype, "local_files_only": local}
+    from mmrl.adapters.diffusion.pipelines.kind import pipeline_kind
     from mmrl.models.availability import check_model_folder, model_load_errors
 
     check_model_folder(path, "model_index.json", what="diffusion pipeline")

@@ -6,7 +6,7 @@ Every module that needs to know something about the configured head asks :func:`
 (:func:`head_rule`), the VLA tasks for whether demos are written as continuous chunks, the LeRobot policies for the
 heads their checkpoints serve, and the planner (through the model type's ``head_memory_kind`` hook,
 :func:`mmrl.models.registry.model_hook`) for the memory model of the head. Adding a head is one entry here plus its
-rule (:class:`~mmrl.adapters.vla.continuous_heads.HeadRule`); the config (:class:`~mmrl.models.configs.VLAConfig`)
+rule (:class:`~mmrl.adapters.vla.continuous_heads.HeadRule`); the config (:class:`~mmrl.adapters.vla.config.VLAConfig`)
 validates the name and the head's own knobs.
 
 The entries name classes as ``"module:attribute"`` strings, imported on use, so this module stays free of torch:
@@ -84,7 +84,7 @@ def load(path: str) -> Any:
 def action_head(model_cfg: Any) -> ActionHead:
     """The head a VLA model config names (``model.action_head``; any other model config has the tokens head).
     ConfigError naming the heads for an unknown one."""
-    from mmrl.models.configs import VLAConfig
+    from mmrl.adapters.vla.config import VLAConfig
 
     name = model_cfg.action_head if isinstance(model_cfg, VLAConfig) else TOKENS
     check_choice(name, tuple(ACTION_HEADS), "model.action_head")

@@ -235,7 +235,7 @@ class VLAPolicy(VLMPolicy):
     """A :class:`~mmrl.policies.base.Policy` whose samples are episodes and whose actions are bins.
 
     Args:
-        lm, processor, cfg: the Qwen-VL model, its processor and a :class:`~mmrl.models.configs.VLAConfig`.
+        lm, processor, cfg: the Qwen-VL model, its processor and a :class:`~mmrl.adapters.vla.config.VLAConfig`.
         action_stats: ``{"low": [D], "high": [D]}`` normalisation statistics (1st / 99th percentiles
             of the demos' actions) or an :class:`ActionTokenizer` ``to_dict()``.
         env_spec: the env pool to roll out in.

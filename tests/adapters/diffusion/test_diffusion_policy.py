@@ -19,8 +19,8 @@ from mmrl.adapters.diffusion import (  # noqa: E402
     ParamEMA,
     train_step_plan,
 )
+from mmrl.adapters.diffusion.config import DiffusionConfig  # noqa: E402
 from mmrl.config import ConfigError  # noqa: E402
-from mmrl.models.configs import DiffusionConfig  # noqa: E402
 from mmrl.policies.base import PromptBatch, Rollout  # noqa: E402
 
 PRESETS = {"sd3": ("tiny_sd3", "flow_sde"), "flux": ("tiny_flux", "flow_sde"), "sd": ("tiny_sd_unet", "ddim")}

@@ -15,6 +15,7 @@ import pytest
 
 pytest.importorskip("torch")
 
+from mmrl.adapters.vla.config import VLAConfig  # noqa: E402
 from mmrl.adapters.vla.continuous_heads import FlowRule, GaussianRule, HeadRule  # noqa: E402
 from mmrl.adapters.vla.continuous_policy import ContinuousVLAPolicy  # noqa: E402
 from mmrl.adapters.vla.factory import BACKBONES, vlm_backbone  # noqa: E402
@@ -22,7 +23,6 @@ from mmrl.adapters.vla.heads import ACTION_HEADS, action_head, head_rule, heads_
 from mmrl.adapters.vla.lerobot.policy import lerobot_backbone  # noqa: E402
 from mmrl.adapters.vla.policy import VLAPolicy  # noqa: E402
 from mmrl.errors import ConfigError  # noqa: E402
-from mmrl.models.configs import VLAConfig  # noqa: E402
 from mmrl.models.registry import model_hook  # noqa: E402
 
 

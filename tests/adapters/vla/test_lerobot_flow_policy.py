@@ -15,6 +15,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 import mmrl.simulators.testing_envs  # noqa: E402,F401  (registers testing/*)
+from mmrl.adapters.vla.config import VLAConfig  # noqa: E402
 from mmrl.adapters.vla.lerobot import LeRobotCheckpointError  # noqa: E402
 from mmrl.adapters.vla.lerobot.checkpoint import load_policy  # noqa: E402
 from mmrl.adapters.vla.lerobot.policy import (  # noqa: E402
@@ -24,7 +25,6 @@ from mmrl.adapters.vla.lerobot.policy import (  # noqa: E402
     tiny_for_task,
 )
 from mmrl.adapters.vla.policy import VLAEnvSpec, VLAInputError  # noqa: E402
-from mmrl.models.configs import VLAConfig  # noqa: E402
 from mmrl.policies.base import PromptBatch  # noqa: E402
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "lerobot"

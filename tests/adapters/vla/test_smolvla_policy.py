@@ -16,12 +16,12 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 import mmrl.simulators.testing_envs  # noqa: E402,F401  (registers testing/*)
+from mmrl.adapters.vla.config import VLAConfig  # noqa: E402
 from mmrl.adapters.vla.lerobot import LeRobotCheckpointError  # noqa: E402
 from mmrl.adapters.vla.lerobot.checkpoint import load_smolvla  # noqa: E402
 from mmrl.adapters.vla.lerobot.policy import EXTRA_HEADS_FILE, tiny_for_task  # noqa: E402
 from mmrl.adapters.vla.lerobot.policy import LeRobotFlowPolicy as SmolVLAPolicy  # noqa: E402
 from mmrl.adapters.vla.policy import VLAEnvSpec, VLAInputError  # noqa: E402
-from mmrl.models.configs import VLAConfig  # noqa: E402
 from mmrl.policies.base import PromptBatch  # noqa: E402
 
 FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "lerobot" / "smolvla_tiny"

@@ -14,7 +14,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from mmrl.simulators.episode import EpisodeCounter  # noqa: E402
+from mmrl.simulators.common.episode import EpisodeCounter  # noqa: E402
 from tests.adapters.vla.test_vla_policy import batch, make_policy  # noqa: E402
 
 

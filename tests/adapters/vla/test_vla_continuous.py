@@ -15,11 +15,12 @@ pytest.importorskip("transformers")
 
 import mmrl.simulators.testing_envs  # noqa: E402,F401  (registers testing/*)
 from mmrl.adapters.vla.action_tokenizer import ActionTokenizer  # noqa: E402
+from mmrl.adapters.vla.config import VLAConfig  # noqa: E402
 from mmrl.adapters.vla.continuous_policy import HEAD_FILE, ContinuousVLAPolicy  # noqa: E402
 from mmrl.adapters.vla.policy import VLAEnvSpec, VLAInputError  # noqa: E402
 from mmrl.checkpoint_files import CheckpointMismatchError  # noqa: E402
 from mmrl.errors import ConfigError  # noqa: E402
-from mmrl.models.configs import LoraConfig, VLAConfig  # noqa: E402
+from mmrl.models.configs import LoraConfig  # noqa: E402
 from mmrl.models.presets import resolve_vlm  # noqa: E402
 from mmrl.models.tiny_vlm import load_vlm  # noqa: E402
 from mmrl.policies.base import PromptBatch  # noqa: E402

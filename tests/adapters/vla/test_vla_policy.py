@@ -13,6 +13,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 import mmrl.simulators.testing_envs  # noqa: E402,F401  (registers testing/*)
+from mmrl.adapters.vla.config import VLAConfig  # noqa: E402
 from mmrl.adapters.vla.policy import (  # noqa: E402
     ActionTokenSampler,
     VLAEnvSpec,
@@ -20,7 +21,6 @@ from mmrl.adapters.vla.policy import (  # noqa: E402
     VLAPolicy,
     action_vocab_ids,
 )
-from mmrl.models.configs import VLAConfig  # noqa: E402
 from mmrl.models.presets import resolve_vlm  # noqa: E402
 from mmrl.models.tiny_vlm import load_vlm  # noqa: E402
 from mmrl.policies.base import PromptBatch  # noqa: E402

@@ -145,7 +145,7 @@ class LeRobotFlowPolicy(ContinuousVLAPolicy):
     Args:
         pipeline: a loaded pipeline (``checkpoint.load_policy`` or a ``tiny`` builder) whose config.json ``type``
             is ``cfg.architecture``.
-        cfg: the :class:`~mmrl.models.configs.VLAConfig` (``architecture=smolvla|pi0|pi05``, ``action_head=flow``).
+        cfg: the :class:`~mmrl.adapters.vla.config.VLAConfig` (``architecture=smolvla|pi0|pi05``, ``action_head=flow``).
         action_stats: the task's ``{"low", "high", "gripper_dims"}`` (the env's action range) and ``"cameras"``.
         env_spec, value_head, reference, min_envs, check_init_states: as for
             :class:`~mmrl.adapters.vla.policy.VLAPolicy`.

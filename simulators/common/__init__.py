@@ -1,4 +1,7 @@
-"""Pieces shared by the simulator wrappers."""
+"""What every simulator family (tabletop, robosuite, Meta-World, LIBERO) shares: the initial-state seeding and
+fingerprints here, the step bookkeeping in :mod:`.episode` and the offscreen rendering in :mod:`.rendering`.
+
+The families import this package and it imports none of them, so the registry can import a family without a cycle."""
 
 from __future__ import annotations
 
@@ -8,6 +11,9 @@ import zlib
 from typing import Any, Iterator
 
 import numpy as np
+
+INSTRUCTION_CHARSET = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 ,.'-_/"
+"""The characters of every family's ``instruction`` observation (its ``spaces.Text`` charset)."""
 
 
 def resolve_init_state(env: Any, seed: int | None, options: dict[str, Any] | None) -> int:

@@ -22,7 +22,11 @@ import os
 import time
 from typing import Any, Mapping, Sequence
 
-from .env_pool import EnvGroup, EnvPoolError, PoolCore, PoolOptions, WorkerOutcome, WorkerStartError, import_env_modules
+from .core import PoolCore
+from .env_group import EnvGroup, import_env_modules
+from .errors import EnvPoolError, WorkerStartError
+from .options import PoolOptions
+from .results import WorkerOutcome
 
 __all__ = ["RayEnvPool", "import_ray"]
 
