@@ -23,7 +23,7 @@ class StepTake:
     groups: list[tuple[Round, int]] = field(default_factory=list)
     """(round, slot offset) of each group it trains on, in slot order."""
     slots: int = 0
-    """Slots consumed (kept, skipped, filtered out or dropped)."""
+    """Slots consumed towards the step (kept, skipped or filtered out; not those dropped as too stale)."""
     rounds: list[Round] = field(default_factory=list)
     """Rounds whose first consumed slot this step took (their per-round metrics and counts belong to it)."""
     dropped: int = 0
@@ -87,17 +87,23 @@ class Schedule:
         t = self.take
         while not self.step_complete() and self.ledger.ready():
             r, k = self.ledger.consume()
-            t.slots += 1
             if k == 0:  # slots are consumed in order: a round's first slot opens it, once
                 t.rounds.append(r)
             if not r.kept[k]:
+                t.slots += 1
+                if not self.filter_groups:  # a skipped item's slot counts towards the step (filtered ones are rejected)
+                    self.controller.consume(1)
                 continue
             age = t.version - r.sampled_version
             if age > self.max_staleness:
+                # it will never train: its capacity is free again, and it is no slot of this step (the step takes a
+                # fresh group instead; counting it would leave the step short and the groups behind it older)
                 t.dropped += 1
                 self.dropped_total += 1
-                self.controller.reject(1)  # it will never train: its capacity is free again
+                self.controller.reject(1)
                 continue
+            t.slots += 1
+            self.controller.consume(1)
             t.groups.append((r, k))
             t.staleness.append(age)
         return self.step_complete()

@@ -16,9 +16,9 @@ from mmrl.asynchronous.staleness import StalenessController
 from mmrl.data.sampler import draw_positions
 
 
-def simulate(B, eta, workers, steps, filter_groups, seed, max_resample=2):
+def simulate(B, eta, workers, steps, filter_groups, seed, max_resample=2, keep_p=None):
     """Run ``steps`` learner steps; every event checks the bound. Returns (consumed slot ids in order, trained
-    (slot, age) pairs, dropped count, step takes)."""
+    (slot, age) pairs, dropped count, step takes). ``keep_p``: the filter's keep rate (default: drawn by ``seed``)."""
     rng = random.Random(seed)
     sched = Schedule(B, eta, filter_groups=filter_groups, max_slots=(1 + max_resample) * B)
     version, now, seq = 0, 0.0, 0
@@ -27,7 +27,8 @@ def simulate(B, eta, workers, steps, filter_groups, seed, max_resample=2):
     busy = [False] * workers
     consumed, trained, takes = [], [], []
     skip_p = rng.choice([0.0, 0.2]) if not filter_groups else 0.0
-    keep_p = rng.choice([0.3, 0.7, 1.0]) if filter_groups else 1.0
+    drawn_keep_p = rng.choice([0.3, 0.7, 1.0]) if filter_groups else 1.0
+    keep_p = drawn_keep_p if keep_p is None else keep_p
     learner_busy = False
 
     def push(t, kind, data):
@@ -54,9 +55,18 @@ def simulate(B, eta, workers, steps, filter_groups, seed, max_resample=2):
         c = sched.controller
         assert c.started - c.rejected <= c.limit
 
+    def pulled() -> bool:
+        # as the runtime's wait loop: a pull that dropped stale groups frees capacity, so dispatch and pull again
+        while not sched.pull():
+            end = sched.ledger.end_slot
+            dispatch()
+            if sched.ledger.end_slot == end:
+                return False
+        return True
+
     def try_step():
         nonlocal learner_busy
-        if not learner_busy and sched.pull():
+        if not learner_busy and pulled():
             t = sched.take
             for r, k in t.groups:
                 slot = r.first_slot + k
@@ -99,10 +109,13 @@ def simulate(B, eta, workers, steps, filter_groups, seed, max_resample=2):
     workers=st.integers(1, 3),
     steps=st.integers(1, 10),
     filter_groups=st.booleans(),
+    max_resample=st.integers(0, 2),
     seed=st.integers(0, 2**32 - 1),
 )
-def test_the_staleness_bound_holds_and_no_slot_is_consumed_twice(B, eta, workers, steps, filter_groups, seed):
-    consumed, trained, dropped, takes = simulate(B, eta, workers, steps, filter_groups, seed)
+def test_the_staleness_bound_holds_and_no_slot_is_consumed_twice(
+    B, eta, workers, steps, filter_groups, max_resample, seed
+):
+    consumed, trained, dropped, takes = simulate(B, eta, workers, steps, filter_groups, seed, max_resample)
     assert consumed == list(range(len(consumed)))  # in start order, each once, none skipped
     assert all(age <= eta for _, age, _ in trained)  # a group older than eta never trains
     full = all(len(t.groups) == B for t in takes[:-1])
@@ -111,6 +124,9 @@ def test_the_staleness_bound_holds_and_no_slot_is_consumed_twice(B, eta, workers
         assert dropped == 0 and all(age_start <= eta for *_, age_start in trained)
     if not filter_groups:
         assert all(t.slots == B for t in takes)
+    # a group is dropped only when an earlier step came out short (the filter's refill bound): the drops never
+    # outnumber the groups those steps lacked, so staleness cannot starve the learner
+    assert dropped <= sum(B - len(t.groups) for t in takes[:-1])
 
 
 def test_eta_zero_starts_one_batch_per_version_and_eta_one_two():
@@ -118,6 +134,8 @@ def test_eta_zero_starts_one_batch_per_version_and_eta_one_two():
     assert c.capacity == 4
     c.start(4)
     assert c.capacity == 0
+    c.consume(4)  # step 0 takes its batch
+    assert c.capacity == 0  # not before the next version
     c.advance(1)
     assert c.capacity == 4
     c1 = StalenessController(4, 1)
@@ -150,3 +168,32 @@ def test_the_ledger_resumes_at_the_first_slot_not_consumed_across_an_epoch_end()
     led.complete(r0.round_id + 1, "y", sampled_version=0, kept=[True, False])
     with pytest.raises(ValueError, match="twice"):
         led.complete(r0.round_id + 1, "y", sampled_version=0, kept=[True, False])
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_short_filtered_steps_do_not_starve_the_learner_of_groups(seed):
+    # Meta-World's default: DAPO's filter with no refill round (algo.max_resample: 0), 8 groups a step, eta = 1; 90%
+    # of the groups survive the filter, so a step trains ~7.2 groups when nothing is too stale. Counting v * B as
+    # consumed (AReaL's form of the rule) let every short step leave extra groups in flight that arrived too stale:
+    # 14-22 of 40 steps trained no group, 80-146 groups trained of 320 (seeds 0-4)
+    consumed, trained, dropped, takes = simulate(8, 1, 1, 40, True, seed, max_resample=0, keep_p=0.9)
+    assert all(len(t.groups) > 0 for t in takes)
+    assert len(trained) >= 0.8 * 0.9 * 8 * 40  # >= 230 of the ~288 expected
+    assert dropped <= sum(8 - len(t.groups) for t in takes[:-1])
+
+
+def test_a_short_step_shrinks_the_capacity_by_its_shortfall():
+    c = StalenessController(4, 1)
+    assert c.capacity == 8  # (0 + 1 + 1) * 4: nothing consumed yet
+    c.start(8)
+    c.reject(1)  # step 0's filter dropped one group
+    c.consume(3)  # and its refill bound ended it with the other 3
+    c.advance(1)
+    # 3 consumed before version 1 (not 1 * 4): limit 3 + (1 + 1) * 4 = 11; 8 started - 1 rejected = 7 -> 4 may start
+    assert (c.limit, c.capacity) == (11, 4)
+    c.consume(4)  # step 1 takes a full batch
+    assert c.capacity == 4  # the limit moves at the next version, not within the step
+    c.advance(2)
+    assert (c.limit, c.capacity) == (15, 8)
+    with pytest.raises(ValueError, match="cannot consume"):
+        c.consume(1)  # all 7 not rejected are consumed already
