@@ -122,6 +122,8 @@ def run(
         "to_target_s": to_target["s"],
         "to_target_step": to_target["step"],
         "curve": curve,
+        "groups_trained": sum(r.get("filter/kept_groups", 0.0) for r in rows),  # with algo.filter_groups
+        "groups_dropped": sum(r.get("async/dropped_groups", 0.0) for r in rows),
     }
 
 
@@ -215,7 +217,11 @@ def main() -> None:
                     f"{r['steps_per_s']:.2f} steps/s" if args.target is None else f"target at {r['to_target_s']:.1f} s"
                 )
                 curve = ", ".join(f"{step}: {score:.3f}" for step, score in r["curve"])
-                print(f"repeat {rep + 1} {' '.join(seed_override)} {mode}: {done}; held-out {curve}", file=sys.stderr)
+                groups = f"; groups trained {r['groups_trained']:.0f}, dropped as stale {r['groups_dropped']:.0f}"
+                print(
+                    f"repeat {rep + 1} {' '.join(seed_override)} {mode}: {done}; held-out {curve}{groups}",
+                    file=sys.stderr,
+                )
     sync = results["sync"]
     bounds = [r["step_s"] / max(r["rollout_s"], r["update_s"]) for r in sync]
     cpu_bounds = [(os.cpu_count() or 1) / r["busy_cores"] for r in sync]
