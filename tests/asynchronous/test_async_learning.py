@@ -32,15 +32,24 @@ def assert_workers_sampled_within_eta(run_dir) -> None:
     (``async/staleness_*`` is logged only for groups that came back from a worker), none older than η = 1, and some
     were sampled by the previous version (the run was off-policy, not η = 0 in effect). No group is dropped as too
     stale unless ``algo.filter_groups`` is on: then a step that hit the resampling bound consumed fewer than B groups
-    and a later step may drop one (docs/async.md, 'Staleness control'; counted, never trained)."""
+    and a later step may drop one (docs/async.md, 'Staleness control'; counted, never trained), but few: staleness
+    must not starve the learner."""
     cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
-    rows = [r for r in read_metrics(run_dir / "metrics.jsonl") if "async/staleness_mean" in r]
+    steps = [r for r in read_metrics(run_dir / "metrics.jsonl") if "async/dropped_groups" in r]
+    rows = [r for r in steps if "async/staleness_mean" in r]
     assert max(r["async/staleness_max"] for r in rows) <= 1.0
+    dropped = sum(r["async/dropped_groups"] for r in steps)
     if not cfg["algo"]["filter_groups"]:
         assert len(rows) == cfg["trainer"]["max_steps"]
-        assert sum(r["async/dropped_groups"] for r in rows) == 0.0
-    else:  # a step whose groups were all filtered out (or dropped) trains none, and logs no staleness
+        assert dropped == 0.0
+    else:  # a step whose groups were all filtered out trains none, and logs no staleness
         assert 0 < len(rows) <= cfg["trainer"]["max_steps"]
+        # staleness must not starve the learner (the capacity rule's fix, docs/async.md): bars, not a theorem (the
+        # simulation of test_staleness_property.py holds the exact bound); the starved Meta-World run before the fix
+        # trained no group in 10 of 16 steps and dropped 78 groups against 42 trained
+        trained = sum(r["filter/kept_groups"] for r in steps)
+        assert sum(1 for r in steps if r["filter/kept_groups"] == 0) <= 0.1 * len(steps)
+        assert dropped <= 0.25 * trained
     assert sum(r["async/staleness_mean"] for r in rows) > 0.0
 
 

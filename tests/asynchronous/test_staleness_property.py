@@ -124,8 +124,8 @@ def test_the_staleness_bound_holds_and_no_slot_is_consumed_twice(
         assert dropped == 0 and all(age_start <= eta for *_, age_start in trained)
     if not filter_groups:
         assert all(t.slots == B for t in takes)
-    # a group is dropped only when an earlier step came out short (the filter's refill bound): the drops never
-    # outnumber the groups those steps lacked, so staleness cannot starve the learner
+    # a group is dropped only when an earlier step came out short (the filter's refill bound; a dropped group is
+    # replaced, so it never makes its step short): the drops never outnumber the groups those steps lacked
     assert dropped <= sum(B - len(t.groups) for t in takes[:-1])
 
 
