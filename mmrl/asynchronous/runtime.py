@@ -341,8 +341,8 @@ class AsyncRollouts:
         depth = s.ledger.ready_slots()
         self._dispatch()
         while not s.pull():
+            self._dispatch()  # a pull that dropped stale groups freed capacity: their replacements start now
             self._pump(0.5)
-            self._dispatch()
         self._wait_s = time.perf_counter() - t0
         shards, metrics = self._assemble(s.take, depth, run_dir)
         if run_dir is not None:  # which items each step trained on: a resumed run can be checked against it
