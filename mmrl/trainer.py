@@ -19,7 +19,6 @@ import logging
 import math
 import signal
 import sys
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +43,7 @@ from mmrl.preflight import warn_if_cannot_learn
 from mmrl.progress import PhaseProgress, fmt
 from mmrl.rollout.noise import mix_seed
 from mmrl.run_report import RunReport, start_banner
+from mmrl.stop_signals import StopSignals
 from mmrl.tracking import Tracker, plot_metrics
 from mmrl.training_checkpoint import (
     CheckpointNotSaved,
@@ -184,7 +184,7 @@ class Trainer:
 
         self.step = 0
         self.nonfinite_streak = 0
-        self._stop_signal: int | None = None
+        self.stop_signals = StopSignals()  # SIGINT / SIGTERM stop fit() after the current step
         self.run_dir: Path | None = None
         self._run_lock = None  # this process's ownership of the run folder (mmrl.run_dir.RunLock), main process only
         self.resumed = False  # set by setup_run_dir: True when the run continues from a checkpoint
@@ -228,7 +228,7 @@ class Trainer:
     @property
     def stopped_by_signal(self) -> int | None:
         """The signal number (SIGINT, SIGTERM) that stopped the last :meth:`fit` early, after its checkpoint; else None."""
-        return self._stop_signal
+        return self.stop_signals.received
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -708,14 +708,6 @@ class Trainer:
         return self.last_eval
 
     # ------------------------------------------------------------------ the loop
-    def _on_signal(self, signum, frame) -> None:
-        if self._stop_signal is not None:  # second signal: stop now
-            raise KeyboardInterrupt
-        self._stop_signal = signum
-        log.warning(
-            "received %s: finishing the current step, saving a checkpoint and exiting", signal.Signals(signum).name
-        )
-
     def banner(self) -> str:
         """The start banner (:func:`mmrl.run_report.start_banner`) of this run."""
         memory = None
@@ -764,10 +756,10 @@ class Trainer:
                 metrics_path=self.run_dir / "sft_metrics.jsonl" if self.run_dir and self.is_main else None,
                 on_step=lambda m: bar.update(1, loss=m["sft/loss"]),
                 warm=warm,
-                should_stop=lambda: self._stop_signal is not None,
+                should_stop=lambda: self.stop_signals.received is not None,
             )
         self.report.add_time("warm start", time.perf_counter() - t0)
-        if self._stop_signal is not None and warm.step < tr.sft_steps:
+        if self.stop_signals.received is not None and warm.step < tr.sft_steps:
             log.warning("warm start stopped at SFT step %d of %d", warm.step, tr.sft_steps)
             return False
         self.warm_start = None  # done: the next checkpoint holds RL's optimizer
@@ -797,7 +789,7 @@ class Trainer:
         update raises :class:`NothingTrained`."""
         tr = self.cfg.trainer
         self._own_run_dir()
-        previous = self._catch_stop_signals()
+        self.stop_signals.catch()
         bar = None
         last: dict[str, float] = {}
         self.report.first_step = first_step = self.step
@@ -810,7 +802,7 @@ class Trainer:
             bar = PhaseProgress(
                 f"{self.cfg.task.name} RL", tr.max_steps, initial=self.step, enabled=tr.progress and self.is_main
             )
-            while self.step < tr.max_steps and self._stop_signal is None:
+            while self.step < tr.max_steps and self.stop_signals.received is None:
                 last = self._rl_step(bar)
             self._raise_if_nothing_trained(first_step, warm_started)
             if self._saved_step != self.step:
@@ -828,17 +820,16 @@ class Trainer:
             if bar is not None:
                 bar.close()
             self.report.wall_s = time.perf_counter() - t_fit
-            for s, h in previous.items():
-                signal.signal(s, h)
+            self.stop_signals.restore()
             if self.tracker is not None:
                 self.tracker.close()
             if self.async_rollouts is not None:
                 self.async_rollouts.close()
             self.release_run_dir()
-        if self._stop_signal is not None:
+        if self.stop_signals.received is not None:
             log.warning(
                 "stopped by %s at step %d%s; checkpoint saved in %s",
-                signal.Signals(self._stop_signal).name,
+                signal.Signals(self.stop_signals.received).name,
                 self.step,
                 f" (in the warm start, after SFT step {self.warm_start.step})" if self.warm_start is not None else "",
                 self.run_dir,
@@ -853,15 +844,6 @@ class Trainer:
             from mmrl.run_dir import RunLock
 
             self._run_lock = RunLock.acquire(self.run_dir)
-
-    def _catch_stop_signals(self) -> dict:
-        """In the main thread, SIGINT and SIGTERM stop the run after the current step (:meth:`_on_signal`); returns
-        the handlers they replace, which :meth:`fit` puts back."""
-        previous = {}
-        if threading.current_thread() is threading.main_thread():
-            for s in (signal.SIGINT, signal.SIGTERM):
-                previous[s] = signal.signal(s, self._on_signal)
-        return previous
 
     def _before_rl(self) -> bool:
         """What runs before the first RL step of a new run: the supervised warm start (``trainer.sft_steps``, or one
@@ -913,7 +895,7 @@ class Trainer:
         a warm start, RL steps without a usable batch are no error (e.g. a warm start that solved the task leaves
         groups without reward variance); RL steps that were all non-finite are a broken run."""
         nothing_rl = not self.updates_done and (not warm_started or self.nonfinite_only_steps)
-        if self.step == first_step or not nothing_rl or self._stop_signal is not None:
+        if self.step == first_step or not nothing_rl or self.stop_signals.received is not None:
             return
         why = f"{self.skipped_total} of {self.seen_total} data items skipped" + (
             ", every group filtered out by algo.filter_groups" if self.cfg.algo.filter_groups else ""

@@ -105,7 +105,9 @@ def test_fit_installs_its_signal_handlers_only_while_it_runs(tmp_path):
     tr.callbacks.append(lambda trainer, metrics: during.append(signal.getsignal(signal.SIGTERM)))
     before = signal.getsignal(signal.SIGTERM)
     tr.fit()
-    assert during == [tr._on_signal, tr._on_signal] and signal.getsignal(signal.SIGTERM) == before
+    assert (
+        during == [tr.stop_signals.on_signal, tr.stop_signals.on_signal] and signal.getsignal(signal.SIGTERM) == before
+    )
 
 
 def test_fit_runs_in_a_worker_thread_without_signal_handlers(tmp_path):
