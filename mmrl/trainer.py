@@ -41,7 +41,7 @@ from mmrl.parallel.data_parallel import DataParallel
 from mmrl.parallel.global_batch import gae_of_rank, global_advantages, local_rows
 from mmrl.policies.base import Policy, PromptBatch, Rollout
 from mmrl.preflight import warn_if_cannot_learn
-from mmrl.progress import PhaseProgress, fmt
+from mmrl.progress import PhaseProgress
 from mmrl.rollout.noise import mix_seed
 from mmrl.run_checkpoints import NothingTrained, RunCheckpoints
 from mmrl.run_folder import RunFolder
@@ -49,7 +49,8 @@ from mmrl.run_report import RunReport, start_banner
 from mmrl.stop_signals import StopSignals
 from mmrl.tracking import Tracker, plot_metrics
 from mmrl.update_metrics import UpdateStats
-from mmrl.warm_start_reference import REFERENCE_FILE, reference_from_warm_start
+from mmrl.warm_start_phase import before_rl
+from mmrl.warm_start_reference import REFERENCE_FILE
 
 __all__ = [
     "REFERENCE_FILE",
@@ -626,62 +627,6 @@ class Trainer:
             memory_gb=memory,
         )
 
-    def _warm_start(self) -> bool:
-        """Supervised warm start before RL, with evaluations before and after (logged at step 0); continues
-        ``self.warm_start`` when a resume restored one. A SIGINT / SIGTERM stops it before its next step and leaves
-        ``self.warm_start`` set (the checkpoint then holds its state); returns True when it finished."""
-        from mmrl.sft import WarmStart, run_sft
-
-        tr = self.cfg.trainer
-        evaluates = tr.eval_at_end or tr.eval_every
-        if self.warm_start is None:
-            before = self.evaluate() if evaluates and tr.eval_before_warm_start else {}
-            self.warm_start = WarmStart(self.policy, self.task, tr)
-            self.warm_start.eval_before = {k: v for k, v in before.items() if k == "eval/score"}
-        else:  # a resume inside the warm start: the evaluation before it ran in the stopped process
-            before = self.warm_start.eval_before
-            log.info("continuing the warm start at SFT step %d of %d", self.warm_start.step, tr.sft_steps)
-        self.report.add_eval("start", before)
-        warm = self.warm_start
-        t0 = time.perf_counter()
-        with PhaseProgress(
-            f"{self.cfg.task.name} warm start (SFT)",
-            tr.sft_steps,
-            enabled=tr.progress and self.is_main,
-            **({"initial": warm.step} if warm.step else {}),
-        ) as bar:
-            sft = run_sft(
-                self.policy,
-                self.task,
-                tr,
-                tr.sft_steps,
-                metrics_path=self.run_dir / "sft_metrics.jsonl" if self.run_dir and self.is_main else None,
-                on_step=lambda m: bar.update(1, loss=m["sft/loss"]),
-                warm=warm,
-                should_stop=lambda: self.stop_signals.received is not None,
-            )
-        self.report.add_time("warm start", time.perf_counter() - t0)
-        if self.stop_signals.received is not None and warm.step < tr.sft_steps:
-            log.warning("warm start stopped at SFT step %d of %d", warm.step, tr.sft_steps)
-            return False
-        self.warm_start = None  # done: the next checkpoint holds RL's optimizer
-        reference_from_warm_start(
-            self.policy, self.cfg.algo.kl_coef, self.run_dir, keep=self.is_main and not self.sharded
-        )
-        after = self.evaluate() if evaluates else {}
-        self.report.add_eval("after warm start", after)
-        row = {**sft, "time/sft": time.perf_counter() - t0, **after}
-        if "eval/score" in before:
-            row["sft/eval_score_before"] = before["eval/score"]
-        self.tracker.log(row, 0)
-        log.info(
-            "warm start: %d SFT steps, eval score %s -> %s",
-            tr.sft_steps,
-            fmt(before.get("eval/score")),
-            fmt(after.get("eval/score")),
-        )
-        return True
-
     def fit(self) -> dict[str, float]:
         """Train for ``trainer.max_steps`` steps; returns the final metrics (with the last eval).
 
@@ -702,7 +647,7 @@ class Trainer:
         if tr.progress and self.is_main:
             print(self.banner(), file=sys.stderr)  # stderr is line-buffered (Python >= 3.9): no flush needed
         try:
-            warm_started = self._before_rl()
+            warm_started = before_rl(self)
             # created after the warm start: its ETA is measured on RL steps only
             bar = PhaseProgress(
                 f"{self.cfg.task.name} RL", tr.max_steps, initial=self.step, enabled=tr.progress and self.is_main
@@ -740,26 +685,6 @@ class Trainer:
                 self.run_dir,
             )
         return {**last, **self.last_eval}
-
-    def _before_rl(self) -> bool:
-        """What runs before the first RL step of a new run: the supervised warm start (``trainer.sft_steps``, or one
-        a resume stopped inside) and its checkpoint at step 0, else the evaluation at the start
-        (``trainer.eval_at_start``). True when a warm start finished."""
-        tr = self.cfg.trainer
-        if (tr.sft_steps > 0 and self.step == 0 and not self.resumed) or self.warm_start is not None:
-            if self._warm_start():
-                # step 0 = the warm-started weights: a resume never redoes or loses SFT
-                self.checkpoints.save_or_rescue("the checkpoint of the warm start")
-                return True
-            # stopped inside it: step 0 with the SFT step, optimizer and data position to continue from
-            self.checkpoints.save_or_rescue(
-                f"the checkpoint of the warm start stopped at SFT step {self.warm_start.step}"
-            )
-        elif tr.eval_at_start and self.step == 0 and not self.resumed:
-            start = self.evaluate()
-            self.report.add_eval("start", start)
-            self.tracker.log(start, 0)
-        return False
 
     def _rl_step(self, bar: PhaseProgress) -> dict[str, float]:
         """One RL step and what follows it: the evaluation (every ``trainer.eval_every`` steps, or at the end with

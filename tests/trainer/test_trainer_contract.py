@@ -29,6 +29,7 @@ from mmrl.optim import advance_schedule
 from mmrl.parallel.global_batch import global_advantages
 from mmrl.policies.base import PromptBatch, Rollout
 from mmrl.rewards.manager import RewardResult
+from mmrl.warm_start_phase import run_warm_start
 from tests.helpers import fake_launch_accelerator, nan_log_probs, toy_trainer
 
 
@@ -317,7 +318,7 @@ def test_warm_start_evaluates_before_and_after_and_logs_one_row_at_step_zero(tmp
     monkeypatch.setattr(tr, "evaluate", lambda: next(scores))
     seen: dict = {}
     _fake_sft(monkeypatch, seen)
-    _, elapsed = _timed(tr._warm_start)
+    _, elapsed = _timed(lambda: run_warm_start(tr))
     assert seen == {"steps": 2, "metrics_path": tr.run_dir / "sft_metrics.jsonl", "step_from": 0, "stops": False}
     assert tr.report.eval_scores == [("start", 0.1), ("after warm start", 0.4)]
     assert 0 < tr.report.phase_s["warm start"] <= elapsed
@@ -335,7 +336,7 @@ def test_warm_start_without_evaluation_or_run_dir(tmp_path, monkeypatch, bars):
     monkeypatch.setattr(tr, "evaluate", lambda: pytest.fail("evaluated with evaluation off"))
     seen: dict = {}
     _fake_sft(monkeypatch, seen)
-    tr._warm_start()
+    run_warm_start(tr)
     assert seen == {"steps": 3, "metrics_path": None, "step_from": 0, "stops": False}  # nowhere to write metrics
     assert tr.report.eval_scores == []
     [(step, row)] = tr.tracker.rows
