@@ -147,7 +147,8 @@ def end_summary(
 def checkpoint_outcome(checkpoint: Path | None, *, rescued: bool, run_dir: Path | None, lost: str | None) -> str:
     """What the last line of a stopped run says about its checkpoint: where it was saved (and that the run folder could
     not be written, when it went to the rescue folder), or, without one, how many trained steps were lost and why
-    (``lost``, from :meth:`mmrl.trainer.Trainer._save_after_stop`); "nothing trained" only when nothing was."""
+    (``lost``, from :meth:`mmrl.run_checkpoints.RunCheckpoints.save_after_stop`); "nothing trained" only when nothing
+    was."""
     if checkpoint is not None:
         return f"checkpoint saved in {checkpoint}" + (
             f" (the run folder {run_dir} could not be written)" if rescued else ""

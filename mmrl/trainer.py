@@ -19,9 +19,9 @@ import logging
 import math
 import signal
 import sys
-import threading
 import time
 from dataclasses import dataclass
+from operator import attrgetter
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -30,33 +30,27 @@ from torch import Tensor
 
 from mmrl import algos
 from mmrl.builders import build_policy, build_rewards, build_task
-from mmrl.checkpoint_files import checkpoint_step, resolve_checkpoint
+from mmrl.checkpoint_files import resolve_checkpoint
 from mmrl.collector import RolloutCollector
-from mmrl.config import RunConfig, config_yaml, field_defaults, load_config, to_dict
+from mmrl.config import RunConfig, load_config
 from mmrl.config.validate import check_algo_against_task
-from mmrl.errors import ConfigError, RunStopped, TrainingAborted
+from mmrl.errors import ConfigError, TrainingAborted
 from mmrl.evaluation import evaluate_policy
 from mmrl.optim import advance_schedule, build_optimizer
 from mmrl.parallel.data_parallel import DataParallel
 from mmrl.parallel.global_batch import gae_of_rank, global_advantages, local_rows
 from mmrl.policies.base import Policy, PromptBatch, Rollout
 from mmrl.preflight import warn_if_cannot_learn
-from mmrl.progress import PhaseProgress, fmt
+from mmrl.progress import PhaseProgress
 from mmrl.rollout.noise import mix_seed
+from mmrl.run_checkpoints import NothingTrained, RunCheckpoints
+from mmrl.run_folder import RunFolder
 from mmrl.run_report import RunReport, start_banner
+from mmrl.stop_signals import StopSignals
 from mmrl.tracking import Tracker, plot_metrics
-from mmrl.training_checkpoint import (
-    CheckpointNotSaved,
-    TrainingParts,
-    lost_steps,
-    release_failed_save,
-    restore_training,
-    save_failure_text,
-    save_to_rescue,
-    save_training,
-)
 from mmrl.update_metrics import UpdateStats
-from mmrl.warm_start_reference import REFERENCE_FILE, reference_from_warm_start, restore_warm_start_reference
+from mmrl.warm_start_phase import before_rl
+from mmrl.warm_start_reference import REFERENCE_FILE
 
 __all__ = [
     "REFERENCE_FILE",
@@ -68,7 +62,8 @@ __all__ = [
     "local_rows",
 ]
 """Besides the trainer: names re-exported from the modules that own them (:mod:`mmrl.parallel.global_batch`,
-:mod:`mmrl.warm_start_reference`, :mod:`mmrl.config.validate`) for code that imports them from here."""
+:mod:`mmrl.warm_start_reference`, :mod:`mmrl.config.validate`, :mod:`mmrl.run_checkpoints`) for code that imports them
+from here."""
 
 log = logging.getLogger(__name__)
 
@@ -78,11 +73,6 @@ _ASYNC_PROGRESS = {
     "s_idle": "time/sampler_idle_frac",
 }
 """trainer.rollout=async: the progress line's staleness and idle fractions (name on the line: metric)."""
-
-
-class NothingTrained(RuntimeError):
-    """A run whose steps all ended without an update (every item skipped, every group filtered out, every optimizer
-    step skipped for non-finite values)."""
 
 
 @dataclass
@@ -184,18 +174,10 @@ class Trainer:
 
         self.step = 0
         self.nonfinite_streak = 0
-        self._stop_signal: int | None = None
-        self.run_dir: Path | None = None
-        self._run_lock = None  # this process's ownership of the run folder (mmrl.run_dir.RunLock), main process only
-        self.resumed = False  # set by setup_run_dir: True when the run continues from a checkpoint
-        self._saved_step: int | None = None  # the step of the last checkpoint this process wrote (or resumed from)
+        self.stop_signals = StopSignals()  # SIGINT / SIGTERM stop fit() after the current step
+        self.run_folder = RunFolder()  # where the run writes (set up by setup_run_dir) and its ownership
+        self.checkpoints = RunCheckpoints(self)  # the run's checkpoints, their rescue, and the record of a stop
         self.updates_done = 0  # steps of this fit() that updated the policy
-        self.stop_reason: str | None = None  # why the run stopped early (saved in the checkpoint's state)
-        self.stop_checkpoint: Path | None = None  # the checkpoint written when it stopped early
-        self.stop_error_log: Path | None = None  # the full traceback of an unexpected error
-        self.rescued = False  # True when the run folder could not be written and the checkpoint went elsewhere
-        self._last_checkpoint: Path | None = None  # the checkpoint this process wrote last (run or rescue folder)
-        self.checkpoint_lost: str | None = None  # when no place could hold the checkpoint: the steps lost and why
         self.nonfinite_only_steps = 0  # steps of this fit() whose every optimizer step was skipped (non-finite)
         self.warm_start = None  # a supervised warm start in progress (mmrl.sft.WarmStart; None before and after it)
         self.tracker: Tracker | None = None
@@ -225,11 +207,6 @@ class Trainer:
     def _no_sync(self, sync: bool):
         return self.dp.no_sync(sync)
 
-    @property
-    def stopped_by_signal(self) -> int | None:
-        """The signal number (SIGINT, SIGTERM) that stopped the last :meth:`fit` early, after its checkpoint; else None."""
-        return self._stop_signal
-
     # ------------------------------------------------------------------ construction
     @classmethod
     def from_config(cls, cfg: RunConfig | list[str] | None = None, **kw) -> Trainer:
@@ -238,117 +215,43 @@ class Trainer:
             cfg = load_config(cfg or [])
         return cls(cfg, **kw)
 
-    # ------------------------------------------------------------------ run directory
+    # ------------------------------------------------------------------ how the run stands (owned by its parts)
+    # the run folder (mmrl.run_folder), the checkpoints and the record of a stop (mmrl.run_checkpoints), the stop
+    # signals (mmrl.stop_signals): read here by `mmrl train` and by code that drives a Trainer
+    stopped_by_signal = property(
+        attrgetter("stop_signals.received"),
+        doc="The signal (SIGINT, SIGTERM) that stopped the last :meth:`fit` early, after its checkpoint; else None.",
+    )
+    run_dir = property(attrgetter("run_folder.path"), doc="The run folder (None before :meth:`setup_run_dir`).")
+    resumed = property(attrgetter("run_folder.resumed"), doc="True when the run continues from a checkpoint.")
+    stop_reason = property(attrgetter("checkpoints.stop_reason"), doc="Why the run stopped early, else None.")
+    stop_checkpoint = property(attrgetter("checkpoints.stop_checkpoint"), doc="The checkpoint written at the stop.")
+    stop_error_log = property(attrgetter("checkpoints.stop_error_log"), doc="The traceback of an unexpected error.")
+    rescued = property(attrgetter("checkpoints.rescued"), doc="True when the checkpoint went to the rescue folder.")
+    checkpoint_lost = property(
+        attrgetter("checkpoints.checkpoint_lost"), doc="When no place could hold the checkpoint: the steps lost, why."
+    )
+
+    # ------------------------------------------------------------------ run folder and checkpoints
     def setup_run_dir(self) -> Path:
-        """Create (or resume) the run directory below ``trainer.output_dir``; refuse to overwrite an existing run, to
-        delete a folder mmrl did not create, to resume a different experiment, or to touch a run another live process
-        trains (:mod:`mmrl.run_dir`). The main process owns the folder (:class:`~mmrl.run_dir.RunLock`) until
-        :meth:`fit` ends. A resume loads (and so validates) its checkpoint before anything is written in the folder:
-        a refused resume leaves the run as it was."""
-        from mmrl.run_dir import create_run_dir, open_run, record_start
-
-        tr = self.cfg.trainer
-        config = to_dict(self.cfg)
-        run_dir, name, resume_from, self._run_lock = open_run(
-            tr, config, self.cfg.task.name, is_main=self.is_main, defaults=field_defaults(self.cfg)
+        """Create (or resume) the run directory below ``trainer.output_dir`` (:meth:`mmrl.run_folder.RunFolder.open`:
+        it refuses to overwrite an existing run, to delete a folder mmrl did not create, to resume a different
+        experiment, or to touch a run another live process trains). The main process owns the folder until :meth:`fit`
+        ends. A resume loads (and so validates) its checkpoint before anything is written in the folder: a refused
+        resume leaves the run as it was."""
+        self.tracker = self.run_folder.open(
+            self.cfg, is_main=self.is_main, barrier=self.accelerator.wait_for_everyone, resume=self.checkpoints.resume
         )
-        try:
-            self.accelerator.wait_for_everyone()
-            wandb_id = None
-            if resume_from is not None:
-                state = self.load_checkpoint(resume_from)
-                wandb_id = state.get("wandb_id")
-                self._saved_step = self.step
-            if self.is_main:
-                create_run_dir(run_dir)
-                step = (checkpoint_step(resume_from) or 0) if resume_from is not None else 0
-                record_start(run_dir, config_yaml(self.cfg), step)
-            self.tracker = Tracker(
-                run_dir,
-                enabled=self.is_main,
-                tensorboard=tr.tensorboard,
-                wandb=tr.wandb,
-                wandb_project=tr.wandb_project,
-                run_name=name,
-                config=config,
-                resume_step=self.step if resume_from is not None else None,
-                wandb_id=wandb_id,
-            )
-        except BaseException:
-            self.release_run_dir()
-            raise
-        self.run_dir = run_dir
-        self.resumed = resume_from is not None
-        return run_dir
-
-    def release_run_dir(self) -> None:
-        """Give up this process's ownership of the run folder (the end of :meth:`fit`; idempotent)."""
-        if self._run_lock is not None:
-            self._run_lock.release()
-            self._run_lock = None
-
-    # ------------------------------------------------------------------ checkpoints
-    def trainer_state(self) -> dict:
-        return {
-            **(self.async_rollouts if self.async_rollouts is not None else self.rollouts).state_dict(),
-            "wandb_id": self.tracker.wandb_id if self.tracker else None,
-            "stop_reason": self.stop_reason,
-            **({"sft": self.warm_start.state_dict()} if self.warm_start is not None else {}),
-        }
-
-    @property
-    def _parts(self) -> TrainingParts:
-        # inside the warm start the checkpoint's optimizer is the SFT one (RL's has not stepped yet)
-        opt = self.warm_start.optimizer if self.warm_start is not None else self.optimizer
-        return TrainingParts(self.policy, opt, self.scheduler)
+        return self.run_dir
 
     def save_checkpoint(self) -> Path | None:
-        """Write the checkpoint of the current step (:func:`mmrl.training_checkpoint.save_training`)."""
-        if self.run_dir is None:
-            raise RuntimeError("call setup_run_dir() (or fit()) before saving")
-        t0 = time.perf_counter()
-        path = save_training(
-            self.run_dir,
-            self.step,
-            self._parts,
-            self.trainer_state(),
-            keep_last=self.cfg.trainer.keep_last,
-            dp=self.dp,
-            sharded_format=self.cfg.trainer.strategy == "fsdp2",
-        )
-        self._saved_step, self._last_checkpoint = self.step, path  # only once it is written
-        self.report.add_time("checkpoints", time.perf_counter() - t0)
-        return path
+        """Write the checkpoint of the current step (:meth:`mmrl.run_checkpoints.RunCheckpoints.save`)."""
+        return self.checkpoints.save()
 
     def load_checkpoint(self, path: Path) -> dict:
-        """Continue from a checkpoint: weights, optimizer, scheduler, RNG (:func:`mmrl.training_checkpoint.
-        restore_training`) and the data position."""
-        from mmrl.checkpoint_files import DamagedCheckpointError, read_state_json
-
-        sft = read_state_json(Path(path) / "training_state" / "state.json").get("sft")
-        if sft is not None:  # stopped inside the warm start: its optimizer state is the SFT optimizer's
-            from mmrl.sft import WarmStart
-
-            self.warm_start = WarmStart(self.policy, self.task, self.cfg.trainer)
-        state = restore_training(path, self._parts, sharded=self.sharded, rank=self.rank)
-        if sft is not None:
-            try:
-                self.warm_start.load_state_dict(sft)
-            except (KeyError, TypeError, ValueError) as e:
-                raise DamagedCheckpointError(
-                    Path(path) / "training_state" / "state.json", f"its warm-start state ('sft') is malformed ({e!r})"
-                ) from None
-        restore_warm_start_reference(self.policy, self.cfg, path, in_warm_start=self.warm_start is not None)
-        self.step = state["step"]
-        try:
-            self.rollouts.load_state_dict(state)
-        except (KeyError, TypeError) as e:
-            raise DamagedCheckpointError(
-                Path(path) / "training_state" / "state.json",
-                f"its data position ('sampler') is missing or malformed ({e!r})",
-            ) from None
-        log.info("resumed from %s at step %d", path, self.step)
-        return state
+        """Continue from a checkpoint: weights, optimizer, scheduler, RNG and the data position
+        (:meth:`mmrl.run_checkpoints.RunCheckpoints.load`)."""
+        return self.checkpoints.load(path)
 
     # ------------------------------------------------------------------ rollouts (mmrl.collector)
     @property
@@ -708,14 +611,6 @@ class Trainer:
         return self.last_eval
 
     # ------------------------------------------------------------------ the loop
-    def _on_signal(self, signum, frame) -> None:
-        if self._stop_signal is not None:  # second signal: stop now
-            raise KeyboardInterrupt
-        self._stop_signal = signum
-        log.warning(
-            "received %s: finishing the current step, saving a checkpoint and exiting", signal.Signals(signum).name
-        )
-
     def banner(self) -> str:
         """The start banner (:func:`mmrl.run_report.start_banner`) of this run."""
         memory = None
@@ -732,72 +627,19 @@ class Trainer:
             memory_gb=memory,
         )
 
-    def _warm_start(self) -> bool:
-        """Supervised warm start before RL, with evaluations before and after (logged at step 0); continues
-        ``self.warm_start`` when a resume restored one. A SIGINT / SIGTERM stops it before its next step and leaves
-        ``self.warm_start`` set (the checkpoint then holds its state); returns True when it finished."""
-        from mmrl.sft import WarmStart, run_sft
-
-        tr = self.cfg.trainer
-        evaluates = tr.eval_at_end or tr.eval_every
-        if self.warm_start is None:
-            before = self.evaluate() if evaluates and tr.eval_before_warm_start else {}
-            self.warm_start = WarmStart(self.policy, self.task, tr)
-            self.warm_start.eval_before = {k: v for k, v in before.items() if k == "eval/score"}
-        else:  # a resume inside the warm start: the evaluation before it ran in the stopped process
-            before = self.warm_start.eval_before
-            log.info("continuing the warm start at SFT step %d of %d", self.warm_start.step, tr.sft_steps)
-        self.report.add_eval("start", before)
-        warm = self.warm_start
-        t0 = time.perf_counter()
-        with PhaseProgress(
-            f"{self.cfg.task.name} warm start (SFT)",
-            tr.sft_steps,
-            enabled=tr.progress and self.is_main,
-            **({"initial": warm.step} if warm.step else {}),
-        ) as bar:
-            sft = run_sft(
-                self.policy,
-                self.task,
-                tr,
-                tr.sft_steps,
-                metrics_path=self.run_dir / "sft_metrics.jsonl" if self.run_dir and self.is_main else None,
-                on_step=lambda m: bar.update(1, loss=m["sft/loss"]),
-                warm=warm,
-                should_stop=lambda: self._stop_signal is not None,
-            )
-        self.report.add_time("warm start", time.perf_counter() - t0)
-        if self._stop_signal is not None and warm.step < tr.sft_steps:
-            log.warning("warm start stopped at SFT step %d of %d", warm.step, tr.sft_steps)
-            return False
-        self.warm_start = None  # done: the next checkpoint holds RL's optimizer
-        reference_from_warm_start(
-            self.policy, self.cfg.algo.kl_coef, self.run_dir, keep=self.is_main and not self.sharded
-        )
-        after = self.evaluate() if evaluates else {}
-        self.report.add_eval("after warm start", after)
-        row = {**sft, "time/sft": time.perf_counter() - t0, **after}
-        if "eval/score" in before:
-            row["sft/eval_score_before"] = before["eval/score"]
-        self.tracker.log(row, 0)
-        log.info(
-            "warm start: %d SFT steps, eval score %s -> %s",
-            tr.sft_steps,
-            fmt(before.get("eval/score")),
-            fmt(after.get("eval/score")),
-        )
-        return True
-
     def fit(self) -> dict[str, float]:
         """Train for ``trainer.max_steps`` steps; returns the final metrics (with the last eval).
 
         Any error that stops the run after it trained (a failure threshold, an exception from a reward, env worker or
-        data loader) first writes a complete checkpoint whose state says why (:meth:`_save_after_stop`), then is
+        data loader) first writes a complete checkpoint whose state says why
+        (:meth:`mmrl.run_checkpoints.RunCheckpoints.save_after_stop`), then is
         re-raised; ``stop_reason`` / ``stop_checkpoint`` say what happened. A run whose steps all ended without an
         update raises :class:`NothingTrained`."""
         tr = self.cfg.trainer
-        self._own_run_dir()
-        previous = self._catch_stop_signals()
+        if self.run_dir is None:
+            self.setup_run_dir()
+        self.run_folder.own(is_main=self.is_main)  # a later fit() owns the folder again (the first owns it already)
+        self.stop_signals.catch()
         bar = None
         last: dict[str, float] = {}
         self.report.first_step = first_step = self.step
@@ -805,16 +647,16 @@ class Trainer:
         if tr.progress and self.is_main:
             print(self.banner(), file=sys.stderr)  # stderr is line-buffered (Python >= 3.9): no flush needed
         try:
-            warm_started = self._before_rl()
+            warm_started = before_rl(self)
             # created after the warm start: its ETA is measured on RL steps only
             bar = PhaseProgress(
                 f"{self.cfg.task.name} RL", tr.max_steps, initial=self.step, enabled=tr.progress and self.is_main
             )
-            while self.step < tr.max_steps and self._stop_signal is None:
+            while self.step < tr.max_steps and self.stop_signals.received is None:
                 last = self._rl_step(bar)
-            self._raise_if_nothing_trained(first_step, warm_started)
-            if self._saved_step != self.step:
-                self._save_or_rescue("the final save")
+            self.checkpoints.raise_if_nothing_trained(first_step, warm_started)
+            if self.checkpoints.saved_step != self.step:
+                self.checkpoints.save_or_rescue("the final save")
             if tr.plot and self.is_main:  # while the folder is still this process's
                 plot_metrics(self.run_dir / "metrics.jsonl", self.run_dir / "curves.png", title=self.cfg.task.name)
         except (KeyboardInterrupt, NothingTrained):
@@ -822,64 +664,27 @@ class Trainer:
         except Exception as e:
             if getattr(e, "step_completed", False):
                 self.step += 1
-            self._save_after_stop(e)
+            self.checkpoints.save_after_stop(e)
             raise
         finally:
             if bar is not None:
                 bar.close()
             self.report.wall_s = time.perf_counter() - t_fit
-            for s, h in previous.items():
-                signal.signal(s, h)
+            self.stop_signals.restore()
             if self.tracker is not None:
                 self.tracker.close()
             if self.async_rollouts is not None:
                 self.async_rollouts.close()
-            self.release_run_dir()
-        if self._stop_signal is not None:
+            self.run_folder.release()
+        if self.stop_signals.received is not None:
             log.warning(
                 "stopped by %s at step %d%s; checkpoint saved in %s",
-                signal.Signals(self._stop_signal).name,
+                signal.Signals(self.stop_signals.received).name,
                 self.step,
                 f" (in the warm start, after SFT step {self.warm_start.step})" if self.warm_start is not None else "",
                 self.run_dir,
             )
         return {**last, **self.last_eval}
-
-    def _own_run_dir(self) -> None:
-        """The run folder of :meth:`fit`: set up on the first call; a later ``fit()`` owns it again."""
-        if self.run_dir is None:
-            self.setup_run_dir()
-        elif self.is_main and self._run_lock is None:
-            from mmrl.run_dir import RunLock
-
-            self._run_lock = RunLock.acquire(self.run_dir)
-
-    def _catch_stop_signals(self) -> dict:
-        """In the main thread, SIGINT and SIGTERM stop the run after the current step (:meth:`_on_signal`); returns
-        the handlers they replace, which :meth:`fit` puts back."""
-        previous = {}
-        if threading.current_thread() is threading.main_thread():
-            for s in (signal.SIGINT, signal.SIGTERM):
-                previous[s] = signal.signal(s, self._on_signal)
-        return previous
-
-    def _before_rl(self) -> bool:
-        """What runs before the first RL step of a new run: the supervised warm start (``trainer.sft_steps``, or one
-        a resume stopped inside) and its checkpoint at step 0, else the evaluation at the start
-        (``trainer.eval_at_start``). True when a warm start finished."""
-        tr = self.cfg.trainer
-        if (tr.sft_steps > 0 and self.step == 0 and not self.resumed) or self.warm_start is not None:
-            if self._warm_start():
-                # step 0 = the warm-started weights: a resume never redoes or loses SFT
-                self._save_or_rescue("the checkpoint of the warm start")
-                return True
-            # stopped inside it: step 0 with the SFT step, optimizer and data position to continue from
-            self._save_or_rescue(f"the checkpoint of the warm start stopped at SFT step {self.warm_start.step}")
-        elif tr.eval_at_start and self.step == 0 and not self.resumed:
-            start = self.evaluate()
-            self.report.add_eval("start", start)
-            self.tracker.log(start, 0)
-        return False
 
     def _rl_step(self, bar: PhaseProgress) -> dict[str, float]:
         """One RL step and what follows it: the evaluation (every ``trainer.eval_every`` steps, or at the end with
@@ -905,111 +710,5 @@ class Trainer:
             **{k: metrics[m] for k, m in _ASYNC_PROGRESS.items() if m in metrics},
         )
         if tr.save_every and self.step % tr.save_every == 0 and self.step < tr.max_steps:
-            self._save_or_rescue(f"the checkpoint of step {self.step}")
+            self.checkpoints.save_or_rescue(f"the checkpoint of step {self.step}")
         return metrics
-
-    def _raise_if_nothing_trained(self, first_step: int, warm_started: bool) -> None:
-        """:class:`NothingTrained` (with ``stop_reason``) when the RL steps of this :meth:`fit` updated nothing. After
-        a warm start, RL steps without a usable batch are no error (e.g. a warm start that solved the task leaves
-        groups without reward variance); RL steps that were all non-finite are a broken run."""
-        nothing_rl = not self.updates_done and (not warm_started or self.nonfinite_only_steps)
-        if self.step == first_step or not nothing_rl or self._stop_signal is not None:
-            return
-        why = f"{self.skipped_total} of {self.seen_total} data items skipped" + (
-            ", every group filtered out by algo.filter_groups" if self.cfg.algo.filter_groups else ""
-        )
-        if (cause := self.rewards.unusable_cause()) is not None:  # the rewards masked every sample
-            why = f"{cause}; {why}"
-        if self.nonfinite_only_steps:
-            why = (
-                f"{self.nonfinite_only_steps} had every optimizer step skipped for non-finite losses or "
-                f"gradients: lower trainer.lr, check the rewards and the model's settings; {why}"
-            )
-        self.stop_reason = (
-            f"trained nothing: {self.step - first_step} step(s) ran and none "
-            f"{'updated the policy' if self.nonfinite_only_steps else 'had a usable batch'} ({why}); "
-            + ("only the warm start's checkpoint (step 0) was written" if warm_started else "no checkpoint written")
-        )
-        raise NothingTrained(self.stop_reason)
-
-    def _save_after_stop(self, error: BaseException) -> None:
-        """Before an error leaves :meth:`fit`: record why (``stop_reason``; the traceback of an unexpected error in
-        ``<run>/error.log``) and, when steps were trained since the last checkpoint, write one (falling back to
-        :func:`mmrl.run_dir.rescue_dir` when the run folder cannot be written). When no place can hold it,
-        ``checkpoint_lost`` says how many trained steps are lost and why."""
-        import traceback
-
-        expected = isinstance(error, (RunStopped, ConfigError))
-        first = (str(error).strip().splitlines() or [""])[0]
-        self.stop_reason = first if expected else f"{type(error).__name__}: {first}".rstrip(": ")
-        if not expected and self.is_main and self.run_dir is not None:
-            try:
-                self.stop_error_log = self.run_dir / "error.log"
-                self.stop_error_log.write_text("".join(traceback.format_exception(error)))
-            except OSError:
-                self.stop_error_log = None
-        if isinstance(error, CheckpointNotSaved):  # the save itself failed everywhere: trying again would too
-            self.checkpoint_lost = error.lost
-        elif self.step > 0 and self._saved_step != self.step:
-            try:
-                self._save_or_rescue(f"the checkpoint after the stop at step {self.step}")
-            except Exception as save_error:  # noqa: BLE001 - the original error is the one to report
-                log.error("could not save a checkpoint after the stop: %s", save_error)
-                self.checkpoint_lost = (
-                    save_error.lost
-                    if isinstance(save_error, CheckpointNotSaved)
-                    else lost_steps(
-                        self.step, self._saved_step, f"the save failed: {save_failure_text(save_error, self.run_dir)}"
-                    )
-                )
-        elif self._saved_step == self.step:  # a save or a resume at this step
-            from mmrl.checkpoint_files import latest_checkpoint
-
-            self.stop_checkpoint = self._last_checkpoint or latest_checkpoint(self.run_dir)
-
-    def _save_or_rescue(self, what: str) -> Path | None:
-        """:meth:`save_checkpoint`; when that fails for any reason (a full disk raises ``RuntimeError`` from
-        ``torch.save`` and ``SafetensorError`` from safetensors, a permission ``OSError``), save the same checkpoint
-        under :func:`mmrl.run_dir.rescue_dir` instead and log both places. Sets ``stop_checkpoint``; raises
-        :class:`CheckpointNotSaved` (how many steps are lost, both causes) when the rescue folder fails too."""
-        try:
-            self.stop_checkpoint = self.save_checkpoint()
-            self.rescued = False
-            return self.stop_checkpoint
-        except Exception as e:  # noqa: BLE001 - whatever stops the save, the trained steps go elsewhere
-            if self.sharded or not self.is_main:
-                raise
-            failed = e
-        from mmrl.run_dir import rescue_dir
-
-        release_failed_save(failed)  # the space a half-written file holds, before the rescue tries the same disk
-        rescue = rescue_dir(self.run_dir.name)
-        log.error(
-            "%s could not be written in %s (%s); saving it to %s instead",
-            what,
-            self.run_dir,
-            save_failure_text(failed, self.run_dir),
-            rescue,
-        )
-        try:
-            self.stop_checkpoint = save_to_rescue(
-                self.run_dir.name,
-                config_yaml(self.cfg),
-                self.step,
-                self._parts,
-                self.trainer_state(),
-                keep_last=self.cfg.trainer.keep_last,
-            )
-        except Exception as e:  # noqa: BLE001 - every place failed: say what is lost and why, in one line
-            raise CheckpointNotSaved(
-                f"{what} could not be written anywhere",
-                lost=lost_steps(
-                    self.step,
-                    self._saved_step,
-                    f"run folder {self.run_dir}: {save_failure_text(failed, self.run_dir)}; rescue folder "
-                    f"{rescue}: {save_failure_text(e, rescue)}",
-                ),
-            ) from e
-        self._saved_step, self._last_checkpoint = self.step, self.stop_checkpoint
-        self.rescued = True
-        return self.stop_checkpoint

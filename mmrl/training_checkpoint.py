@@ -23,7 +23,7 @@ from mmrl.errors import ConfigError, RunStopped
 
 class CheckpointNotSaved(RunStopped):
     """Neither the run folder nor the rescue folder could hold a checkpoint; ``lost`` says how many trained steps that
-    loses and both causes (:meth:`mmrl.trainer.Trainer._save_or_rescue`)."""
+    loses and both causes (:meth:`mmrl.run_checkpoints.RunCheckpoints.save_or_rescue`)."""
 
     def __init__(self, message: str, *, lost: str) -> None:
         super().__init__(message)

@@ -44,7 +44,8 @@ spec() {
     wiring) ONLY='"mmrl/algos/objective.py", "mmrl/algos/estimators.py"'  # config -> math: a subset of algos
             TESTS='"tests/algos/test_algos_edges.py", "tests/algos/test_algos_objective.py", "tests/algos/test_algos_advantages.py",
                    "tests/algos/test_tgrpo.py", "tests/wiring/test_knobs_reach_math.py", "tests/wiring/test_masking_end_to_end.py"' ;;
-    trainer) ONLY='"mmrl/trainer.py", "mmrl/collector.py", "mmrl/optim.py", "mmrl/update_metrics.py", "mmrl/parallel/global_batch.py", "mmrl/warm_start_reference.py"'
+    trainer) ONLY='"mmrl/trainer.py", "mmrl/collector.py", "mmrl/optim.py", "mmrl/update_metrics.py", "mmrl/parallel/global_batch.py", "mmrl/warm_start_reference.py",
+                   "mmrl/run_checkpoints.py", "mmrl/run_folder.py", "mmrl/stop_signals.py", "mmrl/warm_start_phase.py"'
              TESTS='"tests/trainer/test_trainer_contract.py", "tests/trainer/test_collector_contract.py", "tests/trainer/test_fit_contract.py", "tests/wiring/test_knobs_reach_math.py", "tests/wiring/test_masking_end_to_end.py", "tests/trainer/test_trainer.py",
                     "tests/trainer/test_resume.py", "tests/trainer/test_global_batch.py"'
              # bad input, damaged checkpoints and CLI runs: a minute per mutant, so only on the survivors of the above

@@ -114,7 +114,7 @@ def test_a_stopped_run_resumes_at_the_first_group_it_had_not_trained(tmp_path):
     extra = ("trainer.rollout=async", "algo.max_staleness=1", "algo.truncated_is=true")
     first = toy_trainer(tmp_path, *extra, steps=8)
     record(first)
-    first.callbacks.append(lambda t, m: setattr(t, "_stop_signal", signal.SIGTERM) if t.step == 3 else None)
+    first.callbacks.append(lambda t, m: setattr(t.stop_signals, "received", signal.SIGTERM) if t.step == 3 else None)
     first.fit()
     assert first.step == 3 and len(consumed) == 3
     resumed = toy_trainer(tmp_path, *extra, "trainer.resume=auto", steps=8)

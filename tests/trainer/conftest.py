@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 import mmrl.trainer as trainer_module
+import mmrl.warm_start_phase as warm_start_phase
 
 
 class Bar:
@@ -39,5 +40,6 @@ def rescue_dir_in_tmp(tmp_path, monkeypatch):
 @pytest.fixture
 def bars(monkeypatch):
     Bar.made = []
-    monkeypatch.setattr(trainer_module, "PhaseProgress", Bar)
+    for module in (trainer_module, warm_start_phase):  # the RL and evaluation bars; the warm start's
+        monkeypatch.setattr(module, "PhaseProgress", Bar)
     return Bar.made

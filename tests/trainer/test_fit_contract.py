@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+import mmrl.run_checkpoints as run_checkpoints
 import mmrl.trainer as trainer_module
 from mmrl.checkpoint_files import checkpoint_step, latest_checkpoint
 from mmrl.errors import TrainingAborted
@@ -105,7 +106,9 @@ def test_fit_installs_its_signal_handlers_only_while_it_runs(tmp_path):
     tr.callbacks.append(lambda trainer, metrics: during.append(signal.getsignal(signal.SIGTERM)))
     before = signal.getsignal(signal.SIGTERM)
     tr.fit()
-    assert during == [tr._on_signal, tr._on_signal] and signal.getsignal(signal.SIGTERM) == before
+    assert (
+        during == [tr.stop_signals.on_signal, tr.stop_signals.on_signal] and signal.getsignal(signal.SIGTERM) == before
+    )
 
 
 def test_fit_runs_in_a_worker_thread_without_signal_handlers(tmp_path):
@@ -226,8 +229,8 @@ def _unwritable_run_dir(tr, monkeypatch) -> list:
         rescued.append((name, config, step, parts, state, kw))
         return tr.run_dir.parent / "rescued"
 
-    monkeypatch.setattr(tr, "save_checkpoint", disk_full)
-    monkeypatch.setattr(trainer_module, "save_to_rescue", save_to_rescue)
+    monkeypatch.setattr(tr.checkpoints, "save", disk_full)
+    monkeypatch.setattr(run_checkpoints, "save_to_rescue", save_to_rescue)
     return rescued
 
 
@@ -242,7 +245,7 @@ def test_a_final_save_that_cannot_be_written_goes_to_the_rescue_folder(tmp_path,
     assert (name, step, kw) == (tr.run_dir.name, 1, {"keep_last": 2})
     assert config == (tr.run_dir / "config.yaml").read_text()  # the run's own config, in its order
     assert (parts.policy, parts.optimizer, parts.scheduler) == (tr.policy, tr.optimizer, tr.scheduler)
-    assert state == tr.trainer_state()
+    assert state == tr.checkpoints.state()
     assert tr.stop_checkpoint == tmp_path / "rescued" and tr.rescued is True
 
 
@@ -256,7 +259,7 @@ def test_only_an_unsharded_main_process_rescues(tmp_path, monkeypatch, who):
     else:
         tr.is_main = False
     with pytest.raises(OSError, match="No space left"):
-        tr._save_or_rescue("the final save")
+        tr.checkpoints.save_or_rescue("the final save")
     assert rescued == [] and not tr.rescued
 
 

@@ -181,7 +181,7 @@ def test_the_rescue_folder_is_locked_while_written(tmp_path, monkeypatch, owner)
     def disk_full():
         raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")
 
-    monkeypatch.setattr(tr, "save_checkpoint", disk_full)
+    monkeypatch.setattr(tr.checkpoints, "save", disk_full)
     owners, real = [], training_checkpoint.save_checkpoint
 
     def save_checkpoint(folder, *args, **kw):
@@ -189,12 +189,12 @@ def test_the_rescue_folder_is_locked_while_written(tmp_path, monkeypatch, owner)
         return real(folder, *args, **kw)
 
     monkeypatch.setattr(training_checkpoint, "save_checkpoint", save_checkpoint)
-    assert tr._save_or_rescue("the final save") == rescue_dir("r") / "checkpoints" / "step_000001"
+    assert tr.checkpoints.save_or_rescue("the final save") == rescue_dir("r") / "checkpoints" / "step_000001"
     assert owners == [(rescue_dir("r"), os.getpid())] and not (rescue_dir("r") / LOCK_FILE).exists()
 
     live = owner(rescue_dir("r"))
     beside = rescue_dir("r").with_name(f"r-pid{os.getpid()}")
-    assert tr._save_or_rescue("the final save") == beside / "checkpoints" / "step_000001"
+    assert tr.checkpoints.save_or_rescue("the final save") == beside / "checkpoints" / "step_000001"
     assert json.loads((rescue_dir("r") / LOCK_FILE).read_text())["pid"] == live.pid  # the live owner's, untouched
     assert not (beside / LOCK_FILE).exists()
 

@@ -163,7 +163,7 @@ def test_sigterm_writes_a_final_checkpoint(tmp_path):
     assert tr.step == 2
     ckpt = latest_checkpoint(tr.run_dir)
     assert ckpt.name == "step_000002" and (ckpt / MARKER).exists()
-    assert signal.getsignal(signal.SIGTERM) is not tr._on_signal  # handler restored
+    assert signal.getsignal(signal.SIGTERM) is not tr.stop_signals.on_signal  # handler restored
 
 
 def test_bad_items_are_skipped_and_counted_then_abort(tmp_path):

@@ -18,6 +18,8 @@ import time
 import pytest
 import torch
 
+import mmrl.run_checkpoints as run_checkpoints
+import mmrl.run_folder as run_folder
 import mmrl.trainer as trainer_module
 from mmrl import algos
 from mmrl.checkpoint_files import latest_checkpoint
@@ -27,6 +29,7 @@ from mmrl.optim import advance_schedule
 from mmrl.parallel.global_batch import global_advantages
 from mmrl.policies.base import PromptBatch, Rollout
 from mmrl.rewards.manager import RewardResult
+from mmrl.warm_start_phase import run_warm_start
 from tests.helpers import fake_launch_accelerator, nan_log_probs, toy_trainer
 
 
@@ -48,8 +51,8 @@ def _timed(fn):
 def test_trainer_state_is_the_data_position_the_wandb_id_and_the_stop_reason(tmp_path):
     tr = toy_trainer(tmp_path)
     tr.rollouts.skipped_total, tr.rollouts.seen_total = 3, 11
-    tr.stop_reason = "reward/error_rate above its threshold"
-    assert tr.trainer_state() == {
+    tr.checkpoints.stop_reason = "reward/error_rate above its threshold"
+    assert tr.checkpoints.state() == {
         "sampler": tr.rollouts.sampler.state_dict(),
         "skipped_total": 3,
         "seen_total": 11,
@@ -57,7 +60,7 @@ def test_trainer_state_is_the_data_position_the_wandb_id_and_the_stop_reason(tmp
         "stop_reason": "reward/error_rate above its threshold",
     }
     tr.tracker = Tracker(wandb_id="run-4xk2")
-    assert tr.trainer_state()["wandb_id"] == "run-4xk2"
+    assert tr.checkpoints.state()["wandb_id"] == "run-4xk2"
 
 
 def test_the_data_position_round_trips_and_older_states_count_from_zero(tmp_path):
@@ -84,7 +87,7 @@ def test_save_checkpoint_needs_a_run_dir_and_records_its_step_and_time(tmp_path)
     tr.step = 3
     path, elapsed = _timed(tr.save_checkpoint)
     assert path == latest_checkpoint(tr.run_dir) and path.name.endswith("3")
-    assert tr._saved_step == 3
+    assert tr.checkpoints.saved_step == 3
     assert 0 < tr.report.phase_s["checkpoints"] <= elapsed
     assert (path / "training_state" / "optimizer.pt").is_file()  # ddp: one optimizer file
     assert not (path / "training_state" / "sharded").exists()
@@ -315,7 +318,7 @@ def test_warm_start_evaluates_before_and_after_and_logs_one_row_at_step_zero(tmp
     monkeypatch.setattr(tr, "evaluate", lambda: next(scores))
     seen: dict = {}
     _fake_sft(monkeypatch, seen)
-    _, elapsed = _timed(tr._warm_start)
+    _, elapsed = _timed(lambda: run_warm_start(tr))
     assert seen == {"steps": 2, "metrics_path": tr.run_dir / "sft_metrics.jsonl", "step_from": 0, "stops": False}
     assert tr.report.eval_scores == [("start", 0.1), ("after warm start", 0.4)]
     assert 0 < tr.report.phase_s["warm start"] <= elapsed
@@ -333,7 +336,7 @@ def test_warm_start_without_evaluation_or_run_dir(tmp_path, monkeypatch, bars):
     monkeypatch.setattr(tr, "evaluate", lambda: pytest.fail("evaluated with evaluation off"))
     seen: dict = {}
     _fake_sft(monkeypatch, seen)
-    tr._warm_start()
+    run_warm_start(tr)
     assert seen == {"steps": 3, "metrics_path": None, "step_from": 0, "stops": False}  # nowhere to write metrics
     assert tr.report.eval_scores == []
     [(step, row)] = tr.tracker.rows
@@ -354,7 +357,7 @@ def test_an_unexpected_error_is_named_logged_in_full_and_saved_after(tmp_path):
     tr.setup_run_dir()
     tr.step = 2
     # the message's last characters: rstrip(": ") drops only the separator of an empty message
-    tr._save_after_stop(_raised(ValueError("bad value: X:\nsecond line")))
+    tr.checkpoints.save_after_stop(_raised(ValueError("bad value: X:\nsecond line")))
     assert tr.stop_reason == "ValueError: bad value: X"
     assert tr.stop_error_log == tr.run_dir / "error.log"
     text = tr.stop_error_log.read_text()
@@ -363,14 +366,14 @@ def test_an_unexpected_error_is_named_logged_in_full_and_saved_after(tmp_path):
         and "ValueError: bad value: X:\nsecond line" in text
     )
     assert tr.stop_checkpoint == latest_checkpoint(tr.run_dir) and tr.stop_checkpoint.name.endswith("2")
-    assert tr._saved_step == 2
+    assert tr.checkpoints.saved_step == 2
 
 
 def test_an_expected_stop_is_its_first_line_without_a_traceback(tmp_path):
     tr = toy_trainer(tmp_path)
     tr.setup_run_dir()
     tr.step = 1
-    tr._save_after_stop(_raised(RunStopped("12 of 16 items skipped\nsee data/skipped")))
+    tr.checkpoints.save_after_stop(_raised(RunStopped("12 of 16 items skipped\nsee data/skipped")))
     assert tr.stop_reason == "12 of 16 items skipped"
     assert tr.stop_error_log is None and not (tr.run_dir / "error.log").exists()
     assert tr.stop_checkpoint.name.endswith("1")
@@ -378,7 +381,7 @@ def test_an_expected_stop_is_its_first_line_without_a_traceback(tmp_path):
 
 def test_an_error_without_message_is_its_type(tmp_path):
     tr = toy_trainer(tmp_path)  # not set up: no run dir, step 0
-    tr._save_after_stop(_raised(KeyError()))
+    tr.checkpoints.save_after_stop(_raised(KeyError()))
     assert tr.stop_reason == "KeyError"
     assert tr.stop_error_log is None and tr.stop_checkpoint is None  # nothing trained, nowhere to write
 
@@ -386,7 +389,7 @@ def test_an_error_without_message_is_its_type(tmp_path):
 def test_a_stop_at_step_zero_writes_no_checkpoint(tmp_path):
     tr = toy_trainer(tmp_path)
     tr.setup_run_dir()
-    tr._save_after_stop(_raised(RuntimeError("boom")))
+    tr.checkpoints.save_after_stop(_raised(RuntimeError("boom")))
     assert latest_checkpoint(tr.run_dir) is None and tr.stop_checkpoint is None
     assert (tr.run_dir / "error.log").is_file()
 
@@ -396,8 +399,8 @@ def test_a_stop_right_after_a_save_points_at_that_checkpoint(tmp_path, monkeypat
     tr.setup_run_dir()
     tr.step = 2
     saved = tr.save_checkpoint()
-    monkeypatch.setattr(tr, "save_checkpoint", lambda: pytest.fail("saved the same step twice"))
-    tr._save_after_stop(_raised(RuntimeError("boom")))
+    monkeypatch.setattr(tr.checkpoints, "save", lambda: pytest.fail("saved the same step twice"))
+    tr.checkpoints.save_after_stop(_raised(RuntimeError("boom")))
     assert tr.stop_checkpoint == saved
 
 
@@ -410,10 +413,10 @@ def test_an_unwritable_error_log_and_a_failing_save_do_not_hide_the_error(tmp_pa
     def broken_save(*args, **kwargs):
         raise ValueError("the policy cannot be serialised")
 
-    monkeypatch.setattr(tr, "save_checkpoint", broken_save)
-    monkeypatch.setattr(trainer_module, "save_to_rescue", broken_save)  # the rescue folder fails the same way
+    monkeypatch.setattr(tr.checkpoints, "save", broken_save)
+    monkeypatch.setattr(run_checkpoints, "save_to_rescue", broken_save)  # the rescue folder fails the same way
     with caplog.at_level(logging.ERROR, logger="mmrl.trainer"):
-        tr._save_after_stop(_raised(RuntimeError("boom")))
+        tr.checkpoints.save_after_stop(_raised(RuntimeError("boom")))
     assert tr.stop_error_log is None
     assert tr.stop_reason == "RuntimeError: boom"
     assert "could not save a checkpoint after the stop: the checkpoint after the stop at step 2 could not be " in (
@@ -433,10 +436,10 @@ def test_a_stop_whose_run_dir_is_full_rescues_the_checkpoint_and_says_which(tmp_
     def disk_full():
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(tr, "save_checkpoint", disk_full)
-    monkeypatch.setattr(trainer_module, "save_to_rescue", lambda *a, **kw: rescued.append(a) or tmp_path / "rescued")
+    monkeypatch.setattr(tr.checkpoints, "save", disk_full)
+    monkeypatch.setattr(run_checkpoints, "save_to_rescue", lambda *a, **kw: rescued.append(a) or tmp_path / "rescued")
     with caplog.at_level(logging.ERROR, logger="mmrl.trainer"):
-        tr._save_after_stop(_raised(RuntimeError("boom")))
+        tr.checkpoints.save_after_stop(_raised(RuntimeError("boom")))
     assert tr.stop_checkpoint == tmp_path / "rescued" and tr.rescued
     assert rescued[0][0] == tr.run_dir.name and rescued[0][2] == 2
     assert "the checkpoint after the stop at step 2 could not be written" in caplog.text
@@ -452,7 +455,7 @@ def test_banner_names_device_processes_run_folder_and_resume_point(tmp_path, mon
     text = tr.banner()
     assert "  device: cpu, 1 process\n" in text and "planned memory" not in text  # no memory plan on a CPU
     assert text.endswith(f"  run folder: {tr.run_dir}")
-    tr.resumed, tr.step = True, 5
+    tr.run_folder.resumed, tr.step = True, 5
     assert tr.banner().endswith(f"  run folder: {tr.run_dir} (resumed from step 5)")
 
 
@@ -733,13 +736,13 @@ def test_each_start_keeps_its_config_in_field_order_under_the_step_it_starts_fro
 
 
 def _spy_tracker(monkeypatch) -> list[dict]:
-    made, real = [], trainer_module.Tracker
+    made, real = [], run_folder.Tracker
 
     def tracker(run_dir, **kw):
         made.append({"run_dir": run_dir, **kw})
         return real(run_dir, **kw)
 
-    monkeypatch.setattr(trainer_module, "Tracker", tracker)
+    monkeypatch.setattr(run_folder, "Tracker", tracker)
     return made
 
 
@@ -764,7 +767,7 @@ def test_a_resume_continues_the_step_saved_step_and_wandb_run(tmp_path, monkeypa
     tr.fit()
     again = toy_trainer(tmp_path, "trainer.resume=auto", "trainer.wandb_project=grounding-rl", steps=2)
     again.setup_run_dir()
-    assert (again.resumed, again.step, again._saved_step) == (True, 1, 1)
+    assert (again.resumed, again.step, again.checkpoints.saved_step) == (True, 1, 1)
     assert again.tracker.wandb_id == "run-4xk2"
     assert made[1] == {**tracker_args, "config": to_dict(again.cfg), "resume_step": 1, "wandb_id": "run-4xk2"}
 

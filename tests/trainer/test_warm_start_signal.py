@@ -30,7 +30,7 @@ def _state(ckpt) -> dict:
 
 
 def _signal_on_sft_call(tr, n: int, signum=signal.SIGTERM):
-    """Send ``signum`` to this process during the ``n``-th SFT loss (a real signal, handled by Trainer._on_signal)."""
+    """Send ``signum`` to this process during the ``n``-th SFT loss (a real signal, handled by StopSignals.on_signal)."""
     real, calls = tr.policy.sft_loss, []
 
     def sft_loss(*a, **kw):

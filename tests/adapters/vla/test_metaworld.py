@@ -95,7 +95,7 @@ def test_actions_are_sanitised_and_counted(env):
         clean.close()
 
 
-def test_metaworld_trainer_steps_from_expert_demos(tmp_path):
+def test_metaworld_trainer_steps_from_expert_demos(tmp_path, monkeypatch):
     """The embedded pipeline, cut short: expert demos -> SFT -> 2 GRPO steps. The demos succeed, the RL steps
     themselves (not only the warm start) move the parameters, every episode trains, and rewards and eval success are
     fractions of the episodes run."""
@@ -103,6 +103,7 @@ def test_metaworld_trainer_steps_from_expert_demos(tmp_path):
 
     import torch
 
+    import mmrl.warm_start_phase as warm_start_phase
     from mmrl.tracking import read_metrics
     from mmrl.trainer import Trainer
 
@@ -140,14 +141,14 @@ def test_metaworld_trainer_steps_from_expert_demos(tmp_path):
         )
     )
     snapshots = []
-    warm_start = tr._warm_start
+    warm_start = warm_start_phase.run_warm_start
 
-    def snapshot_after_warm_start():
-        finished = warm_start()  # True: the warm start ran to its end (fit saves its step-0 checkpoint then)
+    def snapshot_after_warm_start(run):
+        finished = warm_start(run)  # True: the warm start ran to its end (fit saves its step-0 checkpoint then)
         snapshots.append({k: v.clone() for k, v in tr.policy.module.state_dict().items()})
         return finished
 
-    tr._warm_start = snapshot_after_warm_start
+    monkeypatch.setattr(warm_start_phase, "run_warm_start", snapshot_after_warm_start)
     final = tr.fit()
     after = tr.policy.module.state_dict()
     assert len(snapshots) == 1
