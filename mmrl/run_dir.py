@@ -402,44 +402,23 @@ def rescue_dir(run_name: str) -> Path:
 HARMLESS_TRAINER_KEYS = frozenset(
     {
         "max_steps",
-        "eval_every",
-        "eval_at_end",
-        "eval_at_start",
-        "eval_size",
-        "eval_greedy",
-        "eval_samples",
-        "save_every",
-        "keep_last",
         "output_dir",
         "run_name",
-        "resume",
-        "overwrite",
-        "resume_accept_changes",
-        "log_every",
-        "tensorboard",
-        "wandb",
-        "wandb_project",
-        "progress",
-        "plot",
         "threads",
         "device",
-        "reward_error_threshold",
-        "reward_error_window",
-        "data_skip_threshold",
-        "max_consecutive_nonfinite",
-        "log_samples_every",
-        "log_samples_max",
-        "sft_steps",
-        "sft_lr",
-        "sft_batch_size",
-        "sft_max_items",
         "strategy",
-        "fsdp_reshard_after_forward",
-        "fsdp_offload",
+        "eval",
+        "checkpointing",
+        "logging",
+        "limits",
+        "warm_start",
+        "fsdp.reshard_after_forward",
+        "fsdp.offload",
     }
 )
-"""Trainer keys a resume may change freely (logged): length, cadence, logging, failure limits, hardware layout.
-The warm-start keys are here because a resumed run never redoes its warm start."""
+"""Trainer keys a resume may change freely (logged): length, cadence, logging, failure limits, hardware layout; a
+section's name covers all its keys (``eval``: every ``trainer.eval.*``). The warm-start keys are here because a
+resumed run never redoes its warm start."""
 
 
 def _flatten(d, prefix: str = "") -> dict:
@@ -456,7 +435,7 @@ def is_harmless_change(key: str) -> bool:
     plus every ``task.eval*`` key and the top-level initial ``checkpoint``, which a resume does not use)."""
     group, _, field = key.partition(".")
     if group == "trainer":
-        return field.split(".")[0] in HARMLESS_TRAINER_KEYS
+        return field in HARMLESS_TRAINER_KEYS or field.split(".")[0] in HARMLESS_TRAINER_KEYS
     if group == "task":
         return field.startswith("eval")
     return key == "checkpoint"
@@ -504,6 +483,8 @@ def check_same_experiment(
     ``accept`` (``trainer.resume_accept_changes=true``: logged as a warning); harmless changes are logged."""
     import yaml
 
+    from mmrl.config.deprecated import nest_deprecated_keys
+
     path = Path(run_dir) / "config.yaml"
     try:
         saved = yaml.safe_load(path.read_text())
@@ -514,6 +495,7 @@ def check_same_experiment(
         ) from None
     if not isinstance(saved, dict):
         raise ConfigError(f"cannot resume {run_dir}: {path} is not a run config written by mmrl")
+    nest_deprecated_keys(saved)  # a run folder of an earlier release: its flat trainer keys compare by their new names
     significant, harmless = config_changes(saved, new, defaults)
     if harmless and log_changes:
         log.info("resuming %s with changed settings: %s", run_dir, describe_changes(harmless, limit=20))

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from mmrl.config.coercion import coerce, from_dict, numbers_as_typed, short_repr
+from mmrl.config.deprecated import nest_deprecated_keys, renamed_overrides
 from mmrl.config.overrides import (
     CONFIG_GROUPS,
     greedy_override_means_one_sample,
@@ -87,7 +88,9 @@ def resolved_dict(conf: Any) -> dict:
 
 def compose_dict(overrides: list[str] | None = None) -> dict:
     """Compose the raw config with Hydra and return it as a plain dict. Every override is checked first on its own
-    (:func:`parse_override`, group options), so an error names the override as the user typed it."""
+    (:func:`parse_override`, group options), so an error names the override as the user typed it. Deprecated flat
+    keys, in the overrides or in a preset, come back under their nested names (:mod:`mmrl.config.deprecated`); an
+    override's value wins over a preset's under the old name."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import HydraException
@@ -95,7 +98,7 @@ def compose_dict(overrides: list[str] | None = None) -> dict:
     from mmrl.plugins import config_dirs, load_plugins
     from mmrl.tasks import TASKS
 
-    overrides = list(overrides or [])
+    overrides = renamed_overrides(list(overrides or []))
     load_plugins(plugins_named(overrides))  # before group options and task names are looked up
     for ov in overrides:
         if "=" not in ov:
@@ -126,7 +129,8 @@ def compose_dict(overrides: list[str] | None = None) -> dict:
         raise ConfigError(str(e).split("\n")[0].replace("'++", "'")) from None
     finally:
         GlobalHydra.instance().clear()
-    return resolved_dict(cfg)
+    given = {ov.partition("=")[0].lstrip("+") for ov in overrides if "=" in ov and not ov.startswith("~")}
+    return nest_deprecated_keys(resolved_dict(cfg), given)
 
 
 def _section(raw: dict, key: str) -> dict:
@@ -146,7 +150,8 @@ _TOP_KEYS = ("task", "model", "algo", "trainer", "reward", "agent", "checkpoint"
 
 
 def build_run_config(raw: dict, *, texts: dict[str, str] | None = None) -> RunConfig:
-    """Validate a composed dict into a :class:`RunConfig`: every value is checked against its field's type before
+    """Validate a composed dict into a :class:`RunConfig` (deprecated flat keys moved to their nested places first,
+    :func:`~mmrl.config.deprecated.nest_deprecated_keys`): every value is checked against its field's type before
     any of it is used (the task name and model type are registry keys, so they are checked first). ``texts``: the
     command-line text of overrides that read as numbers (:func:`~mmrl.config.coercion.numbers_as_typed`)."""
     from mmrl.models.registry import model_config_class
@@ -155,6 +160,7 @@ def build_run_config(raw: dict, *, texts: dict[str, str] | None = None) -> RunCo
 
     if not isinstance(raw, dict):
         raise ConfigError(f"a run config is a mapping of {', '.join(_TOP_KEYS)}; got {short_repr(raw)}")
+    nest_deprecated_keys(raw)  # a saved config.yaml or a hand-built dict of an earlier release
     for key in raw:
         if key not in _TOP_KEYS:
             raise ConfigError(f"unknown key '{key}'; valid top-level keys: {', '.join(_TOP_KEYS)}")
@@ -195,7 +201,7 @@ def build_run_config(raw: dict, *, texts: dict[str, str] | None = None) -> RunCo
 
 def load_config(overrides: list[str] | None = None) -> RunConfig:
     """Compose ``configs/`` with Hydra-style ``key=value`` overrides and validate it."""
-    overrides = list(overrides or [])
+    overrides = renamed_overrides(list(overrides or []))
     raw = compose_dict(overrides)
     greedy_override_means_one_sample(raw, overrides)
     return build_run_config(raw, texts=number_texts(overrides))

@@ -35,7 +35,9 @@ def field_docs(cls: type) -> dict[str, str]:
 
 
 def describe_fields(cls: type, prefix: str) -> list[str]:
-    """Lines `prefix.field (type, default): doc` for --help."""
+    """Lines `prefix.field (type, default): doc` for --help; a nested section (a field whose default is a config
+    dataclass, e.g. ``trainer.optim``) is a line with its own docstring, then its fields' lines under
+    ``prefix.section``."""
     docs = field_docs(cls)
     hints = typing.get_type_hints(cls)
     lines = []
@@ -46,6 +48,8 @@ def describe_fields(cls: type, prefix: str) -> list[str]:
             else (f.default_factory() if f.default_factory is not dataclasses.MISSING else "<required>")
         )
         if dataclasses.is_dataclass(default):
+            lines.append(f"  {prefix}.{f.name}: {docs.get(f.name, '')}")
+            lines += describe_fields(type(default), f"{prefix}.{f.name}")
             continue
         tname = getattr(hints[f.name], "__name__", str(hints[f.name])).replace("typing.", "")
         lines.append(f"  {prefix}.{f.name} ({tname}, default {default!r}): {docs.get(f.name, '')}")

@@ -9,6 +9,7 @@ from typing import Any
 
 from mmrl.config.coercion import to_dict
 from mmrl.config.compose import build_run_config, resolved_dict
+from mmrl.config.deprecated import nest_deprecated_keys, renamed_overrides
 from mmrl.config.overrides import CONFIG_GROUPS, greedy_override_means_one_sample, number_texts, parse_override
 from mmrl.config.schema import RunConfig
 from mmrl.errors import ConfigError
@@ -64,8 +65,10 @@ def load_run_config(run_dir: str | Path, overrides: list[str] | None = None) -> 
         or not isinstance(saved.get("model"), dict)
     ):
         raise FileNotFoundError(f"{path}: not a run config saved by mmrl")
+    nest_deprecated_keys(saved)  # a run folder of an earlier release: flat trainer keys
+    overrides = renamed_overrides(list(overrides or []))
     updates = []
-    for ov in overrides or []:
+    for ov in overrides:
         if "=" not in ov:
             raise ConfigError(f"override '{ov}' is not of the form key=value")
         key, value = ov.split("=", 1)
@@ -97,7 +100,7 @@ def load_run_config(run_dir: str | Path, overrides: list[str] | None = None) -> 
                 f"{ov}: cannot apply it to {path}: {(str(e).splitlines() or [type(e).__name__])[0]}"
             ) from None
     raw = resolved_dict(conf)
-    greedy_override_means_one_sample(raw, [o.lstrip("+") for o in overrides or []])
+    greedy_override_means_one_sample(raw, [o.lstrip("+") for o in overrides])
     return build_run_config(raw, texts=number_texts([ov for ov, _, _ in updates]))
 
 

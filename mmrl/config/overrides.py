@@ -107,4 +107,7 @@ def greedy_override_means_one_sample(raw: dict, overrides: list[str]) -> None:
     identical). Given both, the validator checks the pair as usual."""
     keys = {ov.lstrip("+~").split("=", 1)[0]: ov.split("=", 1)[-1] for ov in overrides}
     if keys.get("trainer.eval_greedy", "").lower() == "true" and "trainer.eval_samples" not in keys:
-        raw.setdefault("trainer", {})["eval_samples"] = 1
+        trainer = raw.setdefault("trainer", {})
+        if not isinstance(trainer.get("eval"), dict):
+            trainer["eval"] = {}
+        trainer["eval"]["samples"] = 1

@@ -165,26 +165,9 @@ class AlgoConfig:
 
 
 @dataclass
-class TrainerConfig:
-    """The training loop: steps, batches, optimiser, logging, checkpoints, failure limits."""
+class OptimConfig:
+    """The optimiser of the RL updates (AdamW) and its learning-rate schedule."""
 
-    max_steps: int = 100
-    """RL steps (one rollout batch each)."""
-    batch_size: int = 8
-    """Prompts per step (global, across data-parallel processes); samples = batch_size * group_size."""
-    grad_accum: int = 1
-    """Micro-batches per minibatch (gradient accumulation); exact thanks to global loss normalisers."""
-    strategy: str = "ddp"
-    """With several processes (``torchrun`` / ``accelerate launch``): ``ddp`` replicates the model on every device;
-    ``fsdp2`` shards parameters, gradients and optimizer state (``torch.distributed.fsdp.fully_shard`` per transformer
-    block) and writes sharded checkpoints. See docs/scaling.md."""
-    fsdp_reshard_after_forward: bool = True
-    """fsdp2: free each block's gathered parameters after its forward (less memory, one more all-gather in backward)."""
-    fsdp_offload: bool = False
-    """fsdp2: keep sharded parameters, gradients and optimizer state in CPU memory (slower; for models that do not fit)."""
-    fsdp_param_dtype: str | None = None
-    """fsdp2 mixed precision: gather and compute parameters in this dtype (``bfloat16``); the sharded master weights
-    and the optimizer keep ``model.dtype`` and gradients are reduced in float32. None: compute in ``model.dtype``."""
     lr: float = 1e-4
     """Peak learning rate (AdamW)."""
     weight_decay: float = 0.0
@@ -196,40 +179,47 @@ class TrainerConfig:
     warmup_steps: int = 0
     """Linear warm-up steps of the learning rate."""
     lr_schedule: str = "constant"
-    """After warm-up: constant, linear (to 0 at max_steps) or cosine. Warm-up and schedule count RL steps, steps that
-    updated nothing (an empty batch, non-finite gradients) included."""
+    """After warm-up: constant, linear (to 0 at trainer.max_steps) or cosine. Warm-up and schedule count RL steps,
+    steps that updated nothing (an empty batch, non-finite gradients) included."""
     max_grad_norm: float | None = 1.0
     """Gradient-norm clipping; None disables."""
-    seed: int = 0
-    """Seed of everything (data order, sampling noise, init)."""
-    eval_every: int = 0
-    """Evaluate every N steps (0: only at the end when eval_at_end)."""
-    eval_at_end: bool = True
+
+
+@dataclass
+class EvalConfig:
+    """When and how the policy is evaluated on the task's held-out items."""
+
+    every: int = 0
+    """Evaluate every N steps (0: only at the end when at_end)."""
+    at_end: bool = True
     """Run the evaluation once after the last step."""
-    eval_at_start: bool = False
+    at_start: bool = False
     """Evaluate the initial policy before the first RL step (logged at step 0), for a start -> end comparison without
-    a warm start (with ``sft_steps > 0`` the warm start already evaluates before and after itself)."""
-    eval_before_warm_start: bool = True
-    """With ``sft_steps > 0``: also evaluate the untrained policy before the warm start (logged as
+    a warm start (with ``trainer.warm_start.steps > 0`` the warm start already evaluates before and after itself)."""
+    before_warm_start: bool = True
+    """With ``trainer.warm_start.steps > 0``: also evaluate the untrained policy before the warm start (logged as
     ``sft/eval_score_before``); false skips that evaluation (the one after the warm start always runs)."""
-    eval_size: int | None = None
+    size: int | None = None
     """Evaluate on at most this many eval items (None: all)."""
-    eval_greedy: bool = True
+    greedy: bool = True
     """Greedy evaluation (argmax decoding / actions); false samples at the policy's temperature, with seeds fixed per
     eval item so every evaluation sees the same noise."""
-    eval_samples: int = 1
-    """Samples (episodes) per eval item; > 1 needs eval_greedy=false and averages the task metrics over them
-    (`trainer.eval_greedy=true` on the command line without this key sets it to 1)."""
+    samples: int = 1
+    """Samples (episodes) per eval item; > 1 needs greedy=false and averages the task metrics over them
+    (``trainer.eval.greedy=true`` on the command line without this key sets it to 1)."""
+
+
+@dataclass
+class CheckpointingConfig:
+    """Checkpoints of a run, and what happens to an existing run folder (continue it, refuse it, start over)."""
+
     save_every: int = 0
     """Checkpoint every N steps (0: only at the end)."""
     keep_last: int = 2
     """Checkpoints to keep (older complete ones are deleted)."""
-    output_dir: str = "runs"
-    """Parent folder of run directories."""
-    run_name: str | None = None
-    """Run directory name; default '<task>-<timestamp>'."""
     resume: str = "never"
-    """never (refuse an existing run dir), auto (newest complete checkpoint of run_name) or a checkpoint path."""
+    """never (refuse an existing run dir), auto (newest complete checkpoint of trainer.run_name) or a checkpoint
+    path."""
     overwrite: bool = False
     """Start over in an existing run directory: the folder is deleted first, but only if mmrl created it (it holds the
     ``.mmrl_run`` marker); any other folder is refused."""
@@ -237,7 +227,13 @@ class TrainerConfig:
     """Resume even when the new config differs from the run's saved one in keys that make it another experiment
     (model, task, algorithm, rewards, group size, seed, learning rate ...); without it such a resume stops with the
     differing keys listed. Changes to length, cadence and logging are always accepted (and logged)."""
-    log_every: int = 1
+
+
+@dataclass
+class LoggingConfig:
+    """Where and how often a run reports: metrics, TensorBoard, W&B, the progress bar, plots, sampled completions."""
+
+    every: int = 1
     """Write metrics every N steps."""
     tensorboard: bool = True
     """Write TensorBoard event files in the run directory."""
@@ -249,10 +245,17 @@ class TrainerConfig:
     """Show a progress bar."""
     plot: bool = True
     """Save PNG plots of the reward curve and key metrics at the end."""
-    threads: int = 1
-    """torch intra-op threads on CPU (1 is fastest on small shared machines); 0 leaves torch's default."""
-    device: str = "auto"
-    """auto (accelerate's choice), cpu or cuda."""
+    samples_every: int = 0
+    """Every this many steps append the step's rollouts (prompt id, group, completion text, total reward and reward per
+    function) to samples.jsonl in the run dir, to read what the policy writes; 0 disables."""
+    samples_max: int = 16
+    """At most this many samples per logged step."""
+
+
+@dataclass
+class LimitsConfig:
+    """Failure limits: when a run stops instead of training on broken rewards, data or numbers."""
+
     reward_error_threshold: float = 0.5
     """Abort when more than this fraction of a reward function's calls failed over the last window."""
     reward_error_window: int = 256
@@ -261,20 +264,62 @@ class TrainerConfig:
     """Abort when more than this fraction of the data items of a step had to be skipped (bad media)."""
     max_consecutive_nonfinite: int = 5
     """Abort after this many consecutive steps with non-finite loss or gradients (each is skipped)."""
-    sft_steps: int = 0
-    """Supervised warm-start steps on the task's reference answers before RL (SFT -> RL); 0 disables."""
-    sft_lr: float | None = None
-    """Learning rate of the warm start (default: trainer.lr)."""
-    sft_batch_size: int | None = None
+
+
+@dataclass
+class WarmStartConfig:
+    """The supervised warm start on the task's reference answers before RL (SFT -> RL)."""
+
+    steps: int = 0
+    """Supervised warm-start steps before RL; 0 disables."""
+    lr: float | None = None
+    """Learning rate of the warm start (default: trainer.optim.lr)."""
+    batch_size: int | None = None
     """Prompts per warm-start step (default: trainer.batch_size)."""
-    sft_max_items: int | None = None
+    max_items: int | None = None
     """The warm start uses only the first N items of its data (the task's SFT items, else the training items): a small
     labelled set for SFT and the whole prompt set for RL, so RL meets prompts the warm start did not memorise; None: all."""
-    log_samples_every: int = 0
-    """Every this many steps append the step's rollouts (prompt id, group, completion text, total reward and reward per
-    function) to samples.jsonl in the run dir, to read what the policy writes; 0 disables."""
-    log_samples_max: int = 16
-    """At most this many samples per logged step."""
+
+
+@dataclass
+class FSDPConfig:
+    """Settings of ``trainer.strategy=fsdp2`` (docs/scaling.md)."""
+
+    reshard_after_forward: bool = True
+    """Free each block's gathered parameters after its forward (less memory, one more all-gather in backward)."""
+    offload: bool = False
+    """Keep sharded parameters, gradients and optimizer state in CPU memory (slower; for models that do not fit)."""
+    param_dtype: str | None = None
+    """Mixed precision: gather and compute parameters in this dtype (``bfloat16``); the sharded master weights and the
+    optimizer keep ``model.dtype`` and gradients are reduced in float32. None: compute in ``model.dtype``."""
+
+
+@dataclass
+class TrainerConfig:
+    """The training loop: the keys typed most (steps, batches, seed, run name, devices, rollout mode) flat, the rest
+    in sections (optimiser, evaluation, checkpoints, logging, failure limits, warm start, FSDP). The flat keys of
+    earlier releases are still read, with a notice (:mod:`mmrl.config.deprecated`)."""
+
+    max_steps: int = 100
+    """RL steps (one rollout batch each)."""
+    batch_size: int = 8
+    """Prompts per step (global, across data-parallel processes); samples = batch_size * group_size."""
+    grad_accum: int = 1
+    """Micro-batches per minibatch (gradient accumulation); exact thanks to global loss normalisers."""
+    strategy: str = "ddp"
+    """With several processes (``torchrun`` / ``accelerate launch``): ``ddp`` replicates the model on every device;
+    ``fsdp2`` shards parameters, gradients and optimizer state (``torch.distributed.fsdp.fully_shard`` per transformer
+    block) and writes sharded checkpoints (settings: ``trainer.fsdp``). See docs/scaling.md."""
+    seed: int = 0
+    """Seed of everything (data order, sampling noise, init)."""
+    output_dir: str = "runs"
+    """Parent folder of run directories."""
+    run_name: str | None = None
+    """Run directory name; default '<task>-<timestamp>'."""
+    threads: int = 1
+    """torch intra-op threads on CPU (1 is fastest on small shared machines); 0 leaves torch's default."""
+    device: str = "auto"
+    """auto (accelerate's choice), cpu or cuda."""
     rollout: str = "sync"
     """sync: each step samples, scores, then updates. async: rollout workers (spawned processes with their own task,
     policy and rewards) sample groups with published weights while the learner updates, within
@@ -286,6 +331,20 @@ class TrainerConfig:
     started, so that where the learner and the samplers share CPU cores the samplers (the side the learner waits for
     when it is idle) get them first; the learner's update then fills the cores they leave. 0 leaves priorities alone.
     A worker restarted later inherits the learner's niceness (an unprivileged process cannot lower it again)."""
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    """Optimiser (AdamW) and learning-rate schedule: ``trainer.optim.lr``, ``trainer.optim.warmup_steps`` ..."""
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    """Evaluation cadence and method: ``trainer.eval.every``, ``trainer.eval.size``, ``trainer.eval.greedy`` ..."""
+    checkpointing: CheckpointingConfig = field(default_factory=CheckpointingConfig)
+    """Checkpoints and existing run folders: ``trainer.checkpointing.save_every``, ``trainer.checkpointing.resume`` ..."""
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    """Metrics, trackers, progress bar, plots, logged samples: ``trainer.logging.every``, ``trainer.logging.wandb`` ..."""
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
+    """Failure limits (reward errors, skipped data, non-finite steps) at which a run stops."""
+    warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
+    """Supervised warm start before RL: ``trainer.warm_start.steps`` (0: none), ``trainer.warm_start.lr`` ..."""
+    fsdp: FSDPConfig = field(default_factory=FSDPConfig)
+    """``trainer.strategy=fsdp2`` settings: resharding, CPU offload, compute dtype."""
 
 
 OVER_TURN_MODES: tuple[str, ...] = ("mask", "penalize")
