@@ -63,12 +63,12 @@ def run(
         f"trainer.output_dir={out}",
         "trainer.run_name=run",
         f"trainer.max_steps={steps}",
-        f"trainer.eval_every={eval_every if target is not None else 0}",
-        "trainer.eval_at_end=false",
-        "trainer.progress=false",
-        "trainer.tensorboard=false",
-        "trainer.plot=false",
-        "trainer.save_every=0",
+        f"trainer.eval.every={eval_every if target is not None else 0}",
+        "trainer.eval.at_end=false",
+        "trainer.logging.progress=false",
+        "trainer.logging.tensorboard=false",
+        "trainer.logging.plot=false",
+        "trainer.checkpointing.save_every=0",
     ]
     tr = Trainer(load_config(base + overrides))
     ends: list[float] = []

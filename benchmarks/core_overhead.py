@@ -6,7 +6,7 @@
 same prompts and one forward + backward + AdamW step over prompt + completion (one row per sample: the
 toy prompts are ~10 tokens, so prefix sharing saves little here). The trainer step adds rewards,
 advantages, logging and bookkeeping. Two trainers with the same seed are measured, one writing
-TensorBoard events (`trainer.tensorboard=true`, the default) and one without; both write
+TensorBoard events (`trainer.logging.tensorboard=true`, the default) and one without; both write
 metrics.jsonl. The three are interleaved step by step in one run (the machines are noisy), 1 torch
 thread, 3 warm-up steps; the whole measurement is repeated `--repeats` times and the script prints,
 per side and per ratio, the median over repeats of the per-repeat medians and the spread (min-max),
@@ -65,11 +65,11 @@ def _trainer(out: str, name: str, args, tensorboard: bool):
             f"trainer.run_name={name}",
             f"trainer.batch_size={args.batch}",
             f"algo.group_size={args.group}",
-            "trainer.plot=false",
-            f"trainer.tensorboard={str(tensorboard).lower()}",
-            "trainer.progress=false",
-            "trainer.eval_at_end=false",
-            "trainer.eval_every=0",
+            "trainer.logging.plot=false",
+            f"trainer.logging.tensorboard={str(tensorboard).lower()}",
+            "trainer.logging.progress=false",
+            "trainer.eval.at_end=false",
+            "trainer.eval.every=0",
         ]
     )
     tr = Trainer(cfg)

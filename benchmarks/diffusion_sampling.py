@@ -49,11 +49,11 @@ def build_trainer(model: str, prompts_per_step: int, group: int):
             "trainer.run_name=b",
             f"trainer.batch_size={prompts_per_step}",
             f"algo.group_size={group}",
-            "trainer.progress=false",
-            "trainer.eval_at_end=false",
-            "trainer.eval_every=0",
-            "trainer.tensorboard=false",
-            "trainer.plot=false",
+            "trainer.logging.progress=false",
+            "trainer.eval.at_end=false",
+            "trainer.eval.every=0",
+            "trainer.logging.tensorboard=false",
+            "trainer.logging.plot=false",
         ]
     )
     tr = Trainer(cfg)

@@ -2,7 +2,7 @@
 
 Both sides run the SAME episodes with the SAME policy object: the tiny VLA of the benchmark's task (``--benchmark``:
 ``task=vla_reach`` on the tabletop, ``task=metaworld``, or ``task=libero``; ``model=tiny_vla`` with the task's
-``tiny_qwen3_vl``, random init, ``trainer.sft_steps=0``, built
+``tiny_qwen3_vl``, random init, ``trainer.warm_start.steps=0``, built
 by :func:`mmrl.adapters.vla.factory.build_vla_policy` from the task's env spec; action statistics fixed to
 [-1, 1] instead of expert demos, which only sets the decoding range).  One *rollout* is ``B``
 prompt items x ``G`` episodes (one GRPO group per item, all ``G`` from the item's initial state);
@@ -84,7 +84,7 @@ def build_policy(args: argparse.Namespace):
         *task_overrides,
         f"task.image_size={args.image_size}",
         f"task.max_steps={args.max_steps}",
-        "trainer.sft_steps=0",
+        "trainer.warm_start.steps=0",
         f"trainer.batch_size={args.items}",
         f"algo.group_size={args.group}",
         f"model.num_workers={args.workers}",

@@ -25,8 +25,8 @@ def build_rewards(cfg: Any, task: Task) -> RewardManager:
     tr = cfg.trainer
     return RewardManager(
         compose_reward_specs(task.reward_specs(), cfg.reward),
-        error_threshold=tr.reward_error_threshold,
-        window=tr.reward_error_window,
+        error_threshold=tr.limits.reward_error_threshold,
+        window=tr.limits.reward_error_window,
     )
 
 

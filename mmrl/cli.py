@@ -80,20 +80,20 @@ def cmd_tasks() -> int:
 
 def resume_command(overrides: list[str], run_dir, output_dir: str, checkpoint=None) -> str:
     """The command that continues a stopped run: the same overrides with ``trainer.run_name=<name>
-    trainer.resume=auto`` (or ``trainer.resume=<checkpoint>`` when it is not below ``output_dir``)."""
+    trainer.checkpointing.resume=auto`` (or ``trainer.checkpointing.resume=<checkpoint>`` when it is not below ``output_dir``)."""
     import shlex
     from pathlib import Path
 
-    keep = [o for o in overrides if not o.startswith(("trainer.run_name=", "trainer.resume="))]
+    keep = [o for o in overrides if not o.startswith(("trainer.run_name=", "trainer.checkpointing.resume="))]
     run_dir = Path(run_dir)
     try:
         name = run_dir.relative_to(Path(output_dir)).as_posix()
     except ValueError:
         name = None
     again = (
-        [f"trainer.run_name={name}", "trainer.resume=auto"]
+        [f"trainer.run_name={name}", "trainer.checkpointing.resume=auto"]
         if name and checkpoint is None
-        else [f"trainer.resume={checkpoint or run_dir}"]
+        else [f"trainer.checkpointing.resume={checkpoint or run_dir}"]
     )
     return shlex.join(["mmrl", "train", *keep, *again])
 
@@ -116,7 +116,7 @@ def _stopped_line(trainer, overrides: list[str], cfg) -> str:
 
 def cmd_train(overrides: list[str]) -> int:
     """`mmrl train [--json] key=value ...`: the start banner, a bar per phase and an end summary on stderr
-    (`trainer.progress=false`: quiet, the run folder and the last metrics on stdout); `--json` also prints the last
+    (`trainer.logging.progress=false`: quiet, the run folder and the last metrics on stdout); `--json` also prints the last
     metrics as JSON on stdout, for scripts."""
     as_json = "--json" in overrides
     overrides = [o for o in overrides if o != "--json"]
@@ -177,7 +177,7 @@ def cmd_train(overrides: list[str]) -> int:
         shown = {
             k: round(v, 4) for k, v in final.items() if k.startswith(("eval/", "reward/mean")) and isinstance(v, float)
         }
-        if cfg.trainer.progress:  # for people: the end summary on stderr; stdout gets the JSON only with --json
+        if cfg.trainer.logging.progress:  # for people: the end summary on stderr; stdout gets the JSON only with --json
             from mmrl.checkpoint_files import latest_checkpoint
             from mmrl.run_report import end_summary
 
@@ -187,8 +187,8 @@ def cmd_train(overrides: list[str]) -> int:
                     run_dir=run_dir,
                     step=trainer.step,
                     checkpoint=latest_checkpoint(run_dir),
-                    plot=cfg.trainer.plot,
-                    tensorboard=cfg.trainer.tensorboard,
+                    plot=cfg.trainer.logging.plot,
+                    tensorboard=cfg.trainer.logging.tensorboard,
                     resume_cmd=resume_command(
                         [o for o in overrides if not o.startswith("trainer.max_steps=")],
                         run_dir,
@@ -199,7 +199,7 @@ def cmd_train(overrides: list[str]) -> int:
             )
             if as_json:
                 print(json.dumps(shown, indent=1))
-        else:  # quiet mode (trainer.progress=false): the run folder and the last metrics, as before
+        else:  # quiet mode (trainer.logging.progress=false): the run folder and the last metrics, as before
             print(f"run directory: {run_dir}")
             print(json.dumps(shown, indent=1))
     return 0

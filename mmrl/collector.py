@@ -139,7 +139,7 @@ class ScoredRound:
 class RolloutCollector:
     """The training rollouts of a run: draws this process's share of each step's prompts from the training items,
     rolls them out, scores them, filters zero-variance groups with bounded resampling (DAPO), counts skipped items
-    and stops the run past ``trainer.data_skip_threshold``.
+    and stops the run past ``trainer.limits.data_skip_threshold``.
 
     ``dp`` is the run's :class:`~mmrl.parallel.data_parallel.DataParallel` (rank, world size, gathered weights)."""
 
@@ -174,18 +174,18 @@ class RolloutCollector:
     def score(
         self, batch: PromptBatch, ro: Rollout, *, step: int, run_dir: Path | None = None, log_to: list | None = None
     ) -> None:
-        """Score one rollout of step ``step`` (0-based) and, every ``trainer.log_samples_every`` steps, log samples:
+        """Score one rollout of step ``step`` (0-based) and, every ``trainer.logging.samples_every`` steps, log samples:
         to ``run_dir``/samples.jsonl, or appended to ``log_to`` when given (a rollout worker, which has no run dir)."""
         tr = self.cfg.trainer
         items = [batch.items[p] for p in sample_prompts(batch, ro)]
         self.rewards.set_progress(step, tr.max_steps)  # TRL's trainer_state.global_step / max_steps
         per_fn = score_rollout(self.task, self.rewards, items, ro, self.cfg.algo)
-        every = tr.log_samples_every
+        every = tr.logging.samples_every
         if every and (step + 1) % every == 0:
             if log_to is not None:
-                log_to.extend(samples_log_rows(step + 1, items, ro, per_fn, tr.log_samples_max))
+                log_to.extend(samples_log_rows(step + 1, items, ro, per_fn, tr.logging.samples_max))
             elif self.dp.is_main and run_dir is not None:
-                append_samples_log(run_dir / "samples.jsonl", step + 1, items, ro, per_fn, tr.log_samples_max)
+                append_samples_log(run_dir / "samples.jsonl", step + 1, items, ro, per_fn, tr.logging.samples_max)
 
     def produce_round(
         self, batch: PromptBatch, skipped: int, *, step: int, run_dir: Path | None = None, log_to: list | None = None
@@ -270,7 +270,7 @@ class RolloutCollector:
     def count_step(self, metrics: dict, *, skipped: int, seen: int, too_long: int, rounds: int, kept: int) -> None:
         """A step's data and filter metrics from its rounds' counts (``too_long``: of every resampling round, not only
         the first; ``kept``: groups kept by ``algo.filter_groups``), the skipped items counted against
-        ``trainer.data_skip_threshold``: the same for a synchronous step and an asynchronous one."""
+        ``trainer.limits.data_skip_threshold``: the same for a synchronous step and an asynchronous one."""
         self._count_skipped(skipped, seen, metrics)
         if too_long:
             metrics["data/too_long"] = float(too_long)
@@ -284,9 +284,9 @@ class RolloutCollector:
         self.seen_total += seen
         metrics["data/skipped"] = float(skipped)
         metrics["data/skipped_total"] = float(self.skipped_total)
-        threshold = self.cfg.trainer.data_skip_threshold
+        threshold = self.cfg.trainer.limits.data_skip_threshold
         if self.seen_total and self.skipped_total / self.seen_total > threshold:
             raise TrainingAborted(
                 f"{self.skipped_total} of {self.seen_total} data items were skipped (> {threshold:.0%}, "
-                "trainer.data_skip_threshold); see the warnings above for the files and reasons"
+                "trainer.limits.data_skip_threshold); see the warnings above for the files and reasons"
             )

@@ -339,7 +339,7 @@ def evaluate_checkpoint(overrides: list[str]) -> CheckpointEval:
         out_dir = (run_dir if run_dir is not None else ckpt) / "eval" / name
 
     task, rewards, policy, device = build_for_eval(cfg)
-    policy.prepare_for_evaluation(max(1, cfg.trainer.batch_size) * max(1, cfg.trainer.eval_samples))
+    policy.prepare_for_evaluation(max(1, cfg.trainer.batch_size) * max(1, cfg.trainer.eval.samples))
     task.output_dir = out_dir  # simulator tasks write their success table and videos beside results.json
     try:
         if ckpt is not None:
@@ -348,11 +348,11 @@ def evaluate_checkpoint(overrides: list[str]) -> CheckpointEval:
             policy.to_device(device)
         tr = cfg.trainer
         all_items = list(task.eval_items())
-        items = all_items[: tr.eval_size] if tr.eval_size is not None else all_items
+        items = all_items[: tr.eval.size] if tr.eval.size is not None else all_items
         predictions: list[dict] = []
         from mmrl.progress import PhaseProgress
 
-        with PhaseProgress(f"mmrl eval {cfg.task.name}", len(items), unit="item", enabled=tr.progress) as bar:
+        with PhaseProgress(f"mmrl eval {cfg.task.name}", len(items), unit="item", enabled=tr.logging.progress) as bar:
             metrics = evaluate_policy(
                 task,
                 policy,
@@ -360,8 +360,8 @@ def evaluate_checkpoint(overrides: list[str]) -> CheckpointEval:
                 items,
                 seed=tr.seed,
                 batch_size=tr.batch_size,
-                samples=tr.eval_samples,
-                greedy=tr.eval_greedy,
+                samples=tr.eval.samples,
+                greedy=tr.eval.greedy,
                 predictions=predictions,
                 progress=bar,
             )

@@ -29,12 +29,18 @@ def lr_lambda(schedule: str, warmup: int, total: int) -> Callable[[int], float]:
 
 
 def build_optimizer(params: list, tr) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
-    """AdamW over ``params`` with ``trainer.lr`` / ``adam_betas`` / ``adam_eps`` / ``weight_decay``, and its schedule
-    (``trainer.lr_schedule``, ``warmup_steps``, ``max_steps``: :func:`lr_lambda`)."""
+    """AdamW over ``params`` with ``trainer.optim.lr`` / ``adam_betas`` / ``adam_eps`` / ``weight_decay``, and its schedule
+    (``trainer.optim.lr_schedule``, ``warmup_steps``, ``max_steps``: :func:`lr_lambda`)."""
     optimizer = torch.optim.AdamW(
-        params, lr=tr.lr, betas=tuple(tr.adam_betas), eps=tr.adam_eps, weight_decay=tr.weight_decay
+        params,
+        lr=tr.optim.lr,
+        betas=tuple(tr.optim.adam_betas),
+        eps=tr.optim.adam_eps,
+        weight_decay=tr.optim.weight_decay,
     )
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(tr.lr_schedule, tr.warmup_steps, tr.max_steps))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lr_lambda(tr.optim.lr_schedule, tr.optim.warmup_steps, tr.max_steps)
+    )
     return optimizer, scheduler
 
 

@@ -33,20 +33,22 @@ def learning_warnings(cfg) -> list[str]:
             "algo.filter_groups=true with algo.group_size=1: every one-sample group has all-equal rewards, "
             "so every group is filtered out and no step has anything to train on; use algo.group_size >= 2"
         )
-    if tr.max_steps == 0 and tr.sft_steps == 0:
+    if tr.max_steps == 0 and tr.warm_start.steps == 0:
         out.append(
-            "trainer.max_steps=0 and no warm start (trainer.sft_steps=0): nothing is trained; the run only "
+            "trainer.max_steps=0 and no warm start (trainer.warm_start.steps=0): nothing is trained; the run only "
             "saves (and evaluates) the initial weights"
         )
-    if tr.lr == 0 and tr.max_steps > 0:
+    if tr.optim.lr == 0 and tr.max_steps > 0:
         out.append(
-            "trainer.lr=0: the optimizer never changes the parameters, so RL steps learn nothing; "
-            "set trainer.lr > 0 (e.g. 1e-4 for tiny models, 1e-6 for multi-billion-parameter ones)"
+            "trainer.optim.lr=0: the optimizer never changes the parameters, so RL steps learn nothing; "
+            "set trainer.optim.lr > 0 (e.g. 1e-4 for tiny models, 1e-6 for multi-billion-parameter ones)"
         )
-    if tr.sft_steps > 0 and not (tr.sft_lr or tr.lr):  # the warm start uses sft_lr, or lr when sft_lr is unset / 0
+    if tr.warm_start.steps > 0 and not (
+        tr.warm_start.lr or tr.optim.lr
+    ):  # the warm start uses sft_lr, or lr when sft_lr is unset / 0
         out.append(
-            f"trainer.lr=0 and no trainer.sft_lr: the supervised warm start's {tr.sft_steps} steps change "
-            "nothing; set trainer.sft_lr > 0"
+            f"trainer.optim.lr=0 and no trainer.warm_start.lr: the supervised warm start's {tr.warm_start.steps} steps change "
+            "nothing; set trainer.warm_start.lr > 0"
         )
     return out
 

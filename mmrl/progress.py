@@ -2,7 +2,7 @@
 
 :class:`PhaseProgress` shows one phase: a tqdm bar when stderr is a terminal; otherwise (a log file, a job
 scheduler's output) one plain line every ``MMRL_PROGRESS_EVERY`` seconds (default 30) and one at the end, instead
-of carriage-return noise; nothing when disabled (``trainer.progress=false``). Each phase has its own clock, so its
+of carriage-return noise; nothing when disabled (``trainer.logging.progress=false``). Each phase has its own clock, so its
 ETA is measured from its own units only (the RL ETA never includes the warm start).
 
 Numbers shown to people are rounded here (:func:`fmt`); numbers written for programs (metrics.jsonl) keep full

@@ -115,7 +115,7 @@ class RunCheckpoints:
             run.step,
             self.parts,
             self.state(),
-            keep_last=run.cfg.trainer.keep_last,
+            keep_last=run.cfg.trainer.checkpointing.keep_last,
             dp=run.dp,
             sharded_format=run.cfg.trainer.strategy == "fsdp2",
         )
@@ -190,7 +190,7 @@ class RunCheckpoints:
                 run.step,
                 self.parts,
                 self.state(),
-                keep_last=run.cfg.trainer.keep_last,
+                keep_last=run.cfg.trainer.checkpointing.keep_last,
             )
         except Exception as e:  # noqa: BLE001 - every place failed: say what is lost and why, in one line
             raise CheckpointNotSaved(
@@ -256,7 +256,7 @@ class RunCheckpoints:
         if run.nonfinite_only_steps:
             why = (
                 f"{run.nonfinite_only_steps} had every optimizer step skipped for non-finite losses or "
-                f"gradients: lower trainer.lr, check the rewards and the model's settings; {why}"
+                f"gradients: lower trainer.optim.lr, check the rewards and the model's settings; {why}"
             )
         self.stop_reason = (
             f"trained nothing: {run.step - first_step} step(s) ran and none "

@@ -4,7 +4,7 @@ A run folder is ``<trainer.output_dir>/<trainer.run_name>``. The name is a relat
 (``a/b`` is fine); an absolute path, a ``..`` component, an empty or over-long name, or a name the filesystem cannot
 hold is a :class:`~mmrl.errors.ConfigError` before anything is built or written.
 
-mmrl marks every run folder it creates with :data:`RUN_MARKER`; ``trainer.overwrite=true`` deletes a folder only when
+mmrl marks every run folder it creates with :data:`RUN_MARKER`; ``trainer.checkpointing.overwrite=true`` deletes a folder only when
 it carries that marker, so a crafted or mistaken name can never delete the output folder, the working directory or
 anything mmrl did not create.
 
@@ -34,7 +34,7 @@ from mmrl.errors import ConfigError
 log = logging.getLogger(__name__)
 
 RUN_MARKER = ".mmrl_run"
-"""Written into every run folder mmrl creates; ``trainer.overwrite=true`` deletes only folders that have it."""
+"""Written into every run folder mmrl creates; ``trainer.checkpointing.overwrite=true`` deletes only folders that have it."""
 MAX_NAME_CHARS = 200
 """Longest run name accepted (whole relative path); each component must also fit the filesystem's NAME_MAX."""
 HISTORY_DIR = "config_history"
@@ -130,7 +130,7 @@ def create_run_dir(run_dir: Path) -> None:
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         if not marker.exists():
-            marker.write_text("created by mmrl; trainer.overwrite=true may delete this folder\n")
+            marker.write_text("created by mmrl; trainer.checkpointing.overwrite=true may delete this folder\n")
     except OSError as e:
         raise _unwritable(run_dir, e) from None
 
@@ -143,16 +143,16 @@ def _unwritable(run_dir: Path, error: OSError) -> ConfigError:
 
 
 def refuse_unless_mmrl_run(run_dir: Path) -> None:
-    """ConfigError unless ``run_dir`` is a run folder mmrl created (what ``trainer.overwrite=true`` may delete)."""
+    """ConfigError unless ``run_dir`` is a run folder mmrl created (what ``trainer.checkpointing.overwrite=true`` may delete)."""
     if not is_mmrl_run(run_dir):
         raise ConfigError(
-            f"trainer.overwrite=true: {run_dir} was not created by mmrl (no {RUN_MARKER} marker); "
+            f"trainer.checkpointing.overwrite=true: {run_dir} was not created by mmrl (no {RUN_MARKER} marker); "
             "mmrl deletes only its own run folders. Remove it yourself or choose another trainer.run_name"
         )
 
 
 def clear_run_dir(run_dir: Path, *, keep: tuple[str, ...] = ()) -> None:
-    """``trainer.overwrite=true``: delete a run folder mmrl created (but the top-level entries named in ``keep``: the
+    """``trainer.checkpointing.overwrite=true``: delete a run folder mmrl created (but the top-level entries named in ``keep``: the
     lock of the process that clears it); ConfigError for any other folder."""
     refuse_unless_mmrl_run(run_dir)
     if not keep:
@@ -480,7 +480,7 @@ def check_same_experiment(
 ) -> None:
     """Compare a resume's config (``new``, as :func:`mmrl.config.to_dict` gives it) with the run's ``config.yaml``
     before any weight is loaded: keys that make it another experiment are a ConfigError listing them unless
-    ``accept`` (``trainer.resume_accept_changes=true``: logged as a warning); harmless changes are logged."""
+    ``accept`` (``trainer.checkpointing.resume_accept_changes=true``: logged as a warning); harmless changes are logged."""
     import yaml
 
     from mmrl.config.deprecated import nest_deprecated_keys
@@ -505,18 +505,18 @@ def check_same_experiment(
         raise ConfigError(
             f"cannot resume {run_dir}: the config differs from the run's in keys that make it another "
             f"experiment ({describe_changes(significant)}); undo them, start a new run "
-            "(another trainer.run_name), or pass trainer.resume_accept_changes=true to continue anyway"
+            "(another trainer.run_name), or pass trainer.checkpointing.resume_accept_changes=true to continue anyway"
         )
     if log_changes:
         log.warning(
-            "resuming %s with trainer.resume_accept_changes=true despite: %s",
+            "resuming %s with trainer.checkpointing.resume_accept_changes=true despite: %s",
             run_dir,
             describe_changes(significant, limit=20),
         )
 
 
 def auto_resume_checkpoint(run_dir: Path, *, warn: bool = True) -> Path | None:
-    """``trainer.resume=auto``: the newest complete checkpoint of ``run_dir`` that is not damaged (a damaged newest one
+    """``trainer.checkpointing.resume=auto``: the newest complete checkpoint of ``run_dir`` that is not damaged (a damaged newest one
     is skipped for the previous one, with a warning naming both); None when there is none. When every checkpoint is
     damaged, :class:`~mmrl.checkpoint_files.DamagedCheckpointError`: training over them would prune them."""
     from mmrl.checkpoint_files import DamagedCheckpointError, latest_loadable_checkpoint
@@ -531,14 +531,14 @@ def auto_resume_checkpoint(run_dir: Path, *, warn: bool = True) -> Path | None:
     if warn:
         for path, why in skipped:
             log.warning(
-                "trainer.resume=auto: skipping damaged checkpoint %s (%s); %s",
+                "trainer.checkpointing.resume=auto: skipping damaged checkpoint %s (%s); %s",
                 path,
                 why,
                 f"continuing from {found}" if found is not None else "no earlier complete checkpoint",
             )
         if found is None:
             log.warning(
-                "trainer.resume=auto: run directory %s has no complete checkpoint to continue; "
+                "trainer.checkpointing.resume=auto: run directory %s has no complete checkpoint to continue; "
                 "training from step 0 in it",
                 run_dir,
             )
@@ -554,8 +554,8 @@ def open_run(
     """Decide a run's folder and the checkpoint it continues, and own the folder: ``(run_dir, run name, checkpoint or
     None, the run's lock on the main process)``.
 
-    ``trainer.resume``: a checkpoint or run folder (continued), ``auto`` (continue ``trainer.run_name``'s run if it
-    exists) or ``never``. An existing run without ``resume`` is refused unless ``trainer.overwrite=true``, which
+    ``trainer.checkpointing.resume``: a checkpoint or run folder (continued), ``auto`` (continue ``trainer.run_name``'s run if it
+    exists) or ``never``. An existing run without ``resume`` is refused unless ``trainer.checkpointing.overwrite=true``, which
     clears it only when mmrl created it. A resume is refused when ``config`` (the new run's, as a dict) changes the
     experiment (:func:`check_same_experiment`), before any weight loads. The main process takes the folder's
     :class:`RunLock` before anything is deleted (a live run is refused in one line); nothing else is written here,
@@ -566,48 +566,48 @@ def open_run(
     name = tr.run_name or f"{task_name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
     run_dir = run_dir_path(tr.output_dir, name)
     resume_from: Path | None = None
-    if tr.resume not in ("never", "auto"):
+    if tr.checkpointing.resume not in ("never", "auto"):
         try:
-            resume_from = resolve_checkpoint(tr.resume)
+            resume_from = resolve_checkpoint(tr.checkpointing.resume)
         except FileNotFoundError as e:
-            why = str(e) if Path(tr.resume).exists() else f"{tr.resume} does not exist"
+            why = str(e) if Path(tr.checkpointing.resume).exists() else f"{tr.checkpointing.resume} does not exist"
             raise ConfigError(
-                f"trainer.resume={tr.resume}: {why}; trainer.resume takes auto (continue "
+                f"trainer.checkpointing.resume={tr.checkpointing.resume}: {why}; trainer.checkpointing.resume takes auto (continue "
                 "trainer.run_name's run), never, a checkpoint folder (<run dir>/checkpoints/step_N) "
                 "or a run directory"
             ) from None
         run_dir = resume_from.parent.parent
     # a folder holding only a lock is new (a run killed before it wrote anything): its lock is taken over below
     exists = run_dir.exists() and any(p.name != LOCK_FILE for p in run_dir.iterdir())
-    if exists and resume_from is None and tr.resume != "auto":
-        if not tr.overwrite:
+    if exists and resume_from is None and tr.checkpointing.resume != "auto":
+        if not tr.checkpointing.overwrite:
             raise ConfigError(
-                f"run directory {run_dir} exists; pass trainer.resume=auto to continue it, "
-                "trainer.overwrite=true to start over, or another trainer.run_name"
+                f"run directory {run_dir} exists; pass trainer.checkpointing.resume=auto to continue it, "
+                "trainer.checkpointing.overwrite=true to start over, or another trainer.run_name"
             )
         if is_main:
             refuse_unless_mmrl_run(run_dir)  # only a folder mmrl created is deleted, and only once it is owned
     lock = RunLock.acquire(run_dir) if is_main else None
     try:
         if exists and resume_from is None:
-            if tr.resume == "auto":
+            if tr.checkpointing.resume == "auto":
                 resume_from = auto_resume_checkpoint(run_dir, warn=is_main)
             elif is_main:
                 clear_run_dir(run_dir, keep=(LOCK_FILE,))
-        elif resume_from is None and tr.resume == "auto" and is_main:
+        elif resume_from is None and tr.checkpointing.resume == "auto" and is_main:
             if tr.run_name:
-                log.info("trainer.resume=auto: no run %s to continue yet; starting it", run_dir)
+                log.info("trainer.checkpointing.resume=auto: no run %s to continue yet; starting it", run_dir)
             else:  # a timestamped name is new every time: auto can never find a run without trainer.run_name
                 log.warning(
-                    "trainer.resume=auto without trainer.run_name: no run to continue (a run without a name gets a "
+                    "trainer.checkpointing.resume=auto without trainer.run_name: no run to continue (a run without a name gets a "
                     "new timestamped directory, here %s); to continue a run pass trainer.run_name=<its folder "
-                    "name in %s> trainer.resume=auto (or trainer.resume=<its run dir>)",
+                    "name in %s> trainer.checkpointing.resume=auto (or trainer.checkpointing.resume=<its run dir>)",
                     run_dir,
                     tr.output_dir,
                 )
         if resume_from is not None:  # before any weight is loaded
             check_same_experiment(
-                run_dir, config, accept=tr.resume_accept_changes, log_changes=is_main, defaults=defaults
+                run_dir, config, accept=tr.checkpointing.resume_accept_changes, log_changes=is_main, defaults=defaults
             )
     except BaseException:
         if lock is not None:

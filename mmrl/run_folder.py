@@ -53,9 +53,9 @@ class RunFolder:
             tracker = Tracker(
                 path,
                 enabled=is_main,
-                tensorboard=tr.tensorboard,
-                wandb=tr.wandb,
-                wandb_project=tr.wandb_project,
+                tensorboard=tr.logging.tensorboard,
+                wandb=tr.logging.wandb,
+                wandb_project=tr.logging.wandb_project,
                 run_name=name,
                 config=config,
                 resume_step=state["step"] if resume_from is not None else None,

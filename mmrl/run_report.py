@@ -85,8 +85,8 @@ def start_banner(
     lines = [
         f"mmrl train: task={cfg.task.name}  model={model_text}",
         f"  algorithm: {algo.name} (advantage {algo.advantage}, {algo.policy_loss}, {algo.loss_agg}), "
-        f"group size {algo.group_size}, {tr.max_steps} steps x {tr.batch_size} prompts, lr {fmt(tr.lr)}"
-        + (f", warm start {tr.sft_steps} SFT steps" if tr.sft_steps and not resumed_step else ""),
+        f"group size {algo.group_size}, {tr.max_steps} steps x {tr.batch_size} prompts, lr {fmt(tr.optim.lr)}"
+        + (f", warm start {tr.warm_start.steps} SFT steps" if tr.warm_start.steps and not resumed_step else ""),
     ]
     where = f"  device: {device}, {processes} process{'es' if processes > 1 else ''}"
     if processes > 1:

@@ -1,6 +1,6 @@
 """Supervised warm start (SFT -> RL), a documented stage of a run rather than a hidden trick.
 
-With ``trainer.sft_steps=N`` the trainer first fits the policy to the task's reference answers
+With ``trainer.warm_start.steps=N`` the trainer first fits the policy to the task's reference answers
 (``Task.sft_target``) for N steps with token cross-entropy (``Policy.sft_loss``), evaluates, and
 then starts RL from that model. Real recipes do the same (cold-start SFT, then GRPO).
 
@@ -33,7 +33,7 @@ def sft_targets(task, policy, items: list[dict]) -> list[str | None]:
 
 
 class WarmStart:
-    """One supervised warm start: its own AdamW optimizer (``trainer.sft_lr``, no schedule), a sampler over the SFT
+    """One supervised warm start: its own AdamW optimizer (``trainer.warm_start.lr``, no schedule), a sampler over the SFT
     items and the number of steps done. ``state_dict`` (steps done, data position, the evaluation before it) is what a
     checkpoint written in the middle keeps beside the optimizer, so a resume continues at the next SFT step instead of
     redoing or skipping any."""
@@ -41,17 +41,17 @@ class WarmStart:
     def __init__(self, policy, task, cfg) -> None:
         if not policy.supports_sft:
             raise ConfigError(
-                f"trainer.sft_steps>0 but the {type(policy).__name__} policy has no supervised loss (sft_loss)"
+                f"trainer.warm_start.steps>0 but the {type(policy).__name__} policy has no supervised loss (sft_loss)"
             )
         self.policy, self.task, self.cfg = policy, task, cfg
         # a task may warm-start on other items than its RL prompts (e.g. VLA: one item per demo observation)
         source = list(task.sft_items())
-        if cfg.sft_max_items is not None:
-            source = source[: cfg.sft_max_items]
+        if cfg.warm_start.max_items is not None:
+            source = source[: cfg.warm_start.max_items]
         self.source = source
-        self.sampler = PromptSampler(len(source), cfg.sft_batch_size or cfg.batch_size, cfg.seed + 7919)
+        self.sampler = PromptSampler(len(source), cfg.warm_start.batch_size or cfg.batch_size, cfg.seed + 7919)
         self.optimizer = torch.optim.AdamW(
-            policy.trainable_parameters(), lr=cfg.sft_lr or cfg.lr, weight_decay=cfg.weight_decay
+            policy.trainable_parameters(), lr=cfg.warm_start.lr or cfg.optim.lr, weight_decay=cfg.optim.weight_decay
         )
         self.step = 0
         self.eval_before: dict[str, float] = {}  # the evaluation before the warm start (kept across a resume)
@@ -61,9 +61,9 @@ class WarmStart:
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from ``state`` (after the checkpoint restored the optimizer); the learning rate is this run's
-        ``trainer.sft_lr`` (a harmless change on resume), not the saved one."""
+        ``trainer.warm_start.lr`` (a harmless change on resume), not the saved one."""
         for group in self.optimizer.param_groups:
-            group["lr"] = self.cfg.sft_lr or self.cfg.lr
+            group["lr"] = self.cfg.warm_start.lr or self.cfg.optim.lr
         self.step = int(state["step"])
         self.sampler.load_state_dict(state["sampler"])
         self.eval_before = dict(state.get("eval_before") or {})
@@ -83,7 +83,7 @@ class WarmStart:
         loss = policy.sft_loss(batch, [targets[j] for j in keep])
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        gn = torch.nn.utils.clip_grad_norm_(policy.trainable_parameters(), cfg.max_grad_norm or 1e9)
+        gn = torch.nn.utils.clip_grad_norm_(policy.trainable_parameters(), cfg.optim.max_grad_norm or 1e9)
         if torch.isfinite(loss) and torch.isfinite(gn):
             self.optimizer.step()
         self.step += 1

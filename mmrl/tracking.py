@@ -96,7 +96,7 @@ class Tracker:
             try:
                 import wandb as wb
             except ImportError as e:
-                raise RuntimeError("trainer.wandb=true needs `pip install wandb`") from e
+                raise RuntimeError("trainer.logging.wandb=true needs `pip install wandb`") from e
             run = wb.init(project=wandb_project, name=run_name, config=config, id=wandb_id, resume="allow")
             self._wandb = wb
             self.wandb_id = run.id

@@ -123,11 +123,11 @@ class Trainer:
             except FileNotFoundError as e:
                 raise ConfigError(f"checkpoint={cfg.checkpoint}: {e}") from None
 
-        if tr.resume not in ("never", "auto") and Path(tr.resume).exists():
+        if tr.checkpointing.resume not in ("never", "auto") and Path(tr.checkpointing.resume).exists():
             try:  # a damaged checkpoint to resume is one line before the task and policy are built
-                resolve_checkpoint(tr.resume)
+                resolve_checkpoint(tr.checkpointing.resume)
             except FileNotFoundError:
-                pass  # setup_run_dir says what trainer.resume takes
+                pass  # setup_run_dir says what trainer.checkpointing.resume takes
         self.task = task = task if task is not None else build_task(cfg)
         # rewards (user files, modules, servers) and the algorithm's needs are checked before the model is loaded
         rewards = build_rewards(cfg, task)
@@ -554,9 +554,9 @@ class Trainer:
         return loss
 
     def _clip_and_step(self, stats: UpdateStats) -> bool:
-        """Clip the accumulated gradient to ``trainer.max_grad_norm`` and step the optimizer; a non-finite gradient
+        """Clip the accumulated gradient to ``trainer.optim.max_grad_norm`` and step the optimizer; a non-finite gradient
         norm (some gradient is non-finite: one pass checks and clips) skips the step. True when it stepped."""
-        max_norm = self.cfg.trainer.max_grad_norm
+        max_norm = self.cfg.trainer.optim.max_grad_norm
         gn = float(torch.nn.utils.clip_grad_norm_(self._params, max_norm if max_norm is not None else math.inf))
         finite = math.isfinite(gn)
         if finite:
@@ -566,7 +566,7 @@ class Trainer:
         return finite
 
     def _count_nonfinite(self, skipped_steps: int) -> None:
-        """The streak of steps with skipped (non-finite) optimizer steps; past ``trainer.max_consecutive_nonfinite``
+        """The streak of steps with skipped (non-finite) optimizer steps; past ``trainer.limits.max_consecutive_nonfinite``
         the run aborts once this step is complete."""
         tr = self.cfg.trainer
         if not skipped_steps:
@@ -574,26 +574,26 @@ class Trainer:
             return
         self.nonfinite_streak += 1
         log.warning("step %d: non-finite loss or gradient; %d optimizer step(s) skipped", self.step, skipped_steps)
-        if self.nonfinite_streak >= tr.max_consecutive_nonfinite:
+        if self.nonfinite_streak >= tr.limits.max_consecutive_nonfinite:
             self._abort_after_step = (
                 f"{self.nonfinite_streak} consecutive steps had non-finite losses or gradients "
-                f"(trainer.max_consecutive_nonfinite={tr.max_consecutive_nonfinite}); lower trainer.lr or check the rewards"
+                f"(trainer.limits.max_consecutive_nonfinite={tr.limits.max_consecutive_nonfinite}); lower trainer.optim.lr or check the rewards"
             )
 
     # ------------------------------------------------------------------ evaluation
     def evaluate(self, items=None, *, limit: int | None = None) -> dict[str, float]:
-        """Greedy (or ``trainer.eval_greedy=false``: seeded sampled, ``trainer.eval_samples`` per item) rollouts
+        """Greedy (or ``trainer.eval.greedy=false``: seeded sampled, ``trainer.eval.samples`` per item) rollouts
         over the eval set; task metrics plus reward means under ``eval/`` (:func:`mmrl.evaluation.evaluate_policy`)."""
         tr = self.cfg.trainer
         items = list(items if items is not None else self.task.eval_items())
-        limit = limit if limit is not None else tr.eval_size
+        limit = limit if limit is not None else tr.eval.size
         if limit is not None:
             items = items[:limit]
         t0 = time.perf_counter()
         with (
             self.dp.gathered(),
             PhaseProgress(
-                f"{self.cfg.task.name} eval", len(items), unit="item", enabled=tr.progress and self.is_main
+                f"{self.cfg.task.name} eval", len(items), unit="item", enabled=tr.logging.progress and self.is_main
             ) as bar,
         ):
             self.last_eval = evaluate_policy(
@@ -603,8 +603,8 @@ class Trainer:
                 items,
                 seed=tr.seed,
                 batch_size=tr.batch_size,
-                samples=tr.eval_samples,
-                greedy=tr.eval_greedy,
+                samples=tr.eval.samples,
+                greedy=tr.eval.greedy,
                 progress=bar,
             )
         self.report.add_time("evaluation", time.perf_counter() - t0)
@@ -644,20 +644,23 @@ class Trainer:
         last: dict[str, float] = {}
         self.report.first_step = first_step = self.step
         t_fit = time.perf_counter()
-        if tr.progress and self.is_main:
+        if tr.logging.progress and self.is_main:
             print(self.banner(), file=sys.stderr)  # stderr is line-buffered (Python >= 3.9): no flush needed
         try:
             warm_started = before_rl(self)
             # created after the warm start: its ETA is measured on RL steps only
             bar = PhaseProgress(
-                f"{self.cfg.task.name} RL", tr.max_steps, initial=self.step, enabled=tr.progress and self.is_main
+                f"{self.cfg.task.name} RL",
+                tr.max_steps,
+                initial=self.step,
+                enabled=tr.logging.progress and self.is_main,
             )
             while self.step < tr.max_steps and self.stop_signals.received is None:
                 last = self._rl_step(bar)
             self.checkpoints.raise_if_nothing_trained(first_step, warm_started)
             if self.checkpoints.saved_step != self.step:
                 self.checkpoints.save_or_rescue("the final save")
-            if tr.plot and self.is_main:  # while the folder is still this process's
+            if tr.logging.plot and self.is_main:  # while the folder is still this process's
                 plot_metrics(self.run_dir / "metrics.jsonl", self.run_dir / "curves.png", title=self.cfg.task.name)
         except (KeyboardInterrupt, NothingTrained):
             raise
@@ -687,19 +690,19 @@ class Trainer:
         return {**last, **self.last_eval}
 
     def _rl_step(self, bar: PhaseProgress) -> dict[str, float]:
-        """One RL step and what follows it: the evaluation (every ``trainer.eval_every`` steps, or at the end with
-        ``trainer.eval_at_end``), the metrics row, the callbacks, the progress line and the periodic checkpoint."""
+        """One RL step and what follows it: the evaluation (every ``trainer.eval.every`` steps, or at the end with
+        ``trainer.eval.at_end``), the metrics row, the callbacks, the progress line and the periodic checkpoint."""
         tr = self.cfg.trainer
         metrics = self.train_step()
         self.step += 1
         self.report.add_step(metrics)
-        if tr.eval_every and self.step % tr.eval_every == 0:
+        if tr.eval.every and self.step % tr.eval.every == 0:
             metrics.update(self.evaluate())
             self.report.add_eval(f"step {self.step}", metrics)
-        elif self.step == tr.max_steps and tr.eval_at_end:
+        elif self.step == tr.max_steps and tr.eval.at_end:
             metrics.update(self.evaluate())
             self.report.add_eval(f"step {self.step}", metrics)
-        if self.step % tr.log_every == 0 or self.step == tr.max_steps:
+        if self.step % tr.logging.every == 0 or self.step == tr.max_steps:
             self.tracker.log(metrics, self.step)
         for cb in self.callbacks:
             cb(self, metrics)
@@ -709,6 +712,6 @@ class Trainer:
             **({"eval": metrics["eval/score"]} if "eval/score" in metrics else {}),
             **{k: metrics[m] for k, m in _ASYNC_PROGRESS.items() if m in metrics},
         )
-        if tr.save_every and self.step % tr.save_every == 0 and self.step < tr.max_steps:
+        if tr.checkpointing.save_every and self.step % tr.checkpointing.save_every == 0 and self.step < tr.max_steps:
             self.checkpoints.save_or_rescue(f"the checkpoint of step {self.step}")
         return metrics

@@ -38,11 +38,11 @@ def reference_from_warm_start(policy: Policy, kl_coef: float, run_dir: Path | No
 
 
 def restore_warm_start_reference(policy: Policy, cfg, ckpt: Path, *, in_warm_start: bool) -> None:
-    """On a resume after the warm start (``trainer.sft_steps > 0``, not ``in_warm_start``): the KL reference
+    """On a resume after the warm start (``trainer.warm_start.steps > 0``, not ``in_warm_start``): the KL reference
     :func:`reference_from_warm_start` kept, from the checkpoint's run folder (a warning when it is missing: the
     reference is then the model before the warm start)."""
     ref = policy.frozen_reference
-    if ref is None or cfg.algo.kl_coef <= 0 or cfg.trainer.sft_steps <= 0 or in_warm_start:
+    if ref is None or cfg.algo.kl_coef <= 0 or cfg.trainer.warm_start.steps <= 0 or in_warm_start:
         return
     from mmrl.checkpoint_files import safe_load
 

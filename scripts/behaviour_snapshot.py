@@ -7,15 +7,15 @@ measure time, speed or memory removed (:data:`TIMING_KEYS`). A run that fails wr
 its output) instead. ``python scripts/behaviour_snapshot.py --compare DIR_A DIR_B`` prints, per run, ``equal`` or the
 first row and key that differ, and exits 1 when any run differs, is missing or failed on one side.
 
-Every run gets :data:`SHORT_RUN` (and :data:`TASK_OVERRIDES`, e.g. t2i_color's shorter pipeline pre-training): ``trainer.max_steps=2``, ``trainer.sft_steps=min(its default, 2)``, evaluation at
-the end only on ``trainer.eval_size=2`` items, ``trainer.seed=0``, one torch thread, no progress bars, plots,
+Every run gets :data:`SHORT_RUN` (and :data:`TASK_OVERRIDES`, e.g. t2i_color's shorter pipeline pre-training): ``trainer.max_steps=2``, ``trainer.warm_start.steps=min(its default, 2)``, evaluation at
+the end only on ``trainer.eval.size=2`` items, ``trainer.seed=0``, one torch thread, no progress bars, plots,
 TensorBoard or W&B. The variants of ``toy_arithmetic`` (:data:`VARIANTS`) add:
 
 * ``toy_arithmetic@ppo``: ``algo=ppo`` (GAE over a critic, 2 PPO epochs x 2 minibatches) with ``trainer.grad_accum=2``;
 * ``toy_arithmetic@kl``: ``algo.kl_coef=0.05`` with ``algo.kl_in_reward=true``, ``algo.old_logp=recompute`` and
   ``algo.truncated_is=true`` (the reference and the no-grad passes);
-* ``toy_arithmetic@warm``: ``trainer.sft_steps=2`` with ``algo.kl_coef=0.05`` (the warm start and the reference it
-  leaves), ``trainer.save_every=1`` (a checkpoint per step).
+* ``toy_arithmetic@warm``: ``trainer.warm_start.steps=2`` with ``algo.kl_coef=0.05`` (the warm start and the reference it
+  leaves), ``trainer.checkpointing.save_every=1`` (a checkpoint per step).
 
 :data:`TASKS` are the defaults that train on a CPU without optional extras: the LIBERO suites and Meta-World need their
 simulators (``--tasks metaworld`` runs it where it is installed). The whole snapshot takes a few minutes on one core.
@@ -54,7 +54,12 @@ VARIANTS = {
         "algo.old_logp=recompute",
         "algo.truncated_is=true",
     ),
-    "toy_arithmetic@warm": ("task=toy_arithmetic", "trainer.sft_steps=2", "algo.kl_coef=0.05", "trainer.save_every=1"),
+    "toy_arithmetic@warm": (
+        "task=toy_arithmetic",
+        "trainer.warm_start.steps=2",
+        "algo.kl_coef=0.05",
+        "trainer.checkpointing.save_every=1",
+    ),
 }
 """Runs beyond the embedded defaults: ``name@variant`` -> its overrides (the task first)."""
 
@@ -71,17 +76,17 @@ tasks wait up to 600 s for an env step, so that a busy machine does not turn epi
 
 SHORT_RUN = (
     "trainer.max_steps=2",
-    "trainer.eval_every=0",
-    "trainer.eval_at_end=true",
-    "trainer.eval_size=2",
+    "trainer.eval.every=0",
+    "trainer.eval.at_end=true",
+    "trainer.eval.size=2",
     "trainer.seed=0",
     "trainer.threads=1",
-    "trainer.progress=false",
-    "trainer.plot=false",
-    "trainer.tensorboard=false",
-    "trainer.wandb=false",
+    "trainer.logging.progress=false",
+    "trainer.logging.plot=false",
+    "trainer.logging.tensorboard=false",
+    "trainer.logging.wandb=false",
 )
-"""What every run adds to its task's default (``trainer.sft_steps`` is capped per run: :func:`run_overrides`)."""
+"""What every run adds to its task's default (``trainer.warm_start.steps`` is capped per run: :func:`run_overrides`)."""
 
 TIMING_KEYS = re.compile(r"^time/|_per_s$|(^|/)(memory|mem|rss|peak)[_/]|_gb$|_mb$|_bytes$")
 """Metric keys that measure time, speed or memory: they differ between two runs of the same code."""
@@ -97,12 +102,12 @@ def run_names(tasks: list[str] | None) -> list[str]:
 
 def run_overrides(name: str) -> list[str]:
     """The overrides of run ``name``: its task (or variant) with :data:`TASK_OVERRIDES`, :data:`SHORT_RUN` and
-    ``trainer.sft_steps`` capped at 2."""
+    ``trainer.warm_start.steps`` capped at 2."""
     from mmrl.config import load_config
 
     base = list(VARIANTS.get(name, (f"task={name}", *TASK_OVERRIDES.get(name, ()))))
-    sft = load_config(base).trainer.sft_steps
-    return [*base, *SHORT_RUN, f"trainer.sft_steps={min(sft, 2)}"]
+    sft = load_config(base).trainer.warm_start.steps
+    return [*base, *SHORT_RUN, f"trainer.warm_start.steps={min(sft, 2)}"]
 
 
 def without_timing(row: dict) -> dict:

@@ -212,13 +212,13 @@ def _measured_run(sub: SubRun, run_root: Path) -> list[str]:
     """The trainer overrides every sub-run shares: no warm start, evaluation, checkpoints or plots (only the RL steps
     are measured), seed 0, the sub-run's strategy and run folder."""
     return [
-        "trainer.sft_steps=0",
-        "trainer.eval_every=0",
-        "trainer.eval_at_end=false",
-        "trainer.save_every=0",
-        "trainer.plot=false",
-        "trainer.tensorboard=false",
-        "trainer.progress=false",
+        "trainer.warm_start.steps=0",
+        "trainer.eval.every=0",
+        "trainer.eval.at_end=false",
+        "trainer.checkpointing.save_every=0",
+        "trainer.logging.plot=false",
+        "trainer.logging.tensorboard=false",
+        "trainer.logging.progress=false",
         "trainer.seed=0",
         f"trainer.strategy={sub.strategy}",
         f"trainer.output_dir={run_root}",

@@ -1,7 +1,7 @@
 """Meta-World: the tokens, flow and gaussian action heads on the same seeds and budget (the continuous-actions issue).
 
     python scripts/vla_heads_table.py                       # 3 heads x seeds 0 1 2, then the table and the plot
-    python scripts/vla_heads_table.py trainer.sft_steps=300 --heads flow --seeds 0   # overrides first, then a subset
+    python scripts/vla_heads_table.py trainer.warm_start.steps=300 --heads flow --seeds 0   # overrides first, then a subset
     python scripts/vla_heads_table.py --heads tiny_smolvla  # mmrl's tiny SmolVLA (model=tiny_smolvla), same budget
     python scripts/vla_heads_table.py --heads tiny_smolvla_lora  # the same with model.lora.enabled=true
     python scripts/vla_heads_table.py --table-only          # rebuild the table / plot from the runs already there
@@ -45,7 +45,7 @@ HEAD_OVERRIDES = {
 def run_one(head: str, seed: int, extra: list[str]) -> None:
     name = f"{head}_s{seed}"
     cmd = [
-        sys.executable, "-m", "mmrl.cli", "train", "task=metaworld", f"trainer.seed={seed}", f"trainer.output_dir={RUNS}", f"trainer.run_name={name}", "trainer.overwrite=true",
+        sys.executable, "-m", "mmrl.cli", "train", "task=metaworld", f"trainer.seed={seed}", f"trainer.output_dir={RUNS}", f"trainer.run_name={name}", "trainer.checkpointing.overwrite=true",
         *HEAD_OVERRIDES[head], *extra,
     ]  # fmt: skip
     print("$", " ".join(cmd[2:]), flush=True)
@@ -84,7 +84,7 @@ def summarise(run: Path) -> dict | None:
 
 
 def _fmt(value: float | None) -> str:
-    """Three decimals, or n/a (the random-init evaluation is skipped with trainer.eval_before_warm_start=false)."""
+    """Three decimals, or n/a (the random-init evaluation is skipped with trainer.eval.before_warm_start=false)."""
     return "n/a" if value is None else f"{value:.3f}"
 
 

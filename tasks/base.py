@@ -69,7 +69,7 @@ class Task(abc.ABC):
         return cache[split]
 
     def sft_items(self) -> Sequence[dict]:
-        """Records of the supervised warm start (``trainer.sft_steps``). Default: the training records; a task may
+        """Records of the supervised warm start (``trainer.warm_start.steps``). Default: the training records; a task may
         warm-start on other items (VLA: one item per expert-demo observation)."""
         return self.train_items()
 
@@ -103,7 +103,7 @@ class Task(abc.ABC):
         return {k: [it.get(k) for it in items] for k in keys}
 
     def sft_target(self, item: dict, meta: dict) -> str | None:
-        """The reference completion for the supervised warm start (``trainer.sft_steps``), or None.
+        """The reference completion for the supervised warm start (``trainer.warm_start.steps``), or None.
 
         ``meta`` is what the policy knows about the item after preprocessing (e.g. the model-input
         image size and box frame for VLMs; empty for text policies).

@@ -176,11 +176,11 @@ BASE = [
     "task=toy_arithmetic",  # only for the config; the task object is FixedTask
     "trainer.batch_size=2",
     "algo.group_size=4",
-    "trainer.max_grad_norm=null",  # the recorded gradient is the raw one
-    "trainer.progress=false",
-    "trainer.tensorboard=false",
-    "trainer.plot=false",
-    "trainer.eval_at_end=false",
+    "trainer.optim.max_grad_norm=null",  # the recorded gradient is the raw one
+    "trainer.logging.progress=false",
+    "trainer.logging.tensorboard=false",
+    "trainer.logging.plot=false",
+    "trainer.eval.at_end=false",
 ]
 
 

@@ -31,11 +31,11 @@ def toy_overrides(tmp_path: Path, *extra: str, steps: int = 4, run: str = "run")
         f"trainer.run_name={run}",
         f"trainer.max_steps={steps}",
         "trainer.batch_size=4",
-        "trainer.eval_every=0",
-        "trainer.eval_at_end=false",
-        "trainer.progress=false",
-        "trainer.tensorboard=false",
-        "trainer.plot=false",
+        "trainer.eval.every=0",
+        "trainer.eval.at_end=false",
+        "trainer.logging.progress=false",
+        "trainer.logging.tensorboard=false",
+        "trainer.logging.plot=false",
         "algo.group_size=4",
         *extra,
     ]
@@ -153,7 +153,13 @@ def run_embedded_default(task: str, tmp_path: Path, *extra: str) -> tuple[Any, d
     from mmrl.tracking import read_metrics
 
     cfg = load_config(
-        [f"task={task}", f"trainer.output_dir={tmp_path}", "trainer.run_name=r", "trainer.progress=false", *extra]
+        [
+            f"task={task}",
+            f"trainer.output_dir={tmp_path}",
+            "trainer.run_name=r",
+            "trainer.logging.progress=false",
+            *extra,
+        ]
     )
     tr = Trainer(cfg)
     tr.setup_run_dir()

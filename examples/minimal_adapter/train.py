@@ -28,7 +28,7 @@ PLUGIN = Path(__file__).resolve().parent / "mmrl_tone"
 """The plugin package: imported by mmrl from ``plugins=[<this folder>]`` (it registers the task, the model type and
 its presets)."""
 
-DEFAULTS = ["trainer.seed=0", "trainer.run_name=tone_class", "trainer.overwrite=true"]
+DEFAULTS = ["trainer.seed=0", "trainer.run_name=tone_class", "trainer.checkpointing.overwrite=true"]
 
 
 def make_config(overrides: list[str]):

@@ -118,7 +118,7 @@ def run_worker(worker: int, cfg, board, tasks, results, device: str) -> None:
             version = board.load_into(policy.model, version)  # weights switch between rounds only
             policy.on_train_step(step)
             batch, skipped = prepare_batch(task, indices, seeds, collector.train_items)
-            # score() appends the samples log rows on the steps trainer.log_samples_every names, else none
+            # score() appends the samples log rows on the steps trainer.logging.samples_every names, else none
             scored = collector.produce_round(batch, skipped, step=step, log_to=[])
             groups = set(scored.rollout.group_id.tolist()) if scored.rollout is not None else set()
             kept = [s in groups for s in seeds]

@@ -102,11 +102,11 @@ def plugins_named(overrides: list[str]) -> list[str]:
 
 
 def greedy_override_means_one_sample(raw: dict, overrides: list[str]) -> None:
-    """``trainer.eval_greedy=true`` given on the command line without ``trainer.eval_samples`` evaluates one greedy
+    """``trainer.eval.greedy=true`` given on the command line without ``trainer.eval.samples`` evaluates one greedy
     answer per item, whatever number of samples the task preset uses for its sampled evaluation (greedy copies are
     identical). Given both, the validator checks the pair as usual."""
     keys = {ov.lstrip("+~").split("=", 1)[0]: ov.split("=", 1)[-1] for ov in overrides}
-    if keys.get("trainer.eval_greedy", "").lower() == "true" and "trainer.eval_samples" not in keys:
+    if keys.get("trainer.eval.greedy", "").lower() == "true" and "trainer.eval.samples" not in keys:
         trainer = raw.setdefault("trainer", {})
         if not isinstance(trainer.get("eval"), dict):
             trainer["eval"] = {}

@@ -35,20 +35,22 @@ def validate_algo(algo: AlgoConfig) -> None:
 
 
 def validate_trainer(tr: TrainerConfig) -> None:
-    check_choice(tr.lr_schedule, ("constant", "linear", "cosine"), "trainer.lr_schedule")
+    check_choice(tr.optim.lr_schedule, ("constant", "linear", "cosine"), "trainer.optim.lr_schedule")
     check_choice(tr.device, ("auto", "cpu", "cuda"), "trainer.device")
     check_choice(tr.strategy, ("ddp", "fsdp2"), "trainer.strategy")
-    if tr.fsdp_param_dtype is not None:
-        check_choice(tr.fsdp_param_dtype, ("float32", "bfloat16", "float16"), "trainer.fsdp_param_dtype")
+    if tr.fsdp.param_dtype is not None:
+        check_choice(tr.fsdp.param_dtype, ("float32", "bfloat16", "float16"), "trainer.fsdp.param_dtype")
     if tr.batch_size < 1 or tr.grad_accum < 1 or tr.max_steps < 0:
         raise ConfigError("trainer.batch_size and trainer.grad_accum must be >= 1, trainer.max_steps >= 0")
-    if tr.eval_samples < 1 or (tr.eval_samples > 1 and tr.eval_greedy):
+    if tr.eval.samples < 1 or (tr.eval.samples > 1 and tr.eval.greedy):
         raise ConfigError(
-            f"trainer.eval_samples={tr.eval_samples}: must be >= 1, and > 1 only with "
-            "trainer.eval_greedy=false (greedy copies are identical)"
+            f"trainer.eval.samples={tr.eval.samples}: must be >= 1, and > 1 only with "
+            "trainer.eval.greedy=false (greedy copies are identical)"
         )
-    if tr.sft_max_items is not None and tr.sft_max_items < 1:
-        raise ConfigError(f"trainer.sft_max_items must be >= 1 (or null for all items), got {tr.sft_max_items}")
+    if tr.warm_start.max_items is not None and tr.warm_start.max_items < 1:
+        raise ConfigError(
+            f"trainer.warm_start.max_items must be >= 1 (or null for all items), got {tr.warm_start.max_items}"
+        )
     check_choice(tr.rollout, ("sync", "async"), "trainer.rollout")
     if tr.rollout_workers < 1:
         raise ConfigError(f"trainer.rollout_workers must be >= 1, got {tr.rollout_workers}")

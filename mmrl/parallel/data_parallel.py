@@ -52,9 +52,9 @@ class DataParallel:
         for module in policy.shardable_modules():
             shard_module(
                 module,
-                reshard_after_forward=self.cfg.fsdp_reshard_after_forward,
-                offload=self.cfg.fsdp_offload,
-                param_dtype=self.cfg.fsdp_param_dtype,
+                reshard_after_forward=self.cfg.fsdp.reshard_after_forward,
+                offload=self.cfg.fsdp.offload,
+                param_dtype=self.cfg.fsdp.param_dtype,
             )
         self.sharded = True
 
@@ -65,7 +65,7 @@ class DataParallel:
         from mmrl.parallel.fsdp import gathered_parameters
 
         return gathered_parameters(
-            self._policy.model, metrics, reshard_after_forward=self.cfg.fsdp_reshard_after_forward
+            self._policy.model, metrics, reshard_after_forward=self.cfg.fsdp.reshard_after_forward
         )
 
     def no_sync(self, sync: bool):

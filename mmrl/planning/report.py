@@ -921,7 +921,7 @@ def device_memory_gb(device: Any) -> float | None:
 
 _TRAINER_OVERRIDE = {
     "plan.strategy=fsdp2": "trainer.strategy=fsdp2",
-    "plan.offload=params": "trainer.fsdp_offload=true",
+    "plan.offload=params": "trainer.fsdp.offload=true",
 }
 """The training setting behind a ``plan.*`` suggestion (``plan.offload=optimizer`` alone has none: not offered)."""
 
@@ -940,7 +940,7 @@ def _run_plan(
         world_size=world_size,
         strategy=tr.strategy,
         optim="model",
-        offload="params" if tr.strategy == "fsdp2" and tr.fsdp_offload else "none",
+        offload="params" if tr.strategy == "fsdp2" and tr.fsdp.offload else "none",
     )
     try:
         inp, info = plan_inputs(cfg, settings)

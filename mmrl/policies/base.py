@@ -346,10 +346,10 @@ class Policy(abc.ABC):
         return [{} for _ in items]
 
     def sft_loss(self, batch: PromptBatch, targets: Sequence[str]) -> Tensor:
-        """Supervised loss of ``targets`` given ``batch`` (the warm start, ``trainer.sft_steps``). Default: this
+        """Supervised loss of ``targets`` given ``batch`` (the warm start, ``trainer.warm_start.steps``). Default: this
         policy has none (:attr:`supports_sft` is False)."""
         raise PolicyCapabilityError(
-            f"the {type(self).__name__} policy has no supervised loss (sft_loss); set trainer.sft_steps=0"
+            f"the {type(self).__name__} policy has no supervised loss (sft_loss); set trainer.warm_start.steps=0"
         )
 
     @property

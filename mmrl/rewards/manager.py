@@ -317,7 +317,7 @@ class RewardManager:
             cause = self._last_cause.get(spec.name)
             raise RewardError(
                 f"reward function {spec.label} failed on {rate:.0%} of the last {len(hist)} samples "
-                f"(threshold {self.error_threshold:.0%}; trainer.reward_error_threshold)"
+                f"(threshold {self.error_threshold:.0%}; trainer.limits.reward_error_threshold)"
                 + (f"; last cause: it {cause}" if cause else "")
                 + f"; {_advice(spec)}"
             )

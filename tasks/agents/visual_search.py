@@ -62,7 +62,7 @@ class VisualSearchConfig(TaskConfigBase):
     answer_weight: float = 1.0
     """Weight of the final-answer reward (reward/answer)."""
     sft_zoom: bool = True
-    """Warm start (trainer.sft_steps): the target trajectory zooms on the target's box, then answers; false: it answers
+    """Warm start (trainer.warm_start.steps): the target trajectory zooms on the target's box, then answers; false: it answers
     at once (the no-tool baseline's warm start)."""
     zoom_margin: float = 1.0
     """Warm start: the target zoom box is the target's box grown by this many box sizes on each side (clipped)."""

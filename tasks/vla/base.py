@@ -209,7 +209,7 @@ class VLATask(Task):
             noise_std=self.cfg.demo_noise,
             noise_dims=arm_dims,
             seed=self.cfg.demo_seed,
-            progress=bool(self.run_cfg is not None and self.run_cfg.trainer.progress),
+            progress=bool(self.run_cfg is not None and self.run_cfg.trainer.logging.progress),
         )
         ok = sum(d.success for d in demos)
         log.info("collected %d expert demos (%d successful, %d steps)", len(demos), ok, sum(d.length for d in demos))

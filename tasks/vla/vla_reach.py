@@ -4,7 +4,7 @@ Items are (task, initial state) pairs: "reach the red block" from layout ``s``. 
 (``model.type=vla``) rolls out ``G`` episodes per item from the same initial state; the reward is
 binary success. The run is demos -> SFT -> GRPO: scripted-expert demos (:mod:`mmrl.adapters.vla.demos`,
 from initial states disjoint from the RL ones) give the action statistics and the supervised warm
-start (``trainer.sft_steps``), then GRPO improves success on the fixed RL initial states.
+start (``trainer.warm_start.steps``), then GRPO improves success on the fixed RL initial states.
 
 What every VLA task shares is in :mod:`mmrl.tasks.vla.base`.
 """

@@ -140,15 +140,15 @@ def test_visual_search_trains_on_the_tiny_vlm(tmp_path):
             "trainer.batch_size=2",
             "algo.group_size=2",
             "trainer.max_steps=1",
-            "trainer.eval_every=0",
-            "trainer.progress=false",
-            "trainer.tensorboard=false",
-            "trainer.plot=false",
+            "trainer.eval.every=0",
+            "trainer.logging.progress=false",
+            "trainer.logging.tensorboard=false",
+            "trainer.logging.plot=false",
             "model.max_new_tokens=8",
             "agent.max_turns=2",
             "reward.fns=[tests/agents/length_reward.py:text_length]",
-            "trainer.sft_steps=1",
-            "trainer.sft_batch_size=2",
+            "trainer.warm_start.steps=1",
+            "trainer.warm_start.batch_size=2",
         ]
     )
     tr = Trainer(cfg)

@@ -117,7 +117,7 @@ def test_a_stopped_run_resumes_at_the_first_group_it_had_not_trained(tmp_path):
     first.callbacks.append(lambda t, m: setattr(t.stop_signals, "received", signal.SIGTERM) if t.step == 3 else None)
     first.fit()
     assert first.step == 3 and len(consumed) == 3
-    resumed = toy_trainer(tmp_path, *extra, "trainer.resume=auto", steps=8)
+    resumed = toy_trainer(tmp_path, *extra, "trainer.checkpointing.resume=auto", steps=8)
     record(resumed)
     resumed.fit()
     order = PromptSampler(25, 4, 0)
@@ -136,17 +136,17 @@ def test_eta_zero_gives_the_synchronous_numbers_on_the_tiny_vlm(tmp_path):
             "task=vqa_grounding",
             f"trainer.output_dir={tmp_path}",
             f"trainer.run_name={name}",
-            "trainer.sft_steps=0",
+            "trainer.warm_start.steps=0",
             "trainer.max_steps=3",
             "trainer.batch_size=2",
             "algo.group_size=2",
             "model.max_new_tokens=8",
-            "trainer.eval_every=0",
-            "trainer.eval_at_end=false",
+            "trainer.eval.every=0",
+            "trainer.eval.at_end=false",
             "task.num_eval=1",
-            "trainer.progress=false",
-            "trainer.tensorboard=false",
-            "trainer.plot=false",
+            "trainer.logging.progress=false",
+            "trainer.logging.tensorboard=false",
+            "trainer.logging.plot=false",
             *extra,
         ]
         tr = Trainer(load_config(overrides))
@@ -172,7 +172,12 @@ def test_the_learner_killed_mid_run_resumes_with_every_item_once_per_epoch(tmp_p
 
     from mmrl.asynchronous.runtime import CONSUMED_LOG
 
-    extra = ("trainer.rollout=async", "algo.max_staleness=1", "algo.truncated_is=true", "trainer.save_every=2")
+    extra = (
+        "trainer.rollout=async",
+        "algo.max_staleness=1",
+        "algo.truncated_is=true",
+        "trainer.checkpointing.save_every=2",
+    )
     mmrl = Path(sys.executable).with_name("mmrl")
     proc = subprocess.Popen(
         [str(mmrl), "train", *toy_overrides(tmp_path, *extra, steps=10)],
@@ -190,7 +195,7 @@ def test_the_learner_killed_mid_run_resumes_with_every_item_once_per_epoch(tmp_p
     proc.wait(10)
     _, alive = psutil.wait_procs(workers, timeout=15)
     assert not alive  # a worker whose learner is gone stops by itself
-    resumed = toy_trainer(tmp_path, *extra, "trainer.resume=auto", steps=10)
+    resumed = toy_trainer(tmp_path, *extra, "trainer.checkpointing.resume=auto", steps=10)
     resumed.fit()
     assert resumed.step == 10
     trained: dict[int, list[int]] = {}

@@ -25,12 +25,12 @@ def test_overrides_and_group_selection():
             "algo=dapo",
             "trainer.max_steps=7",
             "algo.clip_high=0.3",
-            "trainer.adam_betas=[0.8,0.9]",
+            "trainer.optim.adam_betas=[0.8,0.9]",
         ]
     )
     assert cfg.algo.name == "dapo" and cfg.algo.filter_groups is True
     assert cfg.trainer.max_steps == 7 and cfg.algo.clip_high == 0.3
-    assert cfg.trainer.adam_betas == (0.8, 0.9)
+    assert cfg.trainer.optim.adam_betas == (0.8, 0.9)
 
 
 @pytest.mark.parametrize(
@@ -99,9 +99,9 @@ def test_resolved_config_saved_in_run_dir(tmp_path):
 
 def test_greedy_eval_on_the_command_line_means_one_sample_per_item():
     # video_qa's preset evaluates 4 sampled answers per question; asking for greedy gives one greedy answer
-    assert load_config(["task=video_qa"]).trainer.eval_samples == 4
-    cfg = load_config(["task=video_qa", "trainer.eval_greedy=true"])
-    assert cfg.trainer.eval_greedy and cfg.trainer.eval_samples == 1
+    assert load_config(["task=video_qa"]).trainer.eval.samples == 4
+    cfg = load_config(["task=video_qa", "trainer.eval.greedy=true"])
+    assert cfg.trainer.eval.greedy and cfg.trainer.eval.samples == 1
     with pytest.raises(ConfigError, match="eval_samples=4"):  # both given: the pair is still checked
-        load_config(["task=video_qa", "trainer.eval_greedy=true", "trainer.eval_samples=4"])
-    assert load_config(["task=video_qa", "trainer.eval_greedy=false"]).trainer.eval_samples == 4
+        load_config(["task=video_qa", "trainer.eval.greedy=true", "trainer.eval.samples=4"])
+    assert load_config(["task=video_qa", "trainer.eval.greedy=false"]).trainer.eval.samples == 4

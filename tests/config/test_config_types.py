@@ -171,7 +171,7 @@ def test_load_config_path_is_the_same():
         ("trainer.run_name=true", """for the text 'true' quote it: 'trainer.run_name="true"'"""),
         ("trainer.run_name=${oops}", "trainer.run_name: Interpolation key 'oops' not found"),
         ("reward.columns={solution: [1]}", "reward.columns.solution: expected a string"),
-        ("trainer.adam_betas=[0.9]", "trainer.adam_betas: expected 2 values"),
+        ("trainer.optim.adam_betas=[0.9]", "trainer.optim.adam_betas: expected 2 values"),
     ],
 )
 def test_values_read_before_the_dataclasses_are_checked_too(override, needle):
@@ -182,8 +182,8 @@ def test_values_read_before_the_dataclasses_are_checked_too(override, needle):
 
 def test_numbers_for_text_fields_keep_the_text_as_typed():
     """A number for a str field is taken as text, exactly as typed (1.10 stays '1.10', not '1.1')."""
-    cfg = load_config(["task=toy_arithmetic", "trainer.run_name=1.10", "trainer.wandb_project=1e3"])
-    assert cfg.trainer.run_name == "1.10" and cfg.trainer.wandb_project == "1e3"
+    cfg = load_config(["task=toy_arithmetic", "trainer.run_name=1.10", "trainer.logging.wandb_project=1e3"])
+    assert cfg.trainer.run_name == "1.10" and cfg.trainer.logging.wandb_project == "1e3"
     assert load_config(["task=toy_arithmetic", "trainer.run_name=123"]).trainer.run_name == "123"
 
 
@@ -292,7 +292,7 @@ def trained_run(tmp_path_factory) -> Path:
 @pytest.mark.parametrize(
     "override, needles",
     [
-        ("trainer.eval_size=abc", ["trainer.eval_size: expected an integer or null, got 'abc'"]),
+        ("trainer.eval.size=abc", ["trainer.eval.size: expected an integer or null, got 'abc'"]),
         ("task.ops=répondez", ["""'task.ops="répondez"'"""]),
     ],
 )
@@ -305,12 +305,12 @@ def test_cli_eval_wrong_values_are_one_line_exit_2(trained_run, tmp_path, overri
     "override, needle",
     [
         ("task.name=12345", "task.name: unknown task '12345'"),
-        ("trainer.eval_greedy=[1]", "trainer.eval_greedy: expected true/false, got [1]"),
+        ("trainer.eval.greedy=[1]", "trainer.eval.greedy: expected true/false, got [1]"),
         ("model.lora=5", "model.lora: expected a mapping of LoraConfig fields, got 5"),
         ("checkpoint=[1]", "checkpoint: expected a string or null"),
         ("trainer.run_name=a[b", """quote it: 'trainer.run_name="a[b"'"""),
         ("trainer.run_name=${oops}", "trainer.run_name: Interpolation key 'oops' not found"),
-        ("trainer.lr.x=1", "trainer.lr: expected a number, got {'x': 1}"),
+        ("trainer.optim.lr.x=1", "trainer.optim.lr: expected a number, got {'x': 1}"),
     ],
 )
 def test_eval_overrides_of_the_wrong_type_name_the_key(trained_run, override, needle):
@@ -322,8 +322,10 @@ def test_eval_overrides_of_the_wrong_type_name_the_key(trained_run, override, ne
 
 def test_eval_overrides_read_as_train_overrides(trained_run):
     """``mmrl eval`` reads overrides with the grammar of ``mmrl train``: quoted text, numbers kept as typed."""
-    cfg = load_run_config(trained_run, ['trainer.run_name="café"', "trainer.eval_size=2", "trainer.wandb_project=1e3"])
-    assert cfg.trainer.run_name == "café" and cfg.trainer.eval_size == 2 and cfg.trainer.wandb_project == "1e3"
+    cfg = load_run_config(
+        trained_run, ['trainer.run_name="café"', "trainer.eval.size=2", "trainer.logging.wandb_project=1e3"]
+    )
+    assert cfg.trainer.run_name == "café" and cfg.trainer.eval.size == 2 and cfg.trainer.logging.wandb_project == "1e3"
 
 
 def test_a_model_type_the_task_cannot_run_is_refused():

@@ -26,7 +26,12 @@ EXAMPLE = ROOT / "examples" / "minimal_adapter"
 #   seed 0: 0.109 -> 1.000   seed 1: 0.281 -> 1.000   seed 2: 0.000 -> 1.000    worst rise 0.719
 # and mean training reward (max 1.5), first -> last step: 0.29 -> 1.47, 0.31 -> 1.46, 0.25 -> 1.48 (worst rise 1.15).
 # The thresholds sit well below the worst seed.
-QUIET = ["trainer.eval_every=0", "trainer.progress=false", "trainer.tensorboard=false", "trainer.plot=false"]
+QUIET = [
+    "trainer.eval.every=0",
+    "trainer.logging.progress=false",
+    "trainer.logging.tensorboard=false",
+    "trainer.logging.plot=false",
+]
 MIN_SCORE_RISE = 0.5
 MIN_REWARD_RISE = 0.8
 
@@ -105,8 +110,8 @@ def test_the_script_runs_as_a_user_starts_it(tmp_path):
             str(EXAMPLE / "train.py"),
             f"trainer.output_dir={tmp_path}",
             "trainer.max_steps=2",
-            "trainer.eval_every=0",
-            "trainer.progress=false",
+            "trainer.eval.every=0",
+            "trainer.logging.progress=false",
             reward,
             "reward.weights=[0.0]",
         ],
@@ -166,7 +171,11 @@ def test_the_plugin_package_installed_in_a_fresh_venv_drives_the_mmrl_command(tm
 
     runs = tmp_path / "runs"
     train = mmrl(
-        "train", "task=tone_class", "trainer.max_steps=3", f"trainer.output_dir={runs}", "trainer.progress=false"
+        "train",
+        "task=tone_class",
+        "trainer.max_steps=3",
+        f"trainer.output_dir={runs}",
+        "trainer.logging.progress=false",
     )
     assert train.returncode == 0, train.stderr[-2000:]
     (run_dir,) = [p for p in runs.iterdir() if p.is_dir()]

@@ -77,7 +77,7 @@ def test_parameter_defaults_are_the_task_config(monkeypatch):
     assert ns["STEPS"] == cfg.trainer.max_steps
     assert ns["BATCH"] == cfg.trainer.batch_size
     assert ns["GROUP"] == cfg.algo.group_size
-    assert ns["EVAL_PROMPTS"] == cfg.trainer.eval_size
+    assert ns["EVAL_PROMPTS"] == cfg.trainer.eval.size
     assert ns["PRETRAIN_STEPS"] == cfg.task.pretrain_steps
     assert ns["OUTPUT_DIR"] == "runs" and ns["RUN_GPU_EXAMPLE"] is True
 

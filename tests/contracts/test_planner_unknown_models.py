@@ -139,7 +139,7 @@ def test_start_of_run_on_a_cuda_device_gives_one_line_for_an_unknown_model_type(
     from mmrl.trainer import Trainer
 
     monkeypatch.setattr(report, "device_memory_gb", lambda device: 79.2)  # an 80 GB device
-    cfg = load_config([*TONE, f"trainer.output_dir={tmp_path}", "trainer.progress=false"])
+    cfg = load_config([*TONE, f"trainer.output_dir={tmp_path}", "trainer.logging.progress=false"])
     with caplog.at_level(logging.INFO, logger="mmrl.trainer"):
         trainer = Trainer(cfg)
     assert type(trainer.policy).__name__ == "TonePolicy"

@@ -99,9 +99,9 @@ def test_the_toy_tasks_preset_settings_do_not_leak_into_a_registered_task(echo_f
 
     toy = load_config([])
     echo = load_config([f"plugins=[{echo_file}]", "task=echo"])
-    assert toy.trainer.lr == 0.0003 and toy.trainer.max_steps == 1000  # configs/task/toy_arithmetic.yaml
+    assert toy.trainer.optim.lr == 0.0003 and toy.trainer.max_steps == 1000  # configs/task/toy_arithmetic.yaml
     root = load_config(["~task=toy_arithmetic", "task.name=toy_arithmetic"])  # the root defaults, no task preset
-    assert (echo.trainer.lr, echo.trainer.max_steps) == (root.trainer.lr, root.trainer.max_steps)
+    assert (echo.trainer.optim.lr, echo.trainer.max_steps) == (root.trainer.optim.lr, root.trainer.max_steps)
 
 
 def test_a_module_plugin_with_a_callable(plugin_sandbox, tmp_path, monkeypatch):
@@ -261,15 +261,15 @@ def test_a_plugin_task_trains_with_asynchronous_rollout_workers(plugin_sandbox, 
             "trainer.max_steps=2",
             "trainer.batch_size=4",
             "algo.group_size=4",
-            "trainer.lr=0.003",
+            "trainer.optim.lr=0.003",
             "trainer.threads=1",
             "trainer.rollout=async",
             "algo.max_staleness=1",
-            "trainer.eval_every=0",
-            "trainer.eval_at_end=false",
-            "trainer.progress=false",
-            "trainer.tensorboard=false",
-            "trainer.plot=false",
+            "trainer.eval.every=0",
+            "trainer.eval.at_end=false",
+            "trainer.logging.progress=false",
+            "trainer.logging.tensorboard=false",
+            "trainer.logging.plot=false",
         ]
     )
     trainer = Trainer(cfg)

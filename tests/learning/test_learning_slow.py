@@ -13,7 +13,13 @@ pytestmark = pytest.mark.slow
 
 def _run(tmp_path, task, *extra):
     cfg = load_config(
-        [f"task={task}", f"trainer.output_dir={tmp_path}", "trainer.run_name=r", "trainer.progress=false", *extra]
+        [
+            f"task={task}",
+            f"trainer.output_dir={tmp_path}",
+            "trainer.run_name=r",
+            "trainer.logging.progress=false",
+            *extra,
+        ]
     )
     tr = Trainer(cfg)
     tr.setup_run_dir()

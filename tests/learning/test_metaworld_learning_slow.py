@@ -21,7 +21,7 @@ def metaworld_grpo_beats_sft(tmp_path, *extra):
     evals = [r["eval/success_rate"] for r in rows if "eval/success_rate" in r and "sft/step" not in r]
     numbers = before_sft, after_sft, evals
     assert final["eval/n"] == 192 and cfg.task.eval_init_offset == 500  # held-out states, disjoint from RL and demos
-    assert len(evals) == cfg.trainer.max_steps // cfg.trainer.eval_every
+    assert len(evals) == cfg.trainer.max_steps // cfg.trainer.eval.every
     # the demos matter: SFT multiplies the random-init success (measured 0.06-0.08 -> 0.34-0.42)
     assert after_sft >= before_sft + 0.2, numbers
     # GRPO raises held-out success above the SFT level: every evaluation after SFT is above it and the last one by

@@ -35,13 +35,13 @@ def test_temporal_grounding_warm_start_beats_the_best_constant_answer(tmp_path):
             "task=video_temporal_grounding",
             f"trainer.output_dir={tmp_path}",
             "trainer.run_name=r",
-            "trainer.progress=false",
-            "trainer.tensorboard=false",
-            "trainer.plot=false",
-            "trainer.sft_steps=150",
+            "trainer.logging.progress=false",
+            "trainer.logging.tensorboard=false",
+            "trainer.logging.plot=false",
+            "trainer.warm_start.steps=150",
             "trainer.max_steps=0",
             "task.num_eval=48",
-            "trainer.eval_size=48",
+            "trainer.eval.size=48",
         ]
     )
     tr = Trainer(cfg)

@@ -549,21 +549,21 @@ def test_training_with_and_without_sharing_ends_at_the_same_parameters(tmp_path)
                 f"trainer.run_name=r{int(on)}",
                 "task.num_train=16",
                 "task.num_eval=2",
-                "trainer.sft_steps=0",
+                "trainer.warm_start.steps=0",
                 "trainer.batch_size=2",
                 "algo.group_size=4",
                 "model.max_new_tokens=6",
                 "trainer.max_steps=5",
                 "trainer.grad_accum=3",
-                "trainer.lr=0.001",
+                "trainer.optim.lr=0.001",
                 "algo.kl_coef=0.05",
                 "algo.entropy_coef=0.01",
                 "algo.ppo_epochs=2",
-                "trainer.eval_every=0",
-                "trainer.eval_at_end=false",
-                "trainer.progress=false",
-                "trainer.tensorboard=false",
-                "trainer.plot=false",
+                "trainer.eval.every=0",
+                "trainer.eval.at_end=false",
+                "trainer.logging.progress=false",
+                "trainer.logging.tensorboard=false",
+                "trainer.logging.plot=false",
                 f"model.shared_prefix={str(on).lower()}",
             ]
         )
@@ -573,7 +573,7 @@ def test_training_with_and_without_sharing_ends_at_the_same_parameters(tmp_path)
         tr.rewards = RewardManager(
             tr.task.reward_specs() + [RewardSpec("chars", _char_reward, 1.0)],
             error_threshold=1.0,
-            window=tr.cfg.trainer.reward_error_window,
+            window=tr.cfg.trainer.limits.reward_error_window,
         )
         before = [p.detach().clone() for p in tr.policy.trainable_parameters()]
         final = tr.fit()

@@ -74,7 +74,11 @@ def test_a_run_whose_python_reward_never_scores_names_the_cause_in_its_last_line
     (tmp_path / "rewards.py").write_text(USER_REWARDS)
     monkeypatch.chdir(tmp_path)
     over = toy_overrides(
-        tmp_path, f"reward.fns=[rewards.py:{fn}]", "reward.mode=replace", "trainer.reward_error_threshold=1.0", steps=2
+        tmp_path,
+        f"reward.fns=[rewards.py:{fn}]",
+        "reward.mode=replace",
+        "trainer.limits.reward_error_threshold=1.0",
+        steps=2,
     )
     assert main(["train", *over]) == 1
     line = _last_line(capsys)

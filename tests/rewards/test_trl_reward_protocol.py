@@ -423,12 +423,12 @@ def _cli(tmp_path: Path, *overrides: str, steps: int = 2) -> tuple[subprocess.Co
         f"trainer.max_steps={steps}",
         "trainer.batch_size=4",
         "algo.group_size=4",
-        "trainer.eval_every=0",
-        "trainer.eval_at_end=false",
-        "trainer.progress=false",
-        "trainer.tensorboard=false",
-        "trainer.plot=false",
-        "trainer.log_every=1",
+        "trainer.eval.every=0",
+        "trainer.eval.at_end=false",
+        "trainer.logging.progress=false",
+        "trainer.logging.tensorboard=false",
+        "trainer.logging.plot=false",
+        "trainer.logging.every=1",
         *overrides,
     ]
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
@@ -508,7 +508,9 @@ CLI_BAD = ["bare_float"] + [
 
 @pytest.mark.parametrize("kind", CLI_BAD)
 def test_reward_errors_in_a_cli_run_are_one_line_without_traceback(bad_rewards, kind):
-    proc, _ = _cli(bad_rewards, f"reward.fns=[bad.py:{kind}]", "reward.mode=replace", "trainer.reward_error_window=8")
+    proc, _ = _cli(
+        bad_rewards, f"reward.fns=[bad.py:{kind}]", "reward.mode=replace", "trainer.limits.reward_error_window=8"
+    )
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
     lines = [line for line in proc.stderr.splitlines() if line.startswith("mmrl train: aborted")]

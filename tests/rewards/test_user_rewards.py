@@ -57,7 +57,7 @@ def _mean(values):
 
 
 def test_file_reward_is_logged_with_the_values_it_returns(tmp_path, user_file):
-    tr = toy_trainer(tmp_path, "reward.fns=[my_rewards.py:short_answer]", "trainer.log_every=1", steps=2)
+    tr = toy_trainer(tmp_path, "reward.fns=[my_rewards.py:short_answer]", "trainer.logging.every=1", steps=2)
     assert [s.name for s in tr.rewards.specs] == ["correct", "format", "short_answer"]  # add: the task's are kept
     tr.fit()
     rows = read_metrics(tr.run_dir / "metrics.jsonl")
@@ -75,7 +75,7 @@ def test_replace_drops_the_task_rewards_and_weights_scale(tmp_path, user_file):
         "reward.fns=[my_rewards.py:short_answer,my_rewards.py:only_answer]",
         "reward.weights=[2,0.5]",
         "reward.mode=replace",
-        "trainer.log_every=1",
+        "trainer.logging.every=1",
         steps=2,
     )
     assert [(s.name, s.weight) for s in tr.rewards.specs] == [("short_answer", 2.0), ("only_answer", 0.5)]
@@ -248,7 +248,7 @@ def test_remote_unreachable_port_is_masked_and_counted(caplog):
 
 def test_remote_reward_in_a_training_run(tmp_path, server):
     srv = server(lambda p: (200, json.dumps({"scores": [len(c) / 10 for c in p["completions"]]}).encode()))
-    tr = toy_trainer(tmp_path, f"reward.fns=[{srv.url}]", "reward.batch_size=5", "trainer.log_every=1", steps=2)
+    tr = toy_trainer(tmp_path, f"reward.fns=[{srv.url}]", "reward.batch_size=5", "trainer.logging.every=1", steps=2)
     name = url_name(srv.url)
     assert name == f"127.0.0.1_{srv.httpd.server_address[1]}_score"
     tr.fit()

@@ -27,12 +27,12 @@ TINY = [
     "trainer.max_steps=1",
     "trainer.batch_size=2",
     "algo.group_size=2",
-    "trainer.sft_steps=0",
-    "trainer.overwrite=true",
-    "trainer.progress=false",
-    "trainer.plot=false",
-    "trainer.tensorboard=false",
-    "trainer.eval_size=2",
+    "trainer.warm_start.steps=0",
+    "trainer.checkpointing.overwrite=true",
+    "trainer.logging.progress=false",
+    "trainer.logging.plot=false",
+    "trainer.logging.tensorboard=false",
+    "trainer.eval.size=2",
     "model.max_new_tokens=4",
     "trainer.device=cpu",
 ]
@@ -242,7 +242,7 @@ def test_every_prompt_too_long_gives_an_empty_step(data, tmp_path):
         f"task.data={data / 'long.jsonl'}",
         f"task.eval_data={data / 'long_eval.jsonl'}",
         "model.max_prompt_tokens=20",
-        "trainer.data_skip_threshold=1.0",
+        "trainer.limits.data_skip_threshold=1.0",
         out=tmp_path,
     )
     assert p.returncode == 1, p.stderr[-3000:]
@@ -250,7 +250,7 @@ def test_every_prompt_too_long_gives_an_empty_step(data, tmp_path):
     m = metrics(tmp_path / "run")
     assert m["data/too_long"] == 2.0 and m["data/empty_steps"] == 1.0 and m["data/skipped"] == 2.0
     assert m["eval/skipped"] == 2.0 and m["eval/n"] == 0.0
-    # too-long prompts count as skipped items: a run where they all are stops at trainer.data_skip_threshold
+    # too-long prompts count as skipped items: a run where they all are stops at trainer.limits.data_skip_threshold
     p = run_cli(
         "task=vqa_grounding",
         "task.data_format=jsonl",
@@ -273,8 +273,8 @@ def test_too_long_prompt_in_the_warm_start_is_one_line(data, tmp_path, capsys):
         f"task.data={data / 'long.jsonl'}",
         f"task.eval_data={data / 'long_eval.jsonl'}",
         "model.max_prompt_tokens=20",
-        "trainer.sft_steps=1",
-        "trainer.eval_at_end=false",
+        "trainer.warm_start.steps=1",
+        "trainer.eval.at_end=false",
         out=tmp_path,
     )
     assert rc == 2 and "model.max_prompt_tokens=20" in error_line(err)

@@ -43,11 +43,11 @@ def _one_line(stderr: str) -> str:
     return lines[0]
 
 
-# ---------------------------------------------------------------- trainer.resume
+# ---------------------------------------------------------------- trainer.checkpointing.resume
 
 
 def test_resume_path_that_does_not_exist_is_one_line(tmp_path):
-    p = _cli(tmp_path, *toy_overrides(tmp_path, steps=1), "trainer.resume=/no/such/path")
+    p = _cli(tmp_path, *toy_overrides(tmp_path, steps=1), "trainer.checkpointing.resume=/no/such/path")
     assert p.returncode == 2
     line = _one_line(p.stderr)
     assert "/no/such/path" in line and "does not exist" in line
@@ -56,14 +56,21 @@ def test_resume_path_that_does_not_exist_is_one_line(tmp_path):
 
 def test_resume_path_without_a_checkpoint_is_a_config_error(tmp_path, capsys):
     (tmp_path / "empty_run").mkdir()
-    assert main(["train", *toy_overrides(tmp_path, steps=1), f"trainer.resume={tmp_path / 'empty_run'}"]) == 2
+    assert (
+        main(["train", *toy_overrides(tmp_path, steps=1), f"trainer.checkpointing.resume={tmp_path / 'empty_run'}"])
+        == 2
+    )
     err = capsys.readouterr().err
-    assert "no complete checkpoint" in err and "trainer.resume takes auto" in err and "Traceback" not in err
+    assert (
+        "no complete checkpoint" in err and "trainer.checkpointing.resume takes auto" in err and "Traceback" not in err
+    )
 
 
 def test_resume_auto_says_whether_it_found_a_run(tmp_path, caplog):
     no_name = [
-        o for o in toy_overrides(tmp_path, "trainer.resume=auto", steps=0) if not o.startswith("trainer.run_name=")
+        o
+        for o in toy_overrides(tmp_path, "trainer.checkpointing.resume=auto", steps=0)
+        if not o.startswith("trainer.run_name=")
     ]
     with caplog.at_level(logging.INFO, logger="mmrl"):
         from mmrl.trainer import Trainer
@@ -74,7 +81,7 @@ def test_resume_auto_says_whether_it_found_a_run(tmp_path, caplog):
 
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="mmrl"):
-        toy_trainer(tmp_path, "trainer.resume=auto", steps=0, run="named").setup_run_dir()
+        toy_trainer(tmp_path, "trainer.checkpointing.resume=auto", steps=0, run="named").setup_run_dir()
     assert f"no run {tmp_path / 'named'} to continue yet" in caplog.text
 
 
@@ -99,7 +106,7 @@ def test_real_diffusion_preset_offline_is_one_line(tmp_path, capsys):
                 "model=sd3_5_medium",
                 f"trainer.output_dir={tmp_path}",
                 "trainer.max_steps=1",
-                "trainer.progress=false",
+                "trainer.logging.progress=false",
             ]
         )
         == 2
@@ -126,7 +133,7 @@ def test_causal_lm_hub_id_and_empty_folder_offline(tmp_path):
 
 def test_sigterm_checkpoints_and_exits_143(tmp_path):
     run_dir = tmp_path / "sig"
-    args = toy_overrides(tmp_path, "trainer.log_every=1", steps=100000, run="sig")
+    args = toy_overrides(tmp_path, "trainer.logging.every=1", steps=100000, run="sig")
     proc = subprocess.Popen(
         [sys.executable, "-m", "mmrl.cli", "train", *args],
         cwd=tmp_path,
@@ -159,7 +166,7 @@ def test_sigterm_checkpoints_and_exits_143(tmp_path):
     assert step >= 1
     stop = [ln for ln in err.splitlines() if ln.startswith("mmrl train: stopped by SIGTERM")]
     assert len(stop) == 1 and f"at step {step};" in stop[0] and str(ckpt) in stop[0]
-    assert "trainer.run_name=sig trainer.resume=auto" in stop[0]
+    assert "trainer.run_name=sig trainer.checkpointing.resume=auto" in stop[0]
 
 
 def test_sigint_checkpoints_and_exits_130(tmp_path, monkeypatch, capsys):
@@ -175,7 +182,7 @@ def test_sigint_checkpoints_and_exits_130(tmp_path, monkeypatch, capsys):
     handler = signal.getsignal(signal.SIGINT)
     assert main(["train", *toy_overrides(tmp_path, steps=50, run="int")]) == 130
     err = capsys.readouterr().err
-    assert "stopped by SIGINT at step 2;" in err and "trainer.resume=auto" in err
+    assert "stopped by SIGINT at step 2;" in err and "trainer.checkpointing.resume=auto" in err
     assert latest_checkpoint(tmp_path / "int").name == "step_000002"
     assert signal.getsignal(signal.SIGINT) is handler  # fit restored the handler
 
@@ -198,7 +205,7 @@ def test_checkpoint_with_pickled_code_is_refused_and_runs_nothing(tmp_path):
     marker = tmp_path / "marker"
     torch.save({"state": {}, "param_groups": [], "x": _WritesMarker(marker)}, ckpt / "training_state" / "optimizer.pt")
 
-    p = _cli(tmp_path, *toy_overrides(tmp_path, steps=2, run="victim"), "trainer.resume=auto")
+    p = _cli(tmp_path, *toy_overrides(tmp_path, steps=2, run="victim"), "trainer.checkpointing.resume=auto")
     assert p.returncode == 2
     line = _one_line(p.stderr)
     assert str(ckpt / "training_state" / "optimizer.pt") in line and "will not unpickle code" in line
@@ -252,9 +259,9 @@ def _warnings(*overrides):
         ),
         (["algo.group_size=1", "algo.filter_groups=true", "algo.advantage=reinforce_pp"], "algo.filter_groups=true"),
         (["trainer.max_steps=0"], "nothing is trained"),
-        (["trainer.lr=0"], "trainer.lr=0"),
-        (  # sft_lr=null: the warm start takes trainer.lr (the toy task sets its own sft_lr)
-            ["trainer.lr=0", "trainer.sft_lr=null", "trainer.max_steps=0", "trainer.sft_steps=3"],
+        (["trainer.optim.lr=0"], "trainer.optim.lr=0"),
+        (  # sft_lr=null: the warm start takes trainer.optim.lr (the toy task sets its own sft_lr)
+            ["trainer.optim.lr=0", "trainer.warm_start.lr=null", "trainer.max_steps=0", "trainer.warm_start.steps=3"],
             "warm start's 3 steps change nothing",
         ),
     ],
@@ -268,13 +275,13 @@ def test_no_learning_warnings_for_sound_settings():
     assert _warnings() == []
     assert _warnings("algo.group_size=1", "algo.advantage=reinforce_pp") == []  # no group baseline: still learns
     assert _warnings("algo.group_size=1", "algo.advantage=gae") == []
-    assert _warnings("trainer.max_steps=0", "trainer.sft_steps=4") == []  # SFT only
+    assert _warnings("trainer.max_steps=0", "trainer.warm_start.steps=4") == []  # SFT only
 
 
 def test_trainer_logs_the_warnings_at_start(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="mmrl"):
-        toy_trainer(tmp_path, "trainer.lr=0", steps=1)
-    assert any("trainer.lr=0" in r.getMessage() and r.levelno == logging.WARNING for r in caplog.records)
+        toy_trainer(tmp_path, "trainer.optim.lr=0", steps=1)
+    assert any("trainer.optim.lr=0" in r.getMessage() and r.levelno == logging.WARNING for r in caplog.records)
 
 
 def test_group_relativity_is_declared_beside_each_estimator():

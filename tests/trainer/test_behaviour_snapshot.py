@@ -80,9 +80,9 @@ def test_a_key_a_row_or_a_run_missing_on_one_side_is_a_difference(tmp_path):
 
 def test_each_run_is_short_on_a_fixed_seed_with_the_warm_start_capped_at_two_steps():
     reach = snap.run_overrides("vla_reach")  # its default warm start is 1000 SFT steps
-    assert reach[0] == "task=vla_reach" and reach[-1] == "trainer.sft_steps=2"
-    assert {"trainer.max_steps=2", "trainer.seed=0", "trainer.threads=1", "trainer.eval_size=2"} <= set(reach)
-    assert snap.run_overrides("toy_arithmetic")[-1] == "trainer.sft_steps=0"  # no warm start stays none
+    assert reach[0] == "task=vla_reach" and reach[-1] == "trainer.warm_start.steps=2"
+    assert {"trainer.max_steps=2", "trainer.seed=0", "trainer.threads=1", "trainer.eval.size=2"} <= set(reach)
+    assert snap.run_overrides("toy_arithmetic")[-1] == "trainer.warm_start.steps=0"  # no warm start stays none
     assert snap.run_overrides("toy_arithmetic@ppo")[:3] == ["task=toy_arithmetic", "algo=ppo", "trainer.grad_accum=2"]
     assert snap.run_overrides("t2i_color")[:3] == [
         "task=t2i_color",

@@ -66,7 +66,7 @@ def test_sample_prompts_follow_the_policys_prompt_index():
 
 
 def test_skipped_items_are_totalled_over_steps_and_stop_the_run_above_the_threshold(tmp_path):
-    col = toy_trainer(tmp_path, "trainer.data_skip_threshold=0.25").rollouts
+    col = toy_trainer(tmp_path, "trainer.limits.data_skip_threshold=0.25").rollouts
     metrics: dict = {}
     col._count_skipped(1, 4, metrics)
     assert metrics == {"data/skipped": 1.0, "data/skipped_total": 1.0}
@@ -75,13 +75,13 @@ def test_skipped_items_are_totalled_over_steps_and_stop_the_run_above_the_thresh
     col._count_skipped(0, 0, metrics)
     assert (col.skipped_total, col.seen_total, metrics["data/skipped"]) == (2, 8, 0.0)
     with pytest.raises(
-        TrainingAborted, match=r"^3 of 10 data items were skipped \(> 25%, trainer.data_skip_threshold\)"
+        TrainingAborted, match=r"^3 of 10 data items were skipped \(> 25%, trainer.limits.data_skip_threshold\)"
     ):
         col._count_skipped(1, 2, metrics)
     assert metrics["data/skipped_total"] == 3.0
 
 
 def test_nothing_seen_yet_stops_nothing(tmp_path):
-    col = toy_trainer(tmp_path, "trainer.data_skip_threshold=0.0").rollouts
+    col = toy_trainer(tmp_path, "trainer.limits.data_skip_threshold=0.0").rollouts
     col._count_skipped(0, 0, {})
     assert (col.skipped_total, col.seen_total) == (0, 0)

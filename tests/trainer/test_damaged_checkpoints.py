@@ -1,6 +1,6 @@
 """Damaged checkpoint files are one line naming the file and the true reason (exit 2, no traceback) on resume
-(``trainer.resume=<checkpoint>`` / ``<run dir>``), on ``checkpoint=`` init and in ``mmrl eval``;
-``trainer.resume=auto`` skips a damaged last checkpoint for the previous one with a warning naming both; weights of
+(``trainer.checkpointing.resume=<checkpoint>`` / ``<run dir>``), on ``checkpoint=`` init and in ``mmrl eval``;
+``trainer.checkpointing.resume=auto`` skips a damaged last checkpoint for the previous one with a warning naming both; weights of
 another shape are a mismatch naming the parameter and both shapes, never "damaged".
 
 One real tiny run (module fixture, in-process) saves step_000001 and step_000002; each case copies the run folder and
@@ -35,7 +35,7 @@ from mmrl.tracking import read_metrics
 from tests.helpers import CLI_ENV, toy_overrides, toy_trainer
 
 ENV = CLI_ENV
-SAVE = ("trainer.save_every=1", "trainer.keep_last=3")
+SAVE = ("trainer.checkpointing.save_every=1", "trainer.checkpointing.keep_last=3")
 
 
 @pytest.fixture(scope="module")
@@ -121,8 +121,16 @@ def test_damaged_file_is_one_line_on_resume_init_and_eval(run, tmp_path, capsys,
     ckpt = run_dir / "checkpoints" / "step_000002"
     damage(ckpt / rel)
     calls = {
-        "resume=<checkpoint>": ["train", *toy_overrides(tmp_path, *SAVE, steps=3, run="r"), f"trainer.resume={ckpt}"],
-        "resume=<run dir>": ["train", *toy_overrides(tmp_path, *SAVE, steps=3, run="r"), f"trainer.resume={run_dir}"],
+        "resume=<checkpoint>": [
+            "train",
+            *toy_overrides(tmp_path, *SAVE, steps=3, run="r"),
+            f"trainer.checkpointing.resume={ckpt}",
+        ],
+        "resume=<run dir>": [
+            "train",
+            *toy_overrides(tmp_path, *SAVE, steps=3, run="r"),
+            f"trainer.checkpointing.resume={run_dir}",
+        ],
         "checkpoint= init": ["train", *toy_overrides(tmp_path, steps=1, run="fresh"), f"checkpoint={ckpt}"],
         "eval": ["eval", f"checkpoint={run_dir}"],
     }
@@ -143,7 +151,14 @@ def test_wrong_kind_of_state_in_a_sound_torch_file_is_damaged(run, tmp_path, cap
     opt = run_dir / "checkpoints" / "step_000002" / "training_state" / "optimizer.pt"
     torch.save([1, 2, 3], opt)
     assert (
-        main(["train", *toy_overrides(tmp_path, *SAVE, steps=3, run="r"), f"trainer.resume={opt.parent.parent}"]) == 2
+        main(
+            [
+                "train",
+                *toy_overrides(tmp_path, *SAVE, steps=3, run="r"),
+                f"trainer.checkpointing.resume={opt.parent.parent}",
+            ]
+        )
+        == 2
     )
     line = _one_line(capsys.readouterr().err)
     assert f"checkpoint file {opt} is damaged: it does not hold a valid optimizer state" in line
@@ -160,7 +175,9 @@ def test_weights_of_another_shape_are_a_mismatch_not_damage(run, tmp_path, capsy
     short = (shape[0] - 1, *shape[1:])
 
     ckpt = weights.parent.parent
-    assert main(["train", *toy_overrides(tmp_path, *SAVE, steps=3, run="r"), f"trainer.resume={ckpt}"]) == 2
+    assert (
+        main(["train", *toy_overrides(tmp_path, *SAVE, steps=3, run="r"), f"trainer.checkpointing.resume={ckpt}"]) == 2
+    )
     line = _one_line(capsys.readouterr().err)
     assert "written for a different model/task config" in line and "damaged" not in line, line
     assert f"weight {name} is {short} in the checkpoint, {shape} in the model" in line, line
@@ -178,7 +195,7 @@ def test_resume_auto_skips_a_damaged_last_checkpoint(run, tmp_path):
     run_dir = _copy(run, tmp_path)
     first, last = (run_dir / "checkpoints" / f"step_00000{i}" for i in (1, 2))
     _truncate(last / "pretrained_model" / "model.safetensors")
-    p = _cli(tmp_path, "train", *toy_overrides(tmp_path, *SAVE, steps=2, run="r"), "trainer.resume=auto")
+    p = _cli(tmp_path, "train", *toy_overrides(tmp_path, *SAVE, steps=2, run="r"), "trainer.checkpointing.resume=auto")
     assert p.returncode == 0, p.stderr
     assert "Traceback" not in p.stderr
     warn = [ln for ln in p.stderr.splitlines() if "skipping damaged checkpoint" in ln]

@@ -78,7 +78,7 @@ def test_when_no_folder_can_hold_the_checkpoint_the_line_says_how_many_steps_are
     with the number of trained steps lost and both causes, never "nothing trained"."""
     rescue = tmp_path / "rescue"
     _full_disk(monkeypatch, [tmp_path / "runs", rescue], "torch")
-    args = toy_overrides(tmp_path / "runs", f"trainer.save_every={save_every}", steps=steps, run="full")
+    args = toy_overrides(tmp_path / "runs", f"trainer.checkpointing.save_every={save_every}", steps=steps, run="full")
     p = cli(tmp_path, "train", *args, env={"MMRL_RESCUE_DIR": str(rescue)})
     assert p.returncode == 1, p.stderr
     line = _one_line(p.stderr)
@@ -108,7 +108,7 @@ def test_a_full_disk_for_metrics_is_one_warning_and_training_goes_on(tmp_path, m
 
     monkeypatch.setattr(Path, "open", full_open)
     monkeypatch.setattr(gfile.LocalFileSystem, "append", full_append)
-    tr = toy_trainer(tmp_path, "trainer.tensorboard=true", steps=3)
+    tr = toy_trainer(tmp_path, "trainer.logging.tensorboard=true", steps=3)
     with caplog.at_level(logging.WARNING, logger="mmrl.tracking"):
         tr.fit()
     assert tr.step == 3 and latest_checkpoint(tr.run_dir).name == "step_000003"
@@ -199,7 +199,7 @@ def test_a_resume_on_a_full_filesystem_is_one_line_and_changes_nothing(cli, smal
             f.write(b"\0" * 4096)
             f.flush()
     assert e.value.errno == errno.ENOSPC
-    p = cli(tmp_path, "train", *args, "trainer.resume=auto", "trainer.max_steps=2")
+    p = cli(tmp_path, "train", *args, "trainer.checkpointing.resume=auto", "trainer.max_steps=2")
     assert p.returncode == 2, p.stderr
     line = _one_line(p.stderr)
     assert line.startswith(f"mmrl train: error: cannot write the run folder {runs / 'r'}") and "No space left" in line
@@ -209,7 +209,7 @@ def test_a_resume_on_a_full_filesystem_is_one_line_and_changes_nothing(cli, smal
 def test_a_full_disk_after_the_warm_start_rescues_it_or_says_it_is_lost(cli, tmp_path, monkeypatch):  # noqa: F811
     """The step-0 checkpoint of a finished warm start goes to the rescue folder like any other; when that fails too,
     the line says the warm start's training is lost (not "nothing trained")."""
-    warm = ["trainer.sft_steps=2", "trainer.sft_batch_size=4"]
+    warm = ["trainer.warm_start.steps=2", "trainer.warm_start.batch_size=4"]
     _full_disk(monkeypatch, [tmp_path / "runs"], "torch")
     args = toy_overrides(tmp_path / "runs", *warm, steps=2, run="w")
     p = cli(tmp_path, "train", *args, env={"MMRL_RESCUE_DIR": str(tmp_path / "ok")})

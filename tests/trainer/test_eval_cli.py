@@ -66,17 +66,17 @@ def run(tmp_path_factory):
             f"task.num_eval={N_EVAL}",
             f"trainer.output_dir={root}",
             "trainer.run_name=run",
-            "trainer.sft_steps=150",
-            "trainer.sft_batch_size=4",
+            "trainer.warm_start.steps=150",
+            "trainer.warm_start.batch_size=4",
             "trainer.max_steps=2",
             "trainer.batch_size=2",
             "algo.group_size=2",
             "model.max_new_tokens=40",
-            "trainer.eval_every=0",
-            "trainer.eval_at_end=true",
-            "trainer.progress=false",
-            "trainer.tensorboard=false",
-            "trainer.plot=false",
+            "trainer.eval.every=0",
+            "trainer.eval.at_end=true",
+            "trainer.logging.progress=false",
+            "trainer.logging.tensorboard=false",
+            "trainer.logging.plot=false",
         ]
     )
     tr = Trainer(cfg)
@@ -145,7 +145,7 @@ def test_overrides_on_top_of_the_saved_config(run, capsys):
             [
                 "eval",
                 f"checkpoint={run.run_dir / 'checkpoints' / 'step_000002'}",
-                "trainer.eval_size=1",
+                "trainer.eval.size=1",
                 "eval.name=first_item",
             ]
         )
@@ -156,7 +156,7 @@ def test_overrides_on_top_of_the_saved_config(run, capsys):
     assert results["metrics"]["eval/n"] == 1 and results["data"]["items"] == 1
     assert "the first 1 of 4 of" in results["data"]["description"]
     assert len(read_jsonl(run.run_dir / "eval" / "first_item" / "predictions.jsonl")) == 1
-    assert results["config"]["trainer"]["eval_size"] == 1 and results["config"]["task"]["num_eval"] == N_EVAL
+    assert results["config"]["trainer"]["eval"]["size"] == 1 and results["config"]["task"]["num_eval"] == N_EVAL
     # another eval file of the same format, same preprocessing
     other = run.root / "other.jsonl"
     other.write_text("".join(run.rec.read_text().splitlines(keepends=True)[:3]))
@@ -165,8 +165,8 @@ def test_overrides_on_top_of_the_saved_config(run, capsys):
     data = json.loads((run.run_dir / "eval" / "other" / "results.json").read_text())["data"]
     assert data["items"] == 3 and [f["key"] for f in data["files"]] == ["task.eval_data"]
     # the same function, directly: the saved config plus overrides; a misspelt key is the usual one-line error
-    cfg = load_run_config(run.run_dir, ["trainer.eval_size=2", "task=vqa_grounding"])  # its own task: a no-op
-    assert cfg.trainer.eval_size == 2 and cfg.task.data == str(run.rec) and cfg.model.name == "tiny_qwen3_vl"
+    cfg = load_run_config(run.run_dir, ["trainer.eval.size=2", "task=vqa_grounding"])  # its own task: a no-op
+    assert cfg.trainer.eval.size == 2 and cfg.task.data == str(run.rec) and cfg.model.name == "tiny_qwen3_vl"
     with pytest.raises(ConfigError, match="unknown key 'trainer.eval_sise'"):
         load_run_config(run.run_dir, ["trainer.eval_sise=2"])
 

@@ -37,7 +37,7 @@ def _fake_eval(tr, monkeypatch) -> list[int]:
 
 
 def test_fit_prints_the_banner_and_counts_rl_steps_on_its_bar(tmp_path, bars, capsys):
-    tr = toy_trainer(tmp_path, "trainer.progress=true", steps=3)
+    tr = toy_trainer(tmp_path, "trainer.logging.progress=true", steps=3)
     tr.fit()
     captured = capsys.readouterr()
     assert captured.err.startswith(tr.banner() + "\n") and "mmrl train: task=" not in captured.out
@@ -48,7 +48,7 @@ def test_fit_prints_the_banner_and_counts_rl_steps_on_its_bar(tmp_path, bars, ca
 
 
 def test_fit_without_progress_prints_no_banner(tmp_path, bars, capsys):
-    tr = toy_trainer(tmp_path, steps=1)  # trainer.progress=false
+    tr = toy_trainer(tmp_path, steps=1)  # trainer.logging.progress=false
     tr.fit()
     assert "mmrl train: task=" not in capsys.readouterr().err
     assert bars[0].kw["enabled"] is False
@@ -66,11 +66,11 @@ def test_a_continued_fit_starts_its_bar_and_report_at_its_step(tmp_path, bars):
 def test_evaluation_logging_and_saving_follow_their_schedules(tmp_path, monkeypatch, bars):
     tr = toy_trainer(
         tmp_path,
-        "trainer.eval_every=2",
-        "trainer.eval_at_end=true",
-        "trainer.log_every=2",
-        "trainer.save_every=2",
-        "trainer.keep_last=10",
+        "trainer.eval.every=2",
+        "trainer.eval.at_end=true",
+        "trainer.logging.every=2",
+        "trainer.checkpointing.save_every=2",
+        "trainer.checkpointing.keep_last=10",
         steps=5,
     )
     at = _fake_eval(tr, monkeypatch)
@@ -93,7 +93,7 @@ def test_evaluation_logging_and_saving_follow_their_schedules(tmp_path, monkeypa
 
 
 def test_eval_at_start_is_reported_as_the_start(tmp_path, monkeypatch):
-    tr = toy_trainer(tmp_path, "trainer.eval_at_start=true", steps=1)
+    tr = toy_trainer(tmp_path, "trainer.eval.at_start=true", steps=1)
     _fake_eval(tr, monkeypatch)
     tr.fit()
     assert tr.report.eval_scores[0] == ("start", 0.0)
@@ -130,13 +130,13 @@ def _record_errors(fn, errors):
 def test_the_run_closes_its_bar_and_tracker_and_plots_only_when_asked(tmp_path, monkeypatch, bars):
     closed, plotted = [], []
     monkeypatch.setattr(trainer_module, "plot_metrics", lambda *a, **kw: plotted.append((a, kw)))
-    tr = toy_trainer(tmp_path, steps=1, run="a")  # trainer.plot=false
+    tr = toy_trainer(tmp_path, steps=1, run="a")  # trainer.logging.plot=false
     tr.setup_run_dir()
     real_close = tr.tracker.close
     monkeypatch.setattr(tr.tracker, "close", lambda: closed.append("tracker") or real_close())
     tr.fit()
     assert bars[0].closed and closed == ["tracker"] and plotted == []
-    tr = toy_trainer(tmp_path, "trainer.plot=true", steps=1, run="b")
+    tr = toy_trainer(tmp_path, "trainer.logging.plot=true", steps=1, run="b")
     tr.fit()
     assert plotted == [((tr.run_dir / "metrics.jsonl", tr.run_dir / "curves.png"), {"title": "toy_arithmetic"})]
 
@@ -171,7 +171,7 @@ def test_trained_nothing_names_group_filtering_when_it_is_on(tmp_path, monkeypat
 
 
 def test_a_warm_start_counts_as_training(tmp_path, monkeypatch):
-    tr = toy_trainer(tmp_path, "trainer.sft_steps=1", steps=1)
+    tr = toy_trainer(tmp_path, "trainer.warm_start.steps=1", steps=1)
     sft = []
     monkeypatch.setattr("mmrl.sft.run_sft", lambda *a, **kw: sft.append(a[3]) or {"sft/loss": 1.0})
     _no_batches(tr, monkeypatch)
@@ -235,7 +235,7 @@ def _unwritable_run_dir(tr, monkeypatch) -> list:
 
 
 def test_a_final_save_that_cannot_be_written_goes_to_the_rescue_folder(tmp_path, monkeypatch, caplog):
-    tr = toy_trainer(tmp_path, "trainer.keep_last=2", steps=1)
+    tr = toy_trainer(tmp_path, "trainer.checkpointing.keep_last=2", steps=1)
     tr.setup_run_dir()
     rescued = _unwritable_run_dir(tr, monkeypatch)
     with caplog.at_level(logging.ERROR, logger="mmrl.trainer"):
@@ -264,7 +264,7 @@ def test_only_an_unsharded_main_process_rescues(tmp_path, monkeypatch, who):
 
 
 def test_an_error_before_the_rl_bar_exists_is_the_error_raised(tmp_path, monkeypatch):
-    tr = toy_trainer(tmp_path, "trainer.sft_steps=2", steps=2)
+    tr = toy_trainer(tmp_path, "trainer.warm_start.steps=2", steps=2)
 
     def broken_sft(*a, **kw):
         raise RuntimeError("SFT data missing")

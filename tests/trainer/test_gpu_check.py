@@ -529,7 +529,7 @@ def test_train_overrides_of_a_gpu_vllm_run():
         group_size=4,
         max_new_tokens=32,
         device_gb=80.0,
-        extra=["trainer.lr=1e-5"],
+        extra=["trainer.optim.lr=1e-5"],
     )
     ov = gc.train_overrides(gc.SubRun("vllm", "fsdp2", 2), s, Path("/tmp/r"))
     assert ov[:3] == ["task=vqa_grounding", "model=qwen2_5_vl_3b", "model.path=/m"]
@@ -538,10 +538,10 @@ def test_train_overrides_of_a_gpu_vllm_run():
         "trainer.batch_size=2",
         "algo.group_size=4",
         "model.max_new_tokens=32",
-        "trainer.sft_steps=0",
-        "trainer.eval_every=0",
-        "trainer.eval_at_end=false",
-        "trainer.save_every=0",
+        "trainer.warm_start.steps=0",
+        "trainer.eval.every=0",
+        "trainer.eval.at_end=false",
+        "trainer.checkpointing.save_every=0",
         "trainer.strategy=fsdp2",
         "trainer.output_dir=/tmp/r",
         "trainer.run_name=gpu-check-vllm-fsdp2-x2",
@@ -551,12 +551,12 @@ def test_train_overrides_of_a_gpu_vllm_run():
     ):
         assert o in ov, o
     assert "trainer.device=cpu" not in ov
-    assert ov[-1] == "trainer.lr=1e-5"  # command-line extras last: they win
+    assert ov[-1] == "trainer.optim.lr=1e-5"  # command-line extras last: they win
 
 
 def test_train_overrides_load_as_a_config():
     """The overrides are valid mmrl config, and turn off the task's SFT warm start and periodic eval (the default
-    vqa_grounding config has trainer.sft_steps=800: a 1-step smoke run would spend minutes in SFT)."""
+    vqa_grounding config has trainer.warm_start.steps=800: a 1-step smoke run would spend minutes in SFT)."""
     from mmrl.config import load_config
 
     s = gc.Settings(["model=tiny_qwen2_5_vl"], steps=1, group_size=2, max_new_tokens=8, device_gb=80.0, cpu=True)
@@ -564,7 +564,7 @@ def test_train_overrides_load_as_a_config():
     assert "trainer.device=cpu" in ov
     assert not any(o.startswith("model.vllm") for o in ov)
     cfg = load_config(ov)
-    assert (cfg.trainer.sft_steps, cfg.trainer.eval_every, cfg.trainer.eval_at_end) == (0, 0, False)
+    assert (cfg.trainer.warm_start.steps, cfg.trainer.eval.every, cfg.trainer.eval.at_end) == (0, 0, False)
     assert (cfg.trainer.max_steps, cfg.trainer.batch_size, cfg.algo.group_size) == (1, 1, 2)
     assert (cfg.model.name, cfg.model.rollout_engine, cfg.trainer.device) == ("tiny_qwen2_5_vl", "hf", "cpu")
     assert cfg.trainer.run_name == "gpu-check-hf-ddp-x1"
@@ -638,10 +638,10 @@ def test_vla_train_overrides():
         "trainer.batch_size=2",
         "algo.group_size=2",
         "algo.filter_groups=false",
-        "trainer.sft_steps=0",
-        "trainer.eval_every=0",
-        "trainer.eval_at_end=false",
-        "trainer.save_every=0",
+        "trainer.warm_start.steps=0",
+        "trainer.eval.every=0",
+        "trainer.eval.at_end=false",
+        "trainer.checkpointing.save_every=0",
         "trainer.strategy=fsdp2",
         "trainer.output_dir=/tmp/r",
         "trainer.run_name=gpu-check-pi0-fsdp2-x2",
@@ -668,7 +668,7 @@ def test_vla_train_overrides_load_as_a_config():
         10,
     )
     assert (cfg.task.name, cfg.task.tasks, cfg.task.demo_episodes) == ("vla_reach", ["reach_red"], 4)
-    assert (cfg.trainer.sft_steps, cfg.trainer.eval_every, cfg.trainer.eval_at_end) == (0, 0, False)
+    assert (cfg.trainer.warm_start.steps, cfg.trainer.eval.every, cfg.trainer.eval.at_end) == (0, 0, False)
     assert (cfg.trainer.max_steps, cfg.trainer.batch_size, cfg.algo.group_size, cfg.algo.filter_groups) == (
         1,
         1,

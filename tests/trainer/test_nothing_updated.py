@@ -68,7 +68,7 @@ def test_after_a_warm_start_rl_steps_that_were_all_non_finite_are_still_an_error
     """The flow head with ``model.noise_level=1e6`` after its warm start: the warm start's step-0 checkpoint is kept,
     but a run whose RL steps all skipped their update for non-finite values is not "done"."""
     _nan_on_calls(monkeypatch, lambda n: True)
-    args = toy_overrides(tmp_path, "trainer.sft_steps=1", "trainer.sft_batch_size=4", steps=2, run="warm")
+    args = toy_overrides(tmp_path, "trainer.warm_start.steps=1", "trainer.warm_start.batch_size=4", steps=2, run="warm")
     p = cli(tmp_path, "train", *args)
     assert p.returncode == 1, p.stderr
     line = _one_line(p.stderr)

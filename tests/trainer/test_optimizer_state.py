@@ -58,7 +58,7 @@ def test_a_parameter_out_of_the_graph_does_not_move_and_keeps_its_adam_state(tmp
     data = FixedData([ROUND_A, ROUND_B])
     policy = SplitPolicy(data)
     tr = Trainer.from_config(
-        [*BASE, f"trainer.output_dir={tmp_path}", "trainer.lr=0.1", "algo.old_logp=rollout"],
+        [*BASE, f"trainer.output_dir={tmp_path}", "trainer.optim.lr=0.1", "algo.old_logp=rollout"],
         task=FixedTask(),
         policy=policy,
     )

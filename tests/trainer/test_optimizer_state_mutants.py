@@ -20,7 +20,7 @@ from tests.trainer.test_optimizer_state import ROUND_A, ROUND_B, SplitPolicy
 def _trainer(tmp_path, *extra):
     policy = SplitPolicy(FixedData([ROUND_A, ROUND_B]))
     tr = Trainer.from_config(
-        [*BASE, f"trainer.output_dir={tmp_path}", "trainer.lr=0.1", "algo.old_logp=rollout", *extra],
+        [*BASE, f"trainer.output_dir={tmp_path}", "trainer.optim.lr=0.1", "algo.old_logp=rollout", *extra],
         task=FixedTask(),
         policy=policy,
     )
@@ -34,7 +34,7 @@ def test_no_parameter_holds_a_gradient_after_a_step(tmp_path):
 
 
 def test_a_gradient_left_before_the_step_is_freed_not_zeroed(tmp_path):
-    tr, policy = _trainer(tmp_path, "trainer.weight_decay=0.1")
+    tr, policy = _trainer(tmp_path, "trainer.optim.weight_decay=0.1")
     b0 = policy.model.b.detach().clone()
     assert float(b0.abs().min()) > 0.1  # weight decay would visibly move every entry
     policy.model.b.grad = torch.ones_like(policy.model.b)  # what the warm start's last backward leaves behind

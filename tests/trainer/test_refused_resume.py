@@ -23,10 +23,10 @@ def test_a_resume_whose_weights_do_not_fit_leaves_the_run_folder_byte_identical(
         tmp_path,
         "train",
         *base,
-        "trainer.resume=auto",
+        "trainer.checkpointing.resume=auto",
         "trainer.max_steps=3",
         "model.tiny_hidden=128",
-        "trainer.resume_accept_changes=true",
+        "trainer.checkpointing.resume_accept_changes=true",
     )
     assert p.returncode == 2, p.stderr
     line = _one_line(p.stderr)
@@ -35,8 +35,8 @@ def test_a_resume_whose_weights_do_not_fit_leaves_the_run_folder_byte_identical(
     assert not (run / LOCK_FILE).exists()  # the refused command gave the folder up
 
     # the run is still the one trained with 64: its own resume and mmrl eval work
-    p = cli(tmp_path, "train", *base, "trainer.resume=auto", "trainer.max_steps=3")
+    p = cli(tmp_path, "train", *base, "trainer.checkpointing.resume=auto", "trainer.max_steps=3")
     assert p.returncode == 0, p.stderr
     assert latest_checkpoint(run).name == "step_000003"
-    p = cli(tmp_path, "eval", f"checkpoint={run}", "trainer.eval_size=2")
+    p = cli(tmp_path, "eval", f"checkpoint={run}", "trainer.eval.size=2")
     assert p.returncode == 0, p.stderr

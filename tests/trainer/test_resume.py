@@ -12,7 +12,13 @@ N = 8
 
 def _run(tmp_path, run, steps, *extra):
     tr = toy_trainer(
-        tmp_path, "trainer.batch_size=5", "trainer.save_every=1", "trainer.keep_last=20", *extra, steps=steps, run=run
+        tmp_path,
+        "trainer.batch_size=5",
+        "trainer.checkpointing.save_every=1",
+        "trainer.checkpointing.keep_last=20",
+        *extra,
+        steps=steps,
+        run=run,
     )
     tr.fit()
     return tr
@@ -30,7 +36,7 @@ def test_resume_is_bit_exact(tmp_path, k):
     part = _run(tmp_path, "resumed", k)
     if k == 5:  # the saved data position is the end of epoch 0: the next draw starts epoch 1
         assert (part.sampler.state.epoch, part.sampler.state.position) == (0, 25)
-    resumed = _run(tmp_path, "resumed", N, "trainer.resume=auto")
+    resumed = _run(tmp_path, "resumed", N, "trainer.checkpointing.resume=auto")
     assert resumed.step == N
     ps, pr = straight.policy.module.state_dict(), resumed.policy.module.state_dict()
     assert all(torch.equal(ps[n], pr[n]) for n in ps)
@@ -43,7 +49,7 @@ def test_resume_is_bit_exact(tmp_path, k):
 
 
 def _sft_run(tmp_path, run, steps, *extra):
-    return _run(tmp_path, run, steps, "trainer.sft_steps=6", "trainer.sft_batch_size=5", *extra)
+    return _run(tmp_path, run, steps, "trainer.warm_start.steps=6", "trainer.warm_start.batch_size=5", *extra)
 
 
 def _same_weights(a, b) -> bool:
@@ -56,7 +62,7 @@ def test_resume_right_after_the_warm_start_keeps_the_sft_weights(tmp_path):
     part = _sft_run(tmp_path, "resumed", 0)  # stops after SFT: its only checkpoint is step 0
     ckpts = sorted(p.name for p in (part.run_dir / "checkpoints").iterdir())
     assert ckpts == ["step_000000"]
-    resumed = _sft_run(tmp_path, "resumed", 3, "trainer.resume=auto")
+    resumed = _sft_run(tmp_path, "resumed", 3, "trainer.checkpointing.resume=auto")
     assert resumed.resumed and resumed.step == 3
     assert (resumed.run_dir / "sft_metrics.jsonl").read_text().count("\n") == 6  # SFT not redone
     assert _same_weights(straight, resumed)
@@ -70,7 +76,7 @@ def test_a_warm_start_interrupted_before_its_checkpoint_is_redone(tmp_path):
     run_dir = tmp_path / "killed"
     run_dir.mkdir()
     (run_dir / "sft_metrics.jsonl").write_text('{"sft/step": 1, "sft/loss": 9.0}\n')  # killed mid-SFT
-    resumed = _sft_run(tmp_path, "killed", 2, "trainer.resume=auto")
+    resumed = _sft_run(tmp_path, "killed", 2, "trainer.checkpointing.resume=auto")
     assert not resumed.resumed
     assert (run_dir / "sft_metrics.jsonl").read_text().count("\n") == 6  # redone from scratch, not appended to
     assert _same_weights(straight, resumed)  # not RL from the random init

@@ -1,6 +1,6 @@
 """A run folder written by an older mmrl resumes under a newer one: config fields the newer mmrl added are missing
 from the saved config.yaml, and set to their defaults they are no change of the experiment (upgrading mmrl must not
-block ``trainer.resume=auto``). Set to anything else, they still are."""
+block ``trainer.checkpointing.resume=auto``). Set to anything else, they still are."""
 
 from __future__ import annotations
 
@@ -24,20 +24,22 @@ def _drop_added_fields(run_dir) -> None:
 
 
 def test_a_run_from_an_older_mmrl_resumes_when_the_new_fields_are_at_their_defaults(tmp_path):
-    first = toy_trainer(tmp_path, "trainer.save_every=1", steps=2)
+    first = toy_trainer(tmp_path, "trainer.checkpointing.save_every=1", steps=2)
     first.fit()
     _drop_added_fields(first.run_dir)
-    resumed = toy_trainer(tmp_path, "trainer.resume=auto", steps=3)
+    resumed = toy_trainer(tmp_path, "trainer.checkpointing.resume=auto", steps=3)
     resumed.fit()
     assert resumed.resumed and resumed.step == 3
 
 
 def test_a_new_field_away_from_its_default_is_still_a_change(tmp_path):
-    first = toy_trainer(tmp_path, "trainer.save_every=1", steps=2)
+    first = toy_trainer(tmp_path, "trainer.checkpointing.save_every=1", steps=2)
     first.fit()
     _drop_added_fields(first.run_dir)
     with pytest.raises(ConfigError, match=r"agent\.max_turns"):
-        toy_trainer(tmp_path, "trainer.resume=auto", f"agent.max_turns={AgentConfig().max_turns + 1}", steps=3).fit()
+        toy_trainer(
+            tmp_path, "trainer.checkpointing.resume=auto", f"agent.max_turns={AgentConfig().max_turns + 1}", steps=3
+        ).fit()
 
 
 def test_config_changes_by_hand():
@@ -49,7 +51,7 @@ def test_config_changes_by_hand():
     assert set(config_changes(saved, new)[0]) == {"trainer.rollout", "plugins"}
     # a saved key that differs from the new value is a change even when the new value is the default
     assert config_changes({"trainer": {"lr": 0.1}}, {"trainer": {"lr": 0.001}}, defaults)[0] == {
-        "trainer.lr": (0.1, 0.001)
+        "trainer.optim.lr": (0.1, 0.001)
     }
     # an added key away from its default is a change
     async_new = {"trainer": {"lr": 0.1, "rollout": "async"}, "plugins": []}

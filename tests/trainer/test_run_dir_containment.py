@@ -1,7 +1,7 @@
 """A run folder stays inside ``trainer.output_dir`` after symbolic links are followed (issue 41).
 
 ``trainer.run_name`` names a folder below the output folder. A name whose folder is a symbolic link to somewhere
-else (or passes through one) is refused before anything is written or deleted, ``trainer.overwrite=true`` included,
+else (or passes through one) is refused before anything is written or deleted, ``trainer.checkpointing.overwrite=true`` included,
 even when the folder pointed to is an mmrl run. Containment is decided on path components, not on text: a sibling
 folder whose name merely starts with the output folder's name (``runs-old`` beside ``runs``) is outside.
 """

@@ -1,4 +1,4 @@
-"""``trainer.overwrite=true`` on a run folder that holds symbolic links (issue 41), and the edges of ``run_dir.py``
+"""``trainer.checkpointing.overwrite=true`` on a run folder that holds symbolic links (issue 41), and the edges of ``run_dir.py``
 that its mutation run found untested (clearing a whole folder, a kept entry's place in the listing, an unwritable
 folder's message, ``_pid_alive``'s errors, nested and added config keys on a resume).
 
@@ -141,7 +141,7 @@ def test_config_changes_of_nested_keys_by_hand():
     new = {"model": {"lr": 0.1, "opt": {"betas": [0.9, 0.95], "eps": 1e-8}}, "trainer": {"save_every": 10}}
     assert config_changes(saved, new) == (
         {"model.opt.betas": ([0.9, 0.99], [0.9, 0.95])},
-        {"trainer.save_every": (5, 10)},
+        {"trainer.checkpointing.save_every": (5, 10)},
     )
 
 
@@ -157,14 +157,14 @@ def test_an_added_key_at_its_default_is_no_change_tuples_and_lists_alike(new_dim
 
 def test_harmless_keys_by_group_and_first_field():
     for key in (
-        "trainer.save_every",
-        "trainer.save_every.sub",
+        "trainer.checkpointing.save_every",
+        "trainer.checkpointing.save_every.sub",
         "task.eval_init_states",
         "task.eval_kw.temp",
         "checkpoint",
     ):
         assert is_harmless_change(key), key
-    for key in ("trainer.lr", "task.tasks", "model.eval_mode", "model.lora.rank", "algo.checkpoint"):
+    for key in ("trainer.optim.lr", "task.tasks", "model.eval_mode", "model.lora.rank", "algo.checkpoint"):
         assert not is_harmless_change(key), key
 
 
@@ -192,7 +192,7 @@ def test_a_resume_with_harmless_changes_logs_them_by_default(tmp_path: Path, cap
     with caplog.at_level(logging.INFO, logger="mmrl.run_dir"):
         check_same_experiment(tmp_path, {"trainer": {"save_every": 10}}, accept=False)
     assert [r.getMessage() for r in caplog.records] == [
-        f"resuming {tmp_path} with changed settings: trainer.save_every: 5 -> 10"
+        f"resuming {tmp_path} with changed settings: trainer.checkpointing.save_every: 5 -> 10"
     ]
 
 

@@ -1,6 +1,6 @@
 """One process owns a run folder while it trains in it (issue 42, item 2).
 
-Without a lock, ``trainer.overwrite=true`` deleted a live run's checkpoints and metrics, and two ``trainer.resume=auto``
+Without a lock, ``trainer.checkpointing.overwrite=true`` deleted a live run's checkpoints and metrics, and two ``trainer.checkpointing.resume=auto``
 commands trained the same run at once. Every test here has two real processes: a live owner of the folder (a small
 process that takes the run lock as ``mmrl train`` does, or, in the slow test, a real ``mmrl train``) and a second
 command, in this process or in a subprocess."""
@@ -85,7 +85,14 @@ def _trained_run(cli, tmp_path: Path, run: str = "r", steps: int = 1) -> tuple[l
     return args, tmp_path / run
 
 
-@pytest.mark.parametrize("second", ["trainer.overwrite=true", "trainer.resume=auto", "trainer.resume=CHECKPOINT"])
+@pytest.mark.parametrize(
+    "second",
+    [
+        "trainer.checkpointing.overwrite=true",
+        "trainer.checkpointing.resume=auto",
+        "trainer.checkpointing.resume=CHECKPOINT",
+    ],
+)
 def test_a_second_train_on_a_live_run_is_refused_before_anything_changes(cli, tmp_path, owner, second):  # noqa: F811
     args, run = _trained_run(cli, tmp_path)
     live = owner(run)
@@ -106,13 +113,13 @@ def test_a_killed_runs_stale_lock_is_named_and_taken_over(cli, tmp_path, owner, 
     args, run = _trained_run(cli, tmp_path)
     live = owner(run)
     # reading a live run needs no lock
-    p = cli(tmp_path, "eval", f"checkpoint={run}", "trainer.eval_size=2")
+    p = cli(tmp_path, "eval", f"checkpoint={run}", "trainer.eval.size=2")
     assert p.returncode == 0, p.stderr
     live.kill()
     stale = json.loads((run / LOCK_FILE).read_text())
     assert (stale["pid"], stale["host"]) == (live.pid, socket.gethostname())
     with caplog.at_level(logging.WARNING, logger="mmrl.run_dir"):
-        p = cli(tmp_path, "train", *args, "trainer.resume=auto", "trainer.max_steps=2")
+        p = cli(tmp_path, "train", *args, "trainer.checkpointing.resume=auto", "trainer.max_steps=2")
     assert p.returncode == 0, p.stderr
     taken = [r.getMessage() for r in caplog.records if "stale lock" in r.getMessage()]
     assert taken == [
@@ -139,7 +146,9 @@ def test_the_lock_holds_for_the_whole_fit_and_is_released_on_errors(tmp_path, mo
         raise ValueError("a loader bug")
 
     monkeypatch.setattr(ToyArithmeticTask, "prepare_item", broken, raising=False)
-    again = toy_trainer(tmp_path, "trainer.overwrite=true", "trainer.data_skip_threshold=1.0", steps=2)
+    again = toy_trainer(
+        tmp_path, "trainer.checkpointing.overwrite=true", "trainer.limits.data_skip_threshold=1.0", steps=2
+    )
     with pytest.raises((ValueError, NothingTrained)):
         again.fit()
     assert not (again.run_dir / LOCK_FILE).exists()
@@ -149,7 +158,7 @@ def test_the_lock_holds_for_the_whole_fit_and_is_released_on_errors(tmp_path, mo
 def test_only_the_main_process_takes_the_lock(tmp_path, owner):
     """Another rank of a launch opens the run without a lock, even while its main process (here: a live owner) holds
     it; the main process of a second launch is refused."""
-    cfg = load_config(toy_overrides(tmp_path, "trainer.resume=auto", run="ranks"))
+    cfg = load_config(toy_overrides(tmp_path, "trainer.checkpointing.resume=auto", run="ranks"))
     run = tmp_path / "ranks"
     live = owner(run)
     run_dir, _, _, lock = open_run(cfg.trainer, {}, "toy_arithmetic", is_main=False)
@@ -202,9 +211,9 @@ def test_the_rescue_folder_is_locked_while_written(tmp_path, monkeypatch, owner)
 @pytest.mark.slow
 def test_a_live_mmrl_train_refuses_a_second_command_and_its_kill_9_leaves_a_stale_lock(tmp_path):
     """Through real ``mmrl train`` processes: a run trains (and checkpoints every step); a second ``mmrl train`` with
-    ``trainer.overwrite=true`` and one with ``trainer.resume=auto`` are refused (exit 2) and change nothing of it;
-    after ``kill -9`` of the first, ``trainer.resume=auto`` names the stale lock, takes it over and continues."""
-    args = toy_overrides(tmp_path, "trainer.save_every=1", steps=100_000, run="live")
+    ``trainer.checkpointing.overwrite=true`` and one with ``trainer.checkpointing.resume=auto`` are refused (exit 2) and change nothing of it;
+    after ``kill -9`` of the first, ``trainer.checkpointing.resume=auto`` names the stale lock, takes it over and continues."""
+    args = toy_overrides(tmp_path, "trainer.checkpointing.save_every=1", steps=100_000, run="live")
     run = tmp_path / "live"
     code = "import sys\nfrom mmrl.cli import main\nsys.exit(main(sys.argv[1:]))"
     first = subprocess.Popen(
@@ -221,7 +230,7 @@ def test_a_live_mmrl_train_refuses_a_second_command_and_its_kill_9_leaves_a_stal
             time.sleep(0.2)
         assert json.loads((run / LOCK_FILE).read_text())["pid"] == first.pid
         config = (run / "config.yaml").read_bytes()
-        for second in ("trainer.overwrite=true", "trainer.resume=auto"):
+        for second in ("trainer.checkpointing.overwrite=true", "trainer.checkpointing.resume=auto"):
             p = _mmrl(tmp_path, "train", *args, second, "trainer.max_steps=3")
             assert p.returncode == 2, p.stderr
             assert f"is in use by another mmrl process (pid {first.pid} on host" in _one_line(p.stderr)
@@ -234,7 +243,7 @@ def test_a_live_mmrl_train_refuses_a_second_command_and_its_kill_9_leaves_a_stal
             first.kill()
             first.wait(timeout=30)
     done = int(latest_checkpoint(run).name.split("_")[1])
-    p = _mmrl(tmp_path, "train", *args, "trainer.resume=auto", f"trainer.max_steps={done + 1}")
+    p = _mmrl(tmp_path, "train", *args, "trainer.checkpointing.resume=auto", f"trainer.max_steps={done + 1}")
     assert p.returncode == 0, p.stderr
     assert f"taking over the stale lock of the run folder {run}: its owner (pid {first.pid} on host" in p.stderr
     assert latest_checkpoint(run).name == f"step_{done + 1:06d}" and not (run / LOCK_FILE).exists()

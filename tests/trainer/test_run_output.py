@@ -1,6 +1,6 @@
 """What a person sees from `mmrl train` (issue 27): a start banner, one progress display per phase (bars on a
 terminal, a plain line every MMRL_PROGRESS_EVERY seconds in a log), an RL ETA measured on RL steps only, an end
-summary with the paths and commands that matter next, and `trainer.progress=false` quiet mode."""
+summary with the paths and commands that matter next, and `trainer.logging.progress=false` quiet mode."""
 
 from __future__ import annotations
 
@@ -29,9 +29,9 @@ def _args(tmp_path: Path, *extra: str, steps: int = 3) -> list[str]:
     base = [
         o
         for o in toy_overrides(tmp_path, steps=steps, run="ux")
-        if not o.startswith(("trainer.progress", "trainer.plot"))
+        if not o.startswith(("trainer.logging.progress", "trainer.logging.plot"))
     ]
-    return [*base, "trainer.sft_steps=6", "trainer.eval_size=8", "trainer.eval_at_end=true", *extra]
+    return [*base, "trainer.warm_start.steps=6", "trainer.eval.size=8", "trainer.eval.at_end=true", *extra]
 
 
 def _metrics(run_dir: Path) -> list[dict]:
@@ -119,7 +119,7 @@ def test_log_output_banner_bars_eta_and_summary(tmp_path):
     assert f"checkpoint: {run_dir / 'checkpoints' / 'step_000003'}" in err
     assert f"curves: {run_dir / 'curves.png'}" in err and (run_dir / "curves.png").exists()
     assert f"evaluate: mmrl eval checkpoint={run_dir}" in err
-    assert "trainer.run_name=ux trainer.resume=auto trainer.max_steps=<more>" in err
+    assert "trainer.run_name=ux trainer.checkpointing.resume=auto trainer.max_steps=<more>" in err
     numbers = re.findall(r"(?<![\w/.-])\d+\.\d+(?![\w/.-])", err)
     assert numbers and all(len(n.replace(".", "").lstrip("0")) <= 3 for n in numbers), numbers  # rounded for people
     warm = next(r for r in _metrics(run_dir) if "sft/step" in r)
@@ -143,7 +143,7 @@ def test_json_on_stdout_when_asked_and_quiet_mode(tmp_path):
             "-m",
             "mmrl.cli",
             "train",
-            *_args(tmp_path, "trainer.progress=false", "trainer.run_name=quiet", steps=1),
+            *_args(tmp_path, "trainer.logging.progress=false", "trainer.run_name=quiet", steps=1),
         ],
         cwd=tmp_path,
         env=ENV,

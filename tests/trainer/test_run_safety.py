@@ -1,5 +1,5 @@
 """Nothing escapes, nothing lost (issue 22), through the real CLI: run names stay below trainer.output_dir,
-trainer.overwrite deletes only mmrl's own folders, every abort after training writes a checkpoint that resumes to the
+trainer.checkpointing.overwrite deletes only mmrl's own folders, every abort after training writes a checkpoint that resumes to the
 end, runs that trained nothing and evaluations that scored nothing are errors, and a resume that changes the
 experiment is refused (the config of every start is kept)."""
 
@@ -97,7 +97,11 @@ def user_files(tmp_path):
 )
 def test_run_names_that_leave_the_output_folder_are_one_line(cli, user_files, name, needle):
     before = _tree(user_files.parent)
-    p = cli(user_files, "train", *toy_overrides(user_files / "runs", "trainer.overwrite=true", steps=1, run=name))
+    p = cli(
+        user_files,
+        "train",
+        *toy_overrides(user_files / "runs", "trainer.checkpointing.overwrite=true", steps=1, run=name),
+    )
     assert p.returncode == 2, p.stderr
     line = _one_line(p.stderr)
     assert line.startswith("mmrl train: error: trainer.run_name") and needle in line
@@ -110,7 +114,9 @@ def test_run_names_that_leave_the_output_folder_are_one_line(cli, user_files, na
 def test_run_name_with_dotdot_through_the_real_cli(user_files):
     """The same refusal from a real process: exit 2, one line, no traceback, the user's files untouched."""
     before = _tree(user_files)
-    p = _mmrl(user_files, "train", *toy_overrides(Path("runs"), "trainer.overwrite=true", steps=1, run="../.."))
+    p = _mmrl(
+        user_files, "train", *toy_overrides(Path("runs"), "trainer.checkpointing.overwrite=true", steps=1, run="../..")
+    )
     assert p.returncode == 2, p.stderr
     assert "'..' component" in _one_line(p.stderr)
     assert {k: v for k, v in _tree(user_files).items() if not k.startswith("runs/")} == before
@@ -119,7 +125,11 @@ def test_run_name_with_dotdot_through_the_real_cli(user_files):
 def test_overwrite_never_deletes_a_folder_mmrl_did_not_create(cli, user_files):
     """output_dir=. and run_name=checkpoints names the user's own folder: refused, untouched."""
     before = _tree(user_files)
-    p = cli(user_files, "train", *toy_overrides(Path("."), "trainer.overwrite=true", steps=1, run="checkpoints"))
+    p = cli(
+        user_files,
+        "train",
+        *toy_overrides(Path("."), "trainer.checkpointing.overwrite=true", steps=1, run="checkpoints"),
+    )
     assert p.returncode == 2, p.stderr
     line = _one_line(p.stderr)
     assert "was not created by mmrl" in line and RUN_MARKER in line
@@ -130,7 +140,7 @@ def test_overwrite_starts_over_in_mmrls_own_folder(cli, tmp_path):
     args = toy_overrides(tmp_path, steps=2, run="again")
     assert cli(tmp_path, "train", *args).returncode == 0
     (tmp_path / "again" / "stale.txt").write_text("from the first run")
-    p = cli(tmp_path, "train", *args, "trainer.max_steps=1", "trainer.overwrite=true")
+    p = cli(tmp_path, "train", *args, "trainer.max_steps=1", "trainer.checkpointing.overwrite=true")
     assert p.returncode == 0, p.stderr
     assert not (tmp_path / "again" / "stale.txt").exists()
     assert latest_checkpoint(tmp_path / "again").name == "step_000001"
@@ -169,15 +179,15 @@ def flaky(prompts, completions, **kw):
 
 
 def test_reward_server_down_saves_then_resumes_to_the_end(tmp_path):
-    """Through real processes: the reward fails from step 3 on (trainer.save_every=0): exit 1, one line with the cause
+    """Through real processes: the reward fails from step 3 on (trainer.checkpointing.save_every=0): exit 1, one line with the cause
     and the resume command, a complete checkpoint of the 2 trained steps whose state says why; the printed command
     then finishes the run."""
     (tmp_path / "rw.py").write_text(FLAKY_REWARD)
     args = toy_overrides(
         tmp_path,
         "reward.fns=[rw.py:flaky]",
-        "trainer.reward_error_threshold=0.5",
-        "trainer.reward_error_window=16",
+        "trainer.limits.reward_error_threshold=0.5",
+        "trainer.limits.reward_error_window=16",
         steps=5,
         run="down",
     )
@@ -191,7 +201,7 @@ def test_reward_server_down_saves_then_resumes_to_the_end(tmp_path):
     state = json.loads((ckpt / "training_state" / "state.json").read_text())
     assert state["step"] == 2 and "flaky" in state["stop_reason"]
     command = line.split("resume with: ", 1)[1]
-    assert command.endswith("trainer.run_name=down trainer.resume=auto")
+    assert command.endswith("trainer.run_name=down trainer.checkpointing.resume=auto")
     # the reward server is back: the printed command continues the run to its end
     p2 = _mmrl(tmp_path, *shlex.split(command)[1:], env={**env, "FAIL_AFTER": "1000"})
     assert p2.returncode == 0, p2.stderr
@@ -243,7 +253,9 @@ def test_nonfinite_limit_counts_the_step_that_tripped_it(cli, tmp_path, monkeypa
         return out
 
     monkeypatch.setattr(CausalLMPolicy, "log_probs", log_probs)
-    p = cli(tmp_path, "train", *toy_overrides(tmp_path, "trainer.max_consecutive_nonfinite=2", steps=5, run="nan"))
+    p = cli(
+        tmp_path, "train", *toy_overrides(tmp_path, "trainer.limits.max_consecutive_nonfinite=2", steps=5, run="nan")
+    )
     assert p.returncode == 1, p.stderr
     line = _one_line(p.stderr)
     assert "aborted at step 2: 2 consecutive steps had non-finite" in line
@@ -276,7 +288,7 @@ def test_unwritable_run_folder_at_the_final_save_goes_to_the_rescue_folder(cli, 
 
 def test_a_run_that_trained_nothing_is_an_error(cli, tmp_path, monkeypatch):
     _skip_every_item(monkeypatch)
-    p = cli(tmp_path, "train", *toy_overrides(tmp_path, "trainer.data_skip_threshold=1.0", steps=3, run="none"))
+    p = cli(tmp_path, "train", *toy_overrides(tmp_path, "trainer.limits.data_skip_threshold=1.0", steps=3, run="none"))
     assert p.returncode == 1, p.stderr
     line = _one_line(p.stderr)
     assert "trained nothing: 3 step(s) ran" in line and "12 of 12 data items skipped" in line
@@ -298,17 +310,23 @@ def test_resume_refuses_another_experiment_and_keeps_every_start(cli, tmp_path):
     base = toy_overrides(tmp_path, steps=2, run="exp")
     assert cli(tmp_path, "train", *base).returncode == 0
     first = (tmp_path / "exp" / "config.yaml").read_text()
-    changed = [*base, "algo.group_size=2", "trainer.lr=0.01", "trainer.resume=auto", "trainer.max_steps=3"]
+    changed = [
+        *base,
+        "algo.group_size=2",
+        "trainer.optim.lr=0.01",
+        "trainer.checkpointing.resume=auto",
+        "trainer.max_steps=3",
+    ]
     p = cli(tmp_path, "train", *changed)
     assert p.returncode == 2, p.stderr
     line = _one_line(p.stderr)
-    assert "another experiment" in line and "algo.group_size: 4 -> 2" in line and "trainer.lr" in line
-    assert "trainer.max_steps" not in line and "trainer.resume_accept_changes=true" in line
+    assert "another experiment" in line and "algo.group_size: 4 -> 2" in line and "trainer.optim.lr" in line
+    assert "trainer.max_steps" not in line and "trainer.checkpointing.resume_accept_changes=true" in line
     assert (tmp_path / "exp" / "config.yaml").read_text() == first
     # harmless changes only: accepted; the explicit override accepts the rest
-    p = cli(tmp_path, "train", *base, "trainer.resume=auto", "trainer.max_steps=3")
+    p = cli(tmp_path, "train", *base, "trainer.checkpointing.resume=auto", "trainer.max_steps=3")
     assert p.returncode == 0, p.stderr
-    p = cli(tmp_path, "train", *changed[:-1], "trainer.max_steps=4", "trainer.resume_accept_changes=true")
+    p = cli(tmp_path, "train", *changed[:-1], "trainer.max_steps=4", "trainer.checkpointing.resume_accept_changes=true")
     assert p.returncode == 0, p.stderr
     history = sorted((tmp_path / "exp" / "config_history").glob("start-*.yaml"))
     assert [h.name for h in history] == [
@@ -334,7 +352,7 @@ def test_resume_refuses_another_experiment_and_keeps_every_start(cli, tmp_path):
 def test_eval_that_scored_nothing_is_an_error(cli, tmp_path, monkeypatch):
     assert cli(tmp_path, "train", *toy_overrides(tmp_path, steps=1, run="ev")).returncode == 0
     _skip_every_item(monkeypatch)
-    p = cli(tmp_path, "eval", f"checkpoint={tmp_path / 'ev'}", "trainer.eval_size=3")
+    p = cli(tmp_path, "eval", f"checkpoint={tmp_path / 'ev'}", "trainer.eval.size=3")
     assert p.returncode == 1, p.stderr
     line = _one_line(p.stderr)
     assert line.startswith("mmrl eval: error: nothing was scored: all 3 items") and "3 skipped" in line
@@ -362,13 +380,13 @@ def test_the_in_process_classes_through_real_processes(tmp_path):
     p = _mmrl(
         tmp_path,
         "train",
-        *toy_overrides(tmp_path, "trainer.data_skip_threshold=1.0", steps=2, run="none"),
+        *toy_overrides(tmp_path, "trainer.limits.data_skip_threshold=1.0", steps=2, run="none"),
         patch=NOTHING_TRAINED_PATCH,
     )
     assert p.returncode == 1 and "trained nothing: 2 step(s) ran" in _one_line(p.stderr)
     assert latest_checkpoint(tmp_path / "none") is None
     base = toy_overrides(tmp_path, steps=1, run="exp")
     assert _mmrl(tmp_path, "train", *base).returncode == 0
-    p = _mmrl(tmp_path, "train", *base, "algo.group_size=2", "trainer.resume=auto", "trainer.max_steps=2")
+    p = _mmrl(tmp_path, "train", *base, "algo.group_size=2", "trainer.checkpointing.resume=auto", "trainer.max_steps=2")
     assert p.returncode == 2 and "algo.group_size: 4 -> 2" in _one_line(p.stderr)
     assert len(list((tmp_path / "exp" / "config_history").glob("start-*.yaml"))) == 1

@@ -20,7 +20,7 @@ def _params(tr):
 
 
 def test_train_step_changes_parameters_and_logs(tmp_path):
-    tr = toy_trainer(tmp_path, "trainer.plot=true", steps=3)
+    tr = toy_trainer(tmp_path, "trainer.logging.plot=true", steps=3)
     before = _params(tr)
     final = tr.fit()
     after = _params(tr)
@@ -83,7 +83,7 @@ def test_gradient_accumulation_is_exact(tmp_path):
 
 def test_refuses_to_overwrite_a_run_dir(tmp_path):
     toy_trainer(tmp_path, steps=1).fit()
-    with pytest.raises(ConfigError, match="trainer.resume=auto"):
+    with pytest.raises(ConfigError, match="trainer.checkpointing.resume=auto"):
         toy_trainer(tmp_path, steps=1).setup_run_dir()
 
 
@@ -91,7 +91,7 @@ def test_resume_auto_continues_from_newest_complete_checkpoint(tmp_path):
     toy_trainer(tmp_path, steps=2).fit()
     ckpts = tmp_path / "run" / "checkpoints"
     (ckpts / "step_000009").mkdir()  # incomplete (no marker): must be ignored
-    tr = toy_trainer(tmp_path, "trainer.resume=auto", steps=3)
+    tr = toy_trainer(tmp_path, "trainer.checkpointing.resume=auto", steps=3)
     tr.setup_run_dir()
     assert tr.step == 2
     tr.fit()
@@ -103,14 +103,16 @@ def _with_reward(tr, fn, name="fragile", weight=1.0):
 
     specs = tr.task.reward_specs() + [RewardSpec(name, fn, weight)]
     tr.rewards = RewardManager(
-        specs, error_threshold=tr.cfg.trainer.reward_error_threshold, window=tr.cfg.trainer.reward_error_window
+        specs,
+        error_threshold=tr.cfg.trainer.limits.reward_error_threshold,
+        window=tr.cfg.trainer.limits.reward_error_window,
     )
 
 
 def test_failing_reward_samples_are_masked_and_counted(tmp_path):
     """A reward that raises on the batch is re-run sample by sample; the samples on which it raises or returns NaN
     are counted exactly and masked: the trainer's update trains on the others only."""
-    tr = toy_trainer(tmp_path, "trainer.reward_error_threshold=1.0", steps=2)
+    tr = toy_trainer(tmp_path, "trainer.limits.reward_error_threshold=1.0", steps=2)
     calls = []
 
     def fragile(prompts, completions, **_):
@@ -133,7 +135,9 @@ def test_failing_reward_samples_are_masked_and_counted(tmp_path):
 
 
 def test_reward_error_rate_aborts_with_clear_message(tmp_path):
-    tr = toy_trainer(tmp_path, "trainer.reward_error_threshold=0.2", "trainer.reward_error_window=32", steps=5)
+    tr = toy_trainer(
+        tmp_path, "trainer.limits.reward_error_threshold=0.2", "trainer.limits.reward_error_window=32", steps=5
+    )
 
     def broken(prompts, completions, **_):
         raise ValueError("model server down")
@@ -145,7 +149,9 @@ def test_reward_error_rate_aborts_with_clear_message(tmp_path):
 
 @pytest.mark.parametrize("minibatches", [1, 3])
 def test_nonfinite_loss_skips_step_then_aborts(tmp_path, minibatches):
-    tr = toy_trainer(tmp_path, "trainer.max_consecutive_nonfinite=2", f"algo.num_minibatches={minibatches}", steps=5)
+    tr = toy_trainer(
+        tmp_path, "trainer.limits.max_consecutive_nonfinite=2", f"algo.num_minibatches={minibatches}", steps=5
+    )
     tr.setup_run_dir()
     before = _params(tr)
     tr.policy.log_probs = nan_log_probs(tr.policy.log_probs)
@@ -169,7 +175,7 @@ def test_sigterm_writes_a_final_checkpoint(tmp_path):
 def test_bad_items_are_skipped_and_counted_then_abort(tmp_path):
     from mmrl.tasks.base import SkipItem
 
-    tr = toy_trainer(tmp_path, "trainer.data_skip_threshold=0.6", steps=20)
+    tr = toy_trainer(tmp_path, "trainer.limits.data_skip_threshold=0.6", steps=20)
     tr.setup_run_dir()
     real = tr.task.prepare_item
     prepared = []
@@ -202,7 +208,7 @@ def test_python_api_equals_cli(tmp_path):
 
 
 def test_warm_start_sft_then_rl(tmp_path):
-    tr = toy_trainer(tmp_path, "trainer.sft_steps=40", "trainer.eval_at_end=true", steps=1)
+    tr = toy_trainer(tmp_path, "trainer.warm_start.steps=40", "trainer.eval.at_end=true", steps=1)
     tr.fit()
     first = read_metrics(tr.run_dir / "metrics.jsonl")[0]
     assert first["step"] == 0 and first["sft/step"] == 40
@@ -214,17 +220,25 @@ def test_cli_eval_loads_the_checkpoint(tmp_path, capsys):
 
     from mmrl.cli import main
 
-    tr = toy_trainer(tmp_path, "trainer.sft_steps=60", steps=1)
+    tr = toy_trainer(tmp_path, "trainer.warm_start.steps=60", steps=1)
     tr.fit()
     trained = tr.evaluate()["eval/accuracy"]
     capsys.readouterr()
-    assert main(["eval", "task=toy_arithmetic", f"checkpoint={tr.run_dir}", "trainer.progress=false"]) == 0
+    assert main(["eval", "task=toy_arithmetic", f"checkpoint={tr.run_dir}", "trainer.logging.progress=false"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["eval/accuracy"] == trained  # the checkpoint's weights, not the random init
-    assert main(["eval", "trainer.progress=false"]) == 2  # neither checkpoint= nor task=: one clear error
+    assert main(["eval", "trainer.logging.progress=false"]) == 2  # neither checkpoint= nor task=: one clear error
     # task= without a checkpoint evaluates the model of model.path as built (here the tiny LM's random init)
     assert (
-        main(["eval", "task=toy_arithmetic", f"trainer.output_dir={tmp_path / 'plain'}", "trainer.progress=false"]) == 0
+        main(
+            [
+                "eval",
+                "task=toy_arithmetic",
+                f"trainer.output_dir={tmp_path / 'plain'}",
+                "trainer.logging.progress=false",
+            ]
+        )
+        == 0
     )
     plain = json.loads(capsys.readouterr().out)
     results = json.loads((tmp_path / "plain" / "eval" / "toy_arithmetic_tiny_lm" / "results.json").read_text())
@@ -246,11 +260,11 @@ def test_missing_checkpoint_is_a_config_error_before_the_task_is_built(tmp_path,
 
 
 def test_sampled_eval_with_several_samples_per_item(tmp_path):
-    tr = toy_trainer(tmp_path, "trainer.eval_size=6", "trainer.eval_greedy=false", "trainer.eval_samples=3", steps=1)
+    tr = toy_trainer(tmp_path, "trainer.eval.size=6", "trainer.eval.greedy=false", "trainer.eval.samples=3", steps=1)
     a = tr.evaluate()
     assert a["eval/n"] == 18.0  # 6 items x 3 samples
     assert tr.evaluate() == a  # seeds fixed per eval item: the same samples every time
-    g = toy_trainer(tmp_path / "g", "trainer.eval_size=6", steps=1).evaluate()
+    g = toy_trainer(tmp_path / "g", "trainer.eval.size=6", steps=1).evaluate()
     assert g["eval/n"] == 6.0
     # the samples differ from each other (not greedy copies): on the random-init model they disagree
     texts = []
@@ -261,14 +275,14 @@ def test_sampled_eval_with_several_samples_per_item(tmp_path):
     texts = [s["text"] if isinstance(s, dict) else s for s in ro.samples]
     assert len(set(texts)) > 1
     with pytest.raises(ConfigError, match="eval_samples"):
-        toy_trainer(tmp_path / "bad", "trainer.eval_samples=2", steps=1)
+        toy_trainer(tmp_path / "bad", "trainer.eval.samples=2", steps=1)
 
 
 def test_sft_max_items_limits_the_warm_start_to_the_first_items(tmp_path):
     from mmrl.config import load_config
     from mmrl.sft import run_sft
 
-    tr = toy_trainer(tmp_path, "trainer.sft_max_items=3", "trainer.sft_batch_size=4", steps=1)
+    tr = toy_trainer(tmp_path, "trainer.warm_start.max_items=3", "trainer.warm_start.batch_size=4", steps=1)
     seen = []
     prepare = tr.task.prepare_item
     tr.task.prepare_item = lambda item: seen.append(item) or prepare(item)
@@ -278,21 +292,21 @@ def test_sft_max_items_limits_the_warm_start_to_the_first_items(tmp_path):
     assert all(any(dict(it) == f for it in seen) for f in first)  # ... and every one of them is used
     assert len(tr.train_items) > 3  # RL still draws from the whole training set
     with pytest.raises(ConfigError, match="sft_max_items"):
-        load_config(toy_overrides(tmp_path, "trainer.sft_max_items=0"))
+        load_config(toy_overrides(tmp_path, "trainer.warm_start.max_items=0"))
 
 
 @pytest.mark.parametrize("before", [True, False])
 def test_eval_before_warm_start_is_optional(tmp_path, before):
-    """trainer.eval_before_warm_start=false skips the untrained policy's evaluation (one evaluation fewer, no
+    """trainer.eval.before_warm_start=false skips the untrained policy's evaluation (one evaluation fewer, no
     sft/eval_score_before); the evaluation after the warm start is logged at step 0 either way."""
     import json
 
     tr = toy_trainer(
         tmp_path,
-        "trainer.sft_steps=2",
-        "trainer.eval_size=4",
-        "trainer.eval_at_end=true",
-        f"trainer.eval_before_warm_start={before}",
+        "trainer.warm_start.steps=2",
+        "trainer.eval.size=4",
+        "trainer.eval.at_end=true",
+        f"trainer.eval.before_warm_start={before}",
         steps=1,
     )
     calls = []
@@ -308,20 +322,20 @@ def test_eval_before_warm_start_is_optional(tmp_path, before):
 def test_eval_at_start_logs_the_initial_policy_at_step_zero(tmp_path):
     import json
 
-    tr = toy_trainer(tmp_path, "trainer.eval_at_start=true", "trainer.eval_size=8", steps=1)
+    tr = toy_trainer(tmp_path, "trainer.eval.at_start=true", "trainer.eval.size=8", steps=1)
     initial = tr.evaluate()  # the policy before any update, on the same items and seeds
     tr.fit()
     rows = [json.loads(line) for line in (tr.run_dir / "metrics.jsonl").read_text().splitlines()]
     assert rows[0]["step"] == 0 and rows[0]["eval/score"] == initial["eval/score"]
     assert rows[0]["eval/n"] == 8 and all(r["step"] >= 1 for r in rows[1:])
-    plain = toy_trainer(tmp_path / "off", "trainer.eval_size=8", steps=1)
+    plain = toy_trainer(tmp_path / "off", "trainer.eval.size=8", steps=1)
     plain.fit()
     assert all(json.loads(r)["step"] >= 1 for r in (plain.run_dir / "metrics.jsonl").read_text().splitlines())
 
 
 def test_a_finite_step_resets_the_nonfinite_streak(tmp_path):
     # non-finite, finite, non-finite with a limit of 2 consecutive: no abort, the streak is 1 again
-    tr = toy_trainer(tmp_path, "trainer.max_consecutive_nonfinite=2", steps=5)
+    tr = toy_trainer(tmp_path, "trainer.limits.max_consecutive_nonfinite=2", steps=5)
     tr.setup_run_dir()
     finite = tr.policy.log_probs
     for nonfinite in (True, False, True):

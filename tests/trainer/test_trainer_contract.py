@@ -130,7 +130,7 @@ def test_trainer_device_reaches_accelerate(device, cpu, tmp_path, monkeypatch):
 def test_checkpoint_starts_a_fresh_run_from_its_weights(tmp_path, monkeypatch):
     # checkpoint=<run dir>: the newest checkpoint's weights, not the seed's initialisation; a missing one is a
     # ConfigError naming the key before anything is built
-    src = toy_trainer(tmp_path, "trainer.lr=0.05", run="src")
+    src = toy_trainer(tmp_path, "trainer.optim.lr=0.05", run="src")
     src.setup_run_dir()
     _fixed_advantages(src, monkeypatch, 0.5)  # a gradient on every row
     src.train_step()
@@ -197,9 +197,9 @@ def test_fsdp2_over_two_processes_shards_every_module_the_policy_names(tmp_path,
     one = toy_trainer(
         tmp_path,
         "trainer.strategy=fsdp2",
-        "trainer.fsdp_reshard_after_forward=false",
-        "trainer.fsdp_offload=true",
-        "trainer.fsdp_param_dtype=bfloat16",
+        "trainer.fsdp.reshard_after_forward=false",
+        "trainer.fsdp.offload=true",
+        "trainer.fsdp.param_dtype=bfloat16",
         "algo.kl_coef=0.1",  # a frozen reference copy to shard too
     )
     assert not hasattr(one.cfg.model, "ema")
@@ -245,7 +245,7 @@ def test_a_new_trainer_has_nothing_to_report(tmp_path):
 
 @pytest.mark.parametrize("resume", ["auto", "never", "path"])
 def test_a_checkpoint_to_resume_is_checked_before_the_task_is_built(resume, tmp_path, monkeypatch):
-    # trainer.resume=<path>: the checkpoint is validated first (a damaged one is one line, not a traceback after
+    # trainer.checkpointing.resume=<path>: the checkpoint is validated first (a damaged one is one line, not a traceback after
     # minutes of building); the keywords auto / never are not paths, even beside folders of those names
     monkeypatch.chdir(tmp_path)
     for name in ("auto", "never", "path"):
@@ -254,7 +254,7 @@ def test_a_checkpoint_to_resume_is_checked_before_the_task_is_built(resume, tmp_
     monkeypatch.setattr(trainer_module, "resolve_checkpoint", lambda p: order.append(("resolve", str(p))))
     real_build_task = trainer_module.build_task
     monkeypatch.setattr(trainer_module, "build_task", lambda cfg: order.append("task") or real_build_task(cfg))
-    toy_trainer(tmp_path, f"trainer.resume={resume}")
+    toy_trainer(tmp_path, f"trainer.checkpointing.resume={resume}")
     assert order == ([("resolve", "path"), "task"] if resume == "path" else ["task"])
 
 
@@ -262,12 +262,12 @@ def test_a_checkpoint_to_resume_is_checked_before_the_task_is_built(resume, tmp_
 def test_evaluate_passes_the_eval_settings_and_times_the_phase(tmp_path, monkeypatch, bars):
     tr = toy_trainer(
         tmp_path,
-        "trainer.eval_size=3",
-        "trainer.eval_samples=2",
-        "trainer.eval_greedy=false",
+        "trainer.eval.size=3",
+        "trainer.eval.samples=2",
+        "trainer.eval.greedy=false",
         "trainer.seed=7",
         "trainer.batch_size=4",
-        "trainer.progress=true",
+        "trainer.logging.progress=true",
     )
     calls = []
 
@@ -286,14 +286,14 @@ def test_evaluate_passes_the_eval_settings_and_times_the_phase(tmp_path, monkeyp
     assert 0 < tr.report.phase_s["evaluation"] <= elapsed
 
     own = [{"id": f"mine-{i}"} for i in range(5)]
-    tr.evaluate(own, limit=2)  # given items and limit win over the task's eval set and trainer.eval_size
+    tr.evaluate(own, limit=2)  # given items and limit win over the task's eval set and trainer.eval.size
     assert calls[1][3] == own[:2]
     tr.evaluate(own)
     assert calls[2][3] == own[:3]
 
 
 def test_evaluate_shows_no_progress_bar_when_progress_is_off(tmp_path, monkeypatch, bars):
-    tr = toy_trainer(tmp_path, "trainer.eval_size=2")  # the helper sets trainer.progress=false
+    tr = toy_trainer(tmp_path, "trainer.eval.size=2")  # the helper sets trainer.logging.progress=false
     monkeypatch.setattr(trainer_module, "evaluate_policy", lambda *a, **kw: {})
     tr.evaluate()
     assert bars[0].kw["enabled"] is False
@@ -311,7 +311,9 @@ def _fake_sft(monkeypatch, seen: dict):
 
 
 def test_warm_start_evaluates_before_and_after_and_logs_one_row_at_step_zero(tmp_path, monkeypatch, bars):
-    tr = toy_trainer(tmp_path, "trainer.sft_steps=2", "trainer.eval_at_end=true", "trainer.progress=true")
+    tr = toy_trainer(
+        tmp_path, "trainer.warm_start.steps=2", "trainer.eval.at_end=true", "trainer.logging.progress=true"
+    )
     tr.setup_run_dir()
     tr.tracker = Tracker()
     scores = iter([{"eval/score": 0.1}, {"eval/score": 0.4}])
@@ -331,7 +333,7 @@ def test_warm_start_evaluates_before_and_after_and_logs_one_row_at_step_zero(tmp
 
 
 def test_warm_start_without_evaluation_or_run_dir(tmp_path, monkeypatch, bars):
-    tr = toy_trainer(tmp_path, "trainer.sft_steps=3")  # eval_every=0, eval_at_end=false; not set up: no run dir
+    tr = toy_trainer(tmp_path, "trainer.warm_start.steps=3")  # eval_every=0, eval_at_end=false; not set up: no run dir
     tr.tracker = Tracker()
     monkeypatch.setattr(tr, "evaluate", lambda: pytest.fail("evaluated with evaluation off"))
     seen: dict = {}
@@ -649,7 +651,7 @@ def test_samples_log_of_per_action_rewards_has_no_scalar_reward(tmp_path):
 def test_a_step_that_updates_nothing_still_advances_the_schedule_without_a_warning(tmp_path, recwarn):
     # warm-up over 4 steps: step k trains at lr * (k + 1) / 4 by the schedule (mmrl.optim.lr_lambda), whatever
     # happened before it; the first step's gradients are NaN, so it updates nothing
-    tr = toy_trainer(tmp_path, "trainer.lr=0.01", "trainer.warmup_steps=4", steps=6)
+    tr = toy_trainer(tmp_path, "trainer.optim.lr=0.01", "trainer.optim.warmup_steps=4", steps=6)
     tr.setup_run_dir()
     real = tr.policy.log_probs
     tr.policy.log_probs = nan_log_probs(real)
@@ -678,12 +680,12 @@ def test_a_step_that_updates_nothing_still_advances_the_schedule_without_a_warni
 def test_the_learning_rate_schedule_by_hand(schedule, warmup, steps, factors, tmp_path):
     tr = toy_trainer(
         tmp_path,
-        "trainer.lr=0.01",
-        f"trainer.lr_schedule={schedule}",
-        f"trainer.warmup_steps={warmup}",
-        "trainer.weight_decay=0.1",
-        "trainer.adam_betas=[0.8,0.95]",
-        "trainer.adam_eps=1e-6",
+        "trainer.optim.lr=0.01",
+        f"trainer.optim.lr_schedule={schedule}",
+        f"trainer.optim.warmup_steps={warmup}",
+        "trainer.optim.weight_decay=0.1",
+        "trainer.optim.adam_betas=[0.8,0.95]",
+        "trainer.optim.adam_eps=1e-6",
         steps=steps,
     )
     lrs = []
@@ -725,7 +727,7 @@ def test_each_start_keeps_its_config_in_field_order_under_the_step_it_starts_fro
 
     tr = toy_trainer(tmp_path, steps=2)
     tr.fit()
-    again = toy_trainer(tmp_path, "trainer.resume=auto", steps=3)
+    again = toy_trainer(tmp_path, "trainer.checkpointing.resume=auto", steps=3)
     again.setup_run_dir()
     history = sorted(p.name for p in (tr.run_dir / "config_history").glob("*.yaml"))
     assert history == ["start-001-step_000000.yaml", "start-002-step_000002.yaml"]
@@ -750,7 +752,7 @@ def test_a_resume_continues_the_step_saved_step_and_wandb_run(tmp_path, monkeypa
     from mmrl.config import to_dict
 
     made = _spy_tracker(monkeypatch)
-    tr = toy_trainer(tmp_path, "trainer.wandb_project=grounding-rl", steps=1)
+    tr = toy_trainer(tmp_path, "trainer.logging.wandb_project=grounding-rl", steps=1)
     tr.setup_run_dir()
     assert tr.tracker.wandb_id is None and not tr.resumed
     tracker_args = {
@@ -765,7 +767,9 @@ def test_a_resume_continues_the_step_saved_step_and_wandb_run(tmp_path, monkeypa
     assert made == [{**tracker_args, "resume_step": None, "wandb_id": None}]
     tr.tracker.wandb_id = "run-4xk2"  # as W&B assigns it
     tr.fit()
-    again = toy_trainer(tmp_path, "trainer.resume=auto", "trainer.wandb_project=grounding-rl", steps=2)
+    again = toy_trainer(
+        tmp_path, "trainer.checkpointing.resume=auto", "trainer.logging.wandb_project=grounding-rl", steps=2
+    )
     again.setup_run_dir()
     assert (again.resumed, again.step, again.checkpoints.saved_step) == (True, 1, 1)
     assert again.tracker.wandb_id == "run-4xk2"
@@ -774,7 +778,7 @@ def test_a_resume_continues_the_step_saved_step_and_wandb_run(tmp_path, monkeypa
 
 def test_resume_auto_in_a_folder_without_checkpoints_warns_and_starts_at_zero(tmp_path, caplog):
     (tmp_path / "run" / "checkpoints").mkdir(parents=True)  # a run that stopped before its first checkpoint
-    tr = toy_trainer(tmp_path, "trainer.resume=auto")
+    tr = toy_trainer(tmp_path, "trainer.checkpointing.resume=auto")
     with caplog.at_level(logging.WARNING, logger="mmrl.run_dir"):
         tr.setup_run_dir()
     assert "has no complete checkpoint to continue; training from step 0 in it" in caplog.text
@@ -819,7 +823,7 @@ def test_each_step_tells_the_policy_its_index_first(tmp_path, monkeypatch):
 
 
 def test_a_step_without_a_batch_reports_it_and_advances_the_schedule(tmp_path, monkeypatch):
-    tr = toy_trainer(tmp_path, "trainer.warmup_steps=4", "trainer.lr=0.01")
+    tr = toy_trainer(tmp_path, "trainer.optim.warmup_steps=4", "trainer.optim.lr=0.01")
     monkeypatch.setattr(tr, "collect", lambda: (None, {"data/skipped": 4.0}))
     assert tr.train_step() == {"data/skipped": 4.0, "data/empty_steps": 1.0}
     assert tr.optimizer.param_groups[0]["lr"] == pytest.approx(0.01 * 2 / 4)
@@ -903,7 +907,7 @@ def test_step_times_are_durations(tmp_path):
 
 
 def test_a_step_whose_samples_all_failed_moves_no_weight(tmp_path, monkeypatch):
-    tr = toy_trainer(tmp_path, "trainer.weight_decay=0.1")
+    tr = toy_trainer(tmp_path, "trainer.optim.weight_decay=0.1")
     tr.setup_run_dir()
     tr.train_step()  # a real update first: Adam's moments are nonzero from here on
     assert tr.updates_done == 1
@@ -1073,7 +1077,7 @@ def test_a_start_from_the_warm_start_checkpoint_is_recorded_at_step_zero(tmp_pat
     tr = toy_trainer(tmp_path)
     tr.setup_run_dir()
     step0 = tr.save_checkpoint()  # what a warm start leaves: the checkpoint of step 0
-    again = toy_trainer(tmp_path, f"trainer.resume={step0}")
+    again = toy_trainer(tmp_path, f"trainer.checkpointing.resume={step0}")
     again.setup_run_dir()
     history = sorted(p.name for p in (tr.run_dir / "config_history").glob("*.yaml"))
     assert history == ["start-001-step_000000.yaml", "start-002-step_000000.yaml"]
@@ -1370,7 +1374,9 @@ def test_dapo_resamples_until_the_kept_groups_reach_the_batch(second, kept, rows
 
 def test_without_filtering_a_round_whose_items_were_all_skipped_is_not_resampled(tmp_path, monkeypatch):
     # resampling rounds are DAPO's (algo.filter_groups); without it one round is drawn, even an empty one
-    tr = toy_trainer(tmp_path, "algo.filter_groups=false", "algo.max_resample=2", "trainer.data_skip_threshold=1.0")
+    tr = toy_trainer(
+        tmp_path, "algo.filter_groups=false", "algo.max_resample=2", "trainer.limits.data_skip_threshold=1.0"
+    )
     tr.setup_run_dir()
     calls = []
 
@@ -1420,7 +1426,7 @@ def test_the_policys_own_kl_is_the_kl_penalty_of_the_loss(tmp_path, monkeypatch)
 def test_the_engine_gap_is_measured_on_the_first_minibatch_only(tmp_path, monkeypatch):
     # 2 minibatches, a large lr: the second minibatch's rows are trained after the first optimizer step, so their
     # trainer log-probs have moved; the gap counts only the first minibatch's rows, at the rollout's parameters
-    tr = toy_trainer(tmp_path, "algo.num_minibatches=2", "trainer.lr=0.05")
+    tr = toy_trainer(tmp_path, "algo.num_minibatches=2", "trainer.optim.lr=0.05")
     tr.setup_run_dir()
     _engine_below_trainer(tr, monkeypatch, 0.3)
     _fixed_advantages(tr, monkeypatch, 0.5)  # a gradient on every row
@@ -1444,13 +1450,13 @@ def _grads_at_the_optimizer_step(tr, monkeypatch) -> list[float]:
 
 def test_the_optimizer_sees_gradients_clipped_to_max_grad_norm(tmp_path, monkeypatch):
     # a fixed advantage of 0.5 on every action gives a gradient (the toy task's first groups may all be equal)
-    raw = toy_trainer(tmp_path, "trainer.max_grad_norm=null", run="raw")
+    raw = toy_trainer(tmp_path, "trainer.optim.max_grad_norm=null", run="raw")
     raw.setup_run_dir()
     _fixed_advantages(raw, monkeypatch, 0.5)
     seen_raw = _grads_at_the_optimizer_step(raw, monkeypatch)
     m = raw.train_step()
     assert seen_raw == [pytest.approx(m["optim/grad_norm"], rel=1e-5)] and m["optim/grad_norm"] > 0.02
-    clipped = toy_trainer(tmp_path, "trainer.max_grad_norm=0.01", run="clipped")
+    clipped = toy_trainer(tmp_path, "trainer.optim.max_grad_norm=0.01", run="clipped")
     clipped.setup_run_dir()
     _fixed_advantages(clipped, monkeypatch, 0.5)
     seen = _grads_at_the_optimizer_step(clipped, monkeypatch)
@@ -1465,7 +1471,7 @@ def test_each_process_scales_its_loss_by_the_world_size(tmp_path, monkeypatch):
     # advantages, a process of two sees twice the gradient of one process alone
     norms = []
     for world in (1, 2):
-        tr = toy_trainer(tmp_path, "trainer.max_grad_norm=null", run=f"w{world}")
+        tr = toy_trainer(tmp_path, "trainer.optim.max_grad_norm=null", run=f"w{world}")
         tr.setup_run_dir()
         _fixed_advantages(tr, monkeypatch, 0.5)
         tr.world = world
@@ -1506,8 +1512,8 @@ def test_the_mean_advantage_of_a_one_token_batch(tmp_path, monkeypatch):
 
 
 def test_a_step_logs_its_samples_in_the_run_folder(tmp_path):
-    # trainer.log_samples_every=3: step 2 (0-based) writes at most log_samples_max rows of its batch, steps 0, 1 none
-    tr = toy_trainer(tmp_path, "trainer.log_samples_every=3", "trainer.log_samples_max=3")
+    # trainer.logging.samples_every=3: step 2 (0-based) writes at most log_samples_max rows of its batch, steps 0, 1 none
+    tr = toy_trainer(tmp_path, "trainer.logging.samples_every=3", "trainer.logging.samples_max=3")
     tr.setup_run_dir()
     log = tr.run_dir / "samples.jsonl"
     for _ in range(2):
@@ -1554,7 +1560,9 @@ def test_score_rollout_hands_the_rewards_the_prompts_samples_and_columns(tmp_pat
 def test_skipped_seen_and_too_long_items_are_counted_over_every_resampling_round(tmp_path, monkeypatch):
     # DAPO with 2 extra rounds, every group constant (all filtered): 3 rounds, the first without any prompt left
     # (all 4 skipped), the next two with 1 skipped item and 1 prompt too long for the policy each
-    tr = toy_trainer(tmp_path, "algo.filter_groups=true", "algo.max_resample=2", "trainer.data_skip_threshold=0.9")
+    tr = toy_trainer(
+        tmp_path, "algo.filter_groups=true", "algo.max_resample=2", "trainer.limits.data_skip_threshold=0.9"
+    )
     tr.setup_run_dir()
     col, rounds = tr.rollouts, []
     real_next, real_rollout = col.next_prompts, tr.policy.rollout

@@ -26,7 +26,12 @@ def test_wandb_offline_gets_every_row_and_a_resume_continues_the_run(tmp_path, m
         return real_log(self, data, step=step, **kw)
 
     monkeypatch.setattr(Run, "log", spy)
-    extra = ("trainer.wandb=true", "trainer.log_every=1", "trainer.save_every=1", "trainer.keep_last=5")
+    extra = (
+        "trainer.logging.wandb=true",
+        "trainer.logging.every=1",
+        "trainer.checkpointing.save_every=1",
+        "trainer.checkpointing.keep_last=5",
+    )
     tr = toy_trainer(tmp_path, *extra, steps=2)
     tr.fit()
     run_id = tr.tracker.wandb_id
@@ -38,7 +43,7 @@ def test_wandb_offline_gets_every_row_and_a_resume_continues_the_run(tmp_path, m
     assert state["wandb_id"] == run_id
 
     logged.clear()
-    resumed = toy_trainer(tmp_path, *extra, "trainer.resume=auto", steps=3)
+    resumed = toy_trainer(tmp_path, *extra, "trainer.checkpointing.resume=auto", steps=3)
     resumed.fit()
     assert resumed.tracker.wandb_id == run_id  # the same W&B run, continued
     assert [s for s, _ in logged] == [3]

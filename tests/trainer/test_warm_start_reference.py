@@ -1,4 +1,4 @@
-"""The KL reference of a run with a warm start (``trainer.sft_steps > 0``, ``algo.kl_coef > 0``, full fine-tune) is
+"""The KL reference of a run with a warm start (``trainer.warm_start.steps > 0``, ``algo.kl_coef > 0``, full fine-tune) is
 the warm-started model, kept in ``<run>/reference_model.pt`` so that a resume uses the same reference."""
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ from tests.helpers import toy_trainer
 def _run(tmp_path, run, steps, *extra):
     tr = toy_trainer(
         tmp_path,
-        "trainer.sft_steps=6",
-        "trainer.sft_batch_size=5",
+        "trainer.warm_start.steps=6",
+        "trainer.warm_start.batch_size=5",
         "trainer.batch_size=5",
         "algo.kl_coef=0.1",
-        "trainer.save_every=1",
-        "trainer.keep_last=1",
+        "trainer.checkpointing.save_every=1",
+        "trainer.checkpointing.keep_last=1",
         *extra,
         steps=steps,
         run=run,
@@ -39,7 +39,9 @@ def test_the_reference_is_the_warm_started_model_and_a_resume_keeps_it(tmp_path)
 
     straight = _run(tmp_path, "straight", 3)
     assert _same(straight.policy.frozen_reference.frozen.state_dict(), warm)  # RL moved the policy, not the reference
-    resumed = _run(tmp_path, "resumed", 3, "trainer.resume=auto")  # keep_last=1: step 0's checkpoint is gone
+    resumed = _run(
+        tmp_path, "resumed", 3, "trainer.checkpointing.resume=auto"
+    )  # keep_last=1: step 0's checkpoint is gone
     assert resumed.resumed and resumed.step == 3
     assert _same(resumed.policy.frozen_reference.frozen.state_dict(), warm)
     ps, pr = straight.policy.module.state_dict(), resumed.policy.module.state_dict()

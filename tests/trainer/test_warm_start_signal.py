@@ -1,5 +1,5 @@
 """SIGINT / SIGTERM during the supervised warm start: the warm start stops before its next SFT step, writes the
-step-0 checkpoint with the SFT step, optimizer and data position, and ``trainer.resume=auto`` continues inside the
+step-0 checkpoint with the SFT step, optimizer and data position, and ``trainer.checkpointing.resume=auto`` continues inside the
 warm start (no SFT step redone or lost), then runs RL as usual."""
 
 from __future__ import annotations
@@ -46,8 +46,8 @@ def _signal_on_sft_call(tr, n: int, signum=signal.SIGTERM):
 def _sft_run(tmp_path, run, *extra, sft=6):
     return toy_trainer(
         tmp_path,
-        f"trainer.sft_steps={sft}",
-        "trainer.sft_batch_size=5",
+        f"trainer.warm_start.steps={sft}",
+        "trainer.warm_start.batch_size=5",
         "trainer.batch_size=5",
         *extra,
         steps=2,
@@ -68,12 +68,12 @@ def test_a_stop_in_the_warm_start_resumes_inside_it_bit_exactly(tmp_path):
     sft = _state(ckpt)["sft"]
     assert sft["step"] == 3 and sft["sampler"] == {"epoch": 0, "position": 15, "step": 3}
     opt = safe_load(ckpt / "training_state" / "optimizer.pt")
-    assert opt["param_groups"][0]["lr"] == stopped.cfg.trainer.sft_lr  # the SFT optimizer, with its Adam moments
+    assert opt["param_groups"][0]["lr"] == stopped.cfg.trainer.warm_start.lr  # the SFT optimizer, with its Adam moments
     assert all(int(s["step"]) == 3 for s in opt["state"].values())
     assert not read_metrics(stopped.run_dir / "metrics.jsonl")  # no RL step, no step-0 row yet
     assert _sft_steps(stopped.run_dir) == [1, 2, 3]
 
-    resumed = _sft_run(tmp_path, "resumed", "trainer.resume=auto")
+    resumed = _sft_run(tmp_path, "resumed", "trainer.checkpointing.resume=auto")
     resumed.fit()
     assert resumed.resumed and resumed.step == 2 and resumed.warm_start is None
     assert _sft_steps(resumed.run_dir) == [1, 2, 3, 4, 5, 6]
@@ -91,10 +91,10 @@ def test_a_resume_with_fewer_sft_steps_left_starts_rl(tmp_path):
     _signal_on_sft_call(stopped, 4, signal.SIGINT)
     stopped.fit()
     assert _state(latest_checkpoint(stopped.run_dir))["sft"]["step"] == 4
-    resumed = _sft_run(tmp_path, "r", "trainer.resume=auto", "trainer.sft_lr=0.002", sft=3)
+    resumed = _sft_run(tmp_path, "r", "trainer.checkpointing.resume=auto", "trainer.warm_start.lr=0.002", sft=3)
     resumed.setup_run_dir()
     assert resumed.warm_start.step == 4
-    assert resumed.warm_start.optimizer.param_groups[0]["lr"] == 0.002  # the new trainer.sft_lr applies
+    assert resumed.warm_start.optimizer.param_groups[0]["lr"] == 0.002  # the new trainer.warm_start.lr applies
     seen = []
     resumed.policy.sft_loss = lambda *a, **kw: seen.append(1)
     resumed.fit()
@@ -107,7 +107,9 @@ def test_sigterm_in_a_long_warm_start_stops_at_the_next_step_and_resume_finishes
     a couple of steps with a checkpoint, and the resume (with fewer SFT steps, a harmless change) finishes the warm
     start from there and trains RL."""
     run_dir = tmp_path / "sig"
-    args = toy_overrides(tmp_path, "trainer.sft_steps=100000", "trainer.sft_batch_size=2", steps=1, run="sig")
+    args = toy_overrides(
+        tmp_path, "trainer.warm_start.steps=100000", "trainer.warm_start.batch_size=2", steps=1, run="sig"
+    )
     proc = subprocess.Popen(
         [sys.executable, "-m", "mmrl.cli", "train", *args],
         cwd=tmp_path,
@@ -141,14 +143,14 @@ def test_sigterm_in_a_long_warm_start_stops_at_the_next_step_and_resume_finishes
     assert _sft_steps(run_dir) == list(range(1, done + 1))
     assert elapsed < 60, elapsed  # not the 100,000 steps
     stop = [ln for ln in err.splitlines() if ln.startswith("mmrl train: stopped by SIGTERM")]
-    assert len(stop) == 1 and str(ckpt) in stop[0] and "trainer.resume=auto" in stop[0]
+    assert len(stop) == 1 and str(ckpt) in stop[0] and "trainer.checkpointing.resume=auto" in stop[0]
 
     total = done + 3
     resumed = toy_trainer(
         tmp_path,
-        f"trainer.sft_steps={total}",
-        "trainer.sft_batch_size=2",
-        "trainer.resume=auto",
+        f"trainer.warm_start.steps={total}",
+        "trainer.warm_start.batch_size=2",
+        "trainer.checkpointing.resume=auto",
         steps=1,
         run="sig",
     )

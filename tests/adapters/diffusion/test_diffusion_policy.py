@@ -340,14 +340,14 @@ def test_trainer_step_changes_lora_params(cache, tmp_path):
             "trainer.run_name=t",
             "trainer.max_steps=1",
             "trainer.batch_size=2",
-            "trainer.eval_at_end=false",
-            "trainer.progress=false",
-            "trainer.tensorboard=false",
-            "trainer.plot=false",
+            "trainer.eval.at_end=false",
+            "trainer.logging.progress=false",
+            "trainer.logging.tensorboard=false",
+            "trainer.logging.plot=false",
             "algo.group_size=2",
             "model.num_steps=3",
             "algo.kl_coef=0.01",
-            "trainer.lr=0.01",
+            "trainer.optim.lr=0.01",
         ]
     )
     tr = Trainer(cfg)

@@ -34,9 +34,9 @@ from mmrl.tasks.video.video_temporal_grounding import (  # noqa: E402
 )
 
 TG_BASE = [
-    "trainer.progress=false",
-    "trainer.tensorboard=false",
-    "trainer.plot=false",
+    "trainer.logging.progress=false",
+    "trainer.logging.tensorboard=false",
+    "trainer.logging.plot=false",
     "trainer.device=cpu",
     "task.video.decode_timeout_s=null",
 ]
@@ -394,11 +394,11 @@ def test_two_step_training_run_with_tgrpo_and_a_bad_video(tmp_path, vids):
             "algo.tgrpo.shuffled_group=2",
             "trainer.max_steps=2",
             "trainer.batch_size=3",
-            "trainer.sft_steps=2",
-            "trainer.eval_every=0",
-            "trainer.eval_at_end=true",
-            "trainer.eval_size=2",
-            "trainer.lr=0.01",
+            "trainer.warm_start.steps=2",
+            "trainer.eval.every=0",
+            "trainer.eval.at_end=true",
+            "trainer.eval.size=2",
+            "trainer.optim.lr=0.01",
             "algo.group_size=3",
             "model.max_new_tokens=6",
             *TG_BASE,

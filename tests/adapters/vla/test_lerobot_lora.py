@@ -395,7 +395,7 @@ def test_trainer_trains_adapters_with_a_kl_reference_and_resumes_bit_exactly(tmp
             "model.lora.enabled=true",
             "model.lora.r=4",
             "algo.kl_coef=0.05",
-            "trainer.save_every=1",
+            "trainer.checkpointing.save_every=1",
             f"trainer.max_steps={steps}",
             f"trainer.run_name={name}",
             *extra,
@@ -430,7 +430,7 @@ def test_trainer_trains_adapters_with_a_kl_reference_and_resumes_bit_exactly(tmp
         first.fit()
     finally:
         first.policy.close()
-    resumed = run("resumed", 3, "trainer.resume=auto")
+    resumed = run("resumed", 3, "trainer.checkpointing.resume=auto")
     try:
         resumed.fit()
         assert resumed.step == 3

@@ -55,7 +55,7 @@ def test_eval_without_checkpoint_needs_a_task():
     from mmrl.evaluation import evaluate_checkpoint
 
     with pytest.raises(ConfigError, match="checkpoint=PATH .* or task=NAME"):
-        evaluate_checkpoint(["trainer.eval_size=2"])
+        evaluate_checkpoint(["trainer.eval.size=2"])
 
 
 def test_quat_to_axis_angle_hand_values():
@@ -255,7 +255,7 @@ def test_mmrl_eval_writes_the_per_suite_table_and_videos(tmp_path, capsys):
             "trainer.batch_size=2",
             "model.num_workers=1",
             f"trainer.output_dir={tmp_path}",
-            "trainer.progress=false",
+            "trainer.logging.progress=false",
         ]
     )
     assert rc == 0
@@ -284,7 +284,7 @@ def test_sft_needs_demos_and_the_trainer_runs_demo_files_sft_grpo(tmp_path):
     from mmrl.tasks.vla.libero import LiberoTask
     from mmrl.trainer import Trainer
 
-    cfg = load_config(["task=libero_goal", "task.task_ids=[0]", "trainer.sft_steps=3"])
+    cfg = load_config(["task=libero_goal", "task.task_ids=[0]", "trainer.warm_start.steps=3"])
     with pytest.raises(ConfigError, match="task.demo_hdf5"):
         LiberoTask(cfg.task, cfg)
     folder = tmp_path / "libero_data" / "libero_goal"
@@ -305,13 +305,13 @@ def test_sft_needs_demos_and_the_trainer_runs_demo_files_sft_grpo(tmp_path):
                 f"trainer.output_dir={tmp_path}",
                 "trainer.run_name=run",
                 "trainer.max_steps=1",
-                "trainer.sft_steps=2",
-                "trainer.sft_batch_size=4",
-                "trainer.eval_every=0",
-                "trainer.eval_at_end=true",
-                "trainer.progress=false",
-                "trainer.tensorboard=false",
-                "trainer.plot=false",
+                "trainer.warm_start.steps=2",
+                "trainer.warm_start.batch_size=4",
+                "trainer.eval.every=0",
+                "trainer.eval.at_end=true",
+                "trainer.logging.progress=false",
+                "trainer.logging.tensorboard=false",
+                "trainer.logging.plot=false",
                 "algo.group_size=2",
                 "algo.filter_groups=false",
                 "model.num_workers=1",

@@ -213,13 +213,13 @@ def reach_overrides(tmp_path, *extra):
         "trainer.run_name=run",
         "trainer.max_steps=2",
         "trainer.batch_size=2",
-        "trainer.sft_steps=2",
-        "trainer.sft_batch_size=4",
-        "trainer.eval_every=0",
-        "trainer.eval_at_end=false",
-        "trainer.progress=false",
-        "trainer.tensorboard=false",
-        "trainer.plot=false",
+        "trainer.warm_start.steps=2",
+        "trainer.warm_start.batch_size=4",
+        "trainer.eval.every=0",
+        "trainer.eval.at_end=false",
+        "trainer.logging.progress=false",
+        "trainer.logging.tensorboard=false",
+        "trainer.logging.plot=false",
         "algo.group_size=2",
         "algo.filter_groups=false",
         "model.num_workers=1",
@@ -267,8 +267,8 @@ def test_resume_is_bit_exact_with_a_critic(tmp_path):
         cfg = reach_overrides(
             tmp_path,
             "algo=ppo",
-            "trainer.sft_steps=0",
-            "trainer.save_every=1",
+            "trainer.warm_start.steps=0",
+            "trainer.checkpointing.save_every=1",
             f"trainer.max_steps={steps}",
             f"trainer.run_name={name}",
             *extra,
@@ -282,7 +282,7 @@ def test_resume_is_bit_exact_with_a_critic(tmp_path):
 
     straight = run("straight", 3)
     run("resumed", 1)
-    resumed = run("resumed", 3, "trainer.resume=auto")
+    resumed = run("resumed", 3, "trainer.checkpointing.resume=auto")
     assert resumed.step == 3
     ps, pr = straight.policy.module.state_dict(), resumed.policy.module.state_dict()
     assert all(torch.equal(ps[n], pr[n]) for n in ps)

@@ -285,13 +285,13 @@ def reach_overrides(tmp_path, *extra):
         "trainer.run_name=run",
         "trainer.max_steps=2",
         "trainer.batch_size=2",
-        "trainer.sft_steps=2",
-        "trainer.sft_batch_size=4",
-        "trainer.eval_every=0",
-        "trainer.eval_at_end=false",
-        "trainer.progress=false",
-        "trainer.tensorboard=false",
-        "trainer.plot=false",
+        "trainer.warm_start.steps=2",
+        "trainer.warm_start.batch_size=4",
+        "trainer.eval.every=0",
+        "trainer.eval.at_end=false",
+        "trainer.logging.progress=false",
+        "trainer.logging.tensorboard=false",
+        "trainer.logging.plot=false",
         "algo.group_size=2",
         "model.num_workers=1",
         "model.chunk=4",
@@ -317,7 +317,7 @@ def test_trainer_warm_starts_trains_and_checkpoints_the_head(tmp_path, extra):
     from mmrl.trainer import Trainer
 
     ppo = "algo=ppo" in extra
-    sft = "trainer.sft_steps=0" if ppo else "trainer.sft_steps=2"
+    sft = "trainer.warm_start.steps=0" if ppo else "trainer.warm_start.steps=2"
     tr = Trainer(load_config(reach_overrides(tmp_path, *extra, sft, "algo.filter_groups=false")))
     try:
         assert isinstance(tr.policy, ContinuousVLAPolicy) and tr.policy.has_value_head == ppo
@@ -350,8 +350,8 @@ def test_resume_is_bit_exact_with_a_flow_head_and_critic(tmp_path):
             "model.action_head=flow",
             "algo=ppo",
             "algo.filter_groups=false",
-            "trainer.sft_steps=0",
-            "trainer.save_every=1",
+            "trainer.warm_start.steps=0",
+            "trainer.checkpointing.save_every=1",
             f"trainer.max_steps={steps}",
             f"trainer.run_name={name}",
             *extra,
@@ -365,7 +365,7 @@ def test_resume_is_bit_exact_with_a_flow_head_and_critic(tmp_path):
 
     straight = run("straight", 3)
     run("resumed", 1)
-    resumed = run("resumed", 3, "trainer.resume=auto")
+    resumed = run("resumed", 3, "trainer.checkpointing.resume=auto")
     assert resumed.step == 3
     ps, pr = straight.policy.module.state_dict(), resumed.policy.module.state_dict()
     assert all(torch.equal(ps[n], pr[n]) for n in ps)
@@ -388,9 +388,9 @@ def test_mmrl_eval_of_a_continuous_checkpoint_reproduces_the_runs_final_eval(tmp
         "task.tasks=[reach_red,reach_blue]",
         "task.eval_init_states=2",
         "trainer.max_steps=1",
-        "trainer.eval_at_end=true",
-        "trainer.eval_greedy=false",
-        "trainer.eval_samples=2",
+        "trainer.eval.at_end=true",
+        "trainer.eval.greedy=false",
+        "trainer.eval.samples=2",
         "algo.filter_groups=false",
     )
     tr = Trainer(load_config(cfg))

@@ -37,7 +37,7 @@ def test_demos_path_under_an_existing_file_is_one_line(tmp_path, capsys, not_col
     path = tmp_path / "notes.txt" / "demos"
     args = ["task=vla_reach", "task.demo_episodes=1", f"task.demos_path={path}"]
     if command == "train":
-        args += [f"trainer.output_dir={tmp_path / 'runs'}", "trainer.max_steps=1", "trainer.progress=false"]
+        args += [f"trainer.output_dir={tmp_path / 'runs'}", "trainer.max_steps=1", "trainer.logging.progress=false"]
     assert main([command, *args]) == 2
     assert _last_line(capsys) == (
         f"mmrl {command}: error: task.demos_path={path}: {tmp_path / 'notes.txt'} is a file, not a folder, so "
@@ -65,7 +65,7 @@ def test_a_demos_npz_with_pickled_objects_is_refused_in_one_line_by_mmrl_train(t
         f"task.demos_path={tmp_path / 'demos'}",
         f"trainer.output_dir={tmp_path / 'runs'}",
         "trainer.max_steps=1",
-        "trainer.progress=false",
+        "trainer.logging.progress=false",
     ]
     assert main(["train", *over]) == 2
     line = _last_line(capsys)

@@ -35,13 +35,13 @@ def reach_overrides(tmp_path, *extra):
         "trainer.run_name=run",
         "trainer.max_steps=2",
         "trainer.batch_size=2",
-        "trainer.sft_steps=2",
-        "trainer.sft_batch_size=4",
-        "trainer.eval_every=0",
-        "trainer.eval_at_end=true",
-        "trainer.progress=false",
-        "trainer.tensorboard=false",
-        "trainer.plot=false",
+        "trainer.warm_start.steps=2",
+        "trainer.warm_start.batch_size=4",
+        "trainer.eval.every=0",
+        "trainer.eval.at_end=true",
+        "trainer.logging.progress=false",
+        "trainer.logging.tensorboard=false",
+        "trainer.logging.plot=false",
         "algo.group_size=2",
         "model.num_workers=1",
         *extra,
@@ -244,7 +244,7 @@ def test_vla_sampled_eval_keeps_videos_and_per_state_rates(tmp_path):
 
     tr = Trainer(
         load_config(
-            reach_overrides(tmp_path, "trainer.eval_greedy=false", "trainer.eval_samples=3", "trainer.max_steps=0")
+            reach_overrides(tmp_path, "trainer.eval.greedy=false", "trainer.eval.samples=3", "trainer.max_steps=0")
         )
     )
     tr.setup_run_dir()
@@ -278,11 +278,11 @@ def test_vla_lift_two_trainer_steps(tmp_path):
             "trainer.run_name=run",
             "trainer.max_steps=2",
             "trainer.batch_size=1",
-            "trainer.sft_steps=1",
-            "trainer.eval_at_end=false",
-            "trainer.progress=false",
-            "trainer.tensorboard=false",
-            "trainer.plot=false",
+            "trainer.warm_start.steps=1",
+            "trainer.eval.at_end=false",
+            "trainer.logging.progress=false",
+            "trainer.logging.tensorboard=false",
+            "trainer.logging.plot=false",
             "algo.group_size=2",
             "model.num_workers=1",
         ]
