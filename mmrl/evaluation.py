@@ -299,7 +299,7 @@ def evaluate_checkpoint(overrides: list[str]) -> CheckpointEval:
     ``checkpoint``: a run directory (its newest complete checkpoint) or a ``step_N`` folder. The run's saved
     ``config.yaml`` is the config (:func:`mmrl.config.load_run_config`, overrides on top), so evaluation uses the
     training preprocessing; without a readable one, ``task=`` (and ``model=``) must be given as before. Evaluation is
-    :meth:`mmrl.trainer.Trainer.evaluate`'s (same items, eval_size, seed, batch size, samples, greedy; the task, rewards
+    :meth:`mmrl.trainer.Trainer.evaluate`'s (same items, trainer.eval.size, seed, batch size, samples, greedy; the task, rewards
     and policy built as the trainer builds them, :func:`build_for_eval`). Writes
     ``results.json`` and ``predictions.jsonl`` into ``<run>/eval/<NAME>/``. A checkpoint that does not fit the
     requested task / model raises a one-line :class:`~mmrl.errors.ConfigError`.

@@ -43,9 +43,8 @@ def learning_warnings(cfg) -> list[str]:
             "trainer.optim.lr=0: the optimizer never changes the parameters, so RL steps learn nothing; "
             "set trainer.optim.lr > 0 (e.g. 1e-4 for tiny models, 1e-6 for multi-billion-parameter ones)"
         )
-    if tr.warm_start.steps > 0 and not (
-        tr.warm_start.lr or tr.optim.lr
-    ):  # the warm start uses sft_lr, or lr when sft_lr is unset / 0
+    # the warm start uses warm_start.lr, or optim.lr when warm_start.lr is unset / 0
+    if tr.warm_start.steps > 0 and not (tr.warm_start.lr or tr.optim.lr):
         out.append(
             f"trainer.optim.lr=0 and no trainer.warm_start.lr: the supervised warm start's {tr.warm_start.steps} steps change "
             "nothing; set trainer.warm_start.lr > 0"

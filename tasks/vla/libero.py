@@ -138,12 +138,12 @@ class LiberoTask(VLATask):
     def __init__(self, cfg: Any, run_cfg: Any) -> None:
         super().__init__(cfg, run_cfg)
         self._infos: dict[str, Any] = {}
-        sft_steps = run_cfg.trainer.warm_start.steps if run_cfg is not None else 0
-        if sft_steps > 0 and not self._has_demos():
+        warm_start_steps = run_cfg.trainer.warm_start.steps if run_cfg is not None else 0
+        if warm_start_steps > 0 and not self._has_demos():
             from mmrl.errors import ConfigError
 
             raise ConfigError(
-                f"trainer.warm_start.steps={sft_steps} needs demos, and LIBERO has no scripted experts: set "
+                f"trainer.warm_start.steps={warm_start_steps} needs demos, and LIBERO has no scripted experts: set "
                 "task.demo_hdf5 to the folder of LIBERO's demonstration files, or trainer.warm_start.steps=0 "
                 "to start RL from model.path"
             )

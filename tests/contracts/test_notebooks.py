@@ -171,7 +171,7 @@ def test_notebook_trains_and_prints_final_metrics(executed):
         assert math.isfinite(summary[key]) and 0.0 <= summary[key] <= 1.0, key
     assert summary["policy/entropy"] > 0  # a Gaussian SDE step has a positive per-dimension entropy here
     rows = [json.loads(r) for r in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    # step 0: the baseline eval; steps 1..3: training, with an eval each (eval_every = max(1, 3 // 5) = 1)
+    # step 0: the baseline eval; steps 1..3: training, with an eval each (eval.every = max(1, 3 // 5) = 1)
     assert [r["step"] for r in rows] == [0, 1, 2, 3]
     assert all(r.get("eval/score") is not None for r in rows)
     assert rows[-1]["eval/score"] == pytest.approx(summary["eval/score"])

@@ -18,7 +18,7 @@ pytest.importorskip("peft")
 
 from PIL import Image  # noqa: E402
 
-from mmrl.config import AlgoConfig, RunConfig, TrainerConfig, load_config  # noqa: E402
+from mmrl.config import AlgoConfig, LoggingConfig, OptimConfig, RunConfig, TrainerConfig, load_config  # noqa: E402
 from mmrl.data.media import MediaError, load_image  # noqa: E402
 from mmrl.models.configs import LoraConfig, VLMConfig  # noqa: E402
 from mmrl.models.families import smart_resize  # noqa: E402
@@ -515,11 +515,9 @@ def test_trainer_step_updates_parameters(folders, tmp_path):
         algo=AlgoConfig(group_size=2, kl_coef=0.02),
         trainer=TrainerConfig(
             batch_size=2,
-            lr=1e-2,
+            optim=OptimConfig(lr=1e-2),
             device="cpu",
-            progress=False,
-            tensorboard=False,
-            plot=False,
+            logging=LoggingConfig(progress=False, tensorboard=False, plot=False),
             output_dir=str(tmp_path),
             max_steps=1,
         ),

@@ -260,7 +260,7 @@ def _warnings(*overrides):
         (["algo.group_size=1", "algo.filter_groups=true", "algo.advantage=reinforce_pp"], "algo.filter_groups=true"),
         (["trainer.max_steps=0"], "nothing is trained"),
         (["trainer.optim.lr=0"], "trainer.optim.lr=0"),
-        (  # sft_lr=null: the warm start takes trainer.optim.lr (the toy task sets its own sft_lr)
+        (  # warm_start.lr=null: the warm start takes trainer.optim.lr (the toy task sets its own)
             ["trainer.optim.lr=0", "trainer.warm_start.lr=null", "trainer.max_steps=0", "trainer.warm_start.steps=3"],
             "warm start's 3 steps change nothing",
         ),

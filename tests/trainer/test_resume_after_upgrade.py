@@ -43,17 +43,17 @@ def test_a_new_field_away_from_its_default_is_still_a_change(tmp_path):
 
 
 def test_config_changes_by_hand():
-    saved = {"trainer": {"lr": 0.1}}
-    new = {"trainer": {"lr": 0.1, "rollout": "sync"}, "plugins": []}
-    defaults = {"trainer": {"lr": 0.001, "rollout": "sync"}, "plugins": []}
+    saved = {"trainer": {"optim": {"lr": 0.1}}}
+    new = {"trainer": {"optim": {"lr": 0.1}, "rollout": "sync"}, "plugins": []}
+    defaults = {"trainer": {"optim": {"lr": 0.001}, "rollout": "sync"}, "plugins": []}
     assert config_changes(saved, new, defaults) == ({}, {})
     # without defaults (the old rule) the added keys are changes
     assert set(config_changes(saved, new)[0]) == {"trainer.rollout", "plugins"}
     # a saved key that differs from the new value is a change even when the new value is the default
-    assert config_changes({"trainer": {"lr": 0.1}}, {"trainer": {"lr": 0.001}}, defaults)[0] == {
+    assert config_changes(saved, {"trainer": {"optim": {"lr": 0.001}}}, defaults)[0] == {
         "trainer.optim.lr": (0.1, 0.001)
     }
     # an added key away from its default is a change
-    async_new = {"trainer": {"lr": 0.1, "rollout": "async"}, "plugins": []}
+    async_new = {"trainer": {"optim": {"lr": 0.1}, "rollout": "async"}, "plugins": []}
     assert config_changes(saved, async_new, defaults)[0] == {"trainer.rollout": ("<unset>", "async")}
     assert load_config(["task=toy_arithmetic"]).trainer.rollout == "sync"  # the default the test above assumes

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from mmrl.config import TrainerConfig
+from mmrl.config import CheckpointingConfig, TrainerConfig
 from mmrl.errors import ConfigError
 from mmrl.run_dir import RUN_MARKER, create_run_dir, open_run, run_dir_path
 
@@ -25,7 +25,7 @@ def _mmrl_run(folder: Path) -> Path:
 
 
 def _open(out: Path, name: str, **kw):
-    cfg = TrainerConfig(output_dir=str(out), run_name=name, **kw)
+    cfg = TrainerConfig(output_dir=str(out), run_name=name, checkpointing=CheckpointingConfig(**kw))
     return open_run(cfg, {}, "toy_arithmetic", is_main=True)
 
 

@@ -137,8 +137,14 @@ def test_pid_alive_asks_with_signal_0_and_reads_each_error(monkeypatch):
 
 
 def test_config_changes_of_nested_keys_by_hand():
-    saved = {"model": {"lr": 0.1, "opt": {"betas": [0.9, 0.99], "eps": 1e-8}}, "trainer": {"save_every": 5}}
-    new = {"model": {"lr": 0.1, "opt": {"betas": [0.9, 0.95], "eps": 1e-8}}, "trainer": {"save_every": 10}}
+    saved = {
+        "model": {"lr": 0.1, "opt": {"betas": [0.9, 0.99], "eps": 1e-8}},
+        "trainer": {"checkpointing": {"save_every": 5}},
+    }
+    new = {
+        "model": {"lr": 0.1, "opt": {"betas": [0.9, 0.95], "eps": 1e-8}},
+        "trainer": {"checkpointing": {"save_every": 10}},
+    }
     assert config_changes(saved, new) == (
         {"model.opt.betas": ([0.9, 0.99], [0.9, 0.95])},
         {"trainer.checkpointing.save_every": (5, 10)},
@@ -188,17 +194,19 @@ def test_describe_changes_lists_six_then_a_count():
 
 
 def test_a_resume_with_harmless_changes_logs_them_by_default(tmp_path: Path, caplog):
-    (tmp_path / "config.yaml").write_text("trainer:\n  save_every: 5\n")
+    (tmp_path / "config.yaml").write_text("trainer:\n  checkpointing:\n    save_every: 5\n")
     with caplog.at_level(logging.INFO, logger="mmrl.run_dir"):
-        check_same_experiment(tmp_path, {"trainer": {"save_every": 10}}, accept=False)
+        check_same_experiment(tmp_path, {"trainer": {"checkpointing": {"save_every": 10}}}, accept=False)
     assert [r.getMessage() for r in caplog.records] == [
         f"resuming {tmp_path} with changed settings: trainer.checkpointing.save_every: 5 -> 10"
     ]
 
 
 def test_a_resume_compares_with_the_defaults_and_logs_nothing_when_nothing_changed(tmp_path: Path, caplog):
-    (tmp_path / "config.yaml").write_text("trainer:\n  save_every: 5\n")
-    new = {"trainer": {"save_every": 5, "rollout": "sync"}}  # a key added by a newer mmrl, at its default
+    (tmp_path / "config.yaml").write_text("trainer:\n  checkpointing:\n    save_every: 5\n")
+    new = {
+        "trainer": {"checkpointing": {"save_every": 5}, "rollout": "sync"}
+    }  # a key added by a newer mmrl, at its default
     with caplog.at_level(logging.INFO, logger="mmrl.run_dir"):
         check_same_experiment(tmp_path, new, accept=False, defaults={"trainer": {"rollout": "sync"}})
     assert caplog.records == []

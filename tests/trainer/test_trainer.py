@@ -274,7 +274,7 @@ def test_sampled_eval_with_several_samples_per_item(tmp_path):
     ro = tr.policy.rollout(PromptBatch(items=items, indices=[0], seeds=[5]), 3, greedy=False)
     texts = [s["text"] if isinstance(s, dict) else s for s in ro.samples]
     assert len(set(texts)) > 1
-    with pytest.raises(ConfigError, match="eval_samples"):
+    with pytest.raises(ConfigError, match=r"trainer\.eval\.samples"):
         toy_trainer(tmp_path / "bad", "trainer.eval.samples=2", steps=1)
 
 
@@ -291,7 +291,7 @@ def test_sft_max_items_limits_the_warm_start_to_the_first_items(tmp_path):
     assert len(seen) == 24 and all(dict(it) in first for it in seen)  # 6 steps x 4 draws, all from items 0-2
     assert all(any(dict(it) == f for it in seen) for f in first)  # ... and every one of them is used
     assert len(tr.train_items) > 3  # RL still draws from the whole training set
-    with pytest.raises(ConfigError, match="sft_max_items"):
+    with pytest.raises(ConfigError, match=r"trainer\.warm_start\.max_items"):
         load_config(toy_overrides(tmp_path, "trainer.warm_start.max_items=0"))
 
 

@@ -333,7 +333,7 @@ def test_warm_start_evaluates_before_and_after_and_logs_one_row_at_step_zero(tmp
 
 
 def test_warm_start_without_evaluation_or_run_dir(tmp_path, monkeypatch, bars):
-    tr = toy_trainer(tmp_path, "trainer.warm_start.steps=3")  # eval_every=0, eval_at_end=false; not set up: no run dir
+    tr = toy_trainer(tmp_path, "trainer.warm_start.steps=3")  # eval.every=0, eval.at_end=false; not set up: no run dir
     tr.tracker = Tracker()
     monkeypatch.setattr(tr, "evaluate", lambda: pytest.fail("evaluated with evaluation off"))
     seen: dict = {}
@@ -1512,7 +1512,7 @@ def test_the_mean_advantage_of_a_one_token_batch(tmp_path, monkeypatch):
 
 
 def test_a_step_logs_its_samples_in_the_run_folder(tmp_path):
-    # trainer.logging.samples_every=3: step 2 (0-based) writes at most log_samples_max rows of its batch, steps 0, 1 none
+    # trainer.logging.samples_every=3: step 2 (0-based) writes at most logging.samples_max rows of its batch, steps 0, 1 none
     tr = toy_trainer(tmp_path, "trainer.logging.samples_every=3", "trainer.logging.samples_max=3")
     tr.setup_run_dir()
     log = tr.run_dir / "samples.jsonl"

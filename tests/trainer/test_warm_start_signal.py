@@ -86,7 +86,7 @@ def test_a_stop_in_the_warm_start_resumes_inside_it_bit_exactly(tmp_path):
 
 
 def test_a_resume_with_fewer_sft_steps_left_starts_rl(tmp_path):
-    """sft_steps lowered below the steps already done (a harmless change): the warm start ends, RL begins."""
+    """trainer.warm_start.steps lowered below the steps already done (a harmless change): the warm start ends, RL begins."""
     stopped = _sft_run(tmp_path, "r", sft=8)
     _signal_on_sft_call(stopped, 4, signal.SIGINT)
     stopped.fit()
