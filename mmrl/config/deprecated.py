@@ -131,8 +131,8 @@ def nest_deprecated_keys(raw: dict, given: frozenset[str] | set[str] = frozenset
             target = target[part]
             if not isinstance(target, dict):
                 raise ConfigError(f"{old} is deprecated: use {new}; but {section}.{part} is not a mapping here")
-        if leaf in target and not _same(target[leaf], value) and new not in given:
-            raise _conflict(old, value, target[leaf])
-        if new not in given or leaf not in target:
+        if leaf not in target:
             target[leaf] = value
+        elif new not in given and not _same(target[leaf], value):
+            raise _conflict(old, value, target[leaf])
     return raw

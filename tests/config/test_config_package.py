@@ -10,7 +10,7 @@ from pathlib import Path
 import mmrl.config
 
 PACKAGE = Path(mmrl.config.__file__).parent
-ORDER = ("schema", "docstrings", "overrides", "coercion", "validate", "compose", "io")
+ORDER = ("schema", "docstrings", "overrides", "deprecated", "coercion", "validate", "compose", "io")
 """The package's modules, each allowed to import only those before it (the order of the package docstring)."""
 
 
