@@ -115,7 +115,7 @@ def run_sft(
     """Run supervised steps on ``policy`` with the task's SFT items and targets until ``steps`` are done; returns the
     last metrics.
 
-    ``cfg``: the run's ``trainer`` section (``sft_*`` fields, batch size, seed, lr, weight decay, gradient clip).
+    ``cfg``: the run's ``trainer`` section (``warm_start`` and ``optim`` sections, batch size, seed).
     ``metrics_path``: when given, one JSON line per step (``<run>/sft_metrics.jsonl``; the trainer's main process
     passes it), emptied first, or cut to the steps already done when ``warm`` continues a stopped warm start.
     ``on_step`` is called with each step's metrics (the warm-start progress bar). ``warm``: the warm start to
