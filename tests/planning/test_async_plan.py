@@ -247,19 +247,25 @@ def test_docs_scaling_example_is_what_mmrl_plan_prints():
 @pytest.mark.parametrize("eta", [0, 1, 3])
 def test_docs_sizing_rule_at_most_eta_plus_one_rounds_in_flight(eta):
     """docs/scaling.md, "Sizing N": without group filtering, at most eta + 1 rounds of B groups are handed out before
-    the learner moves on, and each new version frees exactly one more: a worker beyond eta + 1 gets no round."""
+    the learner moves on, and each step it completes frees exactly one more: a worker beyond eta + 1 gets no round."""
     from mmrl.asynchronous.schedule import Schedule
 
     b = 4
     schedule = Schedule(b, eta, filter_groups=False, max_slots=b)
+    rounds = []
 
     def start_all() -> list[int]:
         sizes = []
         while (n := schedule.next_round_size()) > 0:
-            schedule.start_round(list(range(n)), list(range(n)), [(0, i) for i in range(n)], sampler_step=0)
+            rounds.append(
+                schedule.start_round(list(range(n)), list(range(n)), [(0, i) for i in range(n)], sampler_step=0)
+            )
             sizes.append(n)
         return sizes
 
     assert start_all() == [b] * (eta + 1)
-    schedule.controller.advance(1)
+    schedule.finish_round(rounds[0].round_id, None, sampled_version=0, kept=[True] * b)
+    assert schedule.pull()  # step 0 takes the first round's B groups
+    assert start_all() == []  # nothing more until the learner's next version
+    schedule.begin_step(1)
     assert start_all() == [b]
